@@ -1,0 +1,34 @@
+# Two entry points: `make run` (the main job) and `make test`. Both create .venv when missing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DATA ?= $(HOME)/.cache/shiftlab/data
+RUN_DIR ?= runs/imagenet-r-rn50
+METHODS ?= all
+ARGS ?=
+
+.PHONY: run test demo bench clean-venv
+
+$(BIN)/shiftlab: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(BIN)/shiftlab
+
+# Downloads ImageNet-R and the OpenAI RN50 weights on first use (needs internet),
+# then evaluates every registered method with the default protocol.
+run: $(BIN)/shiftlab
+	$(BIN)/shiftlab run --dataset imagenet-r --data $(DATA) --download \
+	    --model RN50 --pretrained openai --methods $(METHODS) --out $(RUN_DIR) --resume $(ARGS)
+
+test: $(BIN)/shiftlab
+	$(BIN)/python -m pytest -q $(ARGS)
+
+demo: $(BIN)/shiftlab
+	$(BIN)/shiftlab demo
+
+bench: $(BIN)/shiftlab
+	$(BIN)/shiftlab bench $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)
