@@ -1,0 +1,88 @@
+"""Everything one sample needs, computed at most once and shared by every method."""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Sequence
+
+import torch
+
+from .models import ClipModel
+from .text import DEFAULT_TEMPLATE, class_head
+
+
+class ClassHeads:
+    """Label-free class heads of one run, each computed once on first use."""
+
+    def __init__(self, model: ClipModel, classnames: Sequence[str], templates: Sequence[str] | None = None):
+        self.model = model
+        self.classnames = list(classnames)
+        self._templates = templates
+        self._cache: dict[str, torch.Tensor] = {}
+
+    @property
+    def zeroshot(self) -> torch.Tensor:
+        """(C, D) features of "a photo of a {name}."."""
+        if "zeroshot" not in self._cache:
+            self._cache["zeroshot"] = class_head(self.model, self.classnames, [DEFAULT_TEMPLATE])
+        return self._cache["zeroshot"]
+
+    @property
+    def ensemble(self) -> torch.Tensor:
+        """(C, D) features of CLIP's 80-template prompt ensemble."""
+        if "ensemble" not in self._cache:
+            templates = self._templates
+            if templates is None:
+                from .datasets.classes import load_templates
+                templates = load_templates()
+            self._cache["ensemble"] = class_head(self.model, self.classnames, templates)
+        return self._cache["ensemble"]
+
+
+class SampleContext:
+    """One sample: its CLIP-normalised views and lazily computed, shared quantities.
+
+    Image features are computed once (without gradient: the image tower is frozen)
+    and reused by every method; `image_features` may also be handed in by the engine
+    when it encodes many samples' views in one batch.
+    """
+
+    def __init__(self, model: ClipModel, heads: ClassHeads, views: torch.Tensor,
+                 image_features: torch.Tensor | None = None, sample_id: int | None = None,
+                 encode_batch: int = 64):
+        self.model = model
+        self.heads = heads
+        self.views = views
+        self.sample_id = sample_id
+        self.encode_batch = encode_batch
+        if image_features is not None:
+            self.__dict__["image_features"] = image_features
+
+    @property
+    def n_views(self) -> int:
+        return self.views.shape[0]
+
+    @cached_property
+    def image_features(self) -> torch.Tensor:
+        """(N, D) L2-normalised features of all views."""
+        with torch.no_grad():
+            chunks = [self.model.encode_normalized(self.views[i:i + self.encode_batch])
+                      for i in range(0, self.n_views, self.encode_batch)]
+        return torch.cat(chunks).float()
+
+    @cached_property
+    def base_feature(self) -> torch.Tensor:
+        """(D,) feature of view 0; encodes view 0 alone unless all views are already encoded."""
+        if "image_features" in self.__dict__:
+            return self.image_features[0]
+        with torch.no_grad():
+            return self.model.encode_normalized(self.views[:1]).float()[0]
+
+    @cached_property
+    def zeroshot_view_logits(self) -> torch.Tensor:
+        """(N, C) zero-shot logits of every view."""
+        return self.model.logit_scale * self.image_features @ self.heads.zeroshot.T
+
+    @cached_property
+    def zeroshot_logits(self) -> torch.Tensor:
+        """(C,) zero-shot logits of view 0."""
+        return self.model.logit_scale * self.base_feature @ self.heads.zeroshot.T

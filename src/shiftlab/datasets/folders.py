@@ -1,0 +1,270 @@
+"""Folder-per-class datasets (ImageNet-R/-A/-V2/-Sketch, ImageNet val, any image folder).
+
+``build_dataset(name, root)`` lists and validates a dataset folder and returns a
+``FolderDataset`` whose sample order is the sorted relative path (deterministic on every
+machine, so a sample's index is a stable id across runs and shards).
+
+``root`` may be the dataset folder itself (``.../imagenet-r``) or its parent; the parent form is
+used when ``root`` contains one of the dataset's folder names (``DatasetSpec.dirnames``, e.g.
+``imagenet-r/``; for ImageNet-V2 also the archive's ``imagenetv2-matched-frequency-format-val/``).
+
+Validation decisions:
+- missing or unexpected class folders, a nonexistent root and a dataset without any image are
+  errors (``DatasetError``) naming the path and what was expected;
+- a class folder without images is allowed (labels stay fixed by the full class list) and
+  reported in ``FolderDataset.warnings``, so partial/synthetic subsets still load;
+- files at the dataset's top level (README.txt, classnames.txt) are ignored; inside a class
+  folder, images are found recursively, hidden entries are skipped and non-image files are
+  counted in ``warnings``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_classnames, imagenet_r_wnids, imagenet_wnids
+
+__all__ = [
+    "IMAGE_EXTENSIONS", "DatasetError", "DatasetSpec", "DATASETS", "FolderDataset", "build_dataset",
+    "list_datasets", "find_dataset_dir",
+]
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+_MAX_LISTED = 10
+
+
+class DatasetError(ValueError):
+    """The dataset folder is missing or does not have the expected layout."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a named dataset looks like on disk and where it comes from.
+
+    ``layout``: ``"wnid"`` (class folders named by wnid, labels = position in ``wnids``),
+    ``"index"`` (folders ``0``..``N-1``, label = int(folder)), or ``"any"`` (imagefolder).
+    ``archive_dir``: the top-level folder inside the archive; ``dirnames[0]``: the folder name the
+    downloader gives it under the data root. ``url=None`` with ``manual`` set means no automatic download.
+    ``sha256``/``size`` of the archive are None until recorded from a trusted download (see download.py).
+    """
+
+    name: str
+    num_classes: int | None
+    layout: str
+    dirnames: tuple[str, ...] = ()
+    url: str | None = None
+    archive_name: str | None = None
+    archive_dir: str | None = None
+    sha256: str | None = None
+    size: int | None = None
+    manual: str | None = None
+
+    def wnids(self) -> list[str] | None:
+        if self.name == "imagenet-r":
+            return imagenet_r_wnids()
+        if self.name == "imagenet-a":
+            return imagenet_a_wnids()
+        if self.num_classes == 1000:
+            return imagenet_wnids()
+        return None
+
+
+_SKETCH_MANUAL = (
+    "ImageNet-Sketch has no stable direct-download URL (it is hosted on Google Drive, Kaggle "
+    "'wanghaohan/imagenetsketch' and the Hugging Face dataset 'imagenet_sketch', which need a login "
+    "or a browser). Download ImageNet-Sketch.zip by hand and either put it at {archive} and rerun, "
+    "pass it as --url file:///path/to/ImageNet-Sketch.zip, or unzip it so that {target}/<wnid>/ holds the images."
+)
+_IMAGENET_MANUAL = (
+    "ImageNet requires an account at image-net.org; it cannot be downloaded automatically. Put the "
+    "50,000 validation images into one folder per wnid at {target}/<wnid>/*.JPEG (e.g. with the "
+    "widely used valprep.sh script)."
+)
+
+# Archive sizes/checksums are not hard-coded: none was published by the authors, so they are
+# recorded in <root>/<name>.sha256 on the first trusted download (download.py) and verified afterwards.
+DATASETS: dict[str, DatasetSpec] = {
+    "imagenet-r": DatasetSpec(
+        "imagenet-r", 200, "wnid", ("imagenet-r",),
+        url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar",
+        archive_name="imagenet-r.tar", archive_dir="imagenet-r"),
+    "imagenet-a": DatasetSpec(
+        "imagenet-a", 200, "wnid", ("imagenet-a",),
+        url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-a.tar",
+        archive_name="imagenet-a.tar", archive_dir="imagenet-a"),
+    "imagenet-v2": DatasetSpec(
+        "imagenet-v2", 1000, "index", ("imagenet-v2", "imagenetv2-matched-frequency-format-val"),
+        url="https://huggingface.co/datasets/vaishaal/ImageNetV2/resolve/main/imagenetv2-matched-frequency.tar.gz",
+        archive_name="imagenetv2-matched-frequency.tar.gz", archive_dir="imagenetv2-matched-frequency-format-val"),
+    "imagenet-sketch": DatasetSpec(
+        "imagenet-sketch", 1000, "wnid", ("imagenet-sketch", "sketch"),
+        archive_name="ImageNet-Sketch.zip", archive_dir="sketch", manual=_SKETCH_MANUAL),
+    "imagenet": DatasetSpec(
+        "imagenet", 1000, "wnid", ("imagenet-val", "imagenet/val", "val"), manual=_IMAGENET_MANUAL),
+    "imagefolder": DatasetSpec("imagefolder", None, "any"),
+}
+
+
+def list_datasets() -> list[str]:
+    """Names accepted by ``build_dataset``, sorted."""
+    return sorted(DATASETS)
+
+
+@dataclass
+class FolderDataset:
+    root: Path  # the dataset folder itself (after resolving a parent root)
+    samples: list[tuple[str, int]]  # (relative posix path, label), sorted by path
+    classnames: list[str]  # label -> CLIP class name
+    wnids: list[str] | None  # label -> wnid (None for imagefolder)
+    name: str
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def path(self, i: int) -> Path:
+        return self.root / self.samples[i][0]
+
+    def label(self, i: int) -> int:
+        return self.samples[i][1]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)
+
+    @property
+    def labels(self) -> list[int]:
+        return [label for _, label in self.samples]
+
+
+def _spec(name: str) -> DatasetSpec:
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}") from None
+
+
+def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
+    """The dataset folder for ``root``: ``root/<dirname>`` if one exists, else ``root`` itself."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise DatasetError(f"{name} root {what}: {root}" + _download_hint(name, root))
+    for dirname in _spec(name).dirnames:
+        if (root / dirname).is_dir():
+            return root / dirname
+    return root
+
+
+def _download_hint(name: str, root: Path) -> str:
+    spec = DATASETS.get(name)
+    if spec is None or not spec.dirnames:
+        return ""
+    hint = f" (expected the class folders there or in {root / spec.dirnames[0]}"
+    if spec.url:
+        hint += f"; get them with: shiftlab download {name} --root {root}"
+    return hint + ")"
+
+
+def _listing(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f", ... ({len(items)} in total)" if len(items) > _MAX_LISTED else f" ({len(items)})")
+
+
+def _subdirs(directory: Path) -> list[str]:
+    with os.scandir(directory) as entries:
+        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+
+
+def _scan_images(directory: Path, prefix: str, out: list[str]) -> int:
+    """Append relative posix paths of images under ``directory`` to ``out``; return #non-image files."""
+    skipped = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = f"{prefix}/{entry.name}"
+            if entry.is_dir():
+                skipped += _scan_images(Path(entry.path), rel, out)
+            elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                out.append(rel)
+            else:
+                skipped += 1
+    return skipped
+
+
+def _read_classnames_file(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] | None = None) -> FolderDataset:
+    """List and validate dataset ``name`` under ``root``; raise ``DatasetError`` on a bad layout.
+
+    ``classnames`` overrides the class names (one per label, in label order). For ``imagefolder``
+    the default is ``<root>/classnames.txt`` (one name per line, in sorted folder order) if it
+    exists, else the folder names with ``_`` replaced by spaces.
+    """
+    spec = _spec(name)
+    directory = find_dataset_dir(name, root)
+    found = _subdirs(directory)
+
+    if spec.layout == "any":
+        if not found:
+            raise DatasetError(f"imagefolder: no class folders in {directory} (expected {directory}/<class>/<image>)")
+        folders, wnids = found, None
+        if classnames is None:
+            names_file = directory / "classnames.txt"
+            default = _read_classnames_file(names_file) if names_file.is_file() else [f.replace("_", " ") for f in found]
+            if len(default) != len(found):
+                raise DatasetError(f"{names_file} lists {len(default)} names but {directory} has {len(found)} class folders")
+            classnames = default
+    else:
+        wnids = spec.wnids()
+        folders = [str(i) for i in range(spec.num_classes)] if spec.layout == "index" else list(wnids)
+        expected, present = set(folders), set(found)
+        missing = [f for f in folders if f not in present]
+        extra = [f for f in found if f not in expected]
+        if missing and len(missing) == len(folders):
+            raise DatasetError(
+                f"{name}: none of the {len(folders)} expected class folders is in {directory} "
+                f"(expected e.g. {directory / folders[0]}/)" + _download_hint(name, Path(root).expanduser()))
+        if missing:
+            raise DatasetError(f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {_listing(missing)}")
+        if extra:
+            raise DatasetError(f"{name}: unexpected folders in {directory} (not {name} classes): {_listing(extra)}")
+        if classnames is None:
+            classnames = classnames_for_wnids(wnids)
+
+    classnames = list(classnames)
+    if len(classnames) != len(folders):
+        raise DatasetError(f"{name}: got {len(classnames)} class names for {len(folders)} classes in {directory}")
+
+    samples: list[tuple[str, int]] = []
+    empty: list[str] = []
+    non_images = 0
+    for label_of_folder, folder in _labelled(spec, folders):
+        paths: list[str] = []
+        non_images += _scan_images(directory / folder, folder, paths)
+        if not paths:
+            empty.append(folder)
+        samples.extend((p, label_of_folder) for p in paths)
+    if not samples:
+        raise DatasetError(
+            f"{name}: no images in {directory} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))} files "
+            f"inside {len(folders)} class folders)")
+    samples.sort()
+
+    warnings = []
+    if empty:
+        warnings.append(f"{len(empty)} of {len(folders)} class folders have no images: {_listing(empty)}")
+    if non_images:
+        warnings.append(f"ignored {non_images} non-image files inside class folders of {directory}")
+    return FolderDataset(root=directory, samples=samples, classnames=classnames, wnids=wnids, name=name, warnings=warnings)
+
+
+def _labelled(spec: DatasetSpec, folders: list[str]):
+    if spec.layout == "index":
+        return ((int(f), f) for f in folders)
+    return enumerate(folders)

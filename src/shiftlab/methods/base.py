@@ -1,0 +1,113 @@
+"""Method base class and registry.
+
+A method turns one sample's `SampleContext` into class scores. Register a new one
+with `@register_method("name")` in its own module under `shiftlab/methods/` and
+add the module to `methods/__init__.py`; tests are parametrised over the registry.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..context import ClassHeads, SampleContext
+from ..models import ClipModel
+
+_REGISTRY: dict[str, type["Method"]] = {}
+
+
+@dataclass
+class MethodOutput:
+    """`logits` (C,) are the method's scores; `probs` overrides softmax(logits) when the
+    method's scores are not logits (votes, cache mixtures). `extras` holds JSON scalars."""
+    logits: torch.Tensor
+    probs: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def probabilities(self) -> torch.Tensor:
+        return self.probs if self.probs is not None else self.logits.float().softmax(-1)
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method's config dataclass (the papers' defaults live in subclasses)."""
+
+
+class Method:
+    name: str = ""
+    config_class: type = MethodConfig
+    episodic: bool = True       # reset to the initial state before every sample
+    needs_views: bool = True    # uses the augmented views (False: view 0 only)
+    summary: str = ""           # one line for `shiftlab methods`
+
+    def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
+                 heads: ClassHeads | None = None):
+        self.model = model
+        self.classnames = list(classnames)
+        self.config = config if config is not None else self.config_class()
+        self.heads = heads if heads is not None else ClassHeads(model, classnames)
+
+    # -- library use ------------------------------------------------------------
+    def predict(self, views: torch.Tensor) -> torch.Tensor:
+        """CLIP-normalised views (N, 3, S, S), view 0 the original -> logits (C,)."""
+        views = views.to(self.model.device)
+        return self.predict_context(SampleContext(self.model, self.heads, views)).logits
+
+    # -- engine use -------------------------------------------------------------
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        raise NotImplementedError
+
+    def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        """Several samples; methods override this to batch work across samples."""
+        return [self.predict_context(c) for c in ctxs]
+
+    def reset(self) -> None:
+        """Return to the initial state (episodic methods do this before every sample)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Online state to checkpoint with the records (episodic methods have none)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "episodic": self.episodic, **dataclasses.asdict(self.config)}
+
+
+def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
+    def wrap(cls: type[Method]) -> type[Method]:
+        if name in _REGISTRY:
+            raise ValueError(f"method {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def list_methods() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_method_class(name: str) -> type[Method]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; registered: {', '.join(list_methods())}") from None
+
+
+def make_config(cls: type[Method], **overrides: Any):
+    known = {f.name for f in dataclasses.fields(cls.config_class)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise TypeError(f"{cls.name}: unknown config field(s) {sorted(unknown)}; known: {sorted(known)}")
+    return cls.config_class(**overrides)
+
+
+def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
+                  **config: Any) -> Method:
+    """Build a registered method with its paper defaults, overridden by `config`."""
+    cls = get_method_class(name)
+    return cls(model, classnames, make_config(cls, **config), heads=heads)

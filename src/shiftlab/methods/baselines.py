@@ -1,0 +1,55 @@
+"""Training-free baselines: CLIP zero-shot, the 80-template prompt ensemble, the view ensemble."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..context import SampleContext
+from .base import Method, MethodConfig, MethodOutput, register_method
+
+
+@register_method("zeroshot")
+class ZeroShot(Method):
+    """CLIP zero-shot: "a photo of a {name}." on view 0."""
+    needs_views = False
+    summary = "CLIP zero-shot, 'a photo of a {name}.', view 0"
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        return MethodOutput(ctx.zeroshot_logits)
+
+
+@register_method("prompt_ensemble")
+class PromptEnsemble(Method):
+    """CLIP's 80 ImageNet templates averaged per class (normalised mean of normalised embeddings), view 0."""
+    needs_views = False
+    summary = "CLIP's 80-template prompt ensemble, view 0"
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        return MethodOutput(self.model.logit_scale * ctx.base_feature @ self.heads.ensemble.T)
+
+
+@dataclass
+class ViewEnsembleConfig(MethodConfig):
+    average: str = "probs"  # "probs": mean of softmax over views; "logits": mean of logits
+
+
+@register_method("view_ensemble")
+class ViewEnsemble(Method):
+    """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
+    config_class = ViewEnsembleConfig
+    summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.config.average not in ("probs", "logits"):
+            raise ValueError(f"view_ensemble: average must be 'probs' or 'logits', got {self.config.average!r}")
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        view_logits = ctx.zeroshot_view_logits
+        if self.config.average == "logits":
+            return MethodOutput(view_logits.mean(0))
+        # log of the mean probability: its softmax is exactly the averaged distribution
+        log_mean = torch.logsumexp(view_logits.log_softmax(-1), dim=0) - math.log(view_logits.shape[0])
+        return MethodOutput(log_mean)

@@ -1,0 +1,215 @@
+"""Read run directories into per-(method, setting) arrays.
+
+records.jsonl is the source of truth for every metric; summary.json only
+supplies the run config and the timing. A run still being written, or killed
+mid-line, must still be reportable, so unreadable lines are counted, not fatal.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from shiftlab.published import published_rows
+
+
+class ReportError(Exception):
+    """A problem with the inputs that the user must fix (bad path, no records)."""
+
+
+@dataclass
+class Series:
+    """One method's predictions in one setting of one run, aligned arrays sorted by id."""
+
+    run: "Run"
+    method: str
+    setting: str          # as in the records: "clean" or the attack name
+    setting_label: str    # "clean" or e.g. "pgd eps=1/255", so different budgets never mix
+    attack_eps: float | None
+    ids: np.ndarray
+    labels: np.ndarray
+    preds: np.ndarray
+    correct: np.ndarray
+    confidence: np.ndarray
+    true_prob: np.ndarray
+    top5: list | None     # None when any record lacks a top-5 list
+    paths: list[str]
+    seconds: np.ndarray
+    errors: int = 0
+    key: str = ""         # unique display name across the report (set by assign_keys)
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.size)
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    config: dict
+    summary: dict
+    series: list[Series] = field(default_factory=list)
+    error_records: list[dict] = field(default_factory=list)
+    bad_lines: int = 0
+    duplicates: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dataset(self) -> str:
+        return str(self.config.get("dataset") or "unknown")
+
+    @property
+    def label(self) -> str:
+        """Human label from the config: model (pretrained) on dataset [, attack]."""
+        c = self.config
+        text = f"{c.get('model', '?')} ({c.get('pretrained', '?')}) on {self.dataset}"
+        attack = self.summary.get("attack") or {}
+        if attack.get("name"):
+            text += f", attack {attack['name']} {format_eps(attack.get('eps'))}".rstrip()
+        return text
+
+    @property
+    def classnames(self) -> list[str] | None:
+        names = self.config.get("classnames")
+        return [str(x) for x in names] if isinstance(names, list) else None
+
+    @property
+    def has_published_numbers(self) -> bool:
+        c = self.config
+        return bool(published_rows(c.get("dataset"), c.get("model"), c.get("pretrained")))
+
+    def seconds_per_image(self, method: str) -> float | None:
+        value = (self.summary.get("methods") or {}).get(method, {}).get("seconds_per_image")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+def format_eps(eps) -> str:
+    """0.00392 -> 'eps=1/255'; budgets are quoted in 1/255 units in papers."""
+    if not isinstance(eps, (int, float)) or math.isnan(eps):
+        return ""
+    k = eps * 255
+    return f"eps={round(k)}/255" if abs(k - round(k)) < 1e-3 else f"eps={eps:.4g}"
+
+
+def _setting_label(setting: str, eps: float | None) -> str:
+    return setting if setting == "clean" or eps is None else f"{setting} {format_eps(eps)}"
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    records_path = path / "records.jsonl"
+    if not path.is_dir():
+        raise ReportError(f"run directory not found: {path}")
+    if not records_path.is_file():
+        raise ReportError(f"{records_path} does not exist: {path} is not a finished or running "
+                          f"shiftlab run directory (expected records.jsonl in it)")
+    summary: dict = {}
+    warnings = []
+    summary_path = path / "summary.json"
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError as exc:
+            warnings.append(f"{summary_path} is not valid JSON ({exc}); config unknown")
+    else:
+        warnings.append(f"{summary_path} is missing (run unfinished?): config unknown, "
+                        f"seconds per image taken from the records")
+    run = Run(path=path, name=path.resolve().name, config=dict(summary.get("config") or {}),
+              summary=summary, warnings=warnings)
+    summary_eps = (summary.get("attack") or {}).get("eps")
+
+    # (method, setting) -> {id: record}; the last record for a key wins, as on resume.
+    groups: dict[tuple[str, str], dict[int, dict]] = {}
+    eps_of: dict[str, float | None] = {}
+    with records_path.open() as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                sid = int(rec["id"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                run.bad_lines += 1
+                continue
+            setting = str(rec.get("setting") or "clean")
+            if "error" in rec:
+                run.error_records.append(rec)
+                continue
+            if rec.get("method") is None or "pred" not in rec or "label" not in rec:
+                run.bad_lines += 1
+                continue
+            if setting != "clean" and setting not in eps_of:
+                eps = (rec.get("attack") or {}).get("eps", summary_eps)
+                eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
+            bucket = groups.setdefault((str(rec["method"]), setting), {})
+            run.duplicates += sid in bucket
+            bucket[sid] = rec
+
+    errors = Counter((r.get("method"), str(r.get("setting") or "clean")) for r in run.error_records)
+    for (method, setting), by_id in sorted(groups.items()):
+        eps = eps_of.get(setting)
+        run.series.append(_to_series(run, method, setting, eps, by_id,
+                                     errors[(method, setting)] + errors[(None, setting)]))
+    if not run.series:
+        run.warnings.append(f"{records_path} holds no prediction records")
+    if run.bad_lines:
+        run.warnings.append(f"{run.bad_lines} unreadable or incomplete line(s) in {records_path} skipped")
+    if run.duplicates:
+        run.warnings.append(f"{run.duplicates} duplicate (id, method, setting) record(s); the last one was used")
+    return run
+
+
+def _to_series(run: Run, method: str, setting: str, eps, by_id: dict[int, dict], errors: int) -> Series:
+    recs = [by_id[i] for i in sorted(by_id)]
+
+    def floats(name):
+        return np.array([float(r[name]) if isinstance(r.get(name), (int, float)) else np.nan
+                         for r in recs], dtype=np.float64)
+
+    labels = np.array([int(r["label"]) for r in recs], dtype=np.int64)
+    preds = np.array([int(r["pred"]) for r in recs], dtype=np.int64)
+    correct = np.array([bool(r.get("correct", p == y)) for r, p, y in zip(recs, preds, labels)])
+    top5 = [r.get("top5") for r in recs]
+    return Series(
+        run=run, method=method, setting=setting, setting_label=_setting_label(setting, eps),
+        attack_eps=eps, ids=np.array(sorted(by_id), dtype=np.int64), labels=labels, preds=preds,
+        correct=correct, confidence=floats("confidence"), true_prob=floats("true_prob"),
+        top5=None if any(not isinstance(t, list) for t in top5) else top5,
+        paths=[str(r.get("path", "")) for r in recs], seconds=floats("seconds"), errors=errors)
+
+
+def _unique_run_names(runs: list[Run]) -> None:
+    """Dir basenames, widened to parent/name and then numbered when they collide."""
+    counts = Counter(r.name for r in runs)
+    for r in runs:
+        if counts[r.name] > 1:
+            r.name = f"{r.path.resolve().parent.name}/{r.path.resolve().name}"
+    seen: Counter = Counter()
+    for r in runs:
+        seen[r.name] += 1
+        if seen[r.name] > 1:
+            r.name = f"{r.name}#{seen[r.name]}"
+
+
+def assign_keys(runs: list[Run]) -> None:
+    """Display key per method: its name, plus [run name] when several runs share it."""
+    _unique_run_names(runs)
+    runs_with = Counter(method for _, method in {(id(r), s.method) for r in runs for s in r.series})
+    for r in runs:
+        for s in r.series:
+            s.key = s.method if runs_with[s.method] == 1 else f"{s.method} [{r.name}]"
+
+
+def load_runs(paths) -> list[Run]:
+    if not paths:
+        raise ReportError("no run directories given")
+    runs = [load_run(p) for p in paths]
+    assign_keys(runs)
+    if not any(r.series for r in runs):
+        raise ReportError("none of the runs holds a prediction record: nothing to report")
+    return runs

@@ -1,0 +1,146 @@
+"""Class heads over open_clip's text tower.
+
+Two kinds:
+- fixed heads: templates -> one normalised embedding per class (zero-shot, ensembles);
+- `ContextPrompt`: CoOp/TPT-style learnable context vectors in front of each class
+  name, differentiable with respect to the context.
+
+Both run the text transformer only over the positions up to the longest prompt's
+end-of-text token. The tower is causal, so positions after a sequence's EOT never
+influence the EOT feature: the truncation is exact (tested against the full
+77-token `encode_text`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import open_clip
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .models import ClipModel
+
+DEFAULT_TEMPLATE = "a photo of a {}."
+
+
+def tokenize(texts: Sequence[str], context_length: int = 77) -> torch.Tensor:
+    return open_clip.tokenize(list(texts), context_length=context_length)
+
+
+def _eot_positions(tokens: torch.Tensor) -> torch.Tensor:
+    # CLIP's BPE gives end-of-text the largest id, so argmax finds it (as open_clip does).
+    return tokens.argmax(dim=-1)
+
+
+def run_text_tower(clip: nn.Module, embeddings: torch.Tensor, eot: torch.Tensor) -> torch.Tensor:
+    """Token embeddings (B, L, W) -> unnormalised text features (B, D), over L positions only."""
+    length = embeddings.shape[1]
+    cast_dtype = clip.transformer.get_cast_dtype()
+    x = embeddings.to(cast_dtype) + clip.positional_embedding[:length].to(cast_dtype)
+    mask = clip.attn_mask[:length, :length] if clip.attn_mask is not None else None
+    x = clip.transformer(x, attn_mask=mask)
+    x = clip.ln_final(x)
+    x = x[torch.arange(x.shape[0], device=x.device), eot]
+    proj = clip.text_projection
+    return proj(x) if isinstance(proj, nn.Linear) else x @ proj
+
+
+@torch.no_grad()
+def encode_texts(model: ClipModel, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+    """Normalised text features (len(texts), D) with the truncated tower."""
+    clip = model.clip
+    tokens = tokenize(texts, clip.context_length).to(model.device)
+    eot = _eot_positions(tokens)
+    length = int(eot.max()) + 1
+    out = []
+    for start in range(0, len(texts), batch_size):
+        tok = tokens[start:start + batch_size, :length]
+        emb = clip.token_embedding(tok)
+        out.append(run_text_tower(clip, emb, eot[start:start + batch_size]).float())
+    return F.normalize(torch.cat(out), dim=-1)
+
+
+def _as_formatter(template: str | Callable[[str], str]) -> Callable[[str], str]:
+    return template if callable(template) else template.format
+
+
+def class_head(model: ClipModel, classnames: Sequence[str],
+               templates: Iterable[str | Callable[[str], str]] = (DEFAULT_TEMPLATE,)) -> torch.Tensor:
+    """Class embeddings (C, D): normalise(mean over templates of normalised embeddings)."""
+    formatters = [_as_formatter(t) for t in templates]
+    per_template = torch.stack([encode_texts(model, [f(c) for c in classnames]) for f in formatters])
+    return F.normalize(per_template.mean(dim=0), dim=-1)
+
+
+class ContextPrompt(nn.Module):
+    """Learnable context vectors shared by all classes: [SOS] ctx_1..ctx_n name . [EOT].
+
+    `ctx_init` is a string whose token embeddings initialise the context ("a photo of a"),
+    None for random N(0, 0.02) init (CoOp), or a tensor (n_ctx, width), e.g. a CoOp
+    checkpoint's `ctx`. The class name follows the context, then ".".
+    """
+
+    def __init__(self, model: ClipModel, classnames: Sequence[str], n_ctx: int = 4,
+                 ctx_init: str | torch.Tensor | None = "a photo of a", seed: int = 0):
+        super().__init__()
+        clip = model.clip
+        self.clip = clip
+        width = clip.token_embedding.weight.shape[1]
+        names = [c.replace("_", " ") for c in classnames]
+        if isinstance(ctx_init, str):
+            init_words = ctx_init.replace("_", " ")
+            n_ctx = len(open_clip.tokenize([init_words])[0].nonzero()) - 2
+            prefix = init_words
+        else:
+            prefix = " ".join(["X"] * n_ctx)
+        tokens = tokenize([f"{prefix} {name}." for name in names], clip.context_length).to(model.device)
+        eot = _eot_positions(tokens)
+        self.length = int(eot.max()) + 1
+        with torch.no_grad():
+            embedding = clip.token_embedding(tokens[:, :self.length]).float()
+        if isinstance(ctx_init, str):
+            init = embedding[0, 1:1 + n_ctx].clone()
+        elif ctx_init is None:
+            gen = torch.Generator().manual_seed(seed)
+            init = (torch.randn(n_ctx, width, generator=gen) * 0.02).to(model.device)
+        else:
+            init = ctx_init.detach().float().to(model.device).reshape(n_ctx, width)
+        self.n_ctx = n_ctx
+        self.register_buffer("tokens", tokens, persistent=False)
+        self.register_buffer("eot", eot, persistent=False)
+        self.register_buffer("prefix", embedding[:, :1].clone(), persistent=False)
+        self.register_buffer("suffix", embedding[:, 1 + n_ctx:].clone(), persistent=False)
+        self.register_buffer("init_ctx", init.clone(), persistent=False)
+        self.ctx = nn.Parameter(init.clone())
+
+    @property
+    def n_classes(self) -> int:
+        return self.tokens.shape[0]
+
+    def reset(self) -> None:
+        with torch.no_grad():
+            self.ctx.copy_(self.init_ctx)
+
+    def embeddings(self, ctx: torch.Tensor) -> torch.Tensor:
+        """ctx (B, n_ctx, W) -> prompt embeddings (B*C, L, W)."""
+        b, c = ctx.shape[0], self.n_classes
+        ctx = ctx.unsqueeze(1).expand(b, c, *ctx.shape[1:])
+        prefix = self.prefix.unsqueeze(0).expand(b, *self.prefix.shape)
+        suffix = self.suffix.unsqueeze(0).expand(b, *self.suffix.shape)
+        return torch.cat([prefix, ctx.to(prefix.dtype), suffix], dim=2).flatten(0, 1)
+
+    def features(self, ctx: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
+        """Class features for one context (n_ctx, W) -> (C, D) or a batch (B, n_ctx, W) -> (B, C, D)."""
+        ctx = self.ctx if ctx is None else ctx
+        single = ctx.dim() == 2
+        batch = ctx.unsqueeze(0) if single else ctx
+        eot = self.eot.repeat(batch.shape[0])
+        feats = run_text_tower(self.clip, self.embeddings(batch), eot)
+        feats = feats.view(batch.shape[0], self.n_classes, -1).float()
+        if normalize:
+            feats = F.normalize(feats, dim=-1)
+        return feats[0] if single else feats
+
+    def forward(self, ctx: torch.Tensor | None = None) -> torch.Tensor:
+        return self.features(ctx)
