@@ -12,18 +12,12 @@ import shiftlab
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("SHIFTLAB_GOLDEN", REPO.parent / "shared" / "golden"))
 
-# The golden fixtures' architecture: ModifiedResNet (1,1,1,1) width 16 at 64x64, 2-layer text tower.
-TINY_CONFIG = {
-    "embed_dim": 32,
-    "quick_gelu": True,
-    "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 16, "patch_size": None},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 2},
-}
+from shiftlab.synthetic import TINY_CLIP_CONFIG as TINY_CONFIG  # noqa: E402  (the golden architecture)
 
 
 def make_tiny_model(seed: int = 0) -> shiftlab.ClipModel:
-    torch.manual_seed(seed)
-    return shiftlab.load_model("shiftlab-tiny", None, model_config=TINY_CONFIG)
+    from shiftlab.synthetic import tiny_clip
+    return tiny_clip(seed)
 
 
 @pytest.fixture(scope="session")

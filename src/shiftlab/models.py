@@ -8,6 +8,7 @@ is what lets attacks work in pixel space.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zipfile
 from dataclasses import dataclass
@@ -210,7 +211,11 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
         if name not in open_clip.list_models():
             raise ModelLoadError(f"unknown model {name!r}; see `open_clip.list_models()`")
         if pretrained is None:
-            clip = open_clip.create_model(name, pretrained=None)
+            logging.getLogger().disabled, was = True, logging.getLogger().disabled  # silence "initialized randomly"
+            try:
+                clip = open_clip.create_model(name, pretrained=None)
+            finally:
+                logging.getLogger().disabled = was
         else:
             local, where = _cached_pretrained_file(name, pretrained, cache_dir)
             if local is not None:

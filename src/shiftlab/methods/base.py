@@ -63,6 +63,10 @@ class Method:
         """Several samples; methods override this to batch work across samples."""
         return [self.predict_context(c) for c in ctxs]
 
+    def prepare(self) -> None:
+        """One-off work before the first sample (class heads, prompts), kept out of per-image timings."""
+        _ = self.heads.zeroshot
+
     def reset(self) -> None:
         """Return to the initial state (episodic methods do this before every sample)."""
 

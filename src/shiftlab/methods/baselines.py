@@ -26,6 +26,9 @@ class PromptEnsemble(Method):
     needs_views = False
     summary = "CLIP's 80-template prompt ensemble, view 0"
 
+    def prepare(self) -> None:
+        _ = self.heads.ensemble
+
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return MethodOutput(self.model.logit_scale * ctx.base_feature @ self.heads.ensemble.T)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from shiftlab.published import published_rows
+from shiftlab.results import record_files
 
 
 class ReportError(Exception):
@@ -102,12 +103,12 @@ def _setting_label(setting: str, eps: float | None) -> str:
 
 def load_run(path: str | Path) -> Run:
     path = Path(path)
-    records_path = path / "records.jsonl"
     if not path.is_dir():
         raise ReportError(f"run directory not found: {path}")
-    if not records_path.is_file():
-        raise ReportError(f"{records_path} does not exist: {path} is not a finished or running "
-                          f"shiftlab run directory (expected records.jsonl in it)")
+    files = record_files(path)  # records.jsonl, plus per-rank shards of a run still going
+    if not files:
+        raise ReportError(f"{path / 'records.jsonl'} does not exist: {path} is not a shiftlab run "
+                          f"directory (expected records.jsonl in it)")
     summary: dict = {}
     warnings = []
     summary_path = path / "summary.json"
@@ -123,32 +124,39 @@ def load_run(path: str | Path) -> Run:
               summary=summary, warnings=warnings)
     summary_eps = (summary.get("attack") or {}).get("eps")
 
-    # (method, setting) -> {id: record}; the last record for a key wins, as on resume.
+    # (method, setting) -> {id: record}. The first record of a key wins, as in
+    # shiftlab.results.load_records (resume never rewrites a finished key).
     groups: dict[tuple[str, str], dict[int, dict]] = {}
+    error_keys: set = set()
     eps_of: dict[str, float | None] = {}
-    with records_path.open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                sid = int(rec["id"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                run.bad_lines += 1
-                continue
-            setting = str(rec.get("setting") or "clean")
-            if "error" in rec:
-                run.error_records.append(rec)
-                continue
-            if rec.get("method") is None or "pred" not in rec or "label" not in rec:
-                run.bad_lines += 1
-                continue
-            if setting != "clean" and setting not in eps_of:
-                eps = (rec.get("attack") or {}).get("eps", summary_eps)
-                eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
-            bucket = groups.setdefault((str(rec["method"]), setting), {})
-            run.duplicates += sid in bucket
-            bucket[sid] = rec
+    for file in files:
+        with file.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    sid = int(rec["id"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    run.bad_lines += 1
+                    continue
+                setting = str(rec.get("setting") or "clean")
+                if "error" in rec:
+                    key = (sid, rec.get("method"), setting)
+                    run.duplicates += key in error_keys
+                    if key not in error_keys:
+                        error_keys.add(key)
+                        run.error_records.append(rec)
+                    continue
+                if rec.get("method") is None or "pred" not in rec or "label" not in rec:
+                    run.bad_lines += 1
+                    continue
+                if setting != "clean" and setting not in eps_of:
+                    eps = (rec.get("attack") or {}).get("eps", summary_eps)
+                    eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
+                bucket = groups.setdefault((str(rec["method"]), setting), {})
+                run.duplicates += sid in bucket
+                bucket.setdefault(sid, rec)
 
     errors = Counter((r.get("method"), str(r.get("setting") or "clean")) for r in run.error_records)
     for (method, setting), by_id in sorted(groups.items()):
@@ -156,11 +164,11 @@ def load_run(path: str | Path) -> Run:
         run.series.append(_to_series(run, method, setting, eps, by_id,
                                      errors[(method, setting)] + errors[(None, setting)]))
     if not run.series:
-        run.warnings.append(f"{records_path} holds no prediction records")
+        run.warnings.append(f"{path} holds no prediction records")
     if run.bad_lines:
-        run.warnings.append(f"{run.bad_lines} unreadable or incomplete line(s) in {records_path} skipped")
+        run.warnings.append(f"{run.bad_lines} unreadable or incomplete line(s) in the records skipped")
     if run.duplicates:
-        run.warnings.append(f"{run.duplicates} duplicate (id, method, setting) record(s); the last one was used")
+        run.warnings.append(f"{run.duplicates} duplicate (id, method, setting) record(s); the first one was used")
     return run
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from shiftlab import metrics
 
@@ -46,9 +47,11 @@ def reliability_grid(panels: list[tuple[str, np.ndarray, np.ndarray, float]], pa
         filled = ~np.isnan(acc)
         ax.bar(lo[filled], acc[filled], width=width, align="edge", color="#4878d0",
                edgecolor="white", label="accuracy")
-        # The gap between confidence and accuracy is what ECE averages: show it.
-        ax.bar(lo[filled], mean_conf[filled] - acc[filled], bottom=acc[filled], width=width,
-               align="edge", color="#d65f5f", alpha=0.35, label="gap to confidence")
+        # The gap between confidence and accuracy is what ECE averages: outline it,
+        # above the bar (over-confident) or inside it (under-confident).
+        ax.bar(lo[filled], np.abs(mean_conf[filled] - acc[filled]),
+               bottom=np.minimum(acc[filled], mean_conf[filled]), width=width, align="edge",
+               facecolor="none", edgecolor="#c62828", hatch="///", linewidth=0.8, label="gap to confidence")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
         ax.set_title(f"{_short(title)}\nECE {ece:.2f}%", fontsize=9)
@@ -57,17 +60,21 @@ def reliability_grid(panels: list[tuple[str, np.ndarray, np.ndarray, float]], pa
     return _save(fig, path)
 
 
-def accuracy_vs_time(points: list[tuple[str, float, float]], path: Path) -> Path | None:
-    """Top-1 against seconds per image (log x), one labelled point per (name, seconds, top1)."""
+def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path) -> Path | None:
+    """Top-1 against seconds per image (log x): one labelled point per (name, seconds, top1, run);
+    one marker shape per run, so methods of different backbones stay apart."""
     points = [p for p in points if p[1] and p[1] > 0 and not math.isnan(p[1]) and not math.isnan(p[2])]
     if not points:
         return None
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for name, sec, acc in points:
-        ax.scatter(sec, acc, s=40)
+    runs = list(dict.fromkeys(p[3] for p in points))
+    for name, sec, acc, run in points:
+        ax.scatter(sec, acc, s=40, marker="osD^vP*X"[runs.index(run) % 8])
         ax.annotate(_short(name, 36), (sec, acc), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
     ax.set(xlabel="seconds per image (log scale)", ylabel="top-1 accuracy (%)",
            title="Accuracy vs. cost (clean images)")
     ax.grid(True, which="both", alpha=0.3)

@@ -1,0 +1,28 @@
+"""`shiftlab merge RUN_DIR`: fold torchrun shards into records.jsonl and rewrite the summary."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("merge", help="merge per-rank record shards of a run directory (idempotent)")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import results
+    from ..published import published_rows
+    run_dir = args.run_dir
+    if not results.record_files(run_dir):
+        print(f"shiftlab merge: {run_dir} holds no records.jsonl and no shards/*.jsonl")
+        return 2
+    results.merge_records(run_dir)
+    old = run_dir / results.SUMMARY
+    previous = json.loads(old.read_text()) if old.is_file() else {}
+    config = previous.get("config", {})
+    summary = results.summarize(results.load_records(run_dir), config, previous.get("timings"))
+    print(results.write_summary(run_dir, summary, published_rows(config.get("dataset"), config.get("model"),
+                                                                      config.get("pretrained"))))
+    return 0

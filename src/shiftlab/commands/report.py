@@ -1,0 +1,43 @@
+"""`shiftlab report RUN_DIR [RUN_DIR ...] --out REPORT_DIR`: one static HTML page over runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report", help="HTML report (plots, paired comparison) over one or more run directories",
+        description="Build a self-contained HTML report (report.html, PNGs, metrics.csv, paired.csv) "
+                    "from run directories. Metrics are recomputed from each run's records.jsonl. "
+                    "See docs/REPORTS.md.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (hold records.jsonl)")
+    p.add_argument("--out", required=True, metavar="REPORT_DIR", help="where to write the report")
+    p.add_argument("--compare", action="append", default=[], metavar="A,B",
+                   help="also compare method A with B on paired samples (repeatable); a name is a "
+                        "method key as shown in the report, or a method name")
+    p.add_argument("--pairs", choices=("auto", "all", "zeroshot"), default="auto",
+                   help="which method pairs to compare: all pairs, each vs. zeroshot, or auto "
+                        "(all pairs up to 6 methods per setting, else vs. zeroshot); default auto")
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="N",
+                   help="paired bootstrap resamples for the 95%% interval (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--title", default=None, help="page title")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from shiftlab.report import ReportError, build_report  # matplotlib only loads when used
+
+    if args.bootstrap < 1:
+        print("error: --bootstrap must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs,
+                            n_resamples=args.bootstrap, seed=args.seed, title=args.title)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report written to {path}")
+    return 0

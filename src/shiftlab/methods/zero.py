@@ -1,0 +1,84 @@
+"""ZERO (Farina et al. 2025, "Frustratingly Easy Test-Time Adaptation of VLMs"), training-free.
+
+TPT's confidence filter followed by zero-temperature voting: keep the int(N * 0.3)
+lowest-entropy views of the zero-shot view logits, let each cast one vote for its
+argmax, predict the class with the most votes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..context import SampleContext
+from .base import Method, MethodConfig, MethodOutput, register_method
+from .prompt_tuning import select_confident
+
+# Share of the score given to the kept views' mean probability. It is kept below the
+# worth of one vote, so it only orders classes with equal votes (the tie-break), and
+# it gives classes without votes a small non-zero probability, so NLL stays finite.
+_SOFT_SHARE = 1e-3
+
+
+@dataclass
+class ZeroConfig(MethodConfig):
+    keep_ratio: float = 0.3     # share of views (lowest entropy) that vote; at least one
+
+
+@dataclass
+class ZeroVote:
+    """The vote over one sample's (or, with leading dimensions, several samples') views."""
+    scores: torch.Tensor        # (..., C) sums to 1: (1 - s) * vote share + s * mean kept probability
+    winner: torch.Tensor        # (...) argmax of scores: most votes, ties by summed kept probability
+    votes: torch.Tensor         # (..., C) number of kept views voting for each class
+    kept: torch.Tensor          # (..., k) indices of the voting views, lowest entropy first
+
+
+def zero_vote(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
+    """Majority vote of the int(N * keep_ratio) (at least 1) most confident views: (..., N, C).
+
+    Tie-break: among the classes with the most votes, the one with the highest summed
+    softmax probability over the kept views wins (classes whose summed probabilities agree
+    to within float32 rounding of the score, about 1e-4 relative, fall back to the lowest
+    class index, as does an exact tie).
+    """
+    view_logits = view_logits.float()
+    kept = select_confident(view_logits, keep_ratio)
+    kept_logits = torch.gather(view_logits, -2, kept.unsqueeze(-1).expand(*kept.shape, view_logits.shape[-1]))
+    k = kept.shape[-1]
+    ballots = kept_logits.argmax(-1)
+    votes = torch.zeros_like(view_logits[..., 0, :]).scatter_add_(-1, ballots, torch.ones_like(ballots, dtype=view_logits.dtype))
+    mean_prob = kept_logits.softmax(-1).mean(-2)
+    # one vote is worth (1 - s) / k; the probability term at most s, so s < (1 - s) / k
+    soft_share = min(_SOFT_SHARE, 0.5 / k)
+    scores = (1 - soft_share) * votes / k + soft_share * mean_prob
+    return ZeroVote(scores, scores.argmax(-1), votes, kept)
+
+
+@register_method("zero")
+class Zero(Method):
+    """ZERO: majority vote of the 30% lowest-entropy views' zero-shot argmaxes.
+
+    Scores: `probs` are (1 - s) * (share of the kept views voting for the class)
+    + s * (mean softmax probability of the class over the kept views), with s = 1e-3
+    (smaller when more than 500 views vote), and `logits` = log(probs), so softmax(logits)
+    = probs. The confidence (max prob) is therefore, to within 1e-3, the fraction of the
+    confident views that agree with the prediction; top-5 orders classes by votes, then by
+    mean kept probability. The small probability term breaks vote ties and keeps the
+    probability of a class without votes above zero.
+    """
+    config_class = ZeroConfig
+    summary = "ZERO: majority vote (zero temperature) of the 30% lowest-entropy views; confidence = vote share"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not 0 < self.config.keep_ratio <= 1:
+            raise ValueError(f"zero: keep_ratio must be in (0, 1], got {self.config.keep_ratio}")
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        vote = zero_vote(ctx.zeroshot_view_logits, self.config.keep_ratio)
+        logits = vote.scores.clamp_min(torch.finfo(vote.scores.dtype).tiny).log()
+        winner = int(vote.winner)
+        k = vote.kept.shape[-1]
+        return MethodOutput(logits, probs=vote.scores,
+                            extras={"vote_share": float(vote.votes[winner]) / k, "n_voters": k})

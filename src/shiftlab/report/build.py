@@ -1,0 +1,165 @@
+"""Turn run directories into report.html + PNGs + metrics.csv + paired.csv."""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from shiftlab.published import canonical_method
+from shiftlab.report.html import esc, page
+from shiftlab.report.load import ReportError, Run, Series, load_runs
+from shiftlab.report.stats import PairedResult, paired_compare, series_metrics
+
+# With more methods than this in one (dataset, setting), all pairs would swamp
+# the table, so "auto" compares each method with zero-shot only.
+AUTO_ALL_PAIRS_MAX = 6
+
+
+@dataclass
+class ReportData:
+    runs: list[Run]
+    metrics: dict[tuple[str, str], dict]
+    paired: list[PairedResult]
+    out: Path
+    n_resamples: int
+    seed: int
+
+    @property
+    def series(self) -> list[Series]:
+        return [s for r in self.runs for s in r.series]
+
+    def m(self, s: Series) -> dict:
+        return self.metrics[(s.key, s.setting_label)]
+
+    def groups(self) -> dict[tuple[str, str], list[Series]]:
+        return comparable_groups(self.runs)
+
+
+def is_zeroshot(s: Series) -> bool:
+    return canonical_method(s.method) == "zeroshot"
+
+
+def comparable_groups(runs: list[Run]) -> dict[tuple[str, str], list[Series]]:
+    """(dataset, setting label) -> series: sample ids only mean the same image within one."""
+    groups: dict[tuple[str, str], list[Series]] = {}
+    for r in runs:
+        for s in r.series:
+            groups.setdefault((r.dataset, s.setting_label), []).append(s)
+    return groups
+
+
+def zeroshot_baseline(s: Series, group: list[Series]) -> Series | None:
+    """The zero-shot series to compare s with: from the same run if it has one."""
+    candidates = [z for z in group if is_zeroshot(z) and z is not s]
+    same_run = [z for z in candidates if z.run is s.run]
+    return (same_run or candidates or [None])[0]
+
+
+def resolve_method(name: str, runs: list[Run]) -> list[str]:
+    """Display keys a user-given name means: an exact key, else every key of that method."""
+    keys = {s.key for r in runs for s in r.series}
+    if name in keys:
+        return [name]
+    by_method = sorted({s.key for r in runs for s in r.series if s.method == name})
+    if not by_method:
+        raise ReportError(f"--compare: no method {name!r} in these runs; known: {', '.join(sorted(keys))}")
+    return by_method
+
+
+def choose_pairs(runs: list[Run], mode: str = "auto", compare=()) -> list[tuple[Series, Series]]:
+    """Pairs (A, B) to compare, zero-shot always on the B (baseline) side."""
+    if mode not in ("auto", "all", "zeroshot"):
+        raise ReportError(f"unknown pairs mode {mode!r} (auto, all, zeroshot)")
+    pairs: list[tuple[Series, Series]] = []
+    wanted = []
+    for spec in compare:
+        parts = [p.strip() for p in spec.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ReportError(f"--compare expects two method names as A,B, got {spec!r}")
+        wanted.append((resolve_method(parts[0], runs), resolve_method(parts[1], runs)))
+    for group in comparable_groups(runs).values():
+        found: list[tuple[Series, Series]] = []
+        if mode == "all" or (mode == "auto" and len(group) <= AUTO_ALL_PAIRS_MAX):
+            for a, b in itertools.combinations(group, 2):
+                found.append((b, a) if is_zeroshot(a) and not is_zeroshot(b) else (a, b))
+        else:
+            for s in group:
+                base = zeroshot_baseline(s, group)
+                if base is not None and not is_zeroshot(s):
+                    found.append((s, base))
+        by_key = {s.key: s for s in group}
+        for keys_a, keys_b in wanted:
+            for ka, kb in itertools.product(keys_a, keys_b):
+                if ka in by_key and kb in by_key and ka != kb:
+                    # The user's order wins over an automatic pair of the same two methods.
+                    found = [p for p in found if {p[0].key, p[1].key} != {ka, kb}]
+                    found.append((by_key[ka], by_key[kb]))
+        pairs.extend(found)
+    return pairs
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        # Significant digits, not decimals: p-values like 3e-9 must not become 0.
+        return "" if math.isnan(v) else f"{v:.10g}"
+    return "" if v is None else v
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        for row in rows:
+            w.writerow({c: _csv_value(row.get(c)) for c in columns})
+    return path
+
+
+METRIC_COLUMNS = ["run", "run_dir", "run_label", "model", "pretrained", "dataset", "method", "method_key",
+                  "setting", "setting_label", "attack_eps", "top1", "top5", "ece", "nll", "n", "errors",
+                  "seconds_per_image"]
+PAIRED_COLUMNS = ["dataset", "setting", "a", "b", "n", "acc_a", "acc_b", "diff", "ci_low", "ci_high",
+                  "a_only", "b_only", "p_value", "test", "verdict", "bootstrap_resamples", "seed"]
+
+
+def metric_rows(data: ReportData) -> list[dict]:
+    rows = []
+    for r in data.runs:
+        for s in r.series:
+            rows.append({"run": r.name, "run_dir": str(r.path), "run_label": r.label,
+                         "model": r.config.get("model"), "pretrained": r.config.get("pretrained"),
+                         "dataset": r.dataset, "method": s.method, "method_key": s.key,
+                         "setting": s.setting, "setting_label": s.setting_label,
+                         "attack_eps": s.attack_eps, **data.m(s)})
+    return rows
+
+
+def build_report(run_dirs, out_dir, compare=(), pairs: str = "auto", n_resamples: int = 2000,
+                 seed: int = 0, title: str | None = None) -> Path:
+    """Write the report for the given run directories into out_dir; returns report.html's path."""
+    from shiftlab.report import sections  # the page layout; kept apart from the computation
+
+    runs = load_runs(run_dirs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
+    paired = [paired_compare(a, b, n_resamples, seed) for a, b in choose_pairs(runs, pairs, compare)]
+    data = ReportData(runs, metrics, paired, out, n_resamples, seed)
+
+    write_csv(out / "metrics.csv", metric_rows(data), METRIC_COLUMNS)
+    dataset_of = {(s.key, s.setting_label): s.run.dataset for s in data.series}
+    write_csv(out / "paired.csv",
+              [{**p.as_row(), "dataset": dataset_of[(p.a, p.setting)],
+                "bootstrap_resamples": n_resamples, "seed": seed} for p in paired], PAIRED_COLUMNS)
+
+    title = title or "shiftlab report: " + ", ".join(r.name for r in runs)
+    meta = (f"{len(runs)} run(s), {len(data.series)} method/setting series; generated "
+            f"{_dt.datetime.now().isoformat(timespec='seconds')}. Metrics recomputed from records.jsonl; "
+            f"accuracies and ECE in percent, NLL in nats. Files: "
+            + ", ".join(f'<a href="{esc(n)}">{esc(n)}</a>' for n in ("metrics.csv", "paired.csv")))
+    parts = [build(data) for build in sections.ALL]
+    html_path = out / "report.html"
+    html_path.write_text(page(title, meta, [p for p in parts if p]), encoding="utf-8")
+    return html_path

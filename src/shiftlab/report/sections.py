@@ -1,0 +1,243 @@
+"""The report's sections, in page order. Each returns (anchor, heading, HTML) or None to skip."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+
+from shiftlab.published import canonical_method, published_rows
+from shiftlab.report import plots
+from shiftlab.report.build import ReportData, is_zeroshot, zeroshot_baseline
+from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
+from shiftlab.report.stats import (RENDITIONS, known_rendition_share, per_class_accuracy,
+                                   rendition_accuracy, top_confusions)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "x"
+
+
+def _class_namer(series):
+    names = next((s.run.classnames for s in series if s.run.classnames), None)
+    return lambda i: names[i] if names and 0 <= i < len(names) else str(i)
+
+
+def _n_classes(series) -> int:
+    names = next((s.run.classnames for s in series if s.run.classnames), None) or []
+    return max([len(names)] + [int(s.labels.max()) + 1 for s in series if s.n])
+
+
+def _clean_by_dataset(data: ReportData) -> dict[str, list]:
+    return {ds: g for (ds, setting), g in data.groups().items() if setting == "clean"}
+
+
+def runs_section(data: ReportData):
+    rows, notes = [], []
+    for r in data.runs:
+        rows.append([r.name, r.label, str(r.path), ", ".join(sorted({s.key for s in r.series})),
+                     ", ".join(sorted({s.setting_label for s in r.series})),
+                     num(sum(s.n for s in r.series), 0), num(len(r.error_records), 0)])
+        notes += [f"{r.name}: {w}" for w in r.warnings]
+    return ("runs", "Runs", table(["run", "configuration", "directory", "methods", "settings",
+                                   "prediction records", "error records"], rows, text_cols=5)
+            + warnings_box(notes))
+
+
+def results_section(data: ReportData):
+    rows = []
+    for s in data.series:
+        m = data.m(s)
+        rows.append([s.key, s.run.name, s.setting_label, num(m["top1"]), num(m["top5"]), num(m["ece"]),
+                     num(m["nll"], 3), num(m["n"], 0), num(m["errors"], 0), num(m["seconds_per_image"], 4)])
+    return ("results", "Results", "<p>Click a column header to sort.</p>" + table(
+        ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", "n", "errors", "s / image"],
+        rows, text_cols=3, id_="metrics-table"))
+
+
+PAIRED_HELP = """<p>Each row compares methods A and B on the <em>same</em> images (matched by sample id
+and setting; samples either method failed on are left out). <b>A fixes</b>: images A gets right and
+B wrong; <b>B fixes</b>: the reverse. Only these discordant images carry information about which
+method is better. The <b>McNemar p-value</b> is the chance of a split at least this uneven if both
+methods were equally good (exact binomial test below 25 discordant images, chi-square with
+continuity correction above). The <b>95% interval</b> of A&minus;B comes from a paired bootstrap
+({n} resamples, seed {seed}). Read a gap as real only when the interval excludes 0 and p &lt; 0.05;
+otherwise the methods are not distinguishable on this data, however large the gap looks.</p>"""
+
+
+def paired_section(data: ReportData):
+    if not data.paired:
+        return ("paired", "Paired comparison",
+                "<p>No two methods share a dataset and setting: nothing to compare.</p>")
+    rows = []
+    for p in data.paired:
+        verdict_cls = "good" if p.verdict.endswith("better") else ""
+        rows.append([p.a, p.b, p.setting, num(p.n, 0), num(p.acc_a), num(p.acc_b), signed(p.diff),
+                     Cell(f"[{fmt(p.ci_low)}, {fmt(p.ci_high)}]", repr(p.ci_low)), num(p.a_only, 0),
+                     num(p.b_only, 0), Cell(fmt_p(p.p_value), repr(p.p_value)), p.test,
+                     Cell(p.verdict, cls=verdict_cls)])
+    return ("paired", "Paired comparison",
+            PAIRED_HELP.format(n=data.n_resamples, seed=data.seed) + table(
+                ["A", "B", "setting", "n paired", "A top-1 %", "B top-1 %", "A − B (points)",
+                 "95% CI of A − B", "A fixes", "B fixes", "McNemar p", "test", "reading"],
+                rows, text_cols=3, id_="paired-table"))
+
+
+def cost_section(data: ReportData):
+    points = [(s.key, data.m(s)["seconds_per_image"], data.m(s)["top1"], s.run.name)
+              for s in data.series if s.setting == "clean"]
+    png = plots.accuracy_vs_time(points, data.out / "accuracy_vs_time.png")
+    if png is None:
+        return None
+    return ("cost", "Accuracy vs. cost", "<p>Up and to the left is better. Seconds per image "
+            "from summary.json (mean of the records' timings when it is missing); one marker "
+            "shape per run.</p>"
+            + image(png, "accuracy vs seconds per image"))
+
+
+def calibration_section(data: ReportData):
+    body = ("<p>Bars: accuracy of the samples in each confidence bin (15 equal-width bins); "
+            "red: the gap to their mean confidence. A calibrated method follows the diagonal; "
+            "ECE is the sample-weighted mean gap.</p>")
+    for (dataset, setting), group in data.groups().items():
+        panels = [(s.key, s.confidence, s.correct, data.m(s)["ece"]) for s in group]
+        png = plots.reliability_grid(panels, data.out / f"reliability_{_slug(dataset)}_{_slug(setting)}.png")
+        if png is not None:
+            body += f"<h3>{esc(dataset)}, {esc(setting)}</h3>" + image(png, f"reliability {setting}")
+    return ("calibration", "Calibration", body)
+
+
+def robust_section(data: ReportData):
+    attacked = sorted({s.setting_label for s in data.series if s.setting != "clean"})
+    if not attacked:
+        return None
+    keys = list(dict.fromkeys(s.key for s in data.series))
+    top1 = {(s.key, s.setting_label): data.m(s)["top1"] for s in data.series}
+    columns = {lab: [top1.get((k, lab), np.nan) for k in keys] for lab in ["clean", *attacked]}
+    rows = []
+    for i, k in enumerate(keys):
+        row = [k, num(columns["clean"][i])]
+        for lab in attacked:
+            row += [num(columns[lab][i]), signed(columns[lab][i] - columns["clean"][i])]
+        rows.append(row)
+    headers = ["method", "clean top-1 %"] + [h for lab in attacked for h in (f"{lab} top-1 %", f"{lab} − clean")]
+    png = plots.grouped_bars(keys, columns, data.out / "clean_vs_robust.png", "Clean vs. robust accuracy")
+    return ("robust", "Clean vs. robust accuracy",
+            "<p>Robust accuracy: top-1 on the adversarial images of each attack setting.</p>"
+            + image(png, "clean vs robust accuracy") + table(headers, rows, id_="robust-table"))
+
+
+def renditions_section(data: ReportData):
+    body = ""
+    for dataset, group in _clean_by_dataset(data).items():
+        group = [s for s in group if known_rendition_share(s) > 0.5]
+        if not group:
+            continue
+        acc = {s.key: rendition_accuracy(s) for s in group}
+        cols = [r for r in (*RENDITIONS, "other") if any(r in a for a in acc.values())]
+        counts = Counter({r: max(a[r][0] for a in acc.values() if r in a) for r in cols})
+        labels = [f"{r} ({counts[r]})" for r in cols]
+        matrix = np.array([[acc[s.key].get(r, (0, np.nan))[1] for r in cols] for s in group])
+        slug = _slug(dataset)
+        body += f"<h3>{esc(dataset)}</h3>" + image(plots.heatmap(
+            [s.key for s in group], labels, matrix, data.out / f"renditions_{slug}.png",
+            "Top-1 accuracy (%) per rendition (images per rendition)"), "accuracy per rendition")
+        delta_rows, deltas = [], []
+        for s in group:
+            base = None if is_zeroshot(s) else zeroshot_baseline(s, group)
+            if base is not None:
+                shared = np.intersect1d(s.ids, base.ids)
+                mine, ref = rendition_accuracy(s, shared), rendition_accuracy(base, shared)
+                deltas.append([mine[r][1] - ref[r][1] if r in mine and r in ref else np.nan for r in cols])
+                delta_rows.append(f"{s.key} − {base.key}")
+        if delta_rows:
+            body += ("<p>Where test-time adaptation helps (blue) and hurts (red): top-1 difference "
+                     "to zero-shot in points, on the images both predicted.</p>" + image(plots.heatmap(
+                         delta_rows, labels, np.array(deltas), data.out / f"renditions_delta_{slug}.png",
+                         "Top-1 difference to zero-shot (points)", diverging=True, value_fmt="{:+.1f}"),
+                         "accuracy difference to zero-shot per rendition"))
+        body += table(["rendition", *[s.key for s in group]],
+                      [[lab, *[num(matrix[i, j]) for i in range(len(group))]] for j, lab in enumerate(labels)])
+    return ("renditions", "Accuracy per rendition", body) if body else None
+
+
+def published_section(data: ReportData):
+    rows, keys, ours, seed, paper = [], [], [], [], []
+    for s in data.series:
+        c = s.run.config
+        pub = published_rows(c.get("dataset"), c.get("model"), c.get("pretrained")).get(
+            canonical_method(s.method) or "")
+        if s.setting != "clean" or pub is None:
+            continue
+        m = data.m(s)
+        rows.append([s.key, pub["label"], num(m["top1"]), num(pub["seed_leaderboard"]),
+                     signed(m["top1"] - (pub["seed_leaderboard"] or np.nan)), num(pub["paper"]),
+                     signed(m["top1"] - (pub["paper"] or np.nan)), num(m["ece"]), num(pub["paper_ece"])])
+        keys.append(s.key)
+        ours.append(m["top1"])
+        seed.append(pub["seed_leaderboard"] or np.nan)
+        paper.append(pub["paper"] or np.nan)
+    if not rows:
+        return None
+    png = plots.grouped_bars(keys, {"ours": ours, "seed leaderboard (R-TPT paper)": seed,
+                                    "original paper / README": paper},
+                             data.out / "published.png", "Ours vs. published (CLIP RN50, ImageNet-R)")
+    return ("published", "Ours vs. published numbers",
+            "<p>Published top-1 for CLIP RN50 (OpenAI weights) on ImageNet-R, from PROTOCOL.md; "
+            "published ECE from the C-TPT paper.</p>" + image(png, "ours vs published") + table(
+                ["method", "published as", "ours top-1 %", "seed leaderboard", "ours − leaderboard",
+                 "paper / README", "ours − paper", "ours ECE %", "C-TPT paper ECE %"],
+                rows, text_cols=2, id_="published-table"))
+
+
+def per_class_section(data: ReportData):
+    body = ""
+    for dataset, group in _clean_by_dataset(data).items():
+        n_classes = _n_classes(group)
+        name = _class_namer(group)
+        per = [per_class_accuracy(s, n_classes) for s in group]
+        counts = np.max([c for c, _ in per], axis=0)
+        rows = [[num(i, 0), name(i), num(counts[i], 0), *[num(acc[i]) for _, acc in per]]
+                for i in range(n_classes) if counts[i] > 0]
+        body += (f"<h3>{esc(dataset)}</h3><div class=scroll>"
+                 + table(["class", "name", "n", *[f"{s.key} %" for s in group]], rows, text_cols=2,
+                         id_=f"per-class-{_slug(dataset)}") + "</div>")
+    return ("per-class", "Per-class accuracy (clean)",
+            "<p>Click a header to sort (e.g. by a method's accuracy to find its worst classes).</p>"
+            + body) if body else None
+
+
+def confusions_section(data: ReportData):
+    body = ""
+    for dataset, group in _clean_by_dataset(data).items():
+        name = _class_namer(group)
+        n_classes = _n_classes(group)
+        for s in group:
+            counts = np.bincount(s.labels, minlength=n_classes)
+            rows = [[name(t), name(p), num(c, 0), num(100.0 * c / counts[t], 1)]
+                    for t, p, c in top_confusions(s, 20)]
+            body += (f"<details><summary>{esc(s.key)} ({esc(dataset)}): {len(rows)} most confused pairs"
+                     f"</summary>" + table(["true class", "predicted", "count", "% of true class"],
+                                           rows, text_cols=2) + "</details>")
+    return ("confusions", "Most confused class pairs (clean)", body) if body else None
+
+
+def errors_section(data: ReportData):
+    body = ""
+    for r in data.runs:
+        if not r.error_records:
+            continue
+        by = Counter((str(e.get("setting") or "clean"), e.get("method") or "all methods (before any ran)")
+                     for e in r.error_records)
+        messages = Counter(str(e.get("error"))[:200] for e in r.error_records)
+        body += (f"<h3>{esc(r.name)}: {len(r.error_records)} error record(s)</h3>"
+                 + table(["setting", "method", "count"], [[s, m, num(c, 0)] for (s, m), c in sorted(by.items())],
+                         text_cols=2)
+                 + table(["most frequent messages", "count"],
+                         [[msg, num(c, 0)] for msg, c in messages.most_common(10)], sortable=False))
+    return ("errors", "Errors", body or "<p>No error records: every sample was predicted.</p>")
+
+
+ALL = [runs_section, results_section, paired_section, published_section, cost_section,
+       calibration_section, robust_section, renditions_section, per_class_section,
+       confusions_section, errors_section]

@@ -1,0 +1,63 @@
+"""Synthetic stand-ins for the demo and tests: an ImageNet-R-layout folder and a tiny random CLIP."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+from PIL import Image
+
+RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami", "painting",
+              "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
+
+# The golden fixtures' architecture: ModifiedResNet (1,1,1,1) width 16 at 64x64, 2-layer text tower.
+TINY_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 16, "patch_size": None},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 2},
+}
+
+
+def tiny_clip(seed: int = 0, device: str | torch.device = "cpu"):
+    """A tiny random-weight CLIP (the golden fixtures' architecture); accuracy is meaningless."""
+    from .models import load_model
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return load_model("shiftlab-tiny", None, model_config=TINY_CLIP_CONFIG, device=device)
+
+
+def random_image(size: tuple[int, int] = (40, 30), seed: int = 0) -> Image.Image:
+    """A smooth random RGB image of `size` = (width, height)."""
+    rng = np.random.default_rng(seed)
+    width, height = size
+    coarse = rng.integers(0, 256, size=(max(1, height // 8), max(1, width // 8), 3), dtype=np.uint8)
+    return Image.fromarray(coarse, "RGB").resize((width, height), Image.BILINEAR)
+
+
+def make_imagenet_r(root: str | Path, per_class: int = 1, size: tuple[int, int] = (40, 30), seed: int = 0,
+                    classes: Iterable[str | int] | None = None, image_format: str = "jpg") -> Path:
+    """Write a synthetic ImageNet-R under `root/imagenet-r` (all 200 class folders) and return that folder.
+
+    `classes`: wnids or labels (0..199) that get `per_class` images named `<rendition>_<k>.<ext>`;
+    the other folders stay empty. Sample k of label y uses seed `seed * 1_000_003 + y * 1000 + k`.
+    """
+    from .datasets.classes import imagenet_r_wnids
+    wnids = imagenet_r_wnids()
+    selected = set(range(len(wnids))) if classes is None else {
+        c if isinstance(c, int) else wnids.index(c) for c in classes}
+    dataset = Path(root) / "imagenet-r"
+    for label, wnid in enumerate(wnids):
+        folder = dataset / wnid
+        folder.mkdir(parents=True, exist_ok=True)
+        if label not in selected:
+            continue
+        for k in range(per_class):
+            img = random_image(size, seed * 1_000_003 + label * 1000 + k)
+            rendition = RENDITIONS[(label + k) % len(RENDITIONS)]
+            buf = io.BytesIO()
+            img.save(buf, format="JPEG" if image_format in ("jpg", "jpeg") else image_format.upper(), quality=90)
+            (folder / f"{rendition}_{k}.{image_format}").write_bytes(buf.getvalue())
+    return dataset
