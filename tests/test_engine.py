@@ -1,0 +1,166 @@
+"""End-to-end runs on a synthetic ImageNet-R folder: records, summary, resume after SIGKILL, bad images."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import open_clip
+import pytest
+import torch
+
+from shiftlab import results
+from shiftlab.cli import main as cli_main
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, run, stream_order
+from shiftlab.synthetic import make_imagenet_r, tiny_clip
+from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.imageio import decode_image
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_METHODS = "zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta,zero"
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    return make_imagenet_r(root, classes=range(0, 200, 20), per_class=1, size=(80, 64))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    # open_clip's ResNet CLIP keys are OpenAI's, so this file loads through the OpenAI-state-dict path.
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
+    torch.save(tiny_clip(0).clip.state_dict(), path)
+    return path
+
+
+def _strip(recs):
+    return sorted((json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs))
+
+
+def _cli_run(data, ckpt, out, *extra):
+    return cli_main(["run", "--dataset", "imagenet-r", "--data", str(data), "--model", "RN50", "--pretrained",
+                     str(ckpt), "--views", "8", "--workers", "0", "--no-progress", "--out", str(out), *extra])
+
+
+def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", FAST_METHODS) == 0
+    recs = list(results.iter_records(out / "records.jsonl"))
+    methods = FAST_METHODS.split(",")
+    assert len(recs) == 10 * len(methods)
+    assert {(r["id"], r["method"]) for r in recs} == {(i, m) for i in range(10) for m in methods}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["methods"]) == set(methods) and summary["errors"] == 0
+    for name, m in summary["methods"].items():
+        mine = [r for r in recs if r["method"] == name]
+        assert m["n"] == 10
+        assert m["top1"] == pytest.approx(100 * sum(r["correct"] for r in mine) / 10)
+        assert 0 <= m["ece"] <= 100 and m["seconds_per_image"] > 0
+    md = (out / "summary.md").read_text()
+    assert "| tpt |" in md and "RANDOM" not in md  # a checkpoint file is not labelled random
+    # a second run into the same folder without --resume is refused, records untouched
+    assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", "zeroshot") == 2
+    assert len(list(results.iter_records(out / "records.jsonl"))) == len(recs)
+
+
+def test_zeroshot_record_matches_plain_open_clip(synthetic, tmp_path):
+    model = tiny_clip(0)
+    dataset = build_dataset("imagenet-r", synthetic)
+    run(RunConfig(methods=["zeroshot"], views=1, out=str(tmp_path / "r"), workers=0, progress=False),
+        model=model, dataset=dataset)
+    recs = {r["id"]: r for r in results.iter_records(tmp_path / "r" / "records.jsonl")}
+    clip = model.clip
+    text = clip.encode_text(open_clip.tokenize([f"a photo of a {c}." for c in dataset.classnames]), normalize=True)
+    views = ViewGenerator(ViewConfig(n_views=1, size=64))
+    for sid in range(len(dataset)):
+        x = views(decode_image(dataset.path(sid)), sid).float() / 255
+        x = (x - torch.tensor(open_clip.OPENAI_DATASET_MEAN).view(3, 1, 1)) / torch.tensor(
+            open_clip.OPENAI_DATASET_STD).view(3, 1, 1)
+        with torch.no_grad():
+            logits = model.logit_scale * clip.encode_image(x, normalize=True) @ text.T
+        probs = logits[0].softmax(-1)
+        assert recs[sid]["pred"] == int(logits[0].argmax())
+        assert recs[sid]["top5"] == probs.topk(5).indices.tolist()
+        assert recs[sid]["confidence"] == pytest.approx(float(probs.max()), abs=1e-4)
+        assert recs[sid]["true_prob"] == pytest.approx(float(probs[recs[sid]["label"]]), abs=1e-4)
+
+
+def test_results_independent_of_batching_and_workers(synthetic, tmp_path):
+    model = tiny_clip(0)
+    dataset = build_dataset("imagenet-r", synthetic)
+    outs = []
+    for i, (bs, workers, order) in enumerate([(1, 0, "sorted"), (4, 2, "shuffled")]):
+        out = tmp_path / f"r{i}"
+        run(RunConfig(methods=["zeroshot", "tpt", "mta", "view_ensemble"], views=8, batch_size=bs,
+                      workers=workers, order=order, out=str(out), progress=False), model=model, dataset=dataset)
+        outs.append({(r["id"], r["method"]): r for r in results.iter_records(out / "records.jsonl")})
+    assert outs[0].keys() == outs[1].keys()
+    for key, a in outs[0].items():
+        b = outs[1][key]
+        assert a["pred"] == b["pred"] and a["top5"] == b["top5"], key
+        assert a["confidence"] == pytest.approx(b["confidence"], abs=1e-4)
+
+
+def test_bad_images_become_error_records(tmp_path):
+    data = make_imagenet_r(tmp_path / "data", classes=[0, 1, 2], size=(64, 64))
+    wnid_dir = sorted(p for p in data.iterdir() if p.is_dir())[0]
+    (wnid_dir / "art_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (wnid_dir / "art_empty.jpg").write_bytes(b"")
+    dataset = build_dataset("imagenet-r", data)
+    summary = run(RunConfig(methods=["zeroshot", "tpt"], views=4, out=str(tmp_path / "r"), workers=0,
+                            progress=False), model=tiny_clip(0), dataset=dataset)
+    recs = list(results.iter_records(tmp_path / "r" / "records.jsonl"))
+    errors = [r for r in recs if "error" in r]
+    assert sorted(Path(r["path"]).name for r in errors) == ["art_broken.jpg", "art_empty.jpg"]
+    assert all(r["method"] is None and r["error"] for r in errors)
+    assert summary["errors"] == 2 and summary["methods"]["tpt"]["n"] == 3
+
+
+def test_stream_order_is_seeded_permutation():
+    a, b = stream_order(50, "shuffled", 0), stream_order(50, "shuffled", 0)
+    assert a == b and sorted(a) == list(range(50)) and a != list(range(50))
+    assert stream_order(50, "shuffled", 1) != a and stream_order(5, "sorted", 0) == [0, 1, 2, 3, 4]
+
+
+def test_torn_last_line_is_ignored_and_cut(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"id": 0, "method": "zeroshot", "setting": "clean"}\n{"id": 1, "meth')
+    assert [r["id"] for r in results.iter_records(path)] == [0]
+    with results.RecordWriter(path) as w:
+        w.write([{"id": 1, "method": "zeroshot", "setting": "clean"}])
+    assert [r["id"] for r in results.iter_records(path)] == [0, 1]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tiny_checkpoint):
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 5), size=(72, 64))  # 40 images
+    args = [sys.executable, "-m", "shiftlab", "run", "--dataset", "imagenet-r", "--data", str(data),
+            "--model", "RN50", "--pretrained", str(tiny_checkpoint), "--views", "8", "--workers", "0",
+            "--batch-size", "1", "--methods", "zeroshot,tpt,mta", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(args + ["--out", str(killed)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    records = killed / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if records.is_file() and records.read_text().count("\n") >= 12:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = len(list(results.iter_records(records)))
+    assert 0 < n_before < 120, "the run must be killed mid-way for this test to mean anything"
+    subprocess.run(args + ["--out", str(killed), "--resume"], env=env, check=True, capture_output=True)
+    reference = tmp_path / "reference"
+    subprocess.run(args + ["--out", str(reference)], env=env, check=True, capture_output=True)
+    got = list(results.iter_records(records))
+    want = list(results.iter_records(reference / "records.jsonl"))
+    assert len(got) == len({results.record_key(r) for r in got}) == 120
+    assert _strip(got) == _strip(want)
