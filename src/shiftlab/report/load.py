@@ -68,7 +68,8 @@ class Run:
     def label(self) -> str:
         """Human label from the config: model (pretrained) on dataset [, attack]."""
         c = self.config
-        text = f"{c.get('model', '?')} ({c.get('pretrained', '?')}) on {self.dataset}"
+        pretrained = f" ({c['pretrained']})" if c.get("pretrained") else ""
+        text = f"{c.get('model', '?')}{pretrained} on {self.dataset}"
         attack = self.summary.get("attack") or {}
         if attack.get("name"):
             text += f", attack {attack['name']} {format_eps(attack.get('eps'))}".rstrip()

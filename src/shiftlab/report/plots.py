@@ -90,8 +90,9 @@ def heatmap(row_names: list[str], col_names: list[str], values: np.ndarray, path
     ax = fig.subplots()
     masked = np.ma.masked_invalid(values)
     if diverging:
-        bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
-        im = ax.imshow(masked, cmap="RdBu", vmin=-max(bound, 1e-9), vmax=max(bound, 1e-9), aspect="auto")
+        # At least +-1 point, so that all-zero differences do not stretch the colour scale.
+        bound = max(float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0, 1.0)
+        im = ax.imshow(masked, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
     else:
         im = ax.imshow(masked, cmap="viridis", vmin=0, vmax=100, aspect="auto")
     for i in range(values.shape[0]):

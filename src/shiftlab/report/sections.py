@@ -60,7 +60,7 @@ and setting; samples either method failed on are left out). <b>A fixes</b>: imag
 B wrong; <b>B fixes</b>: the reverse. Only these discordant images carry information about which
 method is better. The <b>McNemar p-value</b> is the chance of a split at least this uneven if both
 methods were equally good (exact binomial test below 25 discordant images, chi-square with
-continuity correction above). The <b>95% interval</b> of A&minus;B comes from a paired bootstrap
+continuity correction, "cc", from 25 on). The <b>95% interval</b> of A&minus;B comes from a paired bootstrap
 ({n} resamples, seed {seed}). Read a gap as real only when the interval excludes 0 and p &lt; 0.05;
 otherwise the methods are not distinguishable on this data, however large the gap looks.</p>"""
 

@@ -62,7 +62,7 @@ def mcnemar(a_only: int, b_only: int) -> tuple[float, str]:
         return min(1.0, 2.0 * tail), "exact binomial"
     stat = (abs(a_only - b_only) - 1.0) ** 2 / n
     # Survival function of chi-square with 1 dof: P(chi2 > x) = erfc(sqrt(x / 2)).
-    return math.erfc(math.sqrt(stat / 2.0)), "chi-square (continuity corrected)"
+    return math.erfc(math.sqrt(stat / 2.0)), "chi-square (cc)"
 
 
 def paired_bootstrap_ci(a_correct, b_correct, n_resamples: int = 2000, seed: int = 0,

@@ -1,0 +1,293 @@
+"""The HTML report over synthetic runs whose metrics are known by construction."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shiftlab.commands import report as report_cmd
+from shiftlab.published import canonical_method, published_for, published_rows
+from shiftlab.report import (PairedResult, ReportError, build_report, mcnemar, paired_bootstrap_ci,
+                             rendition_of)
+
+RENDS = ["art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami",
+         "painting", "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame"]
+CLASSNAMES = ["goldfish", "great white shark", "hammerhead", "stingray", "hen"]
+N = 50
+
+# method -> setting -> (is sample i correct?, confidence). Known by hand:
+#   zeroshot clean: even i -> 25/50 = 50.00 %, conf 0.5 -> ECE 0.00
+#   tpt clean: i % 5 != 0 -> 40/50 = 80.00 %, conf 0.9 -> ECE |0.8 - 0.9| = 10.00
+#   zeroshot pgd: i % 10 == 0 -> 10.00 %; tpt pgd: i % 4 == 0 -> 13/50 = 26.00 %
+PATTERNS = {
+    "zeroshot": {"clean": (lambda i: i % 2 == 0, 0.5), "pgd": (lambda i: i % 10 == 0, 0.3)},
+    "tpt": {"clean": (lambda i: i % 5 != 0, 0.9), "pgd": (lambda i: i % 4 == 0, 0.6)},
+}
+TPT_NLL = -(0.8 * math.log(0.9) + 0.2 * math.log(0.05))
+
+
+def write_run(run_dir: Path, model="RN50", patterns=PATTERNS, attack=True) -> Path:
+    run_dir.mkdir(parents=True)
+    lines = []
+    for i in range(N):
+        y = i % 5
+        path = f"n0{y}/weird.jpg" if i == N - 1 else f"n0{y}/{RENDS[i % 15]}_{i}.jpg"
+        for method, settings in patterns.items():
+            for setting, (is_ok, conf) in settings.items():
+                if setting != "clean" and not attack:
+                    continue
+                ok = bool(is_ok(i))
+                pred = y if ok else (y + 1) % 5
+                rec = {"id": i, "path": path, "label": y, "method": method, "setting": setting,
+                       "pred": pred, "top5": [pred] + [c for c in range(5) if c != pred],
+                       "confidence": conf, "true_prob": 0.9 if ok else 0.05, "correct": ok,
+                       "seconds": 0.1}
+                if setting != "clean":
+                    rec["attack"] = {"name": "pgd", "eps": 1 / 255, "steps": 7, "flipped": not ok,
+                                     "linf_255": 1}
+                lines.append(json.dumps(rec))
+    lines.append(json.dumps({"id": N, "path": "n00/broken.jpg", "label": 0, "method": None,
+                             "setting": "clean", "error": "truncated JPEG: broken data stream"}))
+    lines.append(json.dumps({"id": N + 1, "path": "n01/x.jpg", "label": 1, "method": "tpt",
+                             "setting": "clean", "error": "RuntimeError: method raised"}))
+    # A killed writer leaves a torn last line: the report must skip it, not crash.
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + '\n{"id": 7, "pat')
+    summary = {"config": {"model": model, "pretrained": "openai", "dataset": "imagenet-r",
+                          "classnames": CLASSNAMES},
+               "methods": {"zeroshot": {"seconds_per_image": 0.01}, "tpt": {"seconds_per_image": 0.25}},
+               "errors": 2}
+    if attack:
+        summary["attack"] = {"name": "pgd", "eps": 1 / 255, "steps": 7}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    run = write_run(root / "rn50run")
+    html_path = build_report([run], root / "out", n_resamples=2000, seed=0)
+    return root / "out", html_path.read_text()
+
+
+def table_rows(html: str, table_id: str) -> list[str]:
+    m = re.search(rf'<table id="{table_id}".*?</table>', html, re.S)
+    assert m, f"table {table_id} missing"
+    return m.group(0).split("<tr>")[2:]
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+# ------------------------------------------------------------------ small parts
+
+def test_rendition_parsing():
+    assert rendition_of("n01443537/art_3.jpg") == "art"
+    assert rendition_of("imagenet-r/n01443537/videogame_12_x.png") == "videogame"
+    assert rendition_of("n0/Sketch_1.jpg") == "sketch"
+    assert rendition_of("n0/photo_1.jpg") == "other"
+    assert rendition_of("n0/weird.jpg") == "other"
+    assert rendition_of("") == "other"
+
+
+def test_published_rows_only_for_rn50_imagenet_r():
+    rows = published_rows("imagenet-r", "RN50")
+    assert rows["tpt"]["seed_leaderboard"] == 58.9 and rows["tpt"]["paper"] == 59.11
+    assert rows["ctpt"]["paper_ece"] == 4.57 and rows["zeroshot"]["paper_ece"] == 2.07
+    assert rows["tda"]["seed_leaderboard"] is None and rows["tda"]["paper"] == 62.58
+    assert published_rows("imagenet-r", "RN50-quickgelu") == rows
+    assert published_rows("imagenet-r", "ViT-B-16") == {}
+    assert published_rows("imagenet-a", "RN50") == {}
+    assert published_rows("imagenet-r", "RN50", pretrained="yfcc15m") == {}
+    assert published_rows("imagenet-r", "RN50", pretrained="/ckpt/RN50.pt") == rows
+    assert canonical_method("C-TPT") == "ctpt" and canonical_method("view_ensemble") == "view_ensemble"
+    assert published_for("zero", "imagenet-r", "RN50") is None
+    rows["tpt"]["paper"] = 0.0  # callers get copies
+    assert published_rows("imagenet-r", "RN50")["tpt"]["paper"] == 59.11
+
+
+def test_mcnemar_exact_and_chi_square_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    assert mcnemar(0, 0)[0] == 1.0
+    assert mcnemar(0, 6) == (pytest.approx(2 / 64), "exact binomial")   # 2 * 0.5**6
+    assert mcnemar(1, 9)[0] == pytest.approx(22 / 1024)                 # 2 * (1 + 10) / 2**10
+    assert mcnemar(5, 5)[0] == 1.0
+    for b, c in [(2, 10), (7, 3), (0, 24), (12, 12), (1, 1)]:
+        p, test = mcnemar(b, c)
+        assert test == "exact binomial"
+        assert p == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
+    for b, c in [(20, 5), (40, 60), (100, 100), (3, 30)]:
+        p, test = mcnemar(b, c)
+        assert test.startswith("chi-square")
+        assert p == pytest.approx(stats.chi2.sf((abs(b - c) - 1) ** 2 / (b + c), 1), rel=1e-9)
+
+
+def test_paired_bootstrap_ci():
+    rng = np.random.default_rng(123)
+    n = 4000
+    a = rng.random(n) < 0.62   # true accuracies 62 % vs 57 %: true difference 5 points
+    b = rng.random(n) < 0.57
+    lo, hi = paired_bootstrap_ci(a, b, 2000, seed=0)
+    observed = 100 * (a.mean() - b.mean())
+    assert lo < observed < hi and lo < 5.0 < hi
+    assert (lo, hi) == paired_bootstrap_ci(a, b, 2000, seed=0)      # deterministic
+    assert (lo, hi) != paired_bootstrap_ci(a, b, 2000, seed=1)
+    # The multinomial shortcut must match resampling indices, the textbook procedure.
+    idx = np.random.default_rng(7).integers(0, n, size=(2000, n))
+    naive = np.quantile(100 * (a[idx].mean(1) - b[idx].mean(1)), [0.025, 0.975])
+    assert lo == pytest.approx(naive[0], abs=0.4) and hi == pytest.approx(naive[1], abs=0.4)
+    assert paired_bootstrap_ci(a, a) == (0.0, 0.0)
+
+
+def test_small_gap_is_not_read_as_a_win():
+    # 1000 paired samples, A fixes 8 that B misses and B fixes 5: a 0.3-point gap.
+    a = np.zeros(1000, dtype=bool)
+    b = np.zeros(1000, dtype=bool)
+    a[:500] = b[:500] = True
+    a[500:508] = True
+    b[600:605] = True
+    p, test = mcnemar(8, 5)
+    lo, hi = paired_bootstrap_ci(a, b)
+    assert p > 0.05 and lo < 0 < hi
+    result = PairedResult("A", "B", "clean", 1000, 50.8, 50.5, 8, 5, p, test, lo, hi)
+    assert result.diff == pytest.approx(0.3) and result.verdict == "no clear difference"
+
+
+# ------------------------------------------------------------------ the report
+
+def test_report_files_and_pngs(built):
+    from PIL import Image
+
+    out, html = built
+    assert (out / "report.html").is_file() and (out / "metrics.csv").is_file() and (out / "paired.csv").is_file()
+    pngs = sorted(out.glob("*.png"))
+    names = {p.name for p in pngs}
+    assert {"accuracy_vs_time.png", "clean_vs_robust.png", "published.png",
+            "reliability_imagenet_r_clean.png", "renditions_imagenet_r.png",
+            "renditions_delta_imagenet_r.png"} <= names
+    for p in pngs:
+        with Image.open(p) as im:
+            im.verify()
+    # Self-contained: every figure inlined, nothing fetched.
+    assert html.count('src="data:image/png;base64,') == len(pngs)
+    assert "http://" not in html and "https://" not in html
+
+
+def test_report_numbers_in_html(built):
+    _, html = built
+    rows = table_rows(html, "metrics-table")
+    tpt_clean = next(r for r in rows if ">tpt<" in r and ">clean<" in r)
+    assert ">80.00<" in tpt_clean and ">10.00<" in tpt_clean and ">100.00<" in tpt_clean
+    assert f">{TPT_NLL:.3f}<" in tpt_clean
+    zs_clean = next(r for r in rows if ">zeroshot<" in r and ">clean<" in r)
+    assert ">50.00<" in zs_clean and ">0.00<" in zs_clean
+    tpt_pgd = next(r for r in rows if ">tpt<" in r and ">pgd eps=1/255<" in r)
+    assert ">26.00<" in tpt_pgd
+    # Clean vs robust, published numbers beside ours, per-class names, errors shown.
+    assert ">26.00<" in next(r for r in table_rows(html, "robust-table") if ">tpt<" in r)
+    pub = next(r for r in table_rows(html, "published-table") if ">tpt<" in r)
+    assert ">80.00<" in pub and ">58.90<" in pub and ">59.11<" in pub and ">+21.10<" in pub
+    per_class = table_rows(html, "per-class-imagenet_r")
+    assert len(per_class) == 5 and ">great white shark<" in per_class[1]
+    assert ">goldfish<" in html and "most confused pairs" in html
+    assert "truncated JPEG: broken data stream" in html and "2 error record(s)" in html
+    assert "unreadable or incomplete line" in html
+
+
+def test_report_csv_values(built):
+    out, _ = built
+    rows = {(r["method"], r["setting"]): r for r in read_csv(out / "metrics.csv")}
+    assert len(rows) == 4
+    tpt = rows[("tpt", "clean")]
+    assert float(tpt["top1"]) == pytest.approx(80.0) and float(tpt["top5"]) == pytest.approx(100.0)
+    assert float(tpt["ece"]) == pytest.approx(10.0) and float(tpt["nll"]) == pytest.approx(TPT_NLL)
+    assert int(tpt["n"]) == 50 and int(tpt["errors"]) == 2   # its own error + the decode error
+    assert float(tpt["seconds_per_image"]) == pytest.approx(0.25)
+    assert tpt["run_label"] == "RN50 (openai) on imagenet-r, attack pgd eps=1/255"
+    zs = rows[("zeroshot", "clean")]
+    assert float(zs["top1"]) == pytest.approx(50.0) and int(zs["errors"]) == 1
+    pgd = rows[("zeroshot", "pgd")]
+    assert float(pgd["top1"]) == pytest.approx(10.0) and pgd["setting_label"] == "pgd eps=1/255"
+    assert float(pgd["attack_eps"]) == pytest.approx(1 / 255)
+
+
+def test_report_paired_comparison(built):
+    out, html = built
+    rows = {r["setting"]: r for r in read_csv(out / "paired.csv")}
+    clean = rows["clean"]
+    assert (clean["a"], clean["b"]) == ("tpt", "zeroshot")       # zero-shot is the baseline side
+    # tpt right & zeroshot wrong: odd i not divisible by 5 (20); the reverse: i in {0,10,20,30,40} (5).
+    assert (int(clean["a_only"]), int(clean["b_only"]), int(clean["n"])) == (20, 5, 50)
+    assert float(clean["p_value"]) == pytest.approx(math.erfc(math.sqrt((15 - 1) ** 2 / 25 / 2)), rel=1e-6)
+    assert float(clean["diff"]) == pytest.approx(30.0)
+    assert float(clean["ci_low"]) < 30.0 < float(clean["ci_high"])
+    robust = rows["pgd eps=1/255"]
+    # tpt right on i % 4 == 0 (13), zeroshot on i % 10 == 0 (5), both on i % 20 == 0 (3).
+    assert (int(robust["a_only"]), int(robust["b_only"])) == (10, 2)
+    assert robust["test"] == "exact binomial"
+    assert float(robust["p_value"]) == pytest.approx(2 * (1 + 12 + 66) / 2 ** 12, rel=1e-6)
+    assert clean["verdict"] == robust["verdict"] == "tpt better"
+    paired_rows = table_rows(html, "paired-table")
+    assert any(">+30.00<" in r and ">20<" in r and ">5<" in r for r in paired_rows)
+
+
+def _cli(argv) -> int:
+    parser = argparse.ArgumentParser(prog="shiftlab")
+    report_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
+    a = write_run(tmp_path / "rn50run")
+    b = write_run(tmp_path / "vitrun", model="ViT-B-16", attack=False,
+                  patterns={"tpt": PATTERNS["tpt"], "mta": {"clean": (lambda i: i % 3 != 0, 0.8)}})
+    out = tmp_path / "out"
+    assert _cli(["report", str(a), str(b), "--out", str(out), "--compare", "mta,zeroshot",
+                 "--bootstrap", "200", "--pairs", "zeroshot"]) == 0
+    keys = {r["method_key"] for r in read_csv(out / "metrics.csv")}
+    assert keys == {"tpt [rn50run]", "tpt [vitrun]", "zeroshot", "mta"}
+    pairs = {(r["a"], r["b"], r["setting"]) for r in read_csv(out / "paired.csv")}
+    assert ("mta", "zeroshot", "clean") in pairs                  # asked for with --compare
+    assert ("tpt [rn50run]", "zeroshot", "clean") in pairs        # same-run zero-shot baseline
+    html = (out / "report.html").read_text()
+    assert "ViT-B-16 (openai) on imagenet-r" in html
+    # Published numbers only beside the RN50 run's methods.
+    assert not any("vitrun" in r for r in table_rows(html, "published-table"))
+
+
+def test_missing_records_is_a_clear_error(tmp_path, capsys):
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    with pytest.raises(ReportError, match=re.escape(str(empty / "records.jsonl"))):
+        build_report([empty], tmp_path / "out")
+    assert _cli(["report", str(empty), "--out", str(tmp_path / "out")]) == 2
+    assert str(empty / "records.jsonl") in capsys.readouterr().err
+    run = write_run(tmp_path / "run")
+    assert _cli(["report", str(run), "--out", str(tmp_path / "o2"), "--compare", "nope,tpt"]) == 2
+
+
+def test_page_renders_in_headless_chromium_without_js_errors(built, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not on PATH (system package: apt-get install chromium); "
+                    "skipping the headless rendering check")
+    out, _ = built
+    proc = subprocess.run(
+        [browser, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (out / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=90)
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+    # The sorting script ran to its end on every sortable table.
+    assert proc.stdout.count('data-sortable="ready"') == proc.stdout.count('class="sortable"') > 0
