@@ -174,6 +174,19 @@ def _cached_pretrained_file(name: str, tag: str, cache_dir: str | None) -> tuple
     return None, where
 
 
+def _require_network(where: str) -> None:
+    """Fail in milliseconds, not after a minute of hub retries, when no download host resolves."""
+    import socket
+    for host in ("huggingface.co", "openaipublic.azureedge.net"):
+        try:
+            socket.getaddrinfo(host, 443)
+            return
+        except OSError:
+            continue
+    raise ModelLoadError(f"no internet connection: cannot download the weights. Download {where} on a machine "
+                         "with internet and copy the file there, or pass --pretrained /path/to/checkpoint.")
+
+
 def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device: str | torch.device = "cpu",
                cache_dir: str | None = None, allow_download: bool = False,
                trust_checkpoint: bool = False, model_config: dict | None = None) -> ClipModel:
@@ -225,7 +238,12 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
                     f"weights {name}/{pretrained} are not in the cache and downloading was not requested. "
                     f"Download {where}, or run with --download on a machine with internet, "
                     "or pass --pretrained /path/to/checkpoint.")
-            clip = open_clip.create_model(name, pretrained=pretrained, cache_dir=cache_dir)
+            _require_network(where)
+            try:
+                clip = open_clip.create_model(name, pretrained=pretrained, cache_dir=cache_dir)
+            except (RuntimeError, OSError) as exc:
+                raise ModelLoadError(f"downloading {name}/{pretrained} failed ({exc}); download {where} "
+                                     "by hand or pass --pretrained /path/to/checkpoint") from exc
     clip = clip.float()
     image_size = clip.visual.image_size
     if isinstance(image_size, (tuple, list)):

@@ -92,7 +92,7 @@ class PromptTuningConfig(MethodConfig):
     ctx_checkpoint: str | None = None    # a CoOp checkpoint holding a `ctx` tensor
     precision: str = "auto"             # auto: fp16 autocast + loss scaling on CUDA, fp32 on CPU
     loss_scale: float = 1000.0          # GradScaler(init_scale=1000) of the authors' code
-    batch_size: int = 0                 # images tuned together; 0: auto (1 on CPU, from free memory on GPU)
+    batch_size: int = 0                 # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
 
 
 class PromptTuning(Method):
@@ -172,8 +172,24 @@ class PromptTuning(Method):
         extras["selected"] = selected
         return ctx.detach(), extras
 
+    def auto_batch_size(self, n: int) -> int:
+        """Images tuned together: 1 on CPU (keeps peak memory low); on CUDA as many as half the free
+        memory holds, from the text tower's activation footprint per image."""
+        if self.config.batch_size:
+            return self.config.batch_size
+        if self.model.device.type != "cuda":
+            return 1
+        clip = self.prompt.clip
+        width = clip.token_embedding.weight.shape[1]
+        layers = len(clip.transformer.resblocks)
+        bytes_per = 2 if self._amp_dtype() is not None else 4
+        # ~20 saved activations of `width` per token and layer (attention, MLP at 4x width, norms)
+        per_image = self.prompt.n_classes * self.prompt.length * width * layers * 20 * bytes_per
+        free, _ = torch.cuda.mem_get_info(self.model.device)
+        return int(max(1, min(n, (free // 2) // max(per_image, 1))))
+
     def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        size = self.config.batch_size or 1
+        size = self.auto_batch_size(len(ctxs))
         outputs: list[MethodOutput] = []
         for start in range(0, len(ctxs), size):
             outputs.extend(self._predict_group(ctxs[start:start + size]))
