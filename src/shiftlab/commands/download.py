@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "See docs/DATA.md.")
     parser.add_argument("dataset", choices=downloadable)
     parser.add_argument("--root", default=os.environ.get("SHIFTLAB_DATA", DEFAULT_ROOT),
-                        help="data folder; the dataset lands in ROOT/<dataset> "
+                        help="data folder; the dataset lands in ROOT/imagenet-r (etc., see docs/DATA.md) "
                              "(default: $SHIFTLAB_DATA or %(default)s)")
     parser.add_argument("--url", help="download from this URL instead (http(s):// or file://)")
     parser.add_argument("--sha256", help="expected SHA-256 of the archive (hex)")

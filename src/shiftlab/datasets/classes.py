@@ -82,7 +82,8 @@ def classnames_for_wnids(wnids: Iterable[str]) -> list[str]:
     wnids = list(wnids)
     unknown = [w for w in wnids if w not in table]
     if unknown:
-        raise KeyError(f"not ImageNet-1k wnids: {unknown[:10]}" + (f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else ""))
+        more = f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else ""
+        raise KeyError(f"not ImageNet-1k wnids: {unknown[:10]}{more}")
     return [table[w].name for w in wnids]
 
 

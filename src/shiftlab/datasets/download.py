@@ -6,8 +6,9 @@ Guarantees (each one exists because a 2 GB download fails in practice in exactly
   an HTTP Range request (a server answering 200 instead of 206 restarts it from zero);
 - a size or SHA-256 mismatch deletes the ``.part`` (nothing corrupt stays around) and raises
   ``ChecksumError`` with expected vs actual;
-- archive members with absolute paths, ``..`` components, links leaving the target, or device
-  files are refused before anything is written (tar additionally runs with ``filter="data"``);
+- archive members with absolute paths or ``..`` components, links whose target is absolute or
+  contains ``..`` (so no chain of links can leave the target), zip symlinks, and device files are
+  refused before anything is written (tar additionally runs with ``filter="data"``);
 - extraction goes to a temporary sibling folder that is renamed into place only after it
   succeeded (and, for datasets, after ``build_dataset`` accepted it), so a failure leaves no
   half-extracted dataset behind;
@@ -238,12 +239,14 @@ def _unsafe_name_reason(name: str) -> str | None:
     return None
 
 
-def _escapes(link_target: str) -> bool:
-    """Whether a link target (relative to the archive root, posix) leaves the extraction folder."""
+def _link_reason(kind: str, link_target: str) -> str | None:
+    # Stricter than "stays inside": any '..' is refused, because a lexical check cannot see that an
+    # earlier symlink turned 'a/..' into a step outside; without '..' every link only descends.
     if link_target.startswith(("/", "\\")) or PureWindowsPath(link_target).drive:
-        return True
-    normalised = os.path.normpath(link_target)
-    return normalised == ".." or normalised.startswith("../")
+        return f"is a {kind} with an absolute target ({link_target!r})"
+    if ".." in re.split(r"[\\/]", link_target):
+        return f"is a {kind} pointing outside the target ({link_target!r})"
+    return None
 
 
 def _extract_tar(archive: Path, directory: Path) -> None:
@@ -253,18 +256,18 @@ def _extract_tar(archive: Path, directory: Path) -> None:
             reason = _unsafe_name_reason(member.name)
             if reason is None:
                 if member.issym():
-                    target = str(PurePosixPath(member.name).parent / member.linkname)
-                    if member.linkname.startswith("/") or _escapes(target):
-                        reason = f"is a symlink pointing outside the target ({member.linkname!r})"
+                    reason = _link_reason("symlink", member.linkname)
                 elif member.islnk():
-                    if _escapes(member.linkname):
-                        reason = f"is a hard link pointing outside the target ({member.linkname!r})"
+                    reason = _link_reason("hard link", member.linkname)
                 elif not (member.isfile() or member.isdir()):
                     reason = "is a device file, FIFO or other special file"
             if reason:
                 raise UnsafeArchiveError(f"refusing to extract {archive}: member {member.name!r} {reason}")
-        # The "data" filter repeats these checks against the real filesystem (e.g. symlink chains).
-        tar.extractall(directory, members=members, filter="data")
+        # The "data" filter (Python >= 3.11.4) repeats the checks against the real filesystem.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(directory, members=members, filter="data")
+        else:
+            tar.extractall(directory, members=members)
 
 
 def _extract_zip(archive: Path, directory: Path) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_classnames, imagenet_r_wnids, imagenet_wnids
+from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, imagenet_wnids
 
 __all__ = [
     "IMAGE_EXTENSIONS", "DatasetError", "DatasetSpec", "DATASETS", "FolderDataset", "build_dataset",
@@ -216,9 +216,13 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
         folders, wnids = found, None
         if classnames is None:
             names_file = directory / "classnames.txt"
-            default = _read_classnames_file(names_file) if names_file.is_file() else [f.replace("_", " ") for f in found]
+            if names_file.is_file():
+                default = _read_classnames_file(names_file)
+            else:
+                default = [f.replace("_", " ") for f in found]
             if len(default) != len(found):
-                raise DatasetError(f"{names_file} lists {len(default)} names but {directory} has {len(found)} class folders")
+                raise DatasetError(
+                    f"{names_file} lists {len(default)} names but {directory} has {len(found)} class folders")
             classnames = default
     else:
         wnids = spec.wnids()
@@ -231,7 +235,8 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
                 f"{name}: none of the {len(folders)} expected class folders is in {directory} "
                 f"(expected e.g. {directory / folders[0]}/)" + _download_hint(name, Path(root).expanduser()))
         if missing:
-            raise DatasetError(f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {_listing(missing)}")
+            raise DatasetError(
+                f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {_listing(missing)}")
         if extra:
             raise DatasetError(f"{name}: unexpected folders in {directory} (not {name} classes): {_listing(extra)}")
         if classnames is None:
@@ -261,7 +266,8 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
         warnings.append(f"{len(empty)} of {len(folders)} class folders have no images: {_listing(empty)}")
     if non_images:
         warnings.append(f"ignored {non_images} non-image files inside class folders of {directory}")
-    return FolderDataset(root=directory, samples=samples, classnames=classnames, wnids=wnids, name=name, warnings=warnings)
+    return FolderDataset(root=directory, samples=samples, classnames=classnames, wnids=wnids, name=name,
+                         warnings=warnings)
 
 
 def _labelled(spec: DatasetSpec, folders: list[str]):

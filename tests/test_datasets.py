@@ -1,0 +1,212 @@
+"""Class table and folder dataset builders (offline, synthetic data)."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from _synthetic import make_image_folder, make_imagenet_r
+from shiftlab.datasets import (DATASETS, DatasetError, build_dataset, classnames_for_wnids, imagenet_a_wnids,
+                               imagenet_classes, imagenet_classnames, imagenet_r_wnids, imagenet_wnids,
+                               list_datasets, load_templates)
+
+
+# ----------------------------------------------------------------------------------- class table
+
+def test_class_table_matches_open_clip():
+    open_clip = pytest.importorskip("open_clip")
+    rows = imagenet_classes()
+    assert len(rows) == 1000
+    assert [r[0] for r in rows] == list(range(1000))
+    assert [r[2] for r in rows] == list(open_clip.IMAGENET_CLASSNAMES)
+    wnids = [r[1] for r in rows]
+    assert wnids == sorted(wnids) and len(set(wnids)) == 1000
+    assert imagenet_classnames() == list(open_clip.IMAGENET_CLASSNAMES)
+
+
+def test_imagenet_r_and_a_wnids():
+    r, a = imagenet_r_wnids(), imagenet_a_wnids()
+    assert len(r) == len(set(r)) == 200 and r == sorted(r)
+    assert len(a) == len(set(a)) == 200 and a == sorted(a)
+    index = {wnid: i for i, wnid, _ in imagenet_classes()}
+    names = classnames_for_wnids(r)
+    assert names == [imagenet_classnames()[index[w]] for w in r]
+    assert r[0] == "n01443537" and names[0] == "goldfish"
+
+
+def test_classnames_for_unknown_wnid():
+    with pytest.raises(KeyError, match="n99999999"):
+        classnames_for_wnids(["n01443537", "n99999999"])
+
+
+def test_templates():
+    templates = load_templates()
+    assert len(templates) == 80
+    assert all(t.count("{}") == 1 for t in templates)
+    assert "a photo of a {}." in templates
+    open_clip = pytest.importorskip("open_clip")
+    assert templates == [t("{}") for t in open_clip.OPENAI_IMAGENET_TEMPLATES]
+
+
+# ----------------------------------------------------------------------------------- builders
+
+def test_registry():
+    expected = {"imagenet-r", "imagenet-a", "imagenet-v2", "imagenet-sketch", "imagenet", "imagefolder"}
+    assert expected <= set(list_datasets())
+    assert DATASETS["imagenet-r"].num_classes == 200 and DATASETS["imagenet-v2"].layout == "index"
+
+
+def test_imagenet_r_builds_sorted_with_clip_names(tmp_path):
+    make_imagenet_r(tmp_path, per_class=2)
+    for root in (tmp_path, tmp_path / "imagenet-r"):  # parent or the folder itself
+        ds = build_dataset("imagenet-r", root)
+        assert ds.root == tmp_path / "imagenet-r"
+        assert len(ds) == 400 and ds.num_classes == 200 and ds.name == "imagenet-r"
+        assert ds.samples == sorted(ds.samples)
+        assert ds.wnids == imagenet_r_wnids()
+        assert ds.classnames == classnames_for_wnids(imagenet_r_wnids())
+        assert ds.warnings == []
+    first_path, first_label = ds.samples[0]
+    assert first_path.startswith("n01443537/") and first_label == 0
+    assert ds.path(0) == tmp_path / "imagenet-r" / first_path and ds.path(0).is_file()
+    for rel, label in ds.samples:
+        assert ds.wnids[label] == rel.split("/")[0]
+    assert ds.labels[-1] == 199
+
+
+def test_partial_classes_warn_but_load(tmp_path):
+    make_imagenet_r(tmp_path, classes=[0, "n01484850", 199])
+    ds = build_dataset("imagenet-r", tmp_path)
+    assert sorted(set(ds.labels)) == [0, 1, 199]
+    assert ds.num_classes == 200
+    assert any("197 of 200 class folders have no images" in w for w in ds.warnings)
+
+
+def test_hidden_non_images_and_extensions(tmp_path):
+    root = make_imagenet_r(tmp_path, classes=[0])
+    folder = root / imagenet_r_wnids()[1]
+    for name in ("A.JPEG", "b.Png", "c.webp", "d.TIFF", "e.gif", "f.bmp", "g.tif", "h.jpeg"):
+        (folder / name).write_bytes(b"x")
+    (folder / ".hidden.jpg").write_bytes(b"x")
+    (folder / "notes.txt").write_text("x")
+    (folder / "nested").mkdir()
+    (folder / "nested" / "i.jpg").write_bytes(b"x")
+    (root / ".cache").mkdir()  # hidden folder: not an "extra class"
+    (root / "README.txt").write_text("top-level files are ignored")
+    ds = build_dataset("imagenet-r", tmp_path)
+    paths = [p for p, label in ds.samples if label == 1]
+    assert len(paths) == 9 and f"{imagenet_r_wnids()[1]}/nested/i.jpg" in paths
+    assert any("1 non-image" in w for w in ds.warnings)
+
+
+def test_nonexistent_root(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(DatasetError, match="does not exist") as info:
+        build_dataset("imagenet-r", missing)
+    assert str(missing) in str(info.value) and "shiftlab download imagenet-r" in str(info.value)
+
+
+def test_missing_class_folders(tmp_path):
+    root = make_imagenet_r(tmp_path)
+    wnids = imagenet_r_wnids()
+    for wnid in wnids[:12]:
+        for f in (root / wnid).iterdir():
+            f.unlink()
+        (root / wnid).rmdir()
+    with pytest.raises(DatasetError) as info:
+        build_dataset("imagenet-r", tmp_path)
+    message = str(info.value)
+    assert str(root) in message and "12 of 200" in message
+    assert wnids[0] in message and wnids[9] in message and wnids[10] not in message and "12 in total" in message
+
+
+def test_no_class_folders_at_all(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(DatasetError, match="none of the 200 expected class folders"):
+        build_dataset("imagenet-r", tmp_path / "x")
+
+
+def test_extra_folders(tmp_path):
+    root = make_imagenet_r(tmp_path)
+    (root / "n00000001").mkdir()
+    (root / "misc").mkdir()
+    with pytest.raises(DatasetError, match="unexpected folders") as info:
+        build_dataset("imagenet-r", tmp_path)
+    assert "misc" in str(info.value) and "n00000001" in str(info.value) and str(root) in str(info.value)
+
+
+def test_no_images(tmp_path):
+    make_imagenet_r(tmp_path, classes=[])
+    with pytest.raises(DatasetError, match="no images") as info:
+        build_dataset("imagenet-r", tmp_path)
+    assert str(tmp_path / "imagenet-r") in str(info.value)
+
+
+def test_imagenet_a_needs_its_own_wnids(tmp_path):
+    make_imagenet_r(tmp_path)  # R's folders under imagenet-r/ are not an ImageNet-A
+    with pytest.raises(DatasetError):
+        build_dataset("imagenet-a", tmp_path / "imagenet-r")
+    make_image_folder(tmp_path / "imagenet-a", imagenet_a_wnids(), per_class=0)
+    make_image_folder(tmp_path / "imagenet-a", imagenet_a_wnids()[-3:])
+    ds = build_dataset("imagenet-a", tmp_path)
+    assert len(ds) == 3 and ds.labels == [197, 198, 199] and ds.classnames == classnames_for_wnids(imagenet_a_wnids())
+
+
+def test_imagenet_v2_index_folders(tmp_path):
+    root = tmp_path / "imagenetv2-matched-frequency-format-val"  # the archive's folder name is accepted
+    make_image_folder(root, [str(i) for i in range(1000)], per_class=0)
+    make_image_folder(root, ["0", "1", "10", "2", "999"], per_class=2, image_format="jpeg")
+    ds = build_dataset("imagenet-v2", tmp_path)
+    assert len(ds) == 10 and ds.num_classes == 1000 and ds.wnids == imagenet_wnids()
+    assert ds.samples == sorted(ds.samples)
+    assert all(label == int(path.split("/")[0]) for path, label in ds.samples)
+    assert ds.classnames == imagenet_classnames()
+    assert ds.samples[:5] == [("0/img_0.jpeg", 0), ("0/img_1.jpeg", 0), ("1/img_0.jpeg", 1), ("1/img_1.jpeg", 1),
+                              ("10/img_0.jpeg", 10)]
+    assert any("995 of 1000 class folders have no images" in w for w in ds.warnings)
+    (root / "1000").mkdir()
+    with pytest.raises(DatasetError, match="unexpected folders.*1000"):
+        build_dataset("imagenet-v2", root)
+
+
+def test_imagefolder_classnames_sources(tmp_path):
+    make_image_folder(tmp_path, ["golden_retriever", "tabby_cat"], per_class=2)
+    ds = build_dataset("imagefolder", tmp_path)
+    assert ds.classnames == ["golden retriever", "tabby cat"] and ds.wnids is None and len(ds) == 4
+    assert build_dataset("imagefolder", tmp_path, classnames=["dog", "cat"]).classnames == ["dog", "cat"]
+    (tmp_path / "classnames.txt").write_text("a dog\na cat\n")
+    assert build_dataset("imagefolder", tmp_path).classnames == ["a dog", "a cat"]
+    (tmp_path / "classnames.txt").write_text("only one\n")
+    with pytest.raises(DatasetError, match="classnames.txt lists 1 names"):
+        build_dataset("imagefolder", tmp_path)
+    with pytest.raises(DatasetError, match="3 class names for 2 classes"):
+        build_dataset("imagefolder", tmp_path, classnames=["a", "b", "c"])
+
+
+def test_unknown_dataset(tmp_path):
+    with pytest.raises(DatasetError, match="unknown dataset 'imagenet-z'"):
+        build_dataset("imagenet-z", tmp_path)
+
+
+def test_listing_30000_files_is_fast(tmp_path):
+    # Creating 30,000 files is the slow part on a disk-backed tmp; tmpfs (/dev/shm) makes it ~1 s.
+    shm = Path("/dev/shm")
+    base = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    try:
+        root = make_imagenet_r(base, classes=[])
+        for wnid in imagenet_r_wnids():
+            folder = str(root / wnid)
+            for k in range(150):
+                os.close(os.open(os.path.join(folder, f"art_{k}.jpg"), os.O_CREAT | os.O_WRONLY, 0o644))
+        start = time.perf_counter()
+        ds = build_dataset("imagenet-r", base)
+        elapsed = time.perf_counter() - start
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
+    assert len(ds) == 30_000
+    assert elapsed < 3.0, f"listing 30,000 files took {elapsed:.2f} s"  # ~0.3 s with os.scandir
