@@ -97,8 +97,10 @@ def config_from_args(args: argparse.Namespace):
 
 
 def prepare(args: argparse.Namespace):
-    """Check data and weights before any heavy work; download them when asked. Returns (model, dataset)."""
-    from ..datasets import DatasetError, build_dataset, download_dataset
+    """Check data and weights before any heavy work, downloading them when asked.
+
+    Every problem is reported at once (dataset and weights), each with what to download and where."""
+    from ..datasets import DatasetError, DownloadError, build_dataset, download_dataset
     from ..engine import resolve_device
     from ..models import ModelLoadError, load_model
 
@@ -109,8 +111,11 @@ def prepare(args: argparse.Namespace):
         dataset = build_dataset(cfg.dataset, cfg.data, classnames=cfg.classnames)
     except DatasetError as exc:
         if args.download:
-            download_dataset(cfg.dataset, cfg.data)
-            dataset = build_dataset(cfg.dataset, cfg.data, classnames=cfg.classnames)
+            try:
+                download_dataset(cfg.dataset, cfg.data)
+                dataset = build_dataset(cfg.dataset, cfg.data, classnames=cfg.classnames)
+            except (DownloadError, DatasetError, OSError) as dl_exc:
+                problems.append(f"dataset: {dl_exc}")
         else:
             problems.append(f"dataset: {exc}\n  -> run `shiftlab download {cfg.dataset} --root {cfg.data}` "
                             "(or pass --download), see docs/DATA.md")
@@ -119,17 +124,25 @@ def prepare(args: argparse.Namespace):
                            allow_download=args.download, trust_checkpoint=args.trust_checkpoint)
     except ModelLoadError as exc:
         problems.append(f"model: {exc}")
+    except OSError as exc:  # network failures inside open_clip's download
+        problems.append(f"model: downloading {cfg.model}/{cfg.pretrained} failed ({exc}); on a machine without "
+                        "internet put the checkpoint in the cache or pass --pretrained /path/to/file")
     if problems:
         raise SystemExit("shiftlab run cannot start:\n- " + "\n- ".join(problems))
     return cfg, model, dataset
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import distributed
     from ..engine import run as run_engine
-    cfg, model, dataset = prepare(args)
+    distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
     try:
-        run_engine(cfg, model=model, dataset=dataset)
-    except (FileExistsError, KeyError, TypeError, ValueError) as exc:
-        print(f"shiftlab run: {exc}", file=sys.stderr)
-        return 2
+        cfg, model, dataset = prepare(args)
+        try:
+            run_engine(cfg, model=model, dataset=dataset)
+        except (FileExistsError, KeyError, TypeError, ValueError) as exc:
+            print(f"shiftlab run: {exc}", file=sys.stderr)
+            return 2
+    finally:
+        distributed.shutdown()
     return 0
