@@ -162,10 +162,13 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         entry["seconds_per_image"] = own + shared
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
     if attack_setting is not None:
-        flips = [r["attack"]["flipped"] for r in records
-                 if r.get("setting") == attack_setting and r.get("method") == "zeroshot" and "attack" in r]
+        # `flipped` is measured on the zero-shot model and is the same in every method's record of a
+        # sample, so count each attacked sample once, whichever methods ran.
+        flips = {r["id"]: r["attack"]["flipped"] for r in records
+                 if r.get("setting") == attack_setting and "attack" in r}
         summary["attack"] = {**config.get("attack", {}),
-                             "success_rate": metrics.top1(flips) if flips else None}
+                             "success_rate": metrics.top1(list(flips.values())) if flips else None,
+                             "n": len(flips)}
     return summary
 
 

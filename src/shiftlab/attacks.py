@@ -1,0 +1,194 @@
+"""Threat models for robust accuracy (the R-TPT paper's): a registry and L-inf PGD.
+
+An attack turns each sample's clean 8-bit base view (view 0, `model.image_size`
+square) into an adversarial 8-bit image and regenerates ALL views from it with the
+same per-sample seed as the clean run; every method then scores those views::
+
+    attacker = build_attack({"name": "pgd", "eps": 1/255}, evaluator)
+    adv_views, info = attacker.perturb(ids, views_list, labels, view_generator)
+
+PGD itself is torchattacks.PGD (untargeted cross-entropy on the true label, random
+start, step alpha, projection on the eps-ball and [0, 1]) against zero-shot CLIP
+with the INITIAL prompt, with normalisation inside the attacked model. The result
+is quantised to 8 bits (rounding, or the authors' truncation) and clipped to the
+eps-ball in 8-bit units, so `linf_255 <= floor(eps * 255)` always holds.
+See docs/ROBUSTNESS.md.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+from PIL import Image
+
+QUANTIZE_MODES = ("round", "truncate")
+_ATTACKS: dict[str, type["Attack"]] = {}
+_ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
+
+
+def register_attack(name: str) -> Callable[[type["Attack"]], type["Attack"]]:
+    """Class decorator: make an `Attack` subclass available as `--attack NAME`."""
+    def deco(cls: type[Attack]) -> type[Attack]:
+        if name in _ATTACKS and _ATTACKS[name] is not cls:
+            raise ValueError(f"attack {name!r} is already registered ({_ATTACKS[name].__name__})")
+        cls.name = name
+        _ATTACKS[name] = cls
+        return cls
+    return deco
+
+
+def list_attacks() -> list[str]:
+    """Registered attack names (`none` is always accepted too and means: no attack)."""
+    return sorted(_ATTACKS)
+
+
+def build_attack(attack_cfg: dict[str, Any], evaluator) -> "Attack | None":
+    """`{"name": "pgd", "eps": ..., ...}` + the run's Evaluator -> an Attack (None for name "none")."""
+    cfg = dict(attack_cfg)
+    name = cfg.pop("name", "none")
+    if name in (None, "none"):
+        return None
+    if name not in _ATTACKS:
+        raise ValueError(f"unknown attack {name!r}; known: none, {', '.join(list_attacks())}")
+    try:
+        return _ATTACKS[name](evaluator, **cfg)
+    except TypeError as exc:
+        raise TypeError(f"attack {name!r}: {exc}") from None
+
+
+def attack_seed(run_seed: int, sample_id: int) -> int:
+    """A 63-bit seed for a sample's attack randomness; depends only on (run seed, sample id)."""
+    state = np.random.SeedSequence([int(run_seed), int(sample_id), _ATTACK_SALT]).generate_state(2, dtype=np.uint64)
+    return int(state[0] >> 1)
+
+
+def eps_255(eps: float) -> int:
+    """The eps-ball radius in 8-bit units: the largest integer step that stays within eps."""
+    return int(math.floor(eps * 255 + 1e-6))
+
+
+def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str = "round") -> torch.Tensor:
+    """An adversarial image in [0, 1] -> uint8, within `eps_255(eps)` grey levels of `clean_u8`.
+
+    `round`: nearest grey level (the honest default). `truncate`: floor(x * 255), what
+    the authors' code does (a float -> uint8 cast). Either way the result is then clipped
+    to clean_u8 +- eps_255(eps) (and to 0..255): rounding alone can leave the ball by one
+    level when eps * 255 is not an integer (eps = 0.01 -> 2.55 levels; a pixel moved by
+    2.55 rounds to 3), and float error can do the same at an integer radius.
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
+    scaled = x_adv.detach().to("cpu", torch.float64) * 255 if mode == "round" else x_adv.detach().cpu() * 255
+    q = torch.round(scaled) if mode == "round" else torch.floor(scaled)
+    clean = clean_u8.to("cpu", torch.int16).reshape(q.shape)
+    k = eps_255(eps)
+    q = torch.minimum(torch.maximum(q.to(torch.int16), clean - k), clean + k)
+    return q.clamp_(0, 255).to(torch.uint8)
+
+
+class ZeroShotClassifier(nn.Module):
+    """Images in [0, 1] -> zero-shot CLIP logits with fixed class features (the initial prompt)."""
+
+    def __init__(self, model: nn.Module, class_features: torch.Tensor, logit_scale: float):
+        super().__init__()
+        self.model = model
+        self.logit_scale = float(logit_scale)
+        self.register_buffer("class_features", class_features.detach().float().clone(), persistent=False)
+
+    def forward(self, x01: torch.Tensor) -> torch.Tensor:
+        feats = self.model.encode_pixels(x01).float()
+        return self.logit_scale * feats @ self.class_features.to(feats.device).T
+
+
+def pgd(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, eps: float, alpha: float,
+        steps: int, random_start: bool = True) -> torch.Tensor:
+    """torchattacks' untargeted L-inf PGD on `classifier` (images in [0, 1]) -> float images in [0, 1].
+
+    The random start draws from the global RNG of the images' device: seed it (and fork it)
+    around the call for reproducible results.
+    """
+    import torchattacks
+    attack = torchattacks.PGD(classifier, eps=eps, alpha=alpha, steps=steps, random_start=random_start)
+    attack.set_device(images.device)
+    with torch.enable_grad():
+        return attack(images, labels).detach()
+
+
+class Attack:
+    """A threat model. `perturb` returns the adversarial views and one info dict per sample id."""
+
+    name = "attack"
+
+    def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
+                view_generator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+        raise NotImplementedError
+
+
+@register_attack("pgd")
+class PGDAttack(Attack):
+    """L-inf PGD on the base view against zero-shot CLIP with the initial prompt (R-TPT's threat model).
+
+    eps, alpha: in [0, 1] pixel units (alpha defaults to eps / 4); `steps` PGD iterations;
+    `random_start`: uniform start in the eps-ball, seeded per sample from (run seed, sample id);
+    `quantize`: "round" or "truncate" (the authors' code); `seed`: the run seed (default: the
+    view generator's seed, which is the run's `--seed`).
+    Each sample is attacked on its own, so its adversarial image does not depend on the batch.
+    """
+
+    def __init__(self, evaluator, eps: float = 1 / 255, alpha: float | None = None, steps: int = 7,
+                 random_start: bool = True, quantize: str = "round", seed: int | None = None):
+        eps = float(eps)
+        if not (eps >= 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+        if int(steps) != steps or steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {steps}")
+        if quantize not in QUANTIZE_MODES:
+            raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {quantize!r}")
+        self.eps = eps
+        self.alpha = eps / 4 if alpha is None else float(alpha)
+        self.steps = int(steps)
+        self.random_start = bool(random_start)
+        self.quantize = quantize
+        self.seed = seed
+        self.model = evaluator.model
+        self.classifier = ZeroShotClassifier(self.model, evaluator.heads.zeroshot, self.model.logit_scale)
+
+    def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
+        """One clean uint8 image (3, S, S) -> its quantised adversarial uint8 image (3, S, S)."""
+        device = self.model.device
+        x = clean_u8.to(device).float().div(255).unsqueeze(0)
+        y = torch.tensor([int(label)], device=device)
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(attack_seed(run_seed, sample_id))
+            x_adv = pgd(self.classifier, x, y, eps=self.eps, alpha=self.alpha, steps=self.steps,
+                        random_start=self.random_start)
+        return quantize(x_adv[0], clean_u8, self.eps, self.quantize)
+
+    @torch.no_grad()
+    def _zeroshot_preds(self, images_u8: torch.Tensor) -> list[int]:
+        x = images_u8.to(self.model.device).float().div(255)
+        return self.classifier(x).argmax(dim=-1).tolist()
+
+    def perturb(self, ids, views_list, labels, view_generator):
+        run_seed = self.seed if self.seed is not None else getattr(view_generator, "seed", 0)
+        adv_views: list[torch.Tensor] = []
+        info: dict[int, dict[str, Any]] = {}
+        for sid, views, label in zip(ids, views_list, labels):
+            clean = views[0]
+            adv = self.attack_image(clean, label, sid, run_seed)
+            pred_clean, pred_adv = self._zeroshot_preds(torch.stack([clean, adv]))
+            adv_pil = Image.fromarray(adv.permute(1, 2, 0).numpy(), "RGB")
+            new_views = view_generator(adv_pil, sid)
+            if new_views.shape != views.shape:
+                raise RuntimeError(f"sample {sid}: adversarial views {tuple(new_views.shape)} "
+                                   f"!= clean views {tuple(views.shape)}")
+            adv_views.append(new_views)
+            info[int(sid)] = {"name": self.name, "eps": self.eps, "steps": self.steps,
+                              "flipped": bool(pred_clean != pred_adv),
+                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max())}
+        return adv_views, info
