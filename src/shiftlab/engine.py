@@ -5,7 +5,7 @@ tower once for all views (batched across samples) -> every requested method ->
 one record per (sample, method, setting), appended and flushed per sample.
 
 Resumable (records already present are skipped), deterministic (views seeded per
-sample), shardable (torchrun: each rank takes ids with id % world == rank).
+sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OUT.md).
 """
 from __future__ import annotations
 
@@ -166,6 +166,11 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     if dist.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     config.methods = expand_methods(config.methods)
+    online_names = [n for n in config.methods if not get_method_class(n).episodic]
+    if online_names and len(config.settings()) > 1:  # one state would adapt along both streams, interleaved by batch
+        raise ValueError(f"online methods ({', '.join(online_names)}) adapt along one stream; with "
+                         "--clean-and-robust they would mix clean and attacked samples. Run them without it "
+                         "(once clean, once with --attack) or drop them from --methods")
     if dataset is None:
         dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
     if model is None:
@@ -174,18 +179,16 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     model = model.to(device)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not config.resume and results.record_files(run_dir) and dist.rank == 0:
-        raise FileExistsError(f"{run_dir} already holds records; pass --resume to continue it or choose another --out")
+    done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
 
     evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config)
     settings = config.settings()
-    done = results.done_keys(results.load_records(run_dir)) if config.resume else set()
-    online = [n for n, m in evaluator.methods.items() if not m.episodic]
     order = stream_order(len(dataset), config.order, config.seed)
     if config.limit is not None:
         order = order[:config.limit]
-    my_ids = distributed.shard(order, dist, online_present=bool(online))
-    pending = [i for i in my_ids if any(_missing(i, n, s, done) for n in config.methods for s in settings)]
+    plan = distributed.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
+    online = list(plan.online)
+    pending = plan.pending(settings, done)
 
     views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1,
                                      size=model.image_size, augmix=config.augmix), seed=config.seed)
@@ -200,8 +203,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
         if config.resume:
             state.load()
             state.restore_missing(writer, done)
-            pending = [i for i in my_ids if any(_missing(i, n, s, done) for n in config.methods for s in settings)]
-    loader = DataLoader(ViewDataset(dataset, pending, views), batch_size=config.batch_size,
+            pending = plan.pending(settings, done)
+    loader = DataLoader(ViewDataset(dataset, pending, views), batch_sampler=plan.batches(pending),
                         num_workers=config.workers, collate_fn=_collate, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if config.workers > 0 else None,
                         persistent_workers=False)
@@ -209,20 +212,18 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     t_start = time.perf_counter()
     try:
         for batch in loader:
-            _process_batch(batch, dataset, evaluator, settings, done, attacker, views, writer, progress, state)
+            _process_batch(batch, dataset, evaluator, settings, done, attacker, views, writer, progress, state,
+                           plan)
     finally:
         writer.close()
         progress.close()
     wall = time.perf_counter() - t_start
 
-    distributed.barrier(dist)
-    if dist.rank != 0:
+    timings = distributed.gather_timings(dist, run_dir, wall, len(pending), evaluator.encode_seconds)
+    if timings is None:  # not rank 0 (or rank 0 cannot see every shard: merge later)
         return {}
     results.merge_records(run_dir)
     cfg = _config_dict(config, model, dataset)
-    n_done = max(len(pending), 1)
-    timings = {"wall_seconds": wall, "images": len(pending),
-               "shared_seconds_per_image": evaluator.encode_seconds / n_done}
     summary = results.summarize(results.load_records(run_dir), cfg, timings)
     md = results.write_summary(run_dir, summary, published_rows(config.dataset, config.model, config.pretrained))
     if config.progress:
@@ -234,7 +235,8 @@ def _missing(sid: int, method: str, setting: str, done: set) -> bool:
     return (sid, method, setting) not in done and (sid, None, setting) not in done
 
 
-def _process_batch(batch, dataset, evaluator: Evaluator, settings, done, attacker, views, writer, progress, state):
+def _process_batch(batch, dataset, evaluator: Evaluator, settings, done, attacker, views, writer, progress, state,
+                   plan=None):
     good = [(sid, v) for sid, v, err in batch if err is None]
     per_sample: dict[int, list[dict]] = {sid: [] for sid, _, _ in batch}
     for sid, _, err in batch:
@@ -250,7 +252,8 @@ def _process_batch(batch, dataset, evaluator: Evaluator, settings, done, attacke
                 vs, attack_info = attacker.perturb(ids, vs, [dataset.label(s) for s in ids], views)
             ctxs = evaluator.contexts(vs, ids)
             for name in evaluator.methods:
-                todo = [i for i, sid in enumerate(ids) if _missing(sid, name, setting, done)]
+                todo = [i for i, sid in enumerate(ids)
+                        if (plan is None or plan.owns(sid, name)) and _missing(sid, name, setting, done)]
                 if not todo:
                     continue
                 try:
