@@ -1,0 +1,391 @@
+"""Online methods (TDA, DMN-ZS) and the stream protocol: cache rules on hand-made streams,
+reset, state round trips, the engine's stream order, and resume after a crash or a SIGKILL."""
+from __future__ import annotations
+
+import io
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from shiftlab import results
+from shiftlab.cli import main as cli_main
+from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, run, stream_order
+from shiftlab.imageio import decode_image
+from shiftlab.methods.online import (CacheEntry, DynamicMemory, TDASample, cache_logits, memory_logits,
+                                     update_cache)
+from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
+from shiftlab.views import ViewConfig, ViewGenerator
+
+CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
+FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)   # exact comparisons below; the conftest fixture restores the count
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_model):
+    return ClassHeads(tiny_model, CLASSNAMES)
+
+
+def _entry(tag: float, loss: float, probs=None) -> CacheEntry:
+    return CacheEntry(torch.full((4,), tag), loss, probs)
+
+
+def _tags(cache, label):
+    return [float(e.feature[0]) for e in cache[label]]
+
+
+# -- TDA cache rules on hand-made streams ------------------------------------------------------
+
+def test_positive_cache_keeps_the_lowest_entropy_entries_per_class():
+    cache: dict = {}
+    for tag, loss in [(1, 0.5), (2, 0.3), (3, 0.9)]:
+        assert update_cache(cache, 0, _entry(tag, loss), capacity=3)
+    assert _tags(cache, 0) == [2, 1, 3]                        # sorted by loss
+    assert update_cache(cache, 0, _entry(4, 0.7), 3)           # full: replaces the worst (0.9)
+    assert _tags(cache, 0) == [2, 1, 4]
+    assert not update_cache(cache, 0, _entry(5, 0.8), 3)       # worse than the worst: dropped
+    assert not update_cache(cache, 0, _entry(6, 0.7), 3)       # ties the worst: dropped (strict)
+    assert update_cache(cache, 0, _entry(7, 0.1), 3)
+    assert _tags(cache, 0) == [7, 2, 1]
+    assert [e.loss for e in cache[0]] == [0.1, 0.3, 0.5]
+    # other classes are independent, and an equal loss goes after the older entry
+    update_cache(cache, 5, _entry(8, 0.2), 3)
+    update_cache(cache, 5, _entry(9, 0.2), 3)
+    assert _tags(cache, 5) == [8, 9] and _tags(cache, 0) == [7, 2, 1]
+    # the negative cache has capacity 2
+    neg: dict = {}
+    for tag, loss in [(1, 0.4), (2, 0.6), (3, 0.5)]:
+        update_cache(neg, 2, _entry(tag, loss), capacity=2)
+    assert _tags(neg, 2) == [1, 3]
+    assert not update_cache(neg, 1, _entry(1, 0.0), capacity=0) and 1 not in neg
+
+
+def test_cache_logits_follow_the_affinity_function():
+    keys = F.normalize(torch.tensor([[1.0, 0, 0], [0.6, 0.8, 0], [0, 0, 1.0]]), dim=-1)
+    f = F.normalize(torch.tensor([0.8, 0.6, 0.0]), dim=-1)
+    cache = {2: [CacheEntry(keys[1], 0.1)], 0: [CacheEntry(keys[0], 0.1), CacheEntry(keys[2], 0.2)]}
+    got = cache_logits(f, cache, alpha=2.0, beta=5.0, num_classes=4)
+    w = [math.exp(-5.0 * (1 - float(k @ f))) for k in keys]
+    torch.testing.assert_close(got, torch.tensor([2 * (w[0] + w[2]), 0, 2 * w[1], 0]), rtol=1e-6, atol=0)
+    probs = [torch.tensor([0.5, 0.02, 0.48, 0.0]), torch.tensor([0.9, 0.05, 0.04, 0.01])]
+    neg = {1: [CacheEntry(keys[0], 0.3, probs[0])], 3: [CacheEntry(keys[1], 0.3, probs[1])]}
+    got = cache_logits(f, neg, alpha=0.5, beta=1.0, num_classes=4, mask_range=(0.03, 1.0))
+    w = [math.exp(-(1 - float(k @ f))) for k in keys[:2]]
+    # masks: p in (0.03, 1.0) -> [1, 0, 1, 0] and [1, 1, 1, 0]
+    torch.testing.assert_close(got, 0.5 * torch.tensor([w[0] + w[1], w[1], w[0] + w[1], 0]), rtol=1e-6, atol=0)
+    assert torch.equal(cache_logits(f, {}, 1.0, 1.0, 4), torch.zeros(4))
+
+
+def test_tda_negative_cache_takes_only_the_entropy_band(tiny_model, heads):
+    tda = shiftlab.create_method("tda", tiny_model, CLASSNAMES, heads=heads)
+    probs = torch.full((6,), 1 / 6)
+    for i, h in enumerate([0.1, 0.2, 0.3, 0.5, 0.45, 0.7]):
+        tda.update(TDASample(torch.full((4,), float(i)), torch.zeros(6), probs, loss=h, norm_entropy=h, pred=i // 3))
+    assert {k: _tags(tda.pos_cache, k) for k in tda.pos_cache} == {0: [0.0, 1.0, 2.0], 1: [4.0, 3.0, 5.0]}
+    assert {k: _tags(tda.neg_cache, k) for k in tda.neg_cache} == {0: [2.0], 1: [4.0]}   # strictly inside (0.2, 0.5)
+    assert all(e.probs is not None for v in tda.neg_cache.values() for e in v)
+
+
+def test_tda_sample_summary_averages_the_confident_views(tiny_model, heads):
+    gen = torch.Generator().manual_seed(0)
+    feats = F.normalize(torch.randn(10, heads.ensemble.shape[1], generator=gen), dim=-1)
+    for ratio, k in [(0.1, 1), (0.3, 3), (0.05, 1)]:
+        tda = shiftlab.create_method("tda", tiny_model, CLASSNAMES, heads=heads, view_ratio=ratio)
+        s = tda.summarize_sample(feats)
+        logits = tiny_model.logit_scale * feats @ heads.ensemble.T        # TDA's classifier: 80 templates
+        ent = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+        kept = ent.argsort()[:k]
+        torch.testing.assert_close(s.feature, feats[kept].mean(0))
+        torch.testing.assert_close(s.logits, logits[kept].mean(0))
+        mean_p = logits[kept].softmax(-1).mean(0)
+        torch.testing.assert_close(s.probs, mean_p)
+        assert s.loss == pytest.approx(float(-(mean_p * mean_p.log()).sum()), rel=1e-5)
+        assert s.norm_entropy == pytest.approx(s.loss / math.log2(6))          # the authors' log2 normaliser
+        assert s.pred == int(logits[kept].mean(0).argmax())
+
+
+# -- DMN memory rules ---------------------------------------------------------------------------
+
+def test_dynamic_memory_capacity_and_replacement():
+    mem = DynamicMemory(num_classes=3, capacity=2)
+    f = lambda tag: torch.full((4,), float(tag))   # noqa: E731
+    assert mem.update(1, f(1), 0.5) == 0 and mem.update(1, f(2), 0.7) == 1
+    assert mem.update(1, f(3), 0.9) is None          # full, higher entropy than every slot
+    assert mem.update(1, f(4), 0.7) is None          # ties the worst: kept out (strict)
+    assert mem.update(1, f(5), 0.6) == 1             # replaces the highest-entropy slot in place
+    assert mem.features[1, :, 0].tolist() == [1, 5] and mem.entropies[1].tolist() == pytest.approx([0.5, 0.6])
+    assert mem.update(1, f(6), 0.5) == 1 and mem.entropies[1].tolist() == pytest.approx([0.5, 0.5])
+    assert mem.update(1, f(7), 0.1) == 1             # tie among the worst: the last slot goes
+    assert mem.update(0, f(8), 2.0) == 0 and len(mem) == 3 and mem.counts == [1, 2, 0]
+
+
+def test_memory_readout_is_a_similarity_weighted_prototype():
+    text = F.normalize(torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]), dim=-1)
+    f = F.normalize(torch.tensor([0.6, 0.8, 0.0]), dim=-1)
+    mem = DynamicMemory(2, capacity=3)
+    # empty memory: each prototype is the text feature -> zero-shot logits
+    torch.testing.assert_close(memory_logits(f, mem, text, 5.5, 10.0), 10.0 * text @ f)
+    m0 = F.normalize(torch.tensor([0.0, 0.6, 0.8]), dim=-1)
+    mem.update(0, m0, 0.3)
+    w_m, w_t = math.exp(-5.5 * (1 - float(m0 @ f))), math.exp(-5.5 * (1 - float(text[0] @ f)))
+    proto0 = F.normalize(w_m * m0 + w_t * text[0], dim=-1)
+    want = torch.stack([10.0 * proto0 @ f, 10.0 * text[1] @ f])
+    torch.testing.assert_close(memory_logits(f, mem, text, 5.5, 10.0), want, rtol=1e-6, atol=1e-6)
+
+
+def test_first_views_do_not_depend_on_the_view_count(tmp_path):
+    # DMN-ZS uses the first 32 views of a 64-view run: they must be the views of a 32-view run
+    random_image((50, 40), seed=1).save(tmp_path / "img.png")
+    img = decode_image(tmp_path / "img.png")
+    many = ViewGenerator(ViewConfig(n_views=8, size=32), seed=3)(img, 11)
+    few = ViewGenerator(ViewConfig(n_views=4, size=32), seed=3)(img, 11)
+    assert torch.equal(many[:4], few)
+
+
+def test_dmn_mixes_zero_shot_and_memory_probabilities(tiny_model, heads):
+    dmn = shiftlab.create_method("dmn_zs", tiny_model, CLASSNAMES, heads=heads, dynamic_weight=0.5)
+    feats = F.normalize(torch.randn(8, heads.ensemble.shape[1], generator=torch.Generator().manual_seed(1)), dim=-1)
+    out = dmn.predict_context(SampleContext(tiny_model, heads, torch.zeros(8, 3, 1, 1), image_features=feats))
+    scale = tiny_model.logit_scale
+    p_zs = (scale * feats[0] @ heads.ensemble.T).softmax(-1)
+    p_dyn = memory_logits(feats[0], dmn.memory, heads.ensemble, 5.5, scale).softmax(-1)
+    torch.testing.assert_close(out.probs, (p_zs + 0.5 * p_dyn) / 1.5)
+    torch.testing.assert_close(out.logits.softmax(-1), out.probs)
+    assert len(dmn.memory) == 1 and out.extras["stored"]
+    assert int(dmn.memory.counts[out.extras["pseudo_label"]]) == 1
+    assert torch.equal(dmn.memory.features[out.extras["pseudo_label"], 0], feats[0])   # the original view
+
+
+# -- online state: reset and round trip -----------------------------------------------------------
+
+def _stream(tiny_model, heads, n: int, views: int = 8):
+    gen = torch.Generator().manual_seed(7)
+    dim = heads.zeroshot.shape[1]
+    ctxs = []
+    for _ in range(n):
+        centre = heads.zeroshot[int(torch.randint(0, len(CLASSNAMES), (1,), generator=gen))]
+        feats = F.normalize(centre + 0.6 * torch.randn(views, dim, generator=gen), dim=-1)
+        ctxs.append(SampleContext(tiny_model, heads, torch.zeros(views, 3, 1, 1), image_features=feats))
+    return ctxs
+
+
+SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0},
+         "dmn_zs": {"memory_size": 2}}
+
+
+@pytest.mark.parametrize("name", ["tda", "dmn_zs"])
+def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, tmp_path):
+    ctxs = _stream(tiny_model, heads, 24)
+    whole = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
+    assert whole.episodic is False
+    want = [whole.predict_context(c) for c in ctxs]
+
+    first = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
+    for c in ctxs[:12]:
+        first.predict_context(c)
+    state = first.state_dict()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)          # plain tensors and lists only
+    second = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
+    second.load_state_dict(loaded)
+    got = [second.predict_context(c) for c in ctxs[12:]]
+    for g, w in zip(got, want[12:]):
+        assert torch.equal(g.logits, w.logits) and g.extras == w.extras
+    _assert_state_equal(second.state_dict(), whole.state_dict())
+    if name == "tda":   # the stream filled both caches and the classes' capacity
+        assert whole.neg_cache and max(len(v) for v in whole.pos_cache.values()) == 2
+    else:
+        assert max(whole.memory.counts) == 2
+
+    with pytest.raises(ValueError, match="classes"):
+        other = shiftlab.create_method(name, tiny_model, CLASSNAMES[:3], **SMALL[name])
+        other.load_state_dict(loaded)
+
+
+@pytest.mark.parametrize("name", ["tda", "dmn_zs"])
+def test_reset_returns_to_the_initial_state(name, tiny_model, heads):
+    ctxs = _stream(tiny_model, heads, 10)
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
+    fresh = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
+    empty = fresh.state_dict()
+    first = [method.predict_context(c).logits for c in ctxs]
+    assert method.state_dict()["seen"] == 10
+    method.reset()
+    _assert_state_equal(method.state_dict(), empty)
+    again = [method.predict_context(c).logits for c in ctxs]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # and the online state does carry over between samples (the stream matters)
+    assert not torch.equal(first[-1], fresh.predict_context(ctxs[-1]).logits)
+
+
+def _assert_state_equal(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_state_equal(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+# -- through the engine ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_imagenet_r(tmp_path_factory.mktemp("data"), per_class=1, classes=range(0, 200, 5))   # 40 images
+
+
+def _records(run_dir: Path) -> list[dict]:
+    recs = results.load_records(run_dir)
+    for r in recs:
+        r.pop("seconds", None)
+    return sorted(recs, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
+
+
+def test_engine_runs_online_methods_along_the_seeded_stream(data, tmp_path):
+    cfg = RunConfig(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], views=8, workers=0, progress=False,
+                    batch_size=4, seed=3, out=str(tmp_path / "run"), device="cpu")
+    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    assert summary["config"]["order"] == "shuffled" and summary["config"]["seed"] == 3
+    assert {m: summary["methods"][m]["n"] for m in ("tda", "dmn_zs", "zeroshot")} == {m: 40 for m in
+                                                                                       ("tda", "dmn_zs", "zeroshot")}
+    recs = {(r["id"], r["method"]): r for r in _records(Path(cfg.out))}
+    order = stream_order(40, "shuffled", 3)
+    # the caches grow along the stream order, one sample at a time
+    pos = [recs[(sid, "tda")]["extras"]["pos_entries"] for sid in order]
+    mem = [recs[(sid, "dmn_zs")]["extras"]["memory_entries"] for sid in order]
+    assert pos[0] == 1 and mem == list(range(1, 41))
+    assert all(b - a in (0, 1) for a, b in zip(pos, pos[1:]))
+    assert (Path(cfg.out) / "online_state.pt").is_file()
+
+
+def test_engine_equals_a_replay_of_the_stream(data, tmp_path):
+    """The engine's records for online methods are those of one instance fed the stream in order."""
+    model = tiny_clip(0)
+    dataset = build_dataset("imagenet-r", data)
+    cfg = RunConfig(data=str(data), methods=["tda", "dmn_zs"], method_config=FAST, views=8, workers=0,
+                    progress=False, batch_size=1, seed=1, limit=25, out=str(tmp_path / "run"), device="cpu")
+    run(cfg, model=model, dataset=dataset)
+    recs = {(r["id"], r["method"]): r for r in _records(Path(cfg.out))}
+    heads = ClassHeads(model, dataset.classnames)
+    methods = {n: shiftlab.create_method(n, model, dataset.classnames, heads=heads, **FAST[n]) for n in FAST}
+    views = ViewGenerator(ViewConfig(n_views=8, size=model.image_size), seed=1)
+    for sid in stream_order(len(dataset), "shuffled", 1)[:25]:
+        x = model.normalize(views(decode_image(dataset.path(sid)), sid).float().div_(255))
+        with torch.no_grad():
+            feats = model.encode_normalized(x).float()
+        ctx = SampleContext(model, heads, x, image_features=feats, sample_id=sid)
+        for name, method in methods.items():
+            out = method.predict_context(ctx)
+            rec = recs[(sid, name)]
+            assert rec["pred"] == int(out.logits.argmax())
+            assert rec["confidence"] == float(out.probabilities().max())
+            assert rec["extras"] == out.extras
+
+
+def test_online_methods_refuse_a_mixed_clean_and_attacked_stream(data, tmp_path):
+    cfg = RunConfig(data=str(data), methods=["zeroshot", "tda"], views=8, workers=0, progress=False,
+                    out=str(tmp_path / "run"), attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020,
+                                                       "steps": 1}, clean_and_robust=True)
+    with pytest.raises(ValueError, match="one stream"):
+        run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monkeypatch):
+    """Killed after the online state of a batch is saved but before its records are appended:
+    the resumed run writes them back from the checkpoint and continues the same stream."""
+    from shiftlab import distributed
+    base = dict(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=8, workers=0,
+                progress=False, batch_size=4, seed=2, device="cpu")
+    dataset = build_dataset("imagenet-r", data)
+    run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
+
+    save = distributed.OnlineState.save
+    calls = []
+
+    def crashing_save(self, ids, online_records):
+        save(self, ids, online_records)
+        calls.append(ids)
+        if len(calls) == 3:
+            raise _Crash
+
+    monkeypatch.setattr(distributed.OnlineState, "save", crashing_save)
+    with pytest.raises(_Crash):
+        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset)
+    monkeypatch.undo()
+    partial = results.load_records(tmp_path / "cut")
+    assert len(partial) == 2 * 4 * 3                        # two batches written, the third only checkpointed
+    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0), dataset=dataset)
+    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+
+
+# -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    # ResNet CLIP keys are OpenAI's, so `--model RN50 --pretrained FILE` rebuilds the tiny model.
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
+    torch.save(tiny_clip(0).clip.state_dict(), path)
+    return path
+
+
+# The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
+_PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_batch; "
+              "E._process_batch = lambda *a, **k: (time.sleep(0.25), step(*a, **k))[1]; "
+              "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
+    argv = ["run", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
+            "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
+            "--seed", "4", "--device", "cpu", "--no-progress",
+            "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
+    assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
+    model = shiftlab.load_model("RN50", str(tiny_checkpoint))
+    assert model.name == "RN50-quickgelu" and model.image_size == 64    # the tiny architecture, inferred
+
+    out = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", _PACED_CLI, *argv, "--out", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    records = out / results.RECORDS
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if records.is_file() and records.read_bytes().count(b"\n") >= 3 * 6:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    n_before = len(results.load_records(out))
+    assert 3 * 6 <= n_before < 3 * 40 and (out / "online_state.pt").is_file()
+
+    assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
+    assert _records(out) == _records(tmp_path / "whole")
