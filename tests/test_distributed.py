@@ -254,7 +254,8 @@ def _simulate(monkeypatch, model, dataset, out, methods, world, rank, crash_afte
         return process(*args, **kwargs)
 
     monkeypatch.setattr(engine, "_process_batch", batch)
-    cfg = {"views": 4, "workers": 0, "batch_size": 1, "progress": False, "resume": True, **cfg}
+    cfg = {"views": 4, "workers": 0, "batch_size": 1, "progress": False, "resume": True,
+           "online_checkpoint_seconds": 0, **cfg}  # checkpoint online state after every batch
     config = engine.RunConfig(data="", methods=list(methods), out=str(out), **cfg)
     try:
         return engine.run(config, model=model, dataset=dataset)

@@ -319,7 +319,7 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
     the resumed run writes them back from the checkpoint and continues the same stream."""
     from shiftlab import distributed
     base = dict(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=8, workers=0,
-                progress=False, batch_size=4, seed=2, device="cpu")
+                progress=False, batch_size=4, seed=2, device="cpu", online_checkpoint_seconds=0)
     dataset = build_dataset("imagenet-r", data)
     run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
 
@@ -337,7 +337,10 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
         run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset)
     monkeypatch.undo()
     partial = results.load_records(tmp_path / "cut")
-    assert len(partial) == 2 * 4 * 3                        # two batches written, the third only checkpointed
+    # two batches written; of the third, the episodic zeroshot records (appended before the online
+    # checkpoint) but not the online ones (only checkpointed)
+    assert len(partial) == 2 * 4 * 3 + 4
+    assert {r["method"] for r in partial if r["id"] in calls[2]} == {"zeroshot"}
     run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0), dataset=dataset)
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
@@ -361,7 +364,7 @@ _PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
     argv = ["run", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
             "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
-            "--seed", "4", "--device", "cpu", "--no-progress",
+            "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
             "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
     assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
     model = shiftlab.load_model("RN50", str(tiny_checkpoint))
@@ -389,3 +392,15 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
 
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
     assert _records(out) == _records(tmp_path / "whole")
+
+
+def test_resume_on_another_stream_is_refused(data, tmp_path):
+    """An online state continued along a different stream (another seed) would silently mix two streams."""
+    base = dict(data=str(data), methods=["tda"], method_config=FAST, views=8, workers=0, progress=False,
+                batch_size=2, device="cpu", online_checkpoint_seconds=0, out=str(tmp_path / "run"), limit=4)
+    dataset = build_dataset("imagenet-r", data)
+    run(RunConfig(**base, seed=1), model=tiny_clip(0), dataset=dataset)
+    with pytest.raises(ValueError, match="different stream"):
+        run(RunConfig(**{**base, "limit": None}, seed=2, resume=True), model=tiny_clip(0), dataset=dataset)
+    run(RunConfig(**{**base, "limit": None}, seed=1, resume=True), model=tiny_clip(0), dataset=dataset)
+    assert len(results.load_records(tmp_path / "run")) == len(dataset)

@@ -27,6 +27,7 @@ Per-sample seeding makes the records identical to a single-process run.
 from __future__ import annotations
 
 import os
+import time
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -263,36 +264,63 @@ def barrier(ctx: DistContext) -> None:
 
 
 class OnlineState:
-    """Checkpoint of online methods' state, saved atomically BEFORE each batch's records.
+    """Checkpoint of online methods' state together with their records.
 
-    It also holds that batch's online records, so a process killed between the
-    checkpoint and the append gets them written back on resume: state and records
-    never disagree, and a resumed stream equals an uninterrupted one.
+    Online records are held back and appended right after a checkpoint of the state
+    that produced them (atomic file replace); the checkpoint also keeps those records,
+    so a process killed between the two gets them written back on resume. State and
+    records therefore never disagree, and a resumed stream equals an uninterrupted one.
+    Checkpoints are taken at most every `every_seconds` (a DMN memory is tens of MB),
+    so a kill loses at most that much online work, which the resume redoes.
     Under torchrun only rank 0 runs online methods, so only rank 0 writes this file.
     """
 
     FILE = "online_state.pt"
 
-    def __init__(self, run_dir: Path, methods: dict):
+    def __init__(self, run_dir: Path, methods: dict, every_seconds: float = 60.0):
         self.path = Path(run_dir) / self.FILE
         self.methods = methods
+        self.every_seconds = every_seconds
         self.processed: list[int] = []
         self.last_records: list[dict] = []
+        self._pending_ids: list[int] = []
+        self._pending_records: list[dict] = []
+        self._last_save = time.monotonic()
 
-    def load(self) -> None:
+    def load(self, stream: Sequence[int] | None = None) -> None:
         if not self.path.is_file():
             return
-        blob = torch.load(self.path, map_location="cpu", weights_only=False)
+        blob = torch.load(self.path, map_location="cpu", weights_only=True)
+        processed = list(blob["processed"])
+        if stream is not None and list(stream[:len(processed)]) != processed:
+            raise ValueError(f"{self.path} was built along a different stream (another --seed, --order or "
+                             "dataset); resuming would continue that state on this stream. Use the original "
+                             "settings or a new --out")
         for name, method in self.methods.items():
             if name in blob["states"]:
                 method.load_state_dict(blob["states"][name])
-        self.processed = list(blob["processed"])
+        self.processed = processed
         self.last_records = list(blob["last_records"])
 
     def restore_missing(self, writer: results.RecordWriter, done: set) -> None:
         missing = [r for r in self.last_records if results.record_key(r) not in done]
         writer.write(missing)
         done.update(results.record_key(r) for r in missing)
+
+    def add(self, ids: Sequence[int], online_records: list[dict], writer: results.RecordWriter) -> None:
+        """Hold a batch's online records; checkpoint and append them when the interval has passed."""
+        self._pending_ids.extend(ids)
+        self._pending_records.extend(online_records)
+        if time.monotonic() - self._last_save >= self.every_seconds:
+            self.flush(writer)
+
+    def flush(self, writer: results.RecordWriter) -> None:
+        if not self._pending_ids:
+            return
+        self.save(self._pending_ids, self._pending_records)
+        writer.write(self._pending_records)
+        self._pending_ids, self._pending_records = [], []
+        self._last_save = time.monotonic()
 
     def save(self, ids: Sequence[int], online_records: list[dict]) -> None:
         self.processed.extend(ids)

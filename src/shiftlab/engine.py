@@ -50,6 +50,7 @@ class RunConfig:
     clean_and_robust: bool = False
     classnames: list[str] | None = None
     progress: bool = True
+    online_checkpoint_seconds: float = 60.0   # online state + records checkpoint interval (0: every batch)
 
     def settings(self) -> list[str]:
         name = self.attack.get("name", "none")
@@ -199,9 +200,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     writer = results.RecordWriter(distributed.records_path(run_dir, dist))
     state = None
     if online:
-        state = distributed.OnlineState(run_dir, {n: evaluator.methods[n] for n in online})
+        state = distributed.OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
+                                        every_seconds=config.online_checkpoint_seconds)
         if config.resume:
-            state.load()
+            state.load(stream=order)
             state.restore_missing(writer, done)
             pending = plan.pending(settings, done)
     loader = DataLoader(ViewDataset(dataset, pending, views), batch_sampler=plan.batches(pending),
@@ -214,6 +216,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
         for batch in loader:
             _process_batch(batch, dataset, evaluator, settings, done, attacker, views, writer, progress, state,
                            plan)
+        if state is not None:
+            state.flush(writer)
     finally:
         writer.close()
         progress.close()
@@ -273,10 +277,13 @@ def _process_batch(batch, dataset, evaluator: Evaluator, settings, done, attacke
                     progress.update_method(name, rec["correct"])
     if state is not None:
         online = [r for recs in per_sample.values() for r in recs if r.get("method") in state.methods]
-        state.save([sid for sid, _, _ in batch], online)
+        for sid in per_sample:
+            per_sample[sid] = [r for r in per_sample[sid] if r.get("method") not in state.methods]
     for sid, _, _ in batch:
         writer.write(per_sample[sid])
         progress.step()
+    if state is not None:
+        state.add([sid for sid, _, _ in batch], online, writer)
 
 
 def _base(dataset, sid: int, setting: str) -> dict:

@@ -59,6 +59,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow checkpoints holding pickled Python objects (can run code from the file)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--online-checkpoint-seconds", type=float, default=60.0,
+                   help="how often online methods' state and records are checkpointed (0: every batch)")
     a = p.add_argument_group("adversarial evaluation (threat model of the R-TPT paper)")
     a.add_argument("--attack", default="none", help="none | pgd")
     a.add_argument("--eps", type=parse_fraction, default=parse_fraction("1/255"), help="L-inf budget, e.g. 1/255")
@@ -93,7 +95,7 @@ def config_from_args(args: argparse.Namespace):
                      augmix=args.augmix, seed=args.seed, limit=args.limit, out=str(args.out), resume=args.resume,
                      device=args.device, workers=args.workers, batch_size=args.batch_size, order=args.order,
                      attack=attack, clean_and_robust=args.clean_and_robust, classnames=classnames,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, online_checkpoint_seconds=args.online_checkpoint_seconds)
 
 
 def prepare(args: argparse.Namespace):
