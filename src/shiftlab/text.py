@@ -88,6 +88,14 @@ class ContextPrompt(nn.Module):
         self.clip = clip
         width = clip.token_embedding.weight.shape[1]
         names = [c.replace("_", " ") for c in classnames]
+        if isinstance(ctx_init, torch.Tensor):
+            # the tensor fixes the number of context tokens (a CoOp checkpoint may hold 16)
+            if ctx_init.dim() == 3 and ctx_init.shape[0] == 1:
+                ctx_init = ctx_init[0]
+            if ctx_init.dim() != 2 or ctx_init.shape[1] != width:
+                raise ValueError(f"ctx_init tensor must be (n_ctx, {width}), got {tuple(ctx_init.shape)} "
+                                 "(class-specific contexts are not supported)")
+            n_ctx = ctx_init.shape[0]
         if isinstance(ctx_init, str):
             init_words = ctx_init.replace("_", " ")
             n_ctx = len(open_clip.tokenize([init_words])[0].nonzero()) - 2

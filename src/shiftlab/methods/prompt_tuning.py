@@ -169,7 +169,8 @@ class PromptTuning(Method):
                 # GradScaler skips the step on overflow; do so per image
                 with torch.no_grad():
                     ctx[~finite] = before[~finite]
-        extras["selected"] = selected
+        if selected is not None:  # steps=0: no tuning, nothing selected (zero-shot with the prompt)
+            extras["selected"] = selected
         return ctx.detach(), extras
 
     def auto_batch_size(self, n: int) -> int:
@@ -209,7 +210,8 @@ class PromptTuning(Method):
         outputs = []
         for i in range(len(ctxs)):
             ex = {k: _scalar(v[i]) for k, v in extras.items() if k != "selected"}
-            ex["selected"] = extras["selected"][i].tolist()
+            if "selected" in extras:
+                ex["selected"] = extras["selected"][i].tolist()
             outputs.append(MethodOutput(logits[i].float(), extras=ex))
         return outputs
 

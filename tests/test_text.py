@@ -1,0 +1,210 @@
+"""Text heads: the truncated text tower and the learnable context prompt against open_clip's encode_text."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from shiftlab.text import ContextPrompt, class_head, encode_texts, tokenize
+
+from conftest import make_tiny_model
+
+TABLE = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "data" / "imagenet_classes.tsv"
+
+# one-token, multi-token, punctuation, digits, underscores (replaced by spaces in prompts)
+NAMES = ["goldfish", "great white shark", "jack-o'-lantern", "yellow lady's slipper", "Granny Smith apple",
+         "hot_dog", "sea_lion", "T-shirt", "3D printer", "cat", "Rottweiler", "black-and-white colobus",
+         "velvet", "St. Bernard"]
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
+    torch.set_num_threads(1)
+
+
+
+def _imagenet_r_names() -> list[str]:
+    with open(TABLE, newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    names = [r["name"] for r in sorted(rows, key=lambda r: r["wnid"]) if r["in_imagenet_r"] == "1"]
+    assert len(names) == 200
+    return names
+
+
+def _full_encode(model: shiftlab.ClipModel, texts: list[str]) -> torch.Tensor:
+    """open_clip's own 77-token encode_text."""
+    with torch.no_grad():
+        return model.clip.encode_text(open_clip.tokenize(texts), normalize=True).float()
+
+
+def _full_encode_with_ctx(model: shiftlab.ClipModel, texts: list[str], ctx: torch.Tensor) -> torch.Tensor:
+    """77-token forward written out with torch ops, the token embeddings at 1..n_ctx replaced by ctx."""
+    clip = model.clip
+    tokens = open_clip.tokenize(texts)
+    emb = clip.token_embedding(tokens).clone()
+    emb[:, 1:1 + ctx.shape[0]] = ctx
+    x = emb + clip.positional_embedding
+    x = clip.transformer(x, attn_mask=clip.attn_mask)
+    x = clip.ln_final(x)
+    x = x[torch.arange(len(texts)), tokens.argmax(-1)] @ clip.text_projection
+    return F.normalize(x, dim=-1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_model(seed=1)
+
+
+def test_initial_context_reproduces_encode_text(model):
+    names = _imagenet_r_names() + NAMES
+    prompt = ContextPrompt(model, names)
+    assert prompt.n_ctx == 4 and prompt.ctx.shape == (4, 64)
+    want = _full_encode(model, [f"a photo of a {n.replace('_', ' ')}." for n in names])
+    with torch.no_grad():
+        got = prompt.features()
+    assert got.shape == want.shape == (len(names), 32)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # tokens are the standard prompts, padded to 77
+    assert torch.equal(prompt.tokens, open_clip.tokenize([f"a photo of a {n.replace('_', ' ')}." for n in names]))
+    # the tower really is truncated
+    assert prompt.length == int(prompt.tokens.argmax(-1).max()) + 1 < 77
+
+
+def test_encode_texts_and_class_head_match_encode_text(model):
+    texts = [f"a photo of a {n}." for n in NAMES] + ["a much longer sentence with many words in it about a " + n
+                                                       for n in NAMES[:3]]
+    torch.testing.assert_close(encode_texts(model, texts, batch_size=5), _full_encode(model, texts),
+                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(class_head(model, NAMES), _full_encode(model, [f"a photo of a {n}." for n in NAMES]),
+                               rtol=0, atol=1e-5)
+
+
+def test_class_head_averages_normalised_template_features(model):
+    t1 = "a photo of a {}."
+    t2 = lambda c: f"a blurry sketch of the {c}, drawn badly."  # noqa: E731 (callables are allowed)
+    f1 = _full_encode(model, [t1.format(n) for n in NAMES])
+    f2 = _full_encode(model, [t2(n) for n in NAMES])
+    want = F.normalize((f1 + f2) / 2, dim=-1)
+    got = class_head(model, NAMES, [t1, t2])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (got - f1).abs().max() > 1e-3 and (got - f2).abs().max() > 1e-3
+
+
+def test_batched_contexts_equal_one_at_a_time(model):
+    prompt = ContextPrompt(model, NAMES)
+    gen = torch.Generator().manual_seed(0)
+    ctxs = prompt.init_ctx + 0.05 * torch.randn(3, *prompt.init_ctx.shape, generator=gen)
+    with torch.no_grad():
+        batched = prompt.features(ctxs)
+        singles = torch.stack([prompt.features(c) for c in ctxs])
+    assert batched.shape == (3, len(NAMES), 32)
+    torch.testing.assert_close(batched, singles, rtol=0, atol=1e-6)
+    # different contexts give different features, each equal to the written-out 77-token forward
+    assert (batched[0] - batched[1]).abs().max() > 1e-3
+    with torch.no_grad():
+        for i in range(3):
+            want = _full_encode_with_ctx(model, [f"a photo of a {n.replace('_', ' ')}." for n in NAMES], ctxs[i])
+            torch.testing.assert_close(batched[i], want, rtol=0, atol=1e-5)
+
+
+def test_gradient_reaches_only_the_context(model):
+    prompt = ContextPrompt(model, NAMES)
+    feats = prompt.features()
+    loss = (feats[:, :5] ** 3).sum()
+    loss.backward()
+    assert prompt.ctx.grad is not None and prompt.ctx.grad.abs().sum() > 0
+    assert [n for n, p in prompt.named_parameters() if p.requires_grad] == ["ctx"]
+    assert all(p.grad is None for p in model.parameters())
+    assert not prompt.prefix.requires_grad and not prompt.suffix.requires_grad
+    # a batch of contexts that requires grad gets a gradient for every row
+    ctx = prompt.init_ctx.unsqueeze(0).repeat(2, 1, 1).requires_grad_(True)
+    prompt.features(ctx)[1].sum().backward()
+    assert ctx.grad[0].abs().max() == 0 and ctx.grad[1].abs().max() > 0
+
+
+def test_reset_restores_the_initial_context(model):
+    prompt = ContextPrompt(model, NAMES)
+    with torch.no_grad():
+        prompt.ctx.add_(1.0)
+    assert not torch.equal(prompt.ctx, prompt.init_ctx)
+    prompt.reset()
+    assert torch.equal(prompt.ctx.detach(), prompt.init_ctx)
+
+
+def test_init_from_string_is_the_token_embeddings(model):
+    prompt = ContextPrompt(model, NAMES, ctx_init="a_photo_of_a")  # TPT's underscore spelling
+    ids = open_clip.tokenize(["a photo of a"])[0, 1:5]
+    torch.testing.assert_close(prompt.init_ctx, model.clip.token_embedding.weight[ids], rtol=0, atol=0)
+    longer = ContextPrompt(model, NAMES, ctx_init="itap of a blurry")
+    assert longer.n_ctx == len(open_clip.tokenize(["itap of a blurry"])[0].nonzero()) - 2
+
+
+def test_random_init(model):
+    a = ContextPrompt(model, NAMES, n_ctx=8, ctx_init=None, seed=0)
+    b = ContextPrompt(model, NAMES, n_ctx=8, ctx_init=None, seed=0)
+    c = ContextPrompt(model, NAMES, n_ctx=8, ctx_init=None, seed=1)
+    assert a.n_ctx == 8 and a.ctx.shape == (8, 64)
+    assert torch.equal(a.init_ctx, b.init_ctx) and not torch.equal(a.init_ctx, c.init_ctx)
+    assert 0.015 < float(a.init_ctx.std()) < 0.025 and abs(float(a.init_ctx.mean())) < 0.005
+    # [SOS] ctx_1..ctx_8 name . [EOT]: the context sits right after SOS
+    with torch.no_grad():
+        got = a.features()
+        want = _full_encode_with_ctx(model, [f"{' '.join(['X'] * 8)} {n.replace('_', ' ')}." for n in NAMES],
+                                     a.init_ctx)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_tensor_init(model):
+    ref = ContextPrompt(model, NAMES)
+    tensor_init = ContextPrompt(model, NAMES, ctx_init=ref.init_ctx.clone())
+    assert torch.equal(tensor_init.init_ctx, ref.init_ctx)
+    with torch.no_grad():
+        torch.testing.assert_close(tensor_init.features(), ref.features(), rtol=0, atol=1e-6)
+    # the number of context tokens comes from the tensor (e.g. a 16-token CoOp context)
+    gen = torch.Generator().manual_seed(3)
+    coop = 0.02 * torch.randn(16, 64, generator=gen)
+    p16 = ContextPrompt(model, NAMES, ctx_init=coop)
+    assert p16.n_ctx == 16 and torch.equal(p16.init_ctx, coop)
+    with torch.no_grad():
+        want = _full_encode_with_ctx(model, [f"{' '.join(['X'] * 16)} {n.replace('_', ' ')}." for n in NAMES], coop)
+        torch.testing.assert_close(p16.features(), want, rtol=0, atol=1e-5)
+
+
+def test_tokenize_is_open_clip(model):
+    texts = ["a photo of a cat.", "hello"]
+    assert torch.equal(tokenize(texts), open_clip.tokenize(texts))
+
+
+@pytest.mark.slow
+def test_truncation_is_exact_on_rn50_architecture():
+    torch.manual_seed(0)
+    model = shiftlab.load_model("RN50-quickgelu", None)
+    names = _imagenet_r_names()
+    prompts = [f"a photo of a {n}." for n in names]
+    eot = open_clip.tokenize(prompts).argmax(-1)
+    # The truncated length is set by the longest of the 200 prompts; the check needs that prompt,
+    # the shortest (most positions dropped) and a few in between. (The full 77-token tower of RN50
+    # costs ~0.3 s per prompt on one CPU core, so not all 200 are compared.)
+    order = torch.argsort(eot, stable=True).tolist()
+    rows = [order[-1], order[-2], order[0], order[60], order[120], order[180]]
+    subset = [names[i] for i in rows]
+    texts = [prompts[i] for i in rows]
+    assert int(eot[rows].max()) == int(eot.max())
+    want = _full_encode(model, texts)
+    assert want.shape == (6, 1024)
+
+    got = encode_texts(model, texts)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+    prompt = ContextPrompt(model, subset)
+    assert prompt.length == int(eot.max()) + 1 < 40
+    with torch.no_grad():
+        feats = prompt.features()
+    torch.testing.assert_close(feats, want, rtol=0, atol=1e-5)
+    # QuickGELU architecture
+    assert isinstance(model.clip.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
