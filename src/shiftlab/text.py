@@ -69,7 +69,8 @@ def class_head(model: ClipModel, classnames: Sequence[str],
                templates: Iterable[str | Callable[[str], str]] = (DEFAULT_TEMPLATE,)) -> torch.Tensor:
     """Class embeddings (C, D): normalise(mean over templates of normalised embeddings)."""
     formatters = [_as_formatter(t) for t in templates]
-    per_template = torch.stack([encode_texts(model, [f(c) for c in classnames]) for f in formatters])
+    names = [c.replace("_", " ") for c in classnames]  # as ContextPrompt does, so both heads read alike
+    per_template = torch.stack([encode_texts(model, [f(c) for c in names]) for f in formatters])
     return F.normalize(per_template.mean(dim=0), dim=-1)
 
 
