@@ -164,3 +164,13 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tin
     want = list(results.iter_records(reference / "records.jsonl"))
     assert len(got) == len({results.record_key(r) for r in got}) == 120
     assert _strip(got) == _strip(want)
+
+
+def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
+    from shiftlab.engine import Evaluator, amp_dtype
+    ev = Evaluator(tiny_model, ["cat", "dog"], ["tpt", "rtpt", "zeroshot"], {"rtpt": {"precision": "bf16"}},
+                   precision="fp32")
+    assert ev.methods["tpt"].config.precision == "fp32" and ev.methods["rtpt"].config.precision == "bf16"
+    assert ev.amp_dtype is None and amp_dtype("auto", torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="precision"):
+        amp_dtype("fp8", torch.device("cpu"))

@@ -52,6 +52,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue a run directory, skipping recorded samples")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers for decoding and views")
+    p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
+                   help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
     p.add_argument("--batch-size", type=int, default=8, help="images per engine step")
     p.add_argument("--classnames", type=Path, default=None, help="class names file for --dataset imagefolder")
     p.add_argument("--download", action="store_true", help="download missing data and weights (needs internet)")
@@ -95,7 +97,8 @@ def config_from_args(args: argparse.Namespace):
                      augmix=args.augmix, seed=args.seed, limit=args.limit, out=str(args.out), resume=args.resume,
                      device=args.device, workers=args.workers, batch_size=args.batch_size, order=args.order,
                      attack=attack, clean_and_robust=args.clean_and_robust, classnames=classnames,
-                     progress=not args.no_progress, online_checkpoint_seconds=args.online_checkpoint_seconds)
+                     progress=not args.no_progress, online_checkpoint_seconds=args.online_checkpoint_seconds,
+                     precision=args.precision)
 
 
 def prepare(args: argparse.Namespace):
