@@ -22,8 +22,8 @@ from shiftlab.context import ClassHeads, SampleContext
 from shiftlab.datasets import build_dataset
 from shiftlab.engine import RunConfig, run, stream_order
 from shiftlab.imageio import decode_image
-from shiftlab.methods.online import (CacheEntry, DynamicMemory, TDASample, cache_logits, memory_logits,
-                                     update_cache)
+from shiftlab.methods.dmn import DynamicMemory, memory_logits
+from shiftlab.methods.tda import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views import ViewConfig, ViewGenerator
 
