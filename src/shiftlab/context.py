@@ -18,6 +18,7 @@ class ClassHeads:
         self.classnames = list(classnames)
         self._templates = templates
         self._cache: dict[str, torch.Tensor] = {}
+        self.shared: dict = {}   # other per-run state that methods share (e.g. the initial prompt's graph)
 
     @property
     def zeroshot(self) -> torch.Tensor:

@@ -112,6 +112,11 @@ class PromptTuning(Method):
         if cfg.precision not in ("auto", "fp32", "fp16", "bf16"):
             raise ValueError(f"precision must be auto, fp32, fp16 or bf16, got {cfg.precision!r}")
 
+    def prepare(self) -> None:
+        super().prepare()
+        if self.config.steps > 0:
+            self._initial_text_graph()
+
     # -- precision ----------------------------------------------------------------
     def _amp_dtype(self) -> torch.dtype | None:
         p = self.config.precision
@@ -124,6 +129,21 @@ class PromptTuning(Method):
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.model.device.type, dtype=dtype)
+
+    def _initial_text_graph(self) -> tuple[torch.nn.Parameter, torch.Tensor]:
+        """Class features at the initial context (C, D) with their autograd graph, computed once per run.
+
+        The first tuning step of every image starts from the same context, so its text forward is
+        the same computation each time; TPT, C-TPT and R-TPT of one run share it too (same prompt,
+        same precision). Each image then costs one backward through this retained graph."""
+        cfg = self.config
+        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self._amp_dtype())
+        shared = self.heads.shared
+        if key not in shared:
+            ctx0 = torch.nn.Parameter(self.prompt.init_ctx.clone())
+            with torch.enable_grad(), self._autocast():
+                shared[key] = (ctx0, self.prompt.features(ctx0))
+        return shared[key]
 
     # -- variant hooks ------------------------------------------------------------
     def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -146,9 +166,15 @@ class PromptTuning(Method):
         scaled = self._amp_dtype() == torch.float16
         selected = None
         extras: dict[str, torch.Tensor] = {}
-        for _ in range(cfg.steps):
+        for step in range(cfg.steps):
+            if step == 0:
+                # every image's first step starts from the same context: reuse the run's shared forward
+                ctx0, text0 = self._initial_text_graph()
+                text = text0.detach().unsqueeze(0).repeat(b, 1, 1).requires_grad_(True)   # (B, C, D)
+            else:
+                with self._autocast():
+                    text = self.prompt.features(ctx)                                   # (B, C, D)
             with self._autocast():
-                text = self.prompt.features(ctx)                                   # (B, C, D)
                 logits = scale * torch.einsum("bnd,bcd->bnc", image_features.to(text.dtype), text)
             logits = logits.float()
             if selected is None:  # the authors select once, at the first step, and keep the views
@@ -160,7 +186,14 @@ class PromptTuning(Method):
                 extras.setdefault(key, val.detach())
             optimizer.zero_grad(set_to_none=True)
             before = ctx.detach().clone()
-            (losses.sum() * (cfg.loss_scale if scaled else 1.0)).backward()
+            total = losses.sum() * (cfg.loss_scale if scaled else 1.0)
+            if step == 0:
+                (grad_text,) = torch.autograd.grad(total, text)
+                # one backward through the shared graph per image (the cotangents differ)
+                ctx.grad = torch.stack([torch.autograd.grad(text0, ctx0, g, retain_graph=True)[0]
+                                        for g in grad_text]).to(ctx.dtype)
+            else:
+                total.backward()
             if scaled:
                 ctx.grad.div_(cfg.loss_scale)
             finite = torch.isfinite(ctx.grad).flatten(1).all(-1)
