@@ -43,7 +43,7 @@ class RunConfig:
     out: str = "runs/run"
     resume: bool = False
     device: str = "auto"
-    workers: int = 2
+    workers: int = -1                # DataLoader workers; -1: auto (see resolve_workers)
     batch_size: int = 8              # samples per engine step (shared encoding, batched tuning)
     order: str = "shuffled"          # stream order: "shuffled" (seeded by `seed`) or "sorted"
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
@@ -64,6 +64,16 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def resolve_workers(workers: int, device: torch.device, dist=None) -> int:
+    """-1 -> on CUDA most of this process's share of the CPU cores (decoding and 64 crops per image
+    must keep a GPU fed); on CPU one worker, leaving the cores to the model."""
+    if workers >= 0:
+        return workers
+    import os
+    per_process = (os.cpu_count() or 2) // max(1, getattr(dist, "local_world_size", 1))
+    return max(1, min(16, per_process - 1)) if device.type == "cuda" else 1
 
 
 def expand_methods(names: Sequence[str]) -> list[str]:
@@ -228,9 +238,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
             state.load(stream=order)
             state.restore_missing(writer, done)
             pending = plan.pending(settings, done)
+    workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, views), batch_sampler=plan.batches(pending),
-                        num_workers=config.workers, collate_fn=_collate, pin_memory=device.type == "cuda",
-                        prefetch_factor=4 if config.workers > 0 else None,
+                        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
+                        prefetch_factor=4 if workers > 0 else None,
                         persistent_workers=False)
     progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
     t_start = time.perf_counter()

@@ -51,7 +51,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory (records.jsonl, summary.json, summary.md)")
     p.add_argument("--resume", action="store_true", help="continue a run directory, skipping recorded samples")
     p.add_argument("--device", default="auto")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers for decoding and views")
+    p.add_argument("--workers", type=int, default=-1,
+                   help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
     p.add_argument("--batch-size", type=int, default=8, help="images per engine step")
