@@ -80,15 +80,20 @@ def test_encode_texts_and_class_head_match_encode_text(model):
                                                        for n in NAMES[:3]]
     torch.testing.assert_close(encode_texts(model, texts, batch_size=5), _full_encode(model, texts),
                                rtol=0, atol=1e-5)
-    torch.testing.assert_close(class_head(model, NAMES), _full_encode(model, [f"a photo of a {n}." for n in NAMES]),
+    # class names read "_" as a space, as the learnable prompt does, so both heads agree
+    spaced = [n.replace("_", " ") for n in NAMES]
+    torch.testing.assert_close(class_head(model, NAMES), _full_encode(model, [f"a photo of a {n}." for n in spaced]),
                                rtol=0, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(class_head(model, NAMES), ContextPrompt(model, NAMES).features(), rtol=0, atol=1e-5)
 
 
 def test_class_head_averages_normalised_template_features(model):
     t1 = "a photo of a {}."
     t2 = lambda c: f"a blurry sketch of the {c}, drawn badly."  # noqa: E731 (callables are allowed)
-    f1 = _full_encode(model, [t1.format(n) for n in NAMES])
-    f2 = _full_encode(model, [t2(n) for n in NAMES])
+    spaced = [n.replace("_", " ") for n in NAMES]
+    f1 = _full_encode(model, [t1.format(n) for n in spaced])
+    f2 = _full_encode(model, [t2(n) for n in spaced])
     want = F.normalize((f1 + f2) / 2, dim=-1)
     got = class_head(model, NAMES, [t1, t2])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
