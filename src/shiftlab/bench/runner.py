@@ -1,0 +1,539 @@
+"""`shiftlab bench`: where the time goes, and how much the library saves.
+
+For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it measures:
+
+1. every method in ONE pass (what `shiftlab run --methods a,b,c` costs): decode + views
+   once, the image tower once for all views, then each method;
+2. each method ALONE (what a one-method run costs): decode + the views that method needs
+   (all, or view 0 only), encoding, the method; split into decode+views, image encoding,
+   text tower (prompt tuning: `ContextPrompt.features` forward + the backward pass) and
+   the rest of the method;
+3. the loader alone (decode + views in DataLoader workers), to say whether the loader or
+   the model limits throughput;
+4. the straightforward baseline of each method (`shiftlab.bench.baseline`), one image at a
+   time on the SAME views: seconds per image (with the same decode+views time added),
+   the speed-up, top-1 agreement and the largest logit difference.
+
+Peak memory is per phase: `torch.cuda.max_memory_allocated` on CUDA; on the CPU the
+process's resident set size, sampled every few milliseconds from /proc (the process-wide
+`ru_maxrss` only ever grows, so it cannot tell phases apart; it is reported as well).
+Timings are wall-clock with CUDA synchronised at every boundary; warm-up images run
+through every path first and are not timed.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..engine import Evaluator, ViewDataset, expand_methods, resolve_workers
+from ..imageio import decode_image
+from ..methods import list_methods
+from ..models import ClipModel
+from ..views import ViewConfig, ViewGenerator
+from .baseline import BASELINES, BaselineUnsupported, create_baseline
+
+DEFAULT_METHODS = ("zeroshot", "prompt_ensemble", "view_ensemble", "tpt", "ctpt", "rtpt", "mta")
+MiB = 1024 * 1024
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str] | None = None          # None: the DEFAULT_METHODS that are registered
+    images: int = 3                           # timed images
+    warmup: int = 1                           # untimed images run through every path first
+    views: int = 64
+    seed: int = 0
+    batch_size: int = 8                       # images per engine step (shared encoding)
+    workers: int = -1                         # DataLoader workers of the loader measurement; -1: as `shiftlab run`
+    precision: str = "auto"                   # as `shiftlab run --precision` (fp16 autocast on CUDA, fp32 on CPU)
+    baseline: bool = True
+    baseline_methods: list[str] | None = None  # None: every measured method that has a baseline
+    baseline_warmup: int | None = None        # warm-up images of each baseline; None: `warmup`
+    method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    image_size: tuple[int, int] = (320, 256)  # synthetic images, (width, height)
+    threads: int | None = None                # torch intra-op threads for the run; None: leave as is
+
+
+def default_methods() -> list[str]:
+    registered = set(list_methods())
+    return [m for m in DEFAULT_METHODS if m in registered]
+
+
+def bench_classnames(n: int) -> list[str]:
+    """The first `n` ImageNet-R class names (n <= 200), else the first `n` ImageNet-1k names."""
+    from ..datasets.classes import classnames_for_wnids, imagenet_classnames, imagenet_r_wnids
+    if n <= 200:
+        return classnames_for_wnids(imagenet_r_wnids())[:n]
+    return imagenet_classnames()[:n]
+
+
+class SyntheticImages:
+    """`n` JPEG files of `random_image(size, seed)` in a temporary folder, decoded like dataset files."""
+
+    def __init__(self, n: int, size: tuple[int, int] = (320, 256), seed: int = 0):
+        from ..synthetic import random_image
+        self.root = Path(tempfile.mkdtemp(prefix="shiftlab-bench-"))
+        self.paths = []
+        for i in range(n):
+            path = self.root / f"img_{i:05d}.jpg"
+            random_image(tuple(size), seed=seed * 1_000_003 + i).save(path, format="JPEG", quality=90)
+            self.paths.append(path)
+        self.samples = [(p.name, 0) for p in self.paths]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def path(self, i: int) -> Path:
+        return self.paths[i]
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+        def now() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return now
+    return time.perf_counter
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / MiB if sys.platform == "darwin" else peak / 1024   # bytes on macOS, KiB on Linux
+
+
+def _release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc), so a phase's RSS is not inflated by an earlier one."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """Peak memory (MiB) of a phase: CUDA allocator peak, or the sampled process RSS on the CPU."""
+
+    def __init__(self, device: torch.device, interval: float = 0.005):
+        self.device, self.interval = device, interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, _rss_bytes() or 0)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif _rss_bytes() is not None:
+            _release_freed_memory()
+            self.peak_bytes = _rss_bytes() or 0
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, _rss_bytes() or 0)
+        else:   # no /proc: the process-wide high-water mark is all there is
+            self.peak_bytes = int(process_peak_rss_mib() * MiB)
+
+    @property
+    def mib(self) -> float:
+        return self.peak_bytes / MiB
+
+
+@contextlib.contextmanager
+def text_tower_timer(method, now: Callable[[], float]):
+    """Seconds in a prompt-tuning method's text tower: `prompt.features` calls and the backward passes
+    (`Tensor.backward`, `torch.autograd.grad`; the loss's own share of a backward is negligible).
+
+    Yields a one-element list that accumulates the seconds; a method without a `prompt` yields [0.0].
+    """
+    box = [0.0]
+    prompt = getattr(method, "prompt", None)
+    if prompt is None or not hasattr(prompt, "features"):
+        yield box
+        return
+    features, backward, grad = prompt.features, torch.Tensor.backward, torch.autograd.grad
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t0 = now()
+            out = fn(*args, **kwargs)
+            box[0] += now() - t0
+            return out
+        return wrapper
+
+    prompt.features = timed(features)
+    torch.Tensor.backward = timed(backward)
+    torch.autograd.grad = timed(grad)
+    try:
+        yield box
+    finally:
+        del prompt.features
+        torch.Tensor.backward = backward
+        torch.autograd.grad = grad
+
+
+@contextlib.contextmanager
+def _views_needed(evaluator: Evaluator, needs_views: bool):
+    saved = evaluator.needs_views
+    evaluator.needs_views = needs_views
+    try:
+        yield
+    finally:
+        evaluator.needs_views = saved
+
+
+def _chunks(items: Sequence[int], size: int):
+    for start in range(0, len(items), max(size, 1)):
+        yield list(items[start:start + size])
+
+
+def _per_image(seconds: dict[str, float], n: int) -> dict[str, float]:
+    return {k: v / max(n, 1) for k, v in seconds.items()}
+
+
+def _shared_pass(ev: Evaluator, source, ids: Sequence[int], views: ViewGenerator, batch_size: int,
+                 now: Callable[[], float], keep: dict[int, torch.Tensor] | None = None) -> dict:
+    """Every method in one pass over `ids`, as the engine does it."""
+    split = {"decode_views": 0.0, "image_encode": 0.0}
+    per_method = {name: 0.0 for name in ev.methods}
+    logits: dict[str, dict[int, torch.Tensor]] = {name: {} for name in ev.methods}
+    t_start = now()
+    for batch in _chunks(ids, batch_size):
+        t0 = now()
+        vs = [views(decode_image(source.path(i)), i) for i in batch]
+        t1 = now()
+        ctxs = ev.contexts(vs, batch)
+        t2 = now()
+        split["decode_views"] += t1 - t0
+        split["image_encode"] += t2 - t1
+        for name in ev.methods:
+            t3 = now()
+            outs, _ = ev.predict(name, ctxs)
+            per_method[name] += now() - t3
+            for sid, out in zip(batch, outs):
+                logits[name][sid] = out.logits.detach().float().cpu()
+        if keep is not None:
+            keep.update(zip(batch, vs))
+    total = now() - t_start
+    return {"seconds": total, "split": split, "per_method": per_method, "logits": logits}
+
+
+def _alone(ev: Evaluator, name: str, source, ids: Sequence[int], views: ViewGenerator, batch_size: int,
+           now: Callable[[], float]) -> dict:
+    """One method as a one-method run would do it: decode + its views, encoding, the method."""
+    method = ev.methods[name]
+    split = {"decode_views": 0.0, "image_encode": 0.0, "text_tower": 0.0, "method": 0.0}
+    logits: dict[int, torch.Tensor] = {}
+    with PeakMemory(ev.model.device) as mem, _views_needed(ev, method.needs_views), \
+            text_tower_timer(method, now) as text:
+        for batch in _chunks(ids, batch_size):
+            t0 = now()
+            vs = [views(decode_image(source.path(i)), i) for i in batch]
+            t1 = now()
+            ctxs = ev.contexts(vs, batch)
+            t2 = now()
+            text_before = text[0]
+            outs, _ = ev.predict(name, ctxs)
+            t3 = now()
+            split["decode_views"] += t1 - t0
+            split["image_encode"] += t2 - t1
+            split["text_tower"] += text[0] - text_before
+            split["method"] += (t3 - t2) - (text[0] - text_before)
+            for sid, out in zip(batch, outs):
+                logits[sid] = out.logits.detach().float().cpu()
+    return {"seconds": sum(split.values()), "split": split, "logits": logits, "peak_memory_mib": mem.mib}
+
+
+def _first(batch):
+    return batch[0]
+
+
+def _loader(source, ids: Sequence[int], views: ViewGenerator, workers: int) -> dict:
+    """Decode + views through DataLoader workers alone (no model), as `shiftlab run` loads images."""
+    n = max(len(ids), 4 * max(workers, 1))
+    loader_ids = [ids[i % len(ids)] for i in range(n)]
+    loader = DataLoader(ViewDataset(source, loader_ids, views), batch_size=1, num_workers=workers,
+                        collate_fn=_first, prefetch_factor=4 if workers > 0 else None)
+    t0 = time.perf_counter()
+    first = None
+    for _ in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    steady = (wall - first) / (n - 1) if n > 1 else wall
+    return {"workers": workers, "images": n, "seconds_per_image": steady, "startup_seconds": first}
+
+
+def _agreement(ours: dict[int, torch.Tensor], theirs: dict[int, torch.Tensor]) -> tuple[float, float]:
+    same = [int(ours[i].argmax()) == int(theirs[i].argmax()) for i in ours]
+    diff = max(float((ours[i] - theirs[i]).abs().max()) for i in ours)
+    return sum(same) / len(same), diff
+
+
+def machine_info(device: torch.device) -> dict:
+    import open_clip
+    from .. import __version__
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "open_clip": open_clip.__version__, "shiftlab": __version__}
+    if hasattr(os, "getloadavg"):
+        info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def _log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig | None = None, source=None,
+              log: Callable[[str], None] | None = _log_stderr, model_info: dict | None = None) -> dict:
+    """Measure `config.methods` on `model`; returns the JSON-able result (see docs/BENCHMARKS.md).
+
+    `source` has `path(i)` and `len()` (a dataset); None: `images + warmup` synthetic JPEGs.
+    """
+    config = config or BenchConfig()
+    log = log or (lambda msg: None)
+    device = model.device
+    now = _clock(device)
+    methods = expand_methods(config.methods or default_methods())
+    own_source = source is None
+    if own_source:
+        source = SyntheticImages(config.images + config.warmup, config.image_size, config.seed)
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(model, list(classnames), config, methods, source, log, now, model_info or {})
+    finally:
+        torch.set_num_threads(threads)
+        if own_source:
+            source.close()
+
+
+def _run(model, classnames, config, methods, source, log, now, model_info) -> dict:
+    device = model.device
+    machine = machine_info(device)
+    n = min(config.images, len(source))
+    if n < 1:
+        raise ValueError("bench needs at least one image")
+    ids = list(range(n))
+    spare = list(range(n, len(source)))
+    warm_ids = [spare[i] if i < len(spare) else ids[i % n] for i in range(config.warmup)]
+    full = ViewGenerator(ViewConfig(n_views=config.views, size=model.image_size), seed=config.seed)
+    one = ViewGenerator(ViewConfig(n_views=1, size=model.image_size), seed=config.seed)
+
+    log(f"bench: {len(methods)} method(s), {n} image(s) (+{len(warm_ids)} warm-up), {config.views} views, "
+        f"{len(classnames)} classes, device {device}")
+    t0 = time.perf_counter()
+    ev = Evaluator(model, classnames, methods, config.method_config, config.precision)
+    setup_seconds = time.perf_counter() - t0
+    log(f"  setup (class heads, prompts): {setup_seconds:.1f} s")
+    shared_views = full if ev.needs_views else one
+
+    views_cache: dict[int, torch.Tensor] = {}
+    if warm_ids:
+        _shared_pass(ev, source, warm_ids, shared_views, config.batch_size, now, keep=views_cache)
+        if not all(m.needs_views for m in ev.methods.values()):
+            with _views_needed(ev, False):
+                ev.contexts([one(decode_image(source.path(warm_ids[0])), warm_ids[0])], warm_ids[:1])
+        log(f"  warm-up: {time.perf_counter() - t0 - setup_seconds:.1f} s")
+
+    with PeakMemory(device) as mem:
+        shared = _shared_pass(ev, source, ids, shared_views, config.batch_size, now, keep=views_cache)
+    shared_peak = mem.mib
+    log(f"  all methods in one pass: {shared['seconds'] / n:.2f} s/image")
+
+    results: dict[str, dict] = {}
+    alone: dict[str, dict] = {}
+    for name in methods:
+        method = ev.methods[name]
+        alone[name] = a = _alone(ev, name, source, ids, full if method.needs_views else one, config.batch_size, now)
+        spi = a["seconds"] / n
+        results[name] = {
+            "seconds_per_image": spi,
+            "images_per_second": 1.0 / spi if spi > 0 else None,
+            "split_seconds_per_image": _per_image(a["split"], n),
+            "peak_memory_mib": a["peak_memory_mib"],
+            "all_methods_pass_method_seconds_per_image": shared["per_method"][name] / n,
+            "views": config.views if method.needs_views else 1,
+            "baseline_seconds_per_image": None, "baseline_split_seconds_per_image": None,
+            "baseline_setup_seconds": None, "baseline_peak_memory_mib": None,
+            "speedup": None, "top1_agreement": None, "max_abs_logit_diff": None,
+        }
+        log(f"  {name} alone: {spi:.2f} s/image")
+
+    workers = resolve_workers(config.workers, device)
+    loader = _loader(source, ids, shared_views, workers)
+    model_spi = (shared["seconds"] - shared["split"]["decode_views"]) / n
+    loader.update({
+        "in_process_seconds_per_image": shared["split"]["decode_views"] / n,
+        "model_seconds_per_image": model_spi,
+        "bottleneck": "loader" if loader["seconds_per_image"] > model_spi else "model",
+    })
+    if device.type == "cpu":
+        loader["note"] = "on the CPU the loader workers and the model share the same cores"
+    log(f"  loader ({workers} workers): {loader['seconds_per_image']:.2f} s/image "
+        f"vs model {model_spi:.2f} s/image -> {loader['bottleneck']} bound")
+
+    if config.baseline:
+        wanted = config.baseline_methods if config.baseline_methods is not None else methods
+        for name in [m for m in methods if m in wanted]:
+            if name not in BASELINES:
+                results[name]["baseline_skipped"] = "no baseline transcription for this method"
+                continue
+            base_warm = warm_ids if config.baseline_warmup is None else warm_ids[:config.baseline_warmup]
+            _baseline(results[name], name, model, classnames, ev.methods[name].config, config.precision, ids,
+                      base_warm, views_cache, alone[name], now, log)
+
+    total_alone = sum(r["seconds_per_image"] for r in results.values())
+    all_spi = shared["seconds"] / n
+    return {
+        "device": str(device) + (f" ({machine['gpu']})" if "gpu" in machine else ""),
+        "machine": machine | ({"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+                              if hasattr(os, "getloadavg") else {}),
+        "config": asdict(config) | {"methods": methods, "classes": len(classnames), "images": n,
+                                    "warmup": len(warm_ids), "model": model_info,
+                                    "baseline_warmup": len(warm_ids) if config.baseline_warmup is None
+                                    else min(config.baseline_warmup, len(warm_ids)),
+                                    "image_size": model.image_size},
+        "methods": results,
+        "all_methods_seconds_per_image": all_spi,
+        "all_methods_split_seconds_per_image": _per_image(shared["split"], n) | {
+            "methods": _per_image(shared["per_method"], n)},
+        "all_methods_peak_memory_mib": shared_peak,
+        "sum_of_individual_seconds_per_image": total_alone,
+        "all_to_sum_ratio": all_spi / total_alone if total_alone > 0 else None,
+        "setup_seconds": setup_seconds,
+        "loader": loader,
+        "process_peak_rss_mib": process_peak_rss_mib(),
+    }
+
+
+def _baseline(row: dict, name: str, model: ClipModel, classnames, method_config, precision: str, ids, warm_ids,
+              views_cache: dict[int, torch.Tensor], alone: dict, now, log) -> None:
+    device = model.device
+    base = create_baseline(name, model, classnames, method_config, precision=precision)
+    t0 = time.perf_counter()
+    try:
+        base.setup()
+    except BaselineUnsupported as exc:
+        row["baseline_skipped"] = str(exc)
+        return
+    row["baseline_setup_seconds"] = time.perf_counter() - t0
+
+    def views_of(sid: int) -> torch.Tensor:
+        v = views_cache[sid]
+        return v if base.needs_views else v[:1]
+
+    for wid in warm_ids:
+        base.predict(views_of(wid))
+    base.reset_split()
+    logits: dict[int, torch.Tensor] = {}
+    with PeakMemory(device) as mem:
+        for sid in ids:
+            logits[sid] = base.predict(views_of(sid)).detach().float().cpu()
+    n = len(ids)
+    decode_views = alone["split"]["decode_views"]
+    split = {"decode_views": decode_views} | base.split
+    spi = sum(split.values()) / n
+    agree, diff = _agreement(alone["logits"], logits)
+    row.update({
+        "baseline_seconds_per_image": spi,
+        "baseline_split_seconds_per_image": _per_image(split, n),
+        "baseline_peak_memory_mib": mem.mib,
+        "speedup": spi / row["seconds_per_image"] if row["seconds_per_image"] > 0 else None,
+        "top1_agreement": agree,
+        "max_abs_logit_diff": diff,
+    })
+    log(f"  {name} baseline: {spi:.2f} s/image (x{row['speedup']:.1f}), top-1 agreement {agree:.0%}, "
+        f"max |logit diff| {diff:.2e}")
+
+
+# -- the human-readable report ------------------------------------------------------------------
+
+def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def format_report(result: dict) -> str:
+    cfg = result["config"]
+    model = cfg.get("model") or {}
+    lines = [
+        f"shiftlab bench on {result['device']}: {model.get('name', '?')} "
+        f"({model.get('pretrained') or 'random weights'}), {cfg['classes']} classes, {cfg['views']} views, "
+        f"{cfg['images']} image(s) + {cfg['warmup']} warm-up, torch {result['machine']['torch']}, "
+        f"{result['machine']['torch_threads']} threads",
+        "",
+        "seconds per image, each method alone (decode+views + encode + text tower + method):",
+        f"{'method':<16}{'s/img':>8}{'img/s':>8}{'dec+views':>10}{'encode':>8}{'text':>8}{'method':>8}"
+        f"{'peak MiB':>9} | {'baseline':>9}{'speedup':>8}{'top-1':>7}{'max|dlogit|':>12}",
+    ]
+    for name, r in result["methods"].items():
+        s = r["split_seconds_per_image"]
+        lines.append(
+            f"{name:<16}{r['seconds_per_image']:>8.2f}{_fmt(r['images_per_second']):>8}{s['decode_views']:>10.2f}"
+            f"{s['image_encode']:>8.2f}{s['text_tower']:>8.2f}{s['method']:>8.2f}{r['peak_memory_mib']:>9.0f} | "
+            f"{_fmt(r['baseline_seconds_per_image']):>9}{_fmt(r['speedup'], '.1f'):>8}"
+            f"{_fmt(r['top1_agreement'], '.0%'):>7}{_fmt(r['max_abs_logit_diff'], '.1e'):>12}")
+        if r.get("baseline_skipped"):
+            lines.append(f"{'':<16}baseline skipped: {r['baseline_skipped']}")
+    split = result["all_methods_split_seconds_per_image"]
+    lines += [
+        "",
+        f"all methods in one pass: {result['all_methods_seconds_per_image']:.2f} s/image "
+        f"(decode+views {split['decode_views']:.2f}, encode {split['image_encode']:.2f}, "
+        f"methods {sum(split['methods'].values()):.2f}); sum of the methods alone: "
+        f"{result['sum_of_individual_seconds_per_image']:.2f} s/image; ratio {_fmt(result['all_to_sum_ratio'])}",
+        f"peak memory: all methods {result['all_methods_peak_memory_mib']:.0f} MiB; process high-water mark "
+        f"(incl. baselines) {result['process_peak_rss_mib']:.0f} MiB",
+    ]
+    ld = result["loader"]
+    lines.append(
+        f"loader ({ld['workers']} workers): {ld['seconds_per_image']:.3f} s/image "
+        f"(startup {ld['startup_seconds']:.1f} s; "
+        f"{ld['in_process_seconds_per_image']:.3f} s/image in-process) vs model {ld['model_seconds_per_image']:.2f} "
+        f"s/image -> the {ld['bottleneck']} is the bottleneck")
+    return "\n".join(lines)

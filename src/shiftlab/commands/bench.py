@@ -1,0 +1,101 @@
+"""`shiftlab bench`: seconds per image of each method, alone and all together, against a
+straightforward transcription of each paper's procedure (see docs/BENCHMARKS.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 320x256, got {text!r}") from None
+    return w, h
+
+
+def _names(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="speed of each method vs a straightforward baseline",
+                              description=__doc__)
+    p.add_argument("--methods", type=_names, default=None,
+                   help="comma-separated methods (default: zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta)")
+    p.add_argument("--images", type=int, default=None, help="timed images (default 3 on the CPU, 32 on CUDA)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed images run through every path first")
+    p.add_argument("--views", type=int, default=64)
+    p.add_argument("--classes", type=int, default=200,
+                   help="number of class names (ImageNet-R's; ImageNet-1k's above 200); ignored with --data")
+    p.add_argument("--model", default="RN50", help="open_clip model name (random weights use its -quickgelu variant)")
+    p.add_argument("--pretrained", default="none",
+                   help="'none' (random weights, default), an open_clip tag, or a checkpoint file")
+    p.add_argument("--condition", action=argparse.BooleanOptionalAction, default=True,
+                   help="random weights: centre the embeddings and set the logit scale to 100, so that "
+                        "predictions are not uniform (the golden fixtures' recipe; same cost)")
+    p.add_argument("--dataset", default="imagenet-r", help="with --data: the dataset whose first N images to use")
+    p.add_argument("--data", default=None, help="dataset folder (default: synthetic JPEGs)")
+    p.add_argument("--image-size", type=_image_size, default=(320, 256), help="synthetic image size WxH")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--workers", type=int, default=-1,
+                   help="DataLoader workers for the loader measurement (default -1: as `shiftlab run`)")
+    p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
+                   help="as `shiftlab run`: auto = fp16 autocast on CUDA, float32 on the CPU")
+    p.add_argument("--batch-size", type=int, default=8, help="images per engine step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's choice); 1 gives steadier numbers on a busy CPU")
+    p.add_argument("--set", dest="method_config", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                   help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the straightforward baseline of each method (slow)")
+    p.add_argument("--baseline-methods", type=_names, default=None,
+                   help="run the baseline only for these methods (default: all measured)")
+    p.add_argument("--baseline-warmup", type=int, default=None,
+                   help="warm-up images of each baseline (default: --warmup); 0 saves a slow image on the CPU")
+    p.add_argument("--cache-dir", default=None, help="model weights cache (default ~/.cache/clip)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow checkpoints holding pickled Python objects (can run code from the file)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)   # tests: the tiny random CLIP
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..bench import BenchConfig, bench_classnames, format_report, run_bench
+    from ..bench.model import load_bench_model
+    from ..engine import resolve_device
+    from ..models import ModelLoadError
+    from .run import parse_method_config
+
+    device = resolve_device(args.device)
+    source = None
+    classnames = bench_classnames(args.classes)
+    if args.data:
+        from ..datasets import build_dataset
+        source = build_dataset(args.dataset, args.data)
+        classnames = source.classnames
+    pretrained = None if str(args.pretrained).lower() in ("none", "random") else args.pretrained
+    try:
+        model, info = load_bench_model(args.model, pretrained, classnames, device, condition=args.condition,
+                                       tiny=args.tiny, cache_dir=args.cache_dir,
+                                       trust_checkpoint=args.trust_checkpoint)
+    except ModelLoadError as exc:
+        print(f"shiftlab bench: {exc}", file=sys.stderr)
+        return 2
+    images = args.images if args.images is not None else (32 if device.type == "cuda" else 3)
+    config = BenchConfig(methods=args.methods, images=images, warmup=args.warmup, views=args.views,
+                         seed=args.seed, batch_size=args.batch_size, workers=args.workers,
+                         baseline=args.baseline, baseline_methods=args.baseline_methods,
+                         baseline_warmup=args.baseline_warmup,
+                         method_config=parse_method_config(args.method_config), image_size=args.image_size,
+                         threads=args.threads, precision=args.precision)
+    try:
+        result = run_bench(model, classnames, config, source=source, model_info=info)
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"shiftlab bench: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0

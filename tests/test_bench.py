@@ -1,0 +1,160 @@
+"""`shiftlab bench`: the straightforward baselines agree with the library, and the report's shape.
+
+Timings are never asserted: only agreement, keys and bookkeeping.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import shiftlab
+from shiftlab.bench import BenchConfig, bench_classnames, run_bench
+from shiftlab.bench.baseline import BASELINES, create_baseline
+from shiftlab.bench.runner import DEFAULT_METHODS, PeakMemory, text_tower_timer
+from shiftlab.cli import main
+from shiftlab.synthetic import random_image
+from shiftlab.views import ViewConfig, ViewGenerator
+
+CLASSNAMES = bench_classnames(20)
+METHOD_KEYS = {"seconds_per_image", "baseline_seconds_per_image", "speedup", "top1_agreement",
+               "max_abs_logit_diff", "peak_memory_mib"}
+
+
+def _views(model, n_images: int = 2, n_views: int = 16) -> list[torch.Tensor]:
+    gen = ViewGenerator(ViewConfig(n_views=n_views, size=model.image_size), seed=0)
+    return [gen(random_image((96, 80), seed=100 + i), i) for i in range(n_images)]
+
+
+# (R-TPT's "threshold" self-mask is left out: whether a diagonal entry rounds to >= 1.0 depends on
+# the matmul kernel, so two correct implementations may drop different entries.)
+CASES = [(name, {}) for name in sorted(BASELINES)] + [
+    ("view_ensemble", {"average": "logits"}),
+    ("ctpt", {"lambda_atfd": 50.0}), ("tpt", {"steps": 2})]
+
+
+@pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}{'-' if o else ''}{'-'.join(map(str, o.values()))}"
+                                                        for n, o in CASES])
+def test_baseline_agrees_with_library(tiny_model, name, overrides):
+    """Same views, same hyper-parameters: the library and the straightforward procedure agree."""
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, **overrides)
+    method.prepare()
+    baseline = create_baseline(name, tiny_model, CLASSNAMES, method.config)
+    baseline.setup()
+    for views in _views(tiny_model):
+        ours = method.predict(tiny_model.normalize(views.float() / 255))
+        theirs = baseline.predict(views)
+        assert ours.shape == theirs.shape == (len(CLASSNAMES),)
+        assert int(ours.argmax()) == int(theirs.argmax())
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3)
+
+
+def test_default_methods_all_have_baselines():
+    assert set(DEFAULT_METHODS) <= set(BASELINES)
+
+
+# -- the baselines against the authors' own code (golden fixtures) ---------------------------------
+
+@pytest.fixture(scope="module")
+def golden(golden_dir):
+    expected = torch.load(golden_dir / "expected.pt", weights_only=True)
+    inputs = torch.load(golden_dir / "inputs.pt", weights_only=True)
+    classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
+    model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
+    views = [(v * 255).round().to(torch.uint8) for v in inputs["views_unit"]]
+    return model, classnames, views, expected
+
+
+# R-TPT: the reference drops self-similarities by `sim >= 1.0`, which depends on rounding (see the
+# golden README); with the diagonal removed by index the reference's result is `logits_all_self_masked`.
+@pytest.mark.parametrize("name,key,overrides", [
+    ("zeroshot", "zeroshot/{i}/logits", {}), ("tpt", "tpt/{i}/logits", {}),
+    ("ctpt", "ctpt20/{i}/logits", {"lambda_atfd": 20.0}), ("ctpt", "ctpt50/{i}/logits", {"lambda_atfd": 50.0}),
+    ("rtpt", "rtpt/{i}/logits_all_self_masked", {"self_mask": "index"}), ("mta", "mta/{i}/logits", {})])
+def test_baseline_matches_reference_code(golden, name, key, overrides):
+    torch.set_num_threads(1)   # the golden values were made with one thread
+    model, classnames, views, expected = golden
+    config = shiftlab.create_method(name, model, classnames, **overrides).config
+    baseline = create_baseline(name, model, classnames, config)
+    baseline.setup()
+    for i, sample in enumerate(views):
+        torch.testing.assert_close(baseline.predict(sample), expected[key.format(i=i)], rtol=0, atol=2e-4)
+
+
+def test_view_ensemble_baseline_matches_reference_view_logits(golden):
+    model, classnames, views, expected = golden
+    config = shiftlab.create_method("view_ensemble", model, classnames).config
+    baseline = create_baseline("view_ensemble", model, classnames, config)
+    baseline.setup()
+    for i, sample in enumerate(views):
+        want = expected[f"zeroshot/{i}/view_logits"].double().softmax(-1).mean(0).log().float()
+        torch.testing.assert_close(baseline.predict(sample), want, rtol=0, atol=2e-4)
+
+
+# -- the runner and the command -------------------------------------------------------------------
+
+def test_bench_json_has_the_documented_keys(capsys):
+    code = main(["bench", "--tiny", "--json", "--images", "2", "--warmup", "1", "--views", "16",
+                 "--classes", "20", "--workers", "1"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"device", "methods", "all_methods_seconds_per_image", "sum_of_individual_seconds_per_image",
+            "loader"} <= set(result)
+    assert list(result["methods"]) == list(DEFAULT_METHODS)
+    for name, row in result["methods"].items():
+        assert METHOD_KEYS <= set(row), name
+        assert row["top1_agreement"] == 1.0, name
+        assert row["max_abs_logit_diff"] <= 1e-3, name
+        assert row["speedup"] > 0 and row["peak_memory_mib"] > 0
+        assert set(row["split_seconds_per_image"]) == {"decode_views", "image_encode", "text_tower", "method"}
+    assert result["methods"]["tpt"]["split_seconds_per_image"]["text_tower"] > 0
+    assert result["methods"]["zeroshot"]["views"] == 1
+    assert result["loader"]["bottleneck"] in ("model", "loader")
+    assert result["loader"]["workers"] == 1
+    assert result["config"]["images"] == 2 and result["config"]["warmup"] == 1
+
+
+def test_bench_without_baseline_and_table_output(capsys):
+    code = main(["bench", "--tiny", "--no-baseline", "--images", "1", "--warmup", "0", "--views", "16",
+                 "--classes", "10", "--workers", "0", "--methods", "zeroshot,tpt"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "all methods in one pass" in out and "bottleneck" in out
+    assert "tpt" in out and "mta" not in out
+
+
+def test_bench_reads_the_first_images_of_a_dataset(tiny_model, tmp_path):
+    from shiftlab.datasets import build_dataset
+    from shiftlab.synthetic import make_imagenet_r
+    dataset = build_dataset("imagenet-r", make_imagenet_r(tmp_path, classes=[0, 1, 2], size=(96, 80)))
+    result = run_bench(tiny_model, dataset.classnames, BenchConfig(
+        methods=["zeroshot", "mta"], images=2, warmup=1, views=16, workers=0, baseline_methods=["mta"]),
+        source=dataset, log=None)
+    assert result["config"]["images"] == 2
+    assert result["methods"]["zeroshot"]["baseline_seconds_per_image"] is None
+    assert result["methods"]["mta"]["top1_agreement"] == 1.0
+    assert result["config"]["classes"] == 200
+
+
+def test_unknown_method_is_an_error(capsys):
+    assert main(["bench", "--tiny", "--methods", "nope", "--images", "1", "--workers", "0"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_text_tower_timer_restores_what_it_wraps(tiny_model):
+    method = shiftlab.create_method("tpt", tiny_model, CLASSNAMES)
+    backward, grad = torch.Tensor.backward, torch.autograd.grad
+    ticks = iter(range(1000))
+    with text_tower_timer(method, lambda: float(next(ticks))) as seconds:
+        assert "features" in method.prompt.__dict__
+        method.predict(tiny_model.normalize(_views(tiny_model, 1)[0].float() / 255))
+    assert seconds[0] > 0
+    assert torch.Tensor.backward is backward and torch.autograd.grad is grad
+    assert "features" not in method.prompt.__dict__
+
+
+def test_peak_memory_reports_something():
+    with PeakMemory(torch.device("cpu")) as mem:
+        torch.ones(1 << 20).sum()
+    assert mem.mib > 0
