@@ -4,15 +4,16 @@ For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it meas
 
 1. every method in ONE pass (what `shiftlab run --methods a,b,c` costs): decode + views
    once, the image tower once for all views, then each method;
-2. each method ALONE (what a one-method run costs): decode + the views that method needs
-   (all, or view 0 only), encoding, the method; split into decode+views, image encoding,
-   text tower (prompt tuning: `ContextPrompt.features` forward + the backward pass) and
-   the rest of the method;
-3. the loader alone (decode + views in DataLoader workers), to say whether the loader or
+2. the loader alone (decode + views in DataLoader workers), to say whether the loader or
    the model limits throughput;
-4. the straightforward baseline of each method (`shiftlab.bench.baseline`), one image at a
-   time on the SAME views: seconds per image (with the same decode+views time added),
-   the speed-up, top-1 agreement and the largest logit difference.
+3. each method ALONE (what a one-method run costs): decode + the views that method needs
+   (all, or view 0 only), encoding, the method; split into decode+views, image encoding,
+   text tower (prompt tuning: `ContextPrompt.features` calls + the backward passes) and
+   the rest of the method;
+4. right after each method, its straightforward baseline (`shiftlab.bench.baseline`), one
+   image at a time on the SAME views: seconds per image (with the same decode+views time
+   added), the speed-up, top-1 agreement and the largest logit difference. Measuring the
+   pair back to back keeps a busy machine's load changes from favouring either side.
 
 Peak memory is per phase: `torch.cuda.max_memory_allocated` on CUDA; on the CPU the
 process's resident set size, sampled every few milliseconds from /proc (the process-wide
@@ -386,25 +387,6 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
     shared_peak = mem.mib
     log(f"  all methods in one pass: {shared['seconds'] / n:.2f} s/image")
 
-    results: dict[str, dict] = {}
-    alone: dict[str, dict] = {}
-    for name in methods:
-        method = ev.methods[name]
-        alone[name] = a = _alone(ev, name, source, ids, full if method.needs_views else one, config.batch_size, now)
-        spi = a["seconds"] / n
-        results[name] = {
-            "seconds_per_image": spi,
-            "images_per_second": 1.0 / spi if spi > 0 else None,
-            "split_seconds_per_image": _per_image(a["split"], n),
-            "peak_memory_mib": a["peak_memory_mib"],
-            "all_methods_pass_method_seconds_per_image": shared["per_method"][name] / n,
-            "views": config.views if method.needs_views else 1,
-            "baseline_seconds_per_image": None, "baseline_split_seconds_per_image": None,
-            "baseline_setup_seconds": None, "baseline_peak_memory_mib": None,
-            "speedup": None, "top1_agreement": None, "max_abs_logit_diff": None,
-        }
-        log(f"  {name} alone: {spi:.2f} s/image")
-
     workers = resolve_workers(config.workers, device)
     loader = _loader(source, ids, shared_views, workers)
     model_spi = (shared["seconds"] - shared["split"]["decode_views"]) / n
@@ -418,15 +400,33 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
     log(f"  loader ({workers} workers): {loader['seconds_per_image']:.2f} s/image "
         f"vs model {model_spi:.2f} s/image -> {loader['bottleneck']} bound")
 
-    if config.baseline:
-        wanted = config.baseline_methods if config.baseline_methods is not None else methods
-        for name in [m for m in methods if m in wanted]:
-            if name not in BASELINES:
-                results[name]["baseline_skipped"] = "no baseline transcription for this method"
-                continue
-            base_warm = warm_ids if config.baseline_warmup is None else warm_ids[:config.baseline_warmup]
-            _baseline(results[name], name, model, classnames, ev.methods[name].config, config.precision, ids,
-                      base_warm, views_cache, alone[name], now, log)
+    # each method alone, then its baseline right after it, so that both see the same machine load
+    wanted = config.baseline_methods if config.baseline_methods is not None else methods
+    base_warm = warm_ids if config.baseline_warmup is None else warm_ids[:config.baseline_warmup]
+    results: dict[str, dict] = {}
+    for name in methods:
+        method = ev.methods[name]
+        alone = _alone(ev, name, source, ids, full if method.needs_views else one, config.batch_size, now)
+        spi = alone["seconds"] / n
+        results[name] = row = {
+            "seconds_per_image": spi,
+            "images_per_second": 1.0 / spi if spi > 0 else None,
+            "split_seconds_per_image": _per_image(alone["split"], n),
+            "peak_memory_mib": alone["peak_memory_mib"],
+            "all_methods_pass_method_seconds_per_image": shared["per_method"][name] / n,
+            "views": config.views if method.needs_views else 1,
+            "baseline_seconds_per_image": None, "baseline_split_seconds_per_image": None,
+            "baseline_setup_seconds": None, "baseline_peak_memory_mib": None,
+            "speedup": None, "top1_agreement": None, "max_abs_logit_diff": None,
+        }
+        log(f"  {name} alone: {spi:.2f} s/image")
+        if not config.baseline or name not in wanted:
+            continue
+        if name not in BASELINES:
+            row["baseline_skipped"] = "no baseline transcription for this method"
+            continue
+        _baseline(row, name, model, classnames, method.config, config.precision, ids, base_warm, views_cache,
+                  alone, now, log)
 
     total_alone = sum(r["seconds_per_image"] for r in results.values())
     all_spi = shared["seconds"] / n
