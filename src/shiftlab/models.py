@@ -224,11 +224,12 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
         if name not in open_clip.list_models():
             raise ModelLoadError(f"unknown model {name!r}; see `open_clip.list_models()`")
         if pretrained is None:
-            logging.getLogger().disabled, was = True, logging.getLogger().disabled  # silence "initialized randomly"
+            root = logging.getLogger()
+            was_disabled, root.disabled = root.disabled, True   # open_clip warns "initialized randomly"
             try:
                 clip = open_clip.create_model(name, pretrained=None)
             finally:
-                logging.getLogger().disabled = was
+                root.disabled = was_disabled
         else:
             local, where = _cached_pretrained_file(name, pretrained, cache_dir)
             if local is not None:
