@@ -10,7 +10,6 @@ sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OU
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
