@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import platform
 import resource
@@ -130,7 +131,9 @@ def process_peak_rss_mib() -> float:
 
 
 def _release_freed_memory() -> None:
-    """Return freed heap pages to the OS (glibc), so a phase's RSS is not inflated by an earlier one."""
+    """Collect garbage and return freed heap pages to the OS (glibc), so that a phase's RSS is not
+    inflated by what an earlier phase (a baseline's 77-token backward) left behind."""
+    gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
