@@ -22,6 +22,7 @@ run: $(BIN)/shiftlab
 	    --model RN50 --pretrained openai --methods $(METHODS) --out $(RUN_DIR) --resume $(ARGS)
 
 test: $(BIN)/shiftlab
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q $(ARGS)
 
 demo: $(BIN)/shiftlab

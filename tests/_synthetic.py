@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from shiftlab.synthetic import RENDITIONS, make_imagenet_r, random_image
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import shiftlab
+from shiftlab.synthetic import TINY_CLIP_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("SHIFTLAB_GOLDEN", REPO.parent / "shared" / "golden"))
-
-from shiftlab.synthetic import TINY_CLIP_CONFIG as TINY_CONFIG  # noqa: E402  (the golden architecture)
+TINY_CONFIG = TINY_CLIP_CONFIG  # the golden architecture
 
 
 def make_tiny_model(seed: int = 0) -> shiftlab.ClipModel:

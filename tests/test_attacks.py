@@ -10,8 +10,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shiftlab import results
-from shiftlab.attacks import (ZeroShotClassifier, attack_seed, build_attack, eps_255, list_attacks, pgd, quantize,
-                              register_attack)
+from shiftlab.attacks import (
+    ZeroShotClassifier,
+    attack_seed,
+    build_attack,
+    eps_255,
+    list_attacks,
+    pgd,
+    quantize,
+    register_attack,
+)
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
 from shiftlab.engine import Evaluator, RunConfig, run
@@ -92,7 +100,8 @@ def test_quantize_clips_to_the_eps_ball_in_8bit_units():
         assert (q.int() - grey.int()).abs().max() <= 4
         assert torch.equal(q.int(), (grey.int() - 4).clamp(min=0))  # the ball's lower face, exactly
     # and the range: values outside [0, 1] never wrap around
-    assert quantize(torch.tensor([-0.01, 1.01]), torch.tensor([0, 255], dtype=torch.uint8), 4 / 255).tolist() == [0, 255]
+    ends = torch.tensor([0, 255], dtype=torch.uint8)
+    assert quantize(torch.tensor([-0.01, 1.01]), ends, 4 / 255).tolist() == [0, 255]
 
 
 # -- the PGD wrapper -----------------------------------------------------------------------
@@ -104,7 +113,8 @@ class LinearTwoClass(nn.Module):
         super().__init__()
         self.linear = nn.Linear(int(torch.tensor(shape).prod()), 2, bias=False)
         with torch.no_grad():
-            self.linear.weight.copy_(torch.randn(2, self.linear.in_features, generator=torch.Generator().manual_seed(0)))
+            generator = torch.Generator().manual_seed(0)
+            self.linear.weight.copy_(torch.randn(2, self.linear.in_features, generator=generator))
 
     def forward(self, x):
         return self.linear(x.flatten(1))

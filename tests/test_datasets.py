@@ -10,10 +10,19 @@ from pathlib import Path
 import pytest
 
 from _synthetic import make_image_folder, make_imagenet_r
-from shiftlab.datasets import (DATASETS, DatasetError, build_dataset, classnames_for_wnids, imagenet_a_wnids,
-                               imagenet_classes, imagenet_classnames, imagenet_r_wnids, imagenet_wnids,
-                               list_datasets, load_templates)
-
+from shiftlab.datasets import (
+    DATASETS,
+    DatasetError,
+    build_dataset,
+    classnames_for_wnids,
+    imagenet_a_wnids,
+    imagenet_classes,
+    imagenet_classnames,
+    imagenet_r_wnids,
+    imagenet_wnids,
+    list_datasets,
+    load_templates,
+)
 
 # ----------------------------------------------------------------------------------- class table
 

@@ -17,9 +17,9 @@ from shiftlab import results
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
 from shiftlab.engine import RunConfig, run, stream_order
+from shiftlab.imageio import decode_image
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 from shiftlab.views import ViewConfig, ViewGenerator
-from shiftlab.imageio import decode_image
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_METHODS = "zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta,zero"
@@ -40,7 +40,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def _strip(recs):
-    return sorted((json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs))
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 
 
 def _cli_run(data, ckpt, out, *extra):

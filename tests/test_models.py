@@ -14,10 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shiftlab
+from conftest import TINY_CONFIG, make_tiny_model
 from shiftlab import models as M
 from shiftlab.models import OPENAI_MEAN, OPENAI_STD, ModelLoadError
-
-from conftest import TINY_CONFIG, make_tiny_model
 
 GOLDEN_FILE = "tiny_clip_openai.pt"
 RN50_URL_NAME = "RN50.pt"

@@ -16,11 +16,16 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import shiftlab
-from shiftlab import ClassHeads, SampleContext
-from shiftlab.methods.prompt_tuning import (entropy, marginal_entropy, mean_entropy, reliability_weights,
-                                             select_confident, text_dispersion)
-
 from conftest import make_tiny_model
+from shiftlab import ClassHeads, SampleContext
+from shiftlab.methods.prompt_tuning import (
+    entropy,
+    marginal_entropy,
+    mean_entropy,
+    reliability_weights,
+    select_confident,
+    text_dispersion,
+)
 
 NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock", "hen", "ostrich",
          "brambling", "goldfinch", "house finch", "junco", "indigo bunting"]

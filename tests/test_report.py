@@ -15,8 +15,7 @@ import pytest
 
 from shiftlab.commands import report as report_cmd
 from shiftlab.published import canonical_method, published_for, published_rows
-from shiftlab.report import (PairedResult, ReportError, build_report, mcnemar, paired_bootstrap_ci,
-                             rendition_of)
+from shiftlab.report import PairedResult, ReportError, build_report, mcnemar, paired_bootstrap_ci, rendition_of
 
 RENDS = ["art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami",
          "painting", "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame"]

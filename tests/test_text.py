@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.text import ContextPrompt, class_head, encode_texts, tokenize
-
 from conftest import make_tiny_model
+from shiftlab.text import ContextPrompt, class_head, encode_texts, tokenize
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "data" / "imagenet_classes.tsv"
 

@@ -8,8 +8,8 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 
-from shiftlab.views import (ViewConfig, ViewGenerator, augmix, random_resized_crop_params, sample_seed,
-                            to_uint8_tensor)
+from shiftlab.views import ViewConfig, ViewGenerator, augmix, random_resized_crop_params, sample_seed, to_uint8_tensor
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():

@@ -17,7 +17,8 @@ See docs/ROBUSTNESS.md.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,11 +26,11 @@ import torch.nn as nn
 from PIL import Image
 
 QUANTIZE_MODES = ("round", "truncate")
-_ATTACKS: dict[str, type["Attack"]] = {}
+_ATTACKS: dict[str, type[Attack]] = {}
 _ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
 
 
-def register_attack(name: str) -> Callable[[type["Attack"]], type["Attack"]]:
+def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
     """Class decorator: make an `Attack` subclass available as `--attack NAME`."""
     def deco(cls: type[Attack]) -> type[Attack]:
         if name in _ATTACKS and _ATTACKS[name] is not cls:
@@ -45,7 +46,7 @@ def list_attacks() -> list[str]:
     return sorted(_ATTACKS)
 
 
-def build_attack(attack_cfg: dict[str, Any], evaluator) -> "Attack | None":
+def build_attack(attack_cfg: dict[str, Any], evaluator) -> Attack | None:
     """`{"name": "pgd", "eps": ..., ...}` + the run's Evaluator -> an Attack (None for name "none")."""
     cfg = dict(attack_cfg)
     name = cfg.pop("name", "none")

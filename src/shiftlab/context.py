@@ -1,8 +1,8 @@
 """Everything one sample needs, computed at most once and shared by every method."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
-from typing import Sequence
 
 import torch
 

@@ -27,12 +27,13 @@ Per-sample seeding makes the records identical to a single-process run.
 from __future__ import annotations
 
 import os
-import time
 import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -5,7 +5,7 @@ All accuracies and calibration errors are returned in percent, as papers print t
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -161,7 +161,8 @@ def _cached_pretrained_file(name: str, tag: str, cache_dir: str | None) -> tuple
         candidates.append(cache / os.path.basename(url))
     if hf:
         repo = hf.rstrip("/").split("/")
-        hf_home = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
+        hf_home = Path(os.environ.get("HF_HUB_CACHE")
+                       or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
         snap = hf_home.expanduser() / f"models--{repo[0]}--{repo[1]}" / "snapshots"
         if snap.is_dir():
             for d in sorted(snap.iterdir()):

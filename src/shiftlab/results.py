@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from . import metrics
 
@@ -157,7 +158,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
-    for name, entry in methods.items():
+    for entry in methods.values():
         own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
         entry["seconds_per_image"] = own + shared
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}

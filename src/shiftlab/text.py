@@ -12,7 +12,7 @@ influence the EOT feature: the truncation is exact (tested against the full
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import open_clip
 import torch

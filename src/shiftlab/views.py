@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image, ImageOps
-
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
@@ -112,8 +111,8 @@ def _affine(img, level, rng, kind):
 
 
 AUGMIX_OPS = [_op_autocontrast, _op_equalize, _op_posterize, _op_rotate, _op_solarize,
-              lambda i, l, r: _affine(i, l, r, "shear_x"), lambda i, l, r: _affine(i, l, r, "shear_y"),
-              lambda i, l, r: _affine(i, l, r, "translate_x"), lambda i, l, r: _affine(i, l, r, "translate_y")]
+              lambda i, lv, r: _affine(i, lv, r, "shear_x"), lambda i, lv, r: _affine(i, lv, r, "shear_y"),
+              lambda i, lv, r: _affine(i, lv, r, "translate_x"), lambda i, lv, r: _affine(i, lv, r, "translate_y")]
 
 
 def augmix(img: Image.Image, rng: np.random.Generator, severity: int = 1, width: int = 3) -> Image.Image:

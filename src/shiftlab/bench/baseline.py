@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import open_clip
 import torch

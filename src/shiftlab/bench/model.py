@@ -16,7 +16,7 @@ over ~1.5 nats and the selection margins are ~1e-2, far above rounding.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -34,9 +34,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -154,7 +155,7 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, _rss_bytes() or 0)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -314,6 +315,7 @@ def _agreement(ours: dict[int, torch.Tensor], theirs: dict[int, torch.Tensor]) -
 
 def machine_info(device: torch.device) -> dict:
     import open_clip
+
     from .. import __version__
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,

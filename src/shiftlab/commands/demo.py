@@ -15,8 +15,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..engine import RunConfig, run as run_engine
     from ..datasets import build_dataset
+    from ..engine import RunConfig
+    from ..engine import run as run_engine
     from ..synthetic import make_imagenet_r, tiny_clip
 
     with tempfile.TemporaryDirectory(prefix="shiftlab-demo-") as tmp:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import csv
 import functools
+from collections.abc import Iterable
 from importlib import resources
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 __all__ = [
     "ClassRow", "imagenet_classes", "imagenet_wnids", "imagenet_classnames", "imagenet_r_wnids",
@@ -33,7 +34,7 @@ def _read_data_text(filename: str) -> str:
     return resources.files("shiftlab").joinpath("data", filename).read_text(encoding="utf-8")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rows() -> tuple[ClassRow, ...]:
     reader = csv.DictReader(_read_data_text(_TABLE).splitlines(), delimiter="\t")
     rows = tuple(
@@ -46,7 +47,7 @@ def _rows() -> tuple[ClassRow, ...]:
     return rows
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _wnid_to_row() -> dict[str, ClassRow]:
     return {r.wnid: r for r in _rows()}
 
@@ -87,7 +88,7 @@ def classnames_for_wnids(wnids: Iterable[str]) -> list[str]:
     return [table[w].name for w in wnids]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _templates() -> tuple[str, ...]:
     lines = [line.strip() for line in _read_data_text(_TEMPLATES).splitlines()]
     templates = tuple(line for line in lines if line)

@@ -20,9 +20,9 @@ Validation decisions:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, imagenet_wnids
 

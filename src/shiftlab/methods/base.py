@@ -7,15 +7,16 @@ add the module to `methods/__init__.py`; tests are parametrised over the registr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
 
-_REGISTRY: dict[str, type["Method"]] = {}
+_REGISTRY: dict[str, type[Method]] = {}
 
 
 @dataclass

@@ -76,7 +76,7 @@ class DynamicMemory:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], num_classes: int, capacity: int,
-                   device: torch.device) -> "DynamicMemory":
+                   device: torch.device) -> DynamicMemory:
         if state["capacity"] != capacity:
             raise ValueError(f"dmn_zs: state has memory_size {state['capacity']}, config says {capacity}")
         mem = cls(num_classes, capacity)

@@ -131,9 +131,9 @@ class MTA(Method):
         mode = feats[..., 0, :]
         for _ in range(cfg.outer_iterations):
             density = kernel_density(feats, mode, kernel_bandwidth)   # fixed during the y loop
-            y = _until_still(lambda y_: inlierness_step(density, affinity, y_, cfg.lambda_y, cfg.lambda_q),
+            y = _until_still(lambda y_: inlierness_step(density, affinity, y_, cfg.lambda_y, cfg.lambda_q),  # noqa: B023
                              y, cfg.inner_iterations, cfg.tol)
-            mode = _until_still(lambda m: mode_step(feats, m, kernel_bandwidth, y),
+            mode = _until_still(lambda m: mode_step(feats, m, kernel_bandwidth, y),  # noqa: B023 (called at once)
                                 mode, cfg.inner_iterations, cfg.tol)
         logits = self.model.logit_scale * mode @ text_features.float().T
         return MTASolution(logits, y, mode, bandwidth, cfg.outer_iterations)

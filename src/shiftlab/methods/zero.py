@@ -47,7 +47,8 @@ def zero_vote(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
     kept_logits = torch.gather(view_logits, -2, kept.unsqueeze(-1).expand(*kept.shape, view_logits.shape[-1]))
     k = kept.shape[-1]
     ballots = kept_logits.argmax(-1)
-    votes = torch.zeros_like(view_logits[..., 0, :]).scatter_add_(-1, ballots, torch.ones_like(ballots, dtype=view_logits.dtype))
+    ones = torch.ones_like(ballots, dtype=view_logits.dtype)
+    votes = torch.zeros_like(view_logits[..., 0, :]).scatter_add_(-1, ballots, ones)
     mean_prob = kept_logits.softmax(-1).mean(-2)
     # one vote is worth (1 - s) / k; the probability term at most s, so s < (1 - s) / k
     soft_share = min(_SOFT_SHARE, 0.5 / k)

@@ -26,7 +26,7 @@ class ReportError(Exception):
 class Series:
     """One method's predictions in one setting of one run, aligned arrays sorted by id."""
 
-    run: "Run"
+    run: Run
     method: str
     setting: str          # as in the records: "clean" or the attack name
     setting_label: str    # "clean" or e.g. "pgd eps=1/255", so different budgets never mix

@@ -10,8 +10,13 @@ from shiftlab.published import canonical_method, published_rows
 from shiftlab.report import plots
 from shiftlab.report.build import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
-from shiftlab.report.stats import (RENDITIONS, known_rendition_share, per_class_accuracy,
-                                   rendition_accuracy, top_confusions)
+from shiftlab.report.stats import (
+    RENDITIONS,
+    known_rendition_share,
+    per_class_accuracy,
+    rendition_accuracy,
+    top_confusions,
+)
 
 
 def _slug(text: str) -> str:
