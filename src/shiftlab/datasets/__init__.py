@@ -1,23 +1,23 @@
 """Data layer: the ImageNet class table, folder datasets, and download + safe extraction."""
 from .classes import (
-                      classnames_for_wnids,
-                      imagenet_a_wnids,
-                      imagenet_classes,
-                      imagenet_classnames,
-                      imagenet_r_wnids,
-                      imagenet_wnids,
-                      load_templates,
+    classnames_for_wnids,
+    imagenet_a_wnids,
+    imagenet_classes,
+    imagenet_classnames,
+    imagenet_r_wnids,
+    imagenet_wnids,
+    load_templates,
 )
 from .download import ChecksumError, DownloadError, UnsafeArchiveError, download_dataset, download_file, safe_extract
 from .folders import (
-                      DATASETS,
-                      IMAGE_EXTENSIONS,
-                      DatasetError,
-                      DatasetSpec,
-                      FolderDataset,
-                      build_dataset,
-                      find_dataset_dir,
-                      list_datasets,
+    DATASETS,
+    IMAGE_EXTENSIONS,
+    DatasetError,
+    DatasetSpec,
+    FolderDataset,
+    build_dataset,
+    find_dataset_dir,
+    list_datasets,
 )
 
 __all__ = [
