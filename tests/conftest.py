@@ -1,7 +1,6 @@
 """Shared fixtures: a tiny random CLIP, the golden folder, synthetic data."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import shiftlab
 from shiftlab.synthetic import TINY_CLIP_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("SHIFTLAB_GOLDEN", REPO.parent / "shared" / "golden"))
 TINY_CONFIG = TINY_CLIP_CONFIG  # the golden architecture
 
 
@@ -26,10 +24,10 @@ def tiny_model() -> shiftlab.ClipModel:
 
 
 @pytest.fixture(scope="session")
-def golden_dir() -> Path:
-    if not (GOLDEN / "expected.pt").is_file():
-        pytest.skip(f"golden fixtures not found at {GOLDEN} (set SHIFTLAB_GOLDEN); CI always has ../shared/golden")
-    return GOLDEN
+def golden_dir(tmp_path_factory) -> Path:
+    """The golden fixtures (tests/fixtures/golden, stored compactly) in the format the tests read."""
+    from _golden import materialize
+    return materialize(tmp_path_factory.mktemp("golden"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""TPT, C-TPT (lambda 20 and 50) and R-TPT against the authors' own code (../shared/golden).
+"""TPT, C-TPT (lambda 20 and 50) and R-TPT against the authors' own code (tests/fixtures/golden).
 
 Every key of expected.pt under tpt/, ctpt20/, ctpt50/, rtpt/ and init/ is compared with the
 tolerances of golden/README.md; a key this file does not know makes the test fail, so none is

@@ -7,7 +7,7 @@ rounding, and no two correct implementations (the library and the baseline, or t
 baseline on two thread counts) can be expected to agree. Pretrained weights do not have
 this problem, but the benchmark must run offline.
 
-`condition_random_clip` applies the recipe the golden fixtures use (shared/golden), which
+`condition_random_clip` applies the recipe the golden fixtures use (tests/fixtures/golden), which
 changes no shape and no cost: logit scale ln(100); the image embedding centred through
 `attnpool.c_proj.bias` (ResNet towers) on a few synthetic images; the text embedding
 centred through `ln_final.bias` over the class prompts. The views' entropies then spread

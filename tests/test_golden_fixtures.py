@@ -1,0 +1,56 @@
+"""The golden fixtures are tracked compactly (tests/fixtures/golden); what the tests read is rebuilt exactly."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import open_clip
+import torch
+
+from _golden import FIXTURES, INDEX_KEY, MODEL_FILE, TOKEN_KEY, tensor_sha256
+
+MAX_TRACKED_BYTES = 4 * 1024 * 1024
+
+
+def test_every_fixture_file_is_small():
+    sizes = {p.name: p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file()}
+    assert sizes and max(sizes.values()) <= MAX_TRACKED_BYTES, sizes
+
+
+def test_rebuilt_inputs_are_the_original_file(golden_dir):
+    want = json.loads((FIXTURES / "compact.json").read_text())["original_files_sha256"]
+    for name in ("inputs.pt", "expected.pt", "golden.json"):
+        assert hashlib.sha256((golden_dir / name).read_bytes()).hexdigest() == want[name], name
+
+
+def test_rebuilt_model_has_every_original_tensor(golden_dir):
+    record = json.loads((FIXTURES / "compact.json").read_text())["tiny_clip_compact.pt"]
+    want = record["original_tensor_sha256"]
+    state = torch.load(golden_dir / MODEL_FILE, map_location="cpu", weights_only=True)
+    index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
+    table = state.pop(TOKEN_KEY)
+    assert list(table.shape) == record["token_embedding_shape"] and table.dtype == torch.float16
+    got = {k: [str(v.dtype), list(v.shape), tensor_sha256(v)] for k, v in state.items()}
+    got[TOKEN_KEY + "[kept rows]"] = [str(table.dtype), [len(index), table.shape[1]], tensor_sha256(table[index])]
+    assert got == want
+    dropped = torch.ones(table.shape[0], dtype=torch.bool)
+    dropped[index] = False
+    assert not table[dropped].any()
+
+
+def test_every_prompt_token_of_the_fixtures_is_kept(golden_dir):
+    info = json.loads((golden_dir / "golden.json").read_text())
+    expected = torch.load(golden_dir / "expected.pt", weights_only=True)
+    tokens = open_clip.tokenize([info["prompt_template"].format(classname=c) for c in info["classnames"]])
+    assert torch.equal(tokens, expected["init/tokenized_prompts"])
+    index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
+    assert torch.isin(tokens.unique(), index).all()
+
+
+def test_rebuilt_model_reproduces_the_reference_text_features_exactly(golden_dir):
+    torch.set_num_threads(1)
+    expected = torch.load(golden_dir / "expected.pt", weights_only=True)
+    model = open_clip.load_openai_model(str(golden_dir / MODEL_FILE), device="cpu").float().eval()
+    with torch.no_grad():
+        features = model.encode_text(expected["init/tokenized_prompts"])
+    assert torch.equal(torch.nn.functional.normalize(features, dim=-1), expected["zeroshot/text_features"])
