@@ -17,7 +17,9 @@ import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "golden"
 TOKEN_KEY = "token_embedding.weight"
-ROWS_KEY, INDEX_KEY, SHAPE_KEY = "compact/token_embedding.rows", "compact/token_embedding.index", "compact/token_embedding.shape"
+ROWS_KEY = "compact/token_embedding.rows"
+INDEX_KEY = "compact/token_embedding.index"
+SHAPE_KEY = "compact/token_embedding.shape"
 MODEL_FILE, COMPACT_MODEL_FILE = "tiny_clip_openai.pt", "tiny_clip_compact.pt"
 INPUTS_FILE, COMPACT_INPUTS_FILE = "inputs.pt", "inputs_uint8.pt"
 

@@ -6,6 +6,7 @@ import json
 
 import open_clip
 import torch
+
 from _golden import FIXTURES, INDEX_KEY, MODEL_FILE, TOKEN_KEY, tensor_sha256
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
