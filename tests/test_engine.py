@@ -167,10 +167,12 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tin
 
 
 def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
-    from shiftlab.engine import Evaluator, amp_dtype
+    from shiftlab.engine import Evaluator
+    from shiftlab.precision import resolve
     ev = Evaluator(tiny_model, ["cat", "dog"], ["tpt", "rtpt", "zeroshot"], {"rtpt": {"precision": "bf16"}},
                    precision="fp32")
-    assert ev.methods["tpt"].config.precision == "fp32" and ev.methods["rtpt"].config.precision == "bf16"
-    assert ev.amp_dtype is None and amp_dtype("auto", torch.device("cpu")) is None
+    assert ev.methods["tpt"].precision.name == "fp32" and ev.methods["rtpt"].precision.name == "bf16"
+    assert ev.methods["zeroshot"].precision.name == "fp32"
+    assert ev.precision.amp_dtype is None and resolve("auto", torch.device("cpu")).amp_dtype is None
     with pytest.raises(ValueError, match="precision"):
-        amp_dtype("fp8", torch.device("cpu"))
+        resolve("fp8", torch.device("cpu"))

@@ -18,14 +18,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 import shiftlab
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
-from shiftlab.methods.prompt_tuning import (
-    entropy,
-    marginal_entropy,
-    mean_entropy,
-    reliability_weights,
-    select_confident,
-    text_dispersion,
-)
+from shiftlab.methods.confidence import entropy, lowest, marginal_entropy, mean_entropy, select_confident
+from shiftlab.methods.prompt_tuning import reliability_weights, text_dispersion
 
 NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock", "hen", "ostrich",
          "brambling", "goldfinch", "house finch", "junco", "indigo bunting"]
@@ -167,6 +161,26 @@ def test_select_confident_picks_lowest_entropy_views():
     assert select_confident(batched, 0.2).tolist() == [[3, 7], [6, 2]]
     # invariant to a per-view constant shift of the logits
     assert select_confident(logits + torch.arange(10.0)[:, None], 0.3).tolist() == [3, 7, 9]
+
+
+def test_selection_breaks_exact_ties_by_view_index():
+    """Equal entropies (duplicate views) keep the lower view first, on every device; the unstable
+    argsort the authors call leaves that order unspecified (on CPU it differs from 32 views up)."""
+    logits = torch.zeros(40, 5)
+    logits[:, 0] = torch.tensor([3.0, 1.0] * 20)       # two entropy levels, 20 views each
+    assert select_confident(logits, 0.25).tolist() == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    assert lowest(torch.tensor([[2.0, 1.0, 1.0, 0.0, 1.0]]), 0.6).tolist() == [[3, 1, 2]]
+
+
+def test_selection_equals_the_authors_argsort_on_distinct_entropies():
+    """TPT's `select_confident_samples`: argsort of -(softmax * log_softmax).sum, first int(N * top)."""
+    gen = torch.Generator().manual_seed(3)
+    for n, top in [(64, 0.1), (32, 0.1), (63, 0.3), (64, 0.5)]:
+        logits = 4 * torch.randn(n, 200, generator=gen)
+        authors = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
+        assert len(set(authors.tolist())) == n
+        want = torch.argsort(authors, descending=False)[:int(n * top)]
+        assert select_confident(logits, top).tolist() == want.tolist()
 
 
 def test_entropies_against_explicit_formulas():

@@ -25,6 +25,7 @@ from .imageio import ImageDecodeError, decode_image
 from .methods import Method, create_method, get_method_class, list_methods
 from .methods.base import MethodOutput
 from .models import ClipModel
+from .precision import resolve as resolve_precision
 from .views import ViewConfig, ViewGenerator
 
 
@@ -127,21 +128,6 @@ def prediction_record(out: MethodOutput, label: int) -> dict[str, Any]:
             "true_prob": float(probs[label]), "correct": pred == label, "extras": out.extras}
 
 
-def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype of the image tower: fp16 on CUDA by default (as the authors ran), none on CPU.
-
-    "fp32" also turns TF32 off, so GPU numbers are comparable with float32 CPU ones."""
-    if precision not in ("auto", "fp32", "fp16", "bf16"):
-        raise ValueError(f"precision must be auto, fp32, fp16 or bf16, got {precision!r}")
-    if device.type != "cuda":
-        return None
-    if precision == "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        return None
-    return torch.bfloat16 if precision == "bf16" else torch.float16
-
-
 class Evaluator:
     """Holds model, class heads and method instances; turns batches of views into records."""
 
@@ -150,15 +136,12 @@ class Evaluator:
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
-        self.amp_dtype = amp_dtype(precision, model.device)
+        self.precision = resolve_precision(precision, model.device)   # the image tower's
         method_config = method_config or {}
-        self.methods: dict[str, Method] = {}
-        for n in method_names:
-            overrides = dict(method_config.get(n, {}))
-            fields = {f.name for f in dataclasses.fields(get_method_class(n).config_class)}
-            if "precision" in fields and precision != "auto":
-                overrides.setdefault("precision", precision)   # the run's precision unless set per method
-            self.methods[n] = create_method(n, model, classnames, heads=self.heads, **overrides)
+        self.methods: dict[str, Method] = {
+            n: create_method(n, model, classnames, heads=self.heads, run_precision=precision,
+                             **method_config.get(n, {}))
+            for n in method_names}
         self.needs_views = any(m.needs_views for m in self.methods.values())
         for method in self.methods.values():
             method.prepare()
@@ -170,8 +153,7 @@ class Evaluator:
         dev = self.model.device
         stacked = torch.cat([v if self.needs_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
         x = self.model.normalize(stacked.float().div_(255))
-        with torch.no_grad(), torch.autocast(dev.type, dtype=self.amp_dtype or torch.float32,
-                                             enabled=self.amp_dtype is not None):
+        with torch.no_grad(), self.precision.autocast():
             feats = torch.cat([self.model.encode_normalized(x[i:i + 256]) for i in range(0, len(x), 256)]).float()
         n = x.shape[0] // len(views_u8)
         ctxs = [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],

@@ -35,6 +35,8 @@ import open_clip
 import torch
 
 from ..models import ClipModel
+from ..precision import Precision
+from ..precision import resolve as resolve_precision
 
 __all__ = ["BASELINES", "BaselineMethod", "BaselineUnsupported", "create_baseline", "encode_prompt_embeddings"]
 
@@ -172,18 +174,12 @@ class BaselineMethod:
     def logit_scale(self) -> torch.Tensor:
         return self.clip.logit_scale.exp()
 
-    def amp_dtype(self, precision: str | None = None) -> torch.dtype | None:
-        """Autocast dtype: the run's precision (image tower, fixed prompts), or the tuning config's."""
-        precision = precision or self.precision
-        if self.device.type != "cuda" or precision == "fp32":
-            return None
-        return torch.bfloat16 if precision == "bf16" else torch.float16
+    def policy(self, precision: str = "auto") -> Precision:
+        """The run's precision (image tower, fixed prompts), or a method config's own where it sets one."""
+        return resolve_precision(precision, self.device, run=self.precision)
 
-    def autocast(self, precision: str | None = None):
-        dtype = self.amp_dtype(precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda", dtype=dtype)
+    def autocast(self, precision: str = "auto"):
+        return self.policy(precision).autocast()
 
     def setup(self) -> None:
         """One-off work the authors' code does before the first image (timed by the caller, not per image)."""
@@ -279,7 +275,7 @@ class TPTBaseline(BaselineMethod):
             ctx = torch.nn.Parameter(self.prompt_learner.ctx_init_state.clone())   # model.reset()
             optimizer = torch.optim.AdamW([ctx], lr=cfg.lr, weight_decay=cfg.weight_decay)
             scaler = (torch.amp.GradScaler("cuda", init_scale=cfg.loss_scale)
-                      if self.amp_dtype(cfg.precision) == torch.float16 else None)
+                      if self.policy(cfg.precision).loss_scaling else None)
         selected_idx = None
         for _ in range(cfg.steps):
             output, _, text_features = self.model_forward(x, ctx)

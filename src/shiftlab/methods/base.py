@@ -15,6 +15,8 @@ import torch
 
 from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
+from ..precision import Precision
+from ..precision import resolve as resolve_precision
 
 _REGISTRY: dict[str, type[Method]] = {}
 
@@ -33,7 +35,11 @@ class MethodOutput:
 
 @dataclass
 class MethodConfig:
-    """Base of every method's config dataclass (the papers' defaults live in subclasses)."""
+    """Base of every method's config dataclass (the papers' defaults live in subclasses).
+
+    `precision`: "auto" follows the run's setting (shiftlab.precision); "fp32", "fp16" or
+    "bf16" fix this method's own."""
+    precision: str = "auto"
 
 
 class Method:
@@ -44,11 +50,14 @@ class Method:
     summary: str = ""           # one line for `shiftlab methods`
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
-                 heads: ClassHeads | None = None):
+                 heads: ClassHeads | None = None, run_precision: str = "auto"):
         self.model = model
         self.classnames = list(classnames)
         self.config = config if config is not None else self.config_class()
         self.heads = heads if heads is not None else ClassHeads(model, classnames)
+        # the run's precision is a run setting; the method's own config wins unless it says "auto"
+        self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
+                                                      run=run_precision)
 
     # -- library use ------------------------------------------------------------
     def predict(self, views: torch.Tensor) -> torch.Tensor:
@@ -112,7 +121,8 @@ def make_config(cls: type[Method], **overrides: Any):
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
-                  **config: Any) -> Method:
-    """Build a registered method with its paper defaults, overridden by `config`."""
+                  run_precision: str = "auto", **config: Any) -> Method:
+    """Build a registered method with its paper defaults, overridden by `config`; `run_precision`
+    is the run's precision setting, used where the method's own `precision` is "auto"."""
     cls = get_method_class(name)
-    return cls(model, classnames, make_config(cls, **config), heads=heads)
+    return cls(model, classnames, make_config(cls, **config), heads=heads, run_precision=run_precision)

@@ -14,7 +14,8 @@ import torch
 
 from ..context import SampleContext
 from .base import Method, MethodConfig, MethodOutput, register_method
-from .online_common import _STATE_VERSION, _check_state, _first_views, _text_head
+from .confidence import lowest
+from .online_common import STATE_VERSION, check_state, first_views, text_head
 
 
 class DynamicMemory:
@@ -149,7 +150,7 @@ class DMNZeroShot(Method):
         self.reset()
 
     def prepare(self) -> None:
-        _ = _text_head(self)
+        _ = text_head(self)
 
     def reset(self) -> None:
         self.memory = DynamicMemory(len(self.classnames), self.config.memory_size)
@@ -158,14 +159,13 @@ class DMNZeroShot(Method):
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         cfg = self.config
         with torch.no_grad():
-            features = _first_views(ctx, cfg.n_views).float()
-            text = _text_head(self)
+            features = first_views(ctx, cfg.n_views).float()
+            text = text_head(self)
             scale = self.model.logit_scale
             view_probs = (scale * features @ text.T).softmax(-1)
             # the authors' entropies: +1e-6 inside the log for views, +1e-8 for the mean
             view_entropy = -(view_probs * (view_probs + 1e-6).log()).sum(-1)
-            k = max(1, int(features.shape[0] * cfg.view_ratio))
-            kept = torch.argsort(view_entropy, stable=True)[:k]
+            kept = lowest(view_entropy, cfg.view_ratio)
             mean_prob = view_probs[kept].mean(0)
             label = int(mean_prob.argmax())
             h = float(-(mean_prob * (mean_prob + 1e-8).log()).sum())
@@ -178,11 +178,11 @@ class DMNZeroShot(Method):
             "pseudo_label": label, "stored": slot is not None, "memory_entries": len(self.memory)})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
                 "memory": self.memory.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_state(self.name, state, len(self.classnames))
+        check_state(self.name, state, len(self.classnames))
         self.memory = DynamicMemory.from_state(state["memory"], len(self.classnames), self.config.memory_size,
                                                self.model.device)
         self.seen = int(state["seen"])

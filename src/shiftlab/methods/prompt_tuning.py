@@ -17,8 +17,6 @@ images one at a time.
 """
 from __future__ import annotations
 
-import contextlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,31 +25,7 @@ import torch
 from ..context import SampleContext
 from ..text import ContextPrompt
 from .base import Method, MethodConfig, MethodOutput, register_method
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Per-row entropy of softmax(logits) over the last dimension."""
-    logp = logits.log_softmax(-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def select_confident(view_logits: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Indices of the int(N * ratio) lowest-entropy views, lowest first: (..., N, C) -> (..., k)."""
-    k = max(1, int(view_logits.shape[-2] * ratio))
-    return torch.argsort(entropy(view_logits), dim=-1)[..., :k]
-
-
-def marginal_entropy(selected_logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the average probability over views: (..., k, C) -> (...)."""
-    logp = selected_logits.log_softmax(-1)
-    avg = torch.logsumexp(logp, dim=-2) - math.log(logp.shape[-2])
-    avg = avg.clamp(min=torch.finfo(avg.dtype).min)
-    return -(avg * avg.exp()).sum(-1)
-
-
-def mean_entropy(selected_logits: torch.Tensor) -> torch.Tensor:
-    """Mean of per-view entropies: (..., k, C) -> (...)."""
-    return entropy(selected_logits).mean(-1)
+from .confidence import marginal_entropy, mean_entropy, select_confident
 
 
 def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:
@@ -90,7 +64,6 @@ class PromptTuningConfig(MethodConfig):
     n_ctx: int = 4
     ctx_init: str | None = "a photo of a"   # None: random init (CoOp); see also ctx_checkpoint
     ctx_checkpoint: str | None = None    # a CoOp checkpoint holding a `ctx` tensor
-    precision: str = "auto"             # auto: fp16 autocast + loss scaling on CUDA, fp32 on CPU
     loss_scale: float = 1000.0          # GradScaler(init_scale=1000) of the authors' code
     batch_size: int = 0                 # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
 
@@ -109,26 +82,11 @@ class PromptTuning(Method):
             init = next(v for k, v in state.items() if k.endswith("ctx"))
         self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init)
         self.prompt.ctx.requires_grad_(False)
-        if cfg.precision not in ("auto", "fp32", "fp16", "bf16"):
-            raise ValueError(f"precision must be auto, fp32, fp16 or bf16, got {cfg.precision!r}")
 
     def prepare(self) -> None:
         super().prepare()
         if self.config.steps > 0:
             self._initial_text_graph()
-
-    # -- precision ----------------------------------------------------------------
-    def _amp_dtype(self) -> torch.dtype | None:
-        p = self.config.precision
-        if p == "fp32" or self.model.device.type != "cuda":
-            return None
-        return torch.bfloat16 if p == "bf16" else torch.float16
-
-    def _autocast(self):
-        dtype = self._amp_dtype()
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.model.device.type, dtype=dtype)
 
     def _initial_text_graph(self) -> tuple[torch.nn.Parameter, torch.Tensor]:
         """Class features at the initial context (C, D) with their autograd graph, computed once per run.
@@ -137,11 +95,11 @@ class PromptTuning(Method):
         the same computation each time; TPT, C-TPT and R-TPT of one run share it too (same prompt,
         same precision). Each image then costs one backward through this retained graph."""
         cfg = self.config
-        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self._amp_dtype())
+        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self.precision.key)
         shared = self.heads.shared
         if key not in shared:
             ctx0 = torch.nn.Parameter(self.prompt.init_ctx.clone())
-            with torch.enable_grad(), self._autocast():
+            with torch.enable_grad(), self.precision.autocast():
                 shared[key] = (ctx0, self.prompt.features(ctx0))
         return shared[key]
 
@@ -163,7 +121,7 @@ class PromptTuning(Method):
         ctx = torch.nn.Parameter(self.prompt.init_ctx.unsqueeze(0).repeat(b, 1, 1))
         optimizer = torch.optim.AdamW([ctx], lr=cfg.lr, weight_decay=cfg.weight_decay)
         scale = self.model.logit_scale
-        scaled = self._amp_dtype() == torch.float16
+        scaled = self.precision.loss_scaling
         selected = None
         extras: dict[str, torch.Tensor] = {}
         for step in range(cfg.steps):
@@ -172,9 +130,9 @@ class PromptTuning(Method):
                 ctx0, text0 = self._initial_text_graph()
                 text = text0.detach().unsqueeze(0).repeat(b, 1, 1).requires_grad_(True)   # (B, C, D)
             else:
-                with self._autocast():
+                with self.precision.autocast():
                     text = self.prompt.features(ctx)                                   # (B, C, D)
-            with self._autocast():
+            with self.precision.autocast():
                 logits = scale * torch.einsum("bnd,bcd->bnc", image_features.to(text.dtype), text)
             logits = logits.float()
             if selected is None:  # the authors select once, at the first step, and keep the views
@@ -216,7 +174,7 @@ class PromptTuning(Method):
         clip = self.prompt.clip
         width = clip.token_embedding.weight.shape[1]
         layers = len(clip.transformer.resblocks)
-        bytes_per = 2 if self._amp_dtype() is not None else 4
+        bytes_per = 2 if self.precision.amp_dtype is not None else 4
         # ~20 saved activations of `width` per token and layer (attention, MLP at 4x width, norms)
         per_image = self.prompt.n_classes * self.prompt.length * width * layers * 20 * bytes_per
         free, _ = torch.cuda.mem_get_info(self.model.device)
@@ -236,7 +194,7 @@ class PromptTuning(Method):
         feats = torch.stack([c.image_features for c in ctxs])                      # (B, N, D)
         with torch.enable_grad():
             tuned, extras = self.tune(feats)
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.precision.autocast():
             text = self.prompt.features(tuned).float()
         logits, read_extras = self.readout(feats, text)
         extras.update(read_extras)

@@ -15,8 +15,8 @@ import torch
 
 from ..context import SampleContext
 from .base import Method, MethodConfig, MethodOutput, register_method
-from .online_common import _STATE_VERSION, _check_state, _first_views, _select_views, _text_head
-from .prompt_tuning import marginal_entropy
+from .confidence import marginal_entropy, select_confident
+from .online_common import STATE_VERSION, check_state, first_views, text_head
 
 
 @dataclass
@@ -138,7 +138,7 @@ class TDA(Method):
         self.reset()
 
     def prepare(self) -> None:
-        _ = _text_head(self)
+        _ = text_head(self)
 
     def reset(self) -> None:
         self.pos_cache: Cache = {}
@@ -149,8 +149,8 @@ class TDA(Method):
     def summarize_sample(self, features: torch.Tensor) -> TDASample:
         """Normalised view features (N, D) -> the sample's feature, logits, entropy and pseudo-label."""
         features = features.float()
-        view_logits = self.model.logit_scale * features @ _text_head(self).T
-        kept = _select_views(view_logits, self.config.view_ratio)
+        view_logits = self.model.logit_scale * features @ text_head(self).T
+        kept = select_confident(view_logits, self.config.view_ratio)
         sel = view_logits[kept]
         probs = sel.softmax(-1).mean(0)
         logits = sel.mean(0)
@@ -178,7 +178,7 @@ class TDA(Method):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            s = self.summarize_sample(_first_views(ctx, self.config.n_views))
+            s = self.summarize_sample(first_views(ctx, self.config.n_views))
             self.update(s)
             logits = self.readout(s)
         return MethodOutput(logits, extras={
@@ -211,12 +211,12 @@ class TDA(Method):
         return cache
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
                 "positive": self._cache_state(self.pos_cache, False),
                 "negative": self._cache_state(self.neg_cache, True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_state(self.name, state, len(self.classnames))
+        check_state(self.name, state, len(self.classnames))
         self.pos_cache = self._load_cache(state["positive"], False)
         self.neg_cache = self._load_cache(state["negative"], True)
         self.seen = int(state["seen"])

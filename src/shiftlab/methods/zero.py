@@ -12,7 +12,7 @@ import torch
 
 from ..context import SampleContext
 from .base import Method, MethodConfig, MethodOutput, register_method
-from .prompt_tuning import select_confident
+from .confidence import select_confident
 
 # Share of the score given to the kept views' mean probability. It is kept below the
 # worth of one vote, so it only orders classes with equal votes (the tie-break), and

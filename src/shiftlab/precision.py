@@ -1,0 +1,92 @@
+"""The precision policy: how a method's (or the image tower's) computation runs.
+
+One owner for what "fp32", "fp16", "bf16" and "auto" mean, so the engine, the methods and
+the bench baselines cannot drift apart:
+
+- "fp32": float32 throughout; on CUDA also without TF32 (inside `autocast()` only), so GPU
+  numbers are comparable with CPU ones;
+- "fp16" / "bf16": autocast to that dtype on CUDA (fp16 with loss scaling where a method
+  takes gradient steps, as the authors' GradScaler does);
+- "auto": the run's setting; a run's "auto" is fp16 autocast on CUDA.
+
+On the CPU everything runs in float32 whatever is asked (the authors ran on GPUs; CPU
+autocast would only change numbers, not reproduce theirs).
+
+A method's config may name its own precision (the paper protocol does, per method); the
+run's precision is handed to methods as a run setting and applies where the method says
+"auto" (`resolve(method_setting, device, run=run_setting)`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+
+
+def check(name: str) -> str:
+    """`name` if it is a known precision, else a one-line ValueError."""
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved policy: `name` is what was asked ("fp32", "fp16", "bf16"; "auto" only as a
+    run's own default), `device_type` where it runs."""
+    name: str
+    device_type: str
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        """Autocast dtype, or None for float32 (always None off CUDA)."""
+        if self.device_type != "cuda" or self.name == "fp32":
+            return None
+        return torch.bfloat16 if self.name == "bf16" else torch.float16
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether gradient steps scale the loss (fp16 only, as torch's GradScaler)."""
+        return self.amp_dtype == torch.float16
+
+    @property
+    def key(self) -> str:
+        """What the computation actually does here: "fp32", "fp16" or "bf16" (for sharing results)."""
+        dtype = self.amp_dtype
+        return "fp32" if dtype is None else ("bf16" if dtype == torch.bfloat16 else "fp16")
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Run the enclosed computation under this policy."""
+        dtype = self.amp_dtype
+        if dtype is not None:
+            with torch.autocast(device_type=self.device_type, dtype=dtype):
+                yield
+        elif self.device_type == "cuda":
+            with _no_tf32():
+                yield
+        else:
+            yield
+
+
+@contextlib.contextmanager
+def _no_tf32() -> Iterator[None]:
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def resolve(name: str, device: torch.device | str, run: str = "auto") -> Precision:
+    """The policy for a computation asking for `name` in a run whose setting is `run`:
+    `name` wins unless it is "auto"; a run's "auto" is fp16 autocast on CUDA, fp32 elsewhere."""
+    check(name)
+    check(run)
+    chosen = run if name == "auto" else name
+    return Precision(chosen, torch.device(device).type)
