@@ -255,14 +255,19 @@ def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
     assert _cli(["report", str(a), str(b), "--out", str(out), "--compare", "mta,zeroshot",
                  "--bootstrap", "200", "--pairs", "zeroshot"]) == 0
     keys = {r["method_key"] for r in read_csv(out / "metrics.csv")}
-    assert keys == {"tpt [rn50run]", "tpt [vitrun]", "zeroshot", "mta"}
+    # Several runs: every key names its run, not only the keys two runs share (#16).
+    assert keys == {"tpt [rn50run]", "tpt [vitrun]", "zeroshot [rn50run]", "mta [vitrun]"}
     pairs = {(r["a"], r["b"], r["setting"]) for r in read_csv(out / "paired.csv")}
-    assert ("mta", "zeroshot", "clean") in pairs                  # asked for with --compare
-    assert ("tpt [rn50run]", "zeroshot", "clean") in pairs        # same-run zero-shot baseline
+    assert ("mta [vitrun]", "zeroshot [rn50run]", "clean") in pairs         # asked for with --compare
+    assert ("tpt [rn50run]", "zeroshot [rn50run]", "clean") in pairs        # same-run zero-shot baseline
     html = (out / "report.html").read_text()
     assert "ViT-B-16 (openai) on imagenet-r" in html
     # Published numbers only beside the RN50 run's methods.
     assert not any("vitrun" in r for r in table_rows(html, "published-table"))
+    # The never-attacked run has no place in the clean-vs-robust table (#16).
+    robust = table_rows(html, "robust-table")
+    assert len(robust) == 2 and not any("vitrun" in r for r in robust)
+    assert any("tpt [rn50run]" in r and ">26.00<" in r for r in robust)
 
 
 def test_missing_records_is_a_clear_error(tmp_path, capsys):
@@ -290,3 +295,99 @@ def test_page_renders_in_headless_chromium_without_js_errors(built, tmp_path):
     assert not [line for line in console if "Uncaught" in line or "Error" in line], console
     # The sorting script ran to its end on every sortable table.
     assert proc.stdout.count('data-sortable="ready"') == proc.stdout.count('class="sortable"') > 0
+
+
+# ------------------------------------------------------- what a new user saw (#16)
+
+def test_published_section_cites_data_inside_the_package(built):
+    _, html = built
+    section = re.search(r'<section id="published">.*?</section>', html, re.S).group(0)
+    assert "PROTOCOL.md" not in html
+    assert "shiftlab/published.py" in section and "R-TPT paper" in section
+
+
+def test_reliability_diagrams_show_samples_per_bin(built):
+    from shiftlab.report.plots import reliability_figure
+
+    _, html = built
+    rows = table_rows(html, "bins-imagenet_r-clean")
+    assert len(rows) == 15
+    # Columns: bin, then (n, acc %, conf %) per method. tpt: conf 0.9 for all 50 clean samples ->
+    # bin 13 (0.867, 0.933]; zeroshot: 0.5 -> bin 7 (0.467, 0.533]; every other bin holds 0.
+    cells = [re.findall(r">([^<]*)</td>", r) for r in rows]
+    header = re.search(r'<table id="bins-imagenet_r-clean".*?</thead>', html, re.S).group(0)
+    assert header.index("tpt n") < header.index("zeroshot n")
+    assert [c[1] for c in cells] == ["50" if j == 13 else "0" for j in range(15)]
+    assert [c[4] for c in cells] == ["50" if j == 7 else "0" for j in range(15)]
+    assert cells[13][:4] == ["(0.867, 0.933]", "50", "80.00", "90.00"]
+    conf = np.r_[np.full(3, 0.15), np.full(40, 0.95)]
+    fig = reliability_figure([("m", conf, conf > 0.5, 1.0)])
+    counts_axes = fig.axes[1]
+    assert sorted(t.get_text() for t in counts_axes.texts) == ["3", "40"]
+    assert "n=43" in fig.axes[0].get_title()
+
+
+def test_cost_chart_names_points_in_a_legend_with_several_ticks():
+    from shiftlab.report.plots import accuracy_vs_time_figure, log_ticks
+
+    # The demo's timings: five methods within half a decade, two of them 2% apart.
+    points = [("zeroshot [demo]", 0.52, 0.0, "demo"), ("mta [demo]", 0.66, 0.0, "demo"),
+              ("tpt [demo]", 2.06, 0.0, "demo"), ("tpt [run3]", 2.34, 0.0, "run3"),
+              ("rtpt [demo]", 2.43, 0.0, "demo")]
+    fig = accuracy_vs_time_figure(points)
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert len(ticks) >= 3
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"{i}  {p[0]}" for i, p in
+                                                                     enumerate(points, start=1)]
+    assert [t.get_text() for t in ax.texts] == ["1", "2", "3", "4", "5"]   # numbers only beside points
+    assert log_ticks(0.3, 0.9) == pytest.approx([0.3, 0.5, 0.7])
+    assert log_ticks(0.01, 10)[:3] == pytest.approx([0.01, 0.02, 0.05])
+
+
+def test_run_headers_and_eps_read_the_same_in_summary_md_and_report(tmp_path):
+    from shiftlab.display import format_eps, model_label, run_label
+    from shiftlab.results import summary_markdown
+
+    assert model_label("RN50", "/path/to/x.pt") == "RN50 (checkpoint x.pt)"
+    assert model_label("shiftlab-tiny", None) == "shiftlab-tiny (random weights)"
+    assert model_label("shiftlab-tiny (random weights)", None) == "shiftlab-tiny (random weights)"
+    assert format_eps(4 / 255) == "eps=4/255" and format_eps(0.01) == "eps=0.01" and format_eps(None) == ""
+    summary = {"config": {"dataset": "imagenet-r", "model": "RN50", "pretrained": "/path/to/x.pt"},
+               "methods": {"tpt": {"top1": 1.0, "n": 1, "robust": {"top1": 0.0}}}, "errors": 0,
+               "attack": {"name": "pgd", "eps": 4 / 255, "steps": 7, "success_rate": 50.0}}
+    md = summary_markdown(summary)
+    assert md.startswith("### imagenet-r · RN50 (checkpoint x.pt)\n") and "//" not in md
+    assert "attack pgd eps=4/255 steps=7" in md and "0.0156" not in md
+    random_md = summary_markdown({**summary, "config": {"dataset": "imagenet-r", "model": "shiftlab-tiny",
+                                                        "pretrained": None}})
+    assert "shiftlab-tiny (random weights) · RANDOM WEIGHTS" in random_md and "None" not in random_md
+    run = write_run(tmp_path / "r")
+    cfg = json.loads((run / "summary.json").read_text())
+    cfg["config"]["pretrained"] = "/path/to/x.pt"
+    cfg["attack"]["eps"] = 4 / 255
+    (run / "summary.json").write_text(json.dumps(cfg))
+    html = build_report([run], tmp_path / "out", n_resamples=10).read_text()
+    label = run_label("RN50", "/path/to/x.pt", "imagenet-r", {"name": "pgd", "eps": 4 / 255})
+    assert label == "RN50 (checkpoint x.pt) on imagenet-r, attack pgd eps=4/255" and label in html
+
+
+def test_report_modules_import_no_cycle():
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "report"
+    graph = {}
+    for path in package.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shiftlab.report"):
+                deps |= ({node.module.split(".")[2]} if node.module.count(".") >= 2
+                         else {a.name for a in node.names})
+        graph[path.stem] = deps - {path.stem}
+    assert graph["sections"] and "build" not in graph["sections"]
+
+    def reaches(start, target, seen=()):
+        return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph.get(start, ()))
+    cycles = [m for m in graph if m != "__init__" and reaches(m, m)]
+    assert not cycles, cycles

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import metrics
+from .display import attack_label, is_random_weights, model_label
 
 RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
@@ -195,13 +196,13 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row.append(_published_cell(published.get(name)))
         lines.append("| " + " | ".join(row) + " |")
     cfg = summary.get("config", {})
-    title = f"{cfg.get('dataset', '?')} · {cfg.get('model', '?')}/{cfg.get('pretrained', '?')}"
-    if cfg.get("pretrained") in (None, "none", "random"):
+    title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"
+    if is_random_weights(cfg.get("pretrained")):
         title += " · RANDOM WEIGHTS: accuracies are meaningless"
     notes = [f"errors: {summary.get('errors', 0)}"]
     if "attack" in summary:
         a = summary["attack"]
-        notes.append(f"attack {a.get('name')} eps={a.get('eps')} steps={a.get('steps')}, "
+        notes.append(f"attack {attack_label(a)} steps={a.get('steps')}, "
                      f"success rate on zero-shot {_fmt(a.get('success_rate'))}%")
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 

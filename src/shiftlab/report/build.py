@@ -5,57 +5,20 @@ import csv
 import datetime as _dt
 import itertools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from shiftlab.published import canonical_method
+from shiftlab.report import sections
+from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
-from shiftlab.report.stats import PairedResult, paired_compare, series_metrics
+from shiftlab.report.stats import paired_compare, series_metrics
+
+__all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "is_zeroshot", "resolve_method",
+           "zeroshot_baseline"]
 
 # With more methods than this in one (dataset, setting), all pairs would swamp
 # the table, so "auto" compares each method with zero-shot only.
 AUTO_ALL_PAIRS_MAX = 6
-
-
-@dataclass
-class ReportData:
-    runs: list[Run]
-    metrics: dict[tuple[str, str], dict]
-    paired: list[PairedResult]
-    out: Path
-    n_resamples: int
-    seed: int
-
-    @property
-    def series(self) -> list[Series]:
-        return [s for r in self.runs for s in r.series]
-
-    def m(self, s: Series) -> dict:
-        return self.metrics[(s.key, s.setting_label)]
-
-    def groups(self) -> dict[tuple[str, str], list[Series]]:
-        return comparable_groups(self.runs)
-
-
-def is_zeroshot(s: Series) -> bool:
-    return canonical_method(s.method) == "zeroshot"
-
-
-def comparable_groups(runs: list[Run]) -> dict[tuple[str, str], list[Series]]:
-    """(dataset, setting label) -> series: sample ids only mean the same image within one."""
-    groups: dict[tuple[str, str], list[Series]] = {}
-    for r in runs:
-        for s in r.series:
-            groups.setdefault((r.dataset, s.setting_label), []).append(s)
-    return groups
-
-
-def zeroshot_baseline(s: Series, group: list[Series]) -> Series | None:
-    """The zero-shot series to compare s with: from the same run if it has one."""
-    candidates = [z for z in group if is_zeroshot(z) and z is not s]
-    same_run = [z for z in candidates if z.run is s.run]
-    return (same_run or candidates or [None])[0]
 
 
 def resolve_method(name: str, runs: list[Run]) -> list[str]:
@@ -139,8 +102,6 @@ def metric_rows(data: ReportData) -> list[dict]:
 def build_report(run_dirs, out_dir, compare=(), pairs: str = "auto", n_resamples: int = 2000,
                  seed: int = 0, title: str | None = None) -> Path:
     """Write the report for the given run directories into out_dir; returns report.html's path."""
-    from shiftlab.report import sections  # the page layout; kept apart from the computation
-
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

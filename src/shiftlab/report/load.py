@@ -7,13 +7,13 @@ mid-line, must still be reportable, so unreadable lines are counted, not fatal.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from shiftlab.display import format_eps, run_label
 from shiftlab.published import published_rows
 from shiftlab.results import record_files
 
@@ -66,14 +66,9 @@ class Run:
 
     @property
     def label(self) -> str:
-        """Human label from the config: model (pretrained) on dataset [, attack]."""
+        """Human label from the config: model (weights) on dataset [, attack]."""
         c = self.config
-        pretrained = f" ({c['pretrained']})" if c.get("pretrained") else ""
-        text = f"{c.get('model', '?')}{pretrained} on {self.dataset}"
-        attack = self.summary.get("attack") or {}
-        if attack.get("name"):
-            text += f", attack {attack['name']} {format_eps(attack.get('eps'))}".rstrip()
-        return text
+        return run_label(c.get("model"), c.get("pretrained"), self.dataset, self.summary.get("attack"))
 
     @property
     def classnames(self) -> list[str] | None:
@@ -88,14 +83,6 @@ class Run:
     def seconds_per_image(self, method: str) -> float | None:
         value = (self.summary.get("methods") or {}).get(method, {}).get("seconds_per_image")
         return float(value) if isinstance(value, (int, float)) else None
-
-
-def format_eps(eps) -> str:
-    """0.00392 -> 'eps=1/255'; budgets are quoted in 1/255 units in papers."""
-    if not isinstance(eps, (int, float)) or math.isnan(eps):
-        return ""
-    k = eps * 255
-    return f"eps={round(k)}/255" if abs(k - round(k)) < 1e-3 else f"eps={eps:.4g}"
 
 
 def _setting_label(setting: str, eps: float | None) -> str:
@@ -206,12 +193,13 @@ def _unique_run_names(runs: list[Run]) -> None:
 
 
 def assign_keys(runs: list[Run]) -> None:
-    """Display key per method: its name, plus [run name] when several runs share it."""
+    """Display key per method: its name in a one-run report, else `name [run name]` for every
+    method, so that no key reads as if it covered all runs while its neighbour does not."""
     _unique_run_names(runs)
-    runs_with = Counter(method for _, method in {(id(r), s.method) for r in runs for s in r.series})
+    several = sum(1 for r in runs if r.series) > 1
     for r in runs:
         for s in r.series:
-            s.key = s.method if runs_with[s.method] == 1 else f"{s.method} [{r.name}]"
+            s.key = f"{s.method} [{r.name}]" if several else s.method
 
 
 def load_runs(paths) -> list[Run]:

@@ -27,21 +27,25 @@ def _short(label: str, width: int = 28) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
-def reliability_grid(panels: list[tuple[str, np.ndarray, np.ndarray, float]], path: Path) -> Path | None:
-    """One reliability diagram per (title, confidences, correct, ece %) panel."""
+def reliability_figure(panels: list[tuple[str, np.ndarray, np.ndarray, float]]) -> Figure | None:
+    """One reliability diagram per (title, confidences, correct, ece %) panel, each with a strip
+    below it giving the number of samples in every confidence bin (a bar over 3 samples and one
+    over 3,000 must not look alike)."""
     panels = [p for p in panels if len(p[1]) and not np.isnan(p[1]).any()]
     if not panels:
         return None
     ncols = min(4, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(3.3 * ncols, 3.4 * nrows))
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (title, conf, corr, ece) in zip(axes.flat, panels):
+    fig = Figure(figsize=(3.3 * ncols, 4.3 * nrows), layout="constrained")
+    outer = fig.add_gridspec(nrows, ncols)
+    for k, (title, conf, corr, ece) in enumerate(panels):
+        cell = outer[divmod(k, ncols)].subgridspec(2, 1, height_ratios=[4, 1.3], hspace=0.02)
+        ax = fig.add_subplot(cell[0])
+        counts_ax = fig.add_subplot(cell[1], sharex=ax)
         bins = metrics.reliability_bins(conf, corr)
         lo = np.array([b[0] for b in bins])
         width = lo[1] - lo[0]
+        n = np.array([b[2] for b in bins])
         acc = np.array([b[3] for b in bins])
         mean_conf = np.array([b[4] for b in bins])
         filled = ~np.isnan(acc)
@@ -53,32 +57,76 @@ def reliability_grid(panels: list[tuple[str, np.ndarray, np.ndarray, float]], pa
                bottom=np.minimum(acc[filled], mean_conf[filled]), width=width, align="edge",
                facecolor="none", edgecolor="#c62828", hatch="///", linewidth=0.8, label="gap to confidence")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-        ax.set_title(f"{_short(title)}\nECE {ece:.2f}%", fontsize=9)
-    axes.flat[0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return _save(fig, path)
+        ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
+        ax.tick_params(labelbottom=False)
+        ax.set_title(f"{_short(title)}\nECE {ece:.2f}% (n={int(n.sum())})", fontsize=9)
+        counts_ax.bar(lo, n, width=width, align="edge", color="#999999", edgecolor="white")
+        for x, count in zip(lo[n > 0] + width / 2, n[n > 0]):
+            counts_ax.text(x, count, str(int(count)), ha="center", va="bottom", fontsize=6, rotation=90)
+        counts_ax.set_ylim(0, n.max() * 1.9)
+        counts_ax.set_yticks([])
+        counts_ax.set(xlabel="confidence", ylabel="samples")
+        if k == 0:
+            ax.legend(fontsize=7, loc="upper left")
+    return fig
 
 
-def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path) -> Path | None:
-    """Top-1 against seconds per image (log x): one labelled point per (name, seconds, top1, run);
-    one marker shape per run, so methods of different backbones stay apart."""
+def reliability_grid(panels: list[tuple[str, np.ndarray, np.ndarray, float]], path: Path) -> Path | None:
+    fig = reliability_figure(panels)
+    return None if fig is None else _save(fig, path)
+
+
+def log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
+    """Readable tick values for a log axis spanning [lo, hi]: 1-2-5 steps per decade, finer
+    (1, 1.5, 2, 3, 5, 7) when that leaves fewer than `min_ticks`, so a range narrower than a
+    decade never shows a single unlabelled tick."""
+    first, last = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [m * 10.0 ** e for e in range(first, last + 1) for m in steps if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) >= min_ticks:
+            return ticks
+    return ticks
+
+
+def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]]) -> Figure | None:
+    """Top-1 against seconds per image (log x), one numbered point per (name, seconds, top1, run).
+
+    Points are labelled by number and named in a legend beside the axes: names written next to
+    points overlap into illegible text as soon as two methods cost about the same. One marker
+    shape per run, so methods of different backbones stay apart."""
     points = [p for p in points if p[1] and p[1] > 0 and not math.isnan(p[1]) and not math.isnan(p[2])]
     if not points:
         return None
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(9, 4.8))
     ax = fig.subplots()
     runs = list(dict.fromkeys(p[3] for p in points))
-    for name, sec, acc, run in points:
-        ax.scatter(sec, acc, s=40, marker="osD^vP*X"[runs.index(run) % 8])
-        ax.annotate(_short(name, 36), (sec, acc), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    colors = [f"C{i % 10}" for i in range(len(points))]
+    for i, (name, sec, acc, run) in enumerate(points, start=1):
+        ax.scatter(sec, acc, s=45, marker="osD^vP*X"[runs.index(run) % 8], color=colors[i - 1],
+                   label=f"{i}  {_short(name, 40)}")
+        ax.annotate(str(i), (sec, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    seconds = [p[1] for p in points]
+    lo, hi = min(seconds) / 1.5, max(seconds) * 1.5
     ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xticks(log_ticks(lo, hi))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
+    accs = [p[2] for p in points]
+    pad = max(1.0, 0.08 * (max(accs) - min(accs)))
+    ax.set_ylim(max(-2.0, min(accs) - pad), min(102.0, max(accs) + pad))
     ax.set(xlabel="seconds per image (log scale)", ylabel="top-1 accuracy (%)",
            title="Accuracy vs. cost (clean images)")
     ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, path)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+              ncol=max(1, math.ceil(len(points) / 24)))
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path) -> Path | None:
+    fig = accuracy_vs_time_figure(points)
+    return None if fig is None else _save(fig, path)
 
 
 def heatmap(row_names: list[str], col_names: list[str], values: np.ndarray, path: Path, title: str,
@@ -127,6 +175,7 @@ def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: P
                 rect.set_visible(False)
     ax.set_xticks(x, [_short(g, 24) for g in group_names], rotation=30, ha="right", fontsize=8)
     ax.set(ylabel=ylabel, title=title)
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)

@@ -6,9 +6,10 @@ from collections import Counter
 
 import numpy as np
 
+from shiftlab import metrics
 from shiftlab.published import canonical_method, published_rows
 from shiftlab.report import plots
-from shiftlab.report.build import ReportData, is_zeroshot, zeroshot_baseline
+from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
 from shiftlab.report.stats import (
     RENDITIONS,
@@ -95,28 +96,52 @@ def cost_section(data: ReportData):
     if png is None:
         return None
     return ("cost", "Accuracy vs. cost", "<p>Up and to the left is better. Seconds per image "
-            "from summary.json (mean of the records' timings when it is missing); one marker "
-            "shape per run.</p>"
+            "from summary.json (mean of the records' timings when it is missing). Each point is "
+            "numbered and named in the legend; one marker shape per run.</p>"
             + image(png, "accuracy vs seconds per image"))
 
 
 def calibration_section(data: ReportData):
     body = ("<p>Bars: accuracy of the samples in each confidence bin (15 equal-width bins); "
-            "red: the gap to their mean confidence. A calibrated method follows the diagonal; "
-            "ECE is the sample-weighted mean gap.</p>")
+            "red: the gap to their mean confidence; grey strip: the number of samples in each bin. "
+            "A calibrated method follows the diagonal; ECE is the sample-weighted mean gap, so a bin "
+            "holding few samples barely counts.</p>")
     for (dataset, setting), group in data.groups().items():
         panels = [(s.key, s.confidence, s.correct, data.m(s)["ece"]) for s in group]
         png = plots.reliability_grid(panels, data.out / f"reliability_{_slug(dataset)}_{_slug(setting)}.png")
         if png is not None:
-            body += f"<h3>{esc(dataset)}, {esc(setting)}</h3>" + image(png, f"reliability {setting}")
+            body += (f"<h3>{esc(dataset)}, {esc(setting)}</h3>" + image(png, f"reliability {setting}")
+                     + _bins_table(group, f"bins-{_slug(dataset)}-{_slug(setting)}"))
     return ("calibration", "Calibration", body)
+
+
+def _bins_table(group, table_id: str) -> str:
+    """Per confidence bin: samples, accuracy and mean confidence of each method (the diagram's data)."""
+    rows = []
+    per = {s.key: metrics.reliability_bins(s.confidence, s.correct) for s in group
+           if s.n and not np.isnan(s.confidence).any()}
+    if not per:
+        return ""
+    edges = next(iter(per.values()))
+    for j, (lo, hi, *_) in enumerate(edges):
+        row = [f"({lo:.3f}, {hi:.3f}]"]
+        for bins in per.values():
+            _, _, n, acc, conf = bins[j]
+            row += [num(n, 0), num(100 * acc), num(100 * conf)]
+        rows.append(row)
+    headers = ["confidence bin"] + [f"{k} {h}" for k in per for h in ("n", "acc %", "conf %")]
+    return ("<details><summary>Samples, accuracy and mean confidence per bin</summary>"
+            + table(headers, rows, id_=table_id) + "</details>")
 
 
 def robust_section(data: ReportData):
     attacked = sorted({s.setting_label for s in data.series if s.setting != "clean"})
     if not attacked:
         return None
-    keys = list(dict.fromkeys(s.key for s in data.series))
+    # Only runs that were attacked: a run evaluated on clean images alone has no robust number,
+    # and an empty bar beside its clean one would read as "robust accuracy 0".
+    attacked_runs = {id(s.run) for s in data.series if s.setting != "clean"}
+    keys = list(dict.fromkeys(s.key for s in data.series if id(s.run) in attacked_runs))
     top1 = {(s.key, s.setting_label): data.m(s)["top1"] for s in data.series}
     columns = {lab: [top1.get((k, lab), np.nan) for k in keys] for lab in ["clean", *attacked]}
     rows = []
@@ -188,8 +213,11 @@ def published_section(data: ReportData):
                                     "original paper / README": paper},
                              data.out / "published.png", "Ours vs. published (CLIP RN50, ImageNet-R)")
     return ("published", "Ours vs. published numbers",
-            "<p>Published top-1 for CLIP RN50 (OpenAI weights) on ImageNet-R, from PROTOCOL.md; "
-            "published ECE from the C-TPT paper.</p>" + image(png, "ours vs published") + table(
+            "<p>Published top-1 for CLIP RN50 (OpenAI weights) on ImageNet-R. The numbers ship with "
+            "shiftlab as data (<code>shiftlab/published.py</code>, <code>shiftlab.published.published_rows</code>): "
+            "the seed leaderboard is the R-TPT paper's table (Sheng et al., CVPR 2025), the paper / README "
+            "column each method's own paper or repository README, the ECE column the C-TPT paper "
+            "(Yoon et al., ICLR 2024).</p>" + image(png, "ours vs published") + table(
                 ["method", "published as", "ours top-1 %", "seed leaderboard", "ours − leaderboard",
                  "paper / README", "ours − paper", "ours ECE %", "C-TPT paper ECE %"],
                 rows, text_cols=2, id_="published-table"))
