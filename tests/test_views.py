@@ -4,11 +4,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 
-from shiftlab.views import ViewConfig, ViewGenerator, augmix, random_resized_crop_params, sample_seed, to_uint8_tensor
+from shiftlab.views import (
+    AUGMIX_OPS,
+    AugMixPlan,
+    ViewConfig,
+    ViewGenerator,
+    ViewRecipe,
+    apply_augmix,
+    augmix,
+    draw_augmix,
+    random_resized_crop_params,
+    sample_seed,
+    to_uint8_tensor,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -176,3 +188,188 @@ def test_grayscale_input_becomes_rgb():
     views = ViewGenerator(ViewConfig(n_views=2, size=16), seed=0)(img, 0)
     assert views.shape == (2, 3, 16, 16)
     assert torch.equal(views[0, 0], views[0, 1]) and torch.equal(views[0, 1], views[0, 2])
+
+
+# -- AugMix against a transcription of TPT's `augmix_ops.py` / `datautils.augmix` --------------------
+
+_DRAWS = 20000
+
+
+def _authors_parameter(name: str, severity: float, size: int):
+    """The authors' draw for one op, written out: level ~ uniform(0.1, severity), scaled by
+    int(level * maxval / 10) or level * maxval / 10, a random sign where the op has a direction."""
+    if name in ("autocontrast", "equalize"):
+        return None
+    level = np.random.uniform(low=0.1, high=severity)
+    if name == "posterize":
+        return 4 - int(level * 4 / 10)
+    if name == "solarize":
+        return 256 - int(level * 256 / 10)
+    if name == "rotate":
+        degrees = int(level * 30 / 10)
+        return -degrees if np.random.uniform() > 0.5 else degrees
+    if name in ("shear_x", "shear_y"):
+        shear = float(level) * 0.3 / 10.0
+        return -shear if np.random.uniform() > 0.5 else shear
+    shift = int(level * (size / 3) / 10)            # translate_x / translate_y
+    return -shift if np.random.random() > 0.5 else shift
+
+
+def _ks_distance(a, b) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    a, b = np.sort(np.asarray(a, float)), np.sort(np.asarray(b, float))
+    grid = np.concatenate([a, b])
+    return float(np.abs(np.searchsorted(a, grid, "right") / a.size - np.searchsorted(b, grid, "right") / b.size).max())
+
+
+def _assert_same_distribution(ours, theirs, what):
+    ours, theirs = np.asarray(ours, float), np.asarray(theirs, float)
+    values = np.unique(np.concatenate([ours, theirs]))
+    if values.size <= 64:      # discrete: the same support and per-value frequencies within 2 points
+        assert set(np.unique(ours)) == set(np.unique(theirs)), what
+        for v in values:
+            assert abs((ours == v).mean() - (theirs == v).mean()) < 0.02, (what, v)
+    else:                      # continuous: KS distance far below what a wrong range or scale gives
+        assert _ks_distance(ours, theirs) < 0.03, what
+
+
+@pytest.mark.parametrize("severity, size", [(1, 224), (3, 224), (1, 64)])
+@pytest.mark.parametrize("name", [op.name for op in AUGMIX_OPS])
+def test_augmix_op_parameters_follow_the_authors_draws(name, severity, size):
+    op = next(op for op in AUGMIX_OPS if op.name == name)
+    rng = np.random.default_rng(12)
+    ours = [op.draw(severity, size, rng) for _ in range(_DRAWS)]
+    np.random.seed(12)
+    theirs = [_authors_parameter(name, severity, size) for _ in range(_DRAWS)]
+    if name in ("autocontrast", "equalize"):
+        assert ours == theirs == [None] * _DRAWS
+        return
+    _assert_same_distribution(ours, theirs, name)
+
+
+def test_augmix_severity_one_ranges():
+    """At severity 1 the strengths vary (the old draw made rotation always 3 degrees, solarize
+    always 231, translation always 7 px at 224)."""
+    rng = np.random.default_rng(0)
+    ops = {op.name: op for op in AUGMIX_OPS}
+    rotate = {ops["rotate"].draw(1, 224, rng) for _ in range(2000)}
+    solarize = {ops["solarize"].draw(1, 224, rng) for _ in range(2000)}
+    shift = {ops["translate_x"].draw(1, 224, rng) for _ in range(2000)}
+    posterize = {ops["posterize"].draw(1, 224, rng) for _ in range(2000)}
+    assert rotate == {-2, -1, 0, 1, 2}
+    assert solarize == set(range(231, 255))      # 256 - int(level * 25.6), level in [0.1, 1)
+    assert shift == set(range(-7, 8))
+    assert posterize == {4}
+
+
+def test_augmix_chains_and_mixing_weights_follow_the_authors():
+    """Per view: Dirichlet([1]*3) chain weights, Beta(1, 1) skip weight, 3 chains of
+    randint(1, 4) ops each chosen uniformly."""
+    rng = np.random.default_rng(5)
+    plans = [draw_augmix(rng, 224) for _ in range(4000)]
+    np.random.seed(5)
+    names = [op.name for op in AUGMIX_OPS]
+    theirs_w, theirs_m, theirs_depth, theirs_ops = [], [], [], []
+    for _ in range(4000):
+        theirs_w.append(np.float32(np.random.dirichlet([1.0, 1.0, 1.0])))
+        theirs_m.append(np.float32(np.random.beta(1.0, 1.0)))
+        for _ in range(3):
+            depth = np.random.randint(1, 4)
+            theirs_depth.append(depth)
+            for _ in range(depth):
+                name = names[np.random.choice(len(names))]
+                theirs_ops.append(names.index(name))
+                _authors_parameter(name, 1, 224)
+    assert all(len(p.weights) == 3 and abs(sum(p.weights) - 1) < 1e-6 and len(p.chains) == 3 for p in plans)
+    for i in range(3):
+        _assert_same_distribution([p.weights[i] for p in plans], [w[i] for w in theirs_w], f"weight {i}")
+    _assert_same_distribution([p.skip for p in plans], theirs_m, "skip")
+    _assert_same_distribution([len(c) for p in plans for c in p.chains], theirs_depth, "depth")
+    _assert_same_distribution([names.index(n) for p in plans for c in p.chains for n, _ in c], theirs_ops, "op")
+
+
+def test_augmix_ops_apply_their_parameters_as_pil_does():
+    img = _image(224, 224, seed=4)
+    ops = {op.name: op for op in AUGMIX_OPS}
+    want = {
+        "autocontrast": ImageOps.autocontrast(img), "equalize": ImageOps.equalize(img),
+        "posterize": ImageOps.posterize(img, 3), "solarize": ImageOps.solarize(img, 240),
+        "rotate": img.rotate(-2, resample=Image.BILINEAR),
+        "shear_x": img.transform((224, 224), Image.AFFINE, (1, 0.02, 0, 0, 1, 0), resample=Image.BILINEAR),
+        "shear_y": img.transform((224, 224), Image.AFFINE, (1, 0, 0, -0.02, 1, 0), resample=Image.BILINEAR),
+        "translate_x": img.transform((224, 224), Image.AFFINE, (1, 0, 5, 0, 1, 0), resample=Image.BILINEAR),
+        "translate_y": img.transform((224, 224), Image.AFFINE, (1, 0, 0, 0, 1, -6), resample=Image.BILINEAR),
+    }
+    params = {"posterize": 3, "solarize": 240, "rotate": -2, "shear_x": 0.02, "shear_y": -0.02,
+              "translate_x": 5, "translate_y": -6}
+    for name, expected in want.items():
+        got = ops[name].apply(img, params.get(name))
+        assert np.array_equal(np.asarray(got), np.asarray(expected)), name
+
+
+def test_augmix_mixes_the_chains_as_drawn():
+    img = _image(48, 48, seed=6)
+    plan = AugMixPlan(weights=(0.5, 0.3, 0.2), skip=0.25,
+                      chains=((("rotate", 2),), (("solarize", 240), ("posterize", 4)), (("equalize", None),)))
+    x = np.asarray(img, np.float64)
+    chains = [np.asarray(img.rotate(2, resample=Image.BILINEAR), np.float64),
+              np.asarray(ImageOps.posterize(ImageOps.solarize(img, 240), 4), np.float64),
+              np.asarray(ImageOps.equalize(img), np.float64)]
+    want = 0.25 * x + 0.75 * (0.5 * chains[0] + 0.3 * chains[1] + 0.2 * chains[2])
+    got = np.asarray(apply_augmix(img, plan), np.float64)
+    assert np.abs(got - want).max() <= 0.5 + 1e-3
+
+
+# -- view recipes -------------------------------------------------------------------------------------
+
+def test_recipe_scale_and_flip_are_torchvisions():
+    """DMN-ZS's recipe: RandomResizedCrop(scale=(0.5, 1)) + flip; and a recipe without the flip."""
+    img = _image(120, 80, seed=3)
+    for recipe, pipeline in [
+        (ViewRecipe(n_views=9, scale=(0.5, 1)),
+         T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=InterpolationMode.BILINEAR),
+                    T.RandomHorizontalFlip()])),
+        (ViewRecipe(n_views=9, flip=False), T.RandomResizedCrop(40, interpolation=InterpolationMode.BILINEAR)),
+    ]:
+        views = ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=2)(img, 8)
+        state = torch.get_rng_state()
+        try:
+            torch.manual_seed(sample_seed(2, 8))
+            want = [_pil_to_uint8(pipeline(img)) for _ in range(8)]
+        finally:
+            torch.set_rng_state(state)
+        assert views.shape == (9, 3, 40, 40)
+        for i, w in enumerate(want, start=1):
+            assert torch.equal(views[i], w), (recipe, i)
+
+
+def test_shorter_recipe_is_a_prefix_of_a_longer_one():
+    img = _image(90, 70, seed=4)
+    for recipe in [ViewRecipe(), ViewRecipe(scale=(0.5, 1)), ViewRecipe(augmix=True)]:
+        long = ViewGenerator(ViewConfig.from_recipe(recipe.with_views(10), 32), seed=1)(img, 3)
+        short = ViewGenerator(ViewConfig.from_recipe(recipe.with_views(4), 32), seed=1)(img, 3)
+        assert torch.equal(long[:4], short)
+        assert recipe.with_views(10).family == recipe.with_views(4).family
+
+
+def test_recipe_from_a_count_a_dict_or_json():
+    base = ViewRecipe(n_views=32, scale=(0.5, 1.0))
+    assert ViewRecipe.coerce(16, base) == ViewRecipe(n_views=16, scale=(0.5, 1.0))
+    assert ViewRecipe.coerce({"augmix": True}, base) == ViewRecipe(n_views=32, scale=(0.5, 1.0), augmix=True)
+    # a recorded recipe (JSON lists) reads back equal and hashable
+    import json
+    back = ViewRecipe.coerce(json.loads(json.dumps(base.to_dict())))
+    assert back == base and hash(back) == hash(base)
+    assert ViewConfig.from_recipe(base, 64).recipe == base
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"n_view": 3}, r"views: unknown recipe field\(s\) \['n_view'\]"),
+    (0, "n_views must be an integer >= 1"),
+    ({"scale": (0.5, 1.5)}, "scale must be"),
+    ("many", "views must be a view count or a dict"),
+    (True, "views must be a view count or a dict"),
+])
+def test_bad_recipe_is_one_clear_error(value, message):
+    with pytest.raises(ValueError, match=message):
+        ViewRecipe.coerce(value)

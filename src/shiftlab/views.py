@@ -1,8 +1,9 @@
 """Deterministic test-time views (TPT's ImageNet protocol).
 
 View 0 is the original: Resize(shorter side -> size, bicubic) + CenterCrop(size).
-Views 1..N-1 are RandomResizedCrop(size) (scale 0.08-1, ratio 3/4-4/3, bilinear) +
-RandomHorizontalFlip of the ORIGINAL image, optionally followed by TPT's AugMix.
+Views 1..N-1 are RandomResizedCrop(size) (by default scale 0.08-1, ratio 3/4-4/3, bilinear) +
+RandomHorizontalFlip of the ORIGINAL image, optionally followed by TPT's AugMix; a method's
+`ViewRecipe` says which (its config's `views` field).
 
 Randomness comes from a generator seeded by (run seed, sample id) alone, so a
 sample's views are identical whatever the order, batch size, worker count or
@@ -11,8 +12,11 @@ device inside the model.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,13 +26,91 @@ from torchvision.transforms import functional as TF
 
 
 @dataclass(frozen=True)
-class ViewConfig:
+class ViewRecipe:
+    """How a method's views are made; the image size comes from the model (`ViewConfig`).
+
+    View 0 is always the original; views 1..n_views-1 are RandomResizedCrop(scale, ratio)
+    [+ horizontal flip] [+ AugMix]. Recipes that differ only in `n_views` draw the same
+    views in the same order, so a shorter one is a prefix of a longer one (the engine
+    generates and encodes the longest once).
+    """
     n_views: int = 64
-    size: int = 224
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    augmix: bool = False          # C-TPT's --I_augmix for ImageNet variants
-    augmix_severity: int = 1
+    flip: bool = True
+    augmix: bool = False          # TPT's AugMix on the augmented views (C-TPT's --I_augmix, TDA)
+    augmix_severity: float = 1
+    augmix_width: int = 3
+
+    def __post_init__(self) -> None:
+        # lists (from JSON or --set) become tuples, so recipes stay hashable and compare equal
+        object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
+        object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
+        if int(self.n_views) != self.n_views or self.n_views < 1:
+            raise ValueError(f"views: n_views must be an integer >= 1, got {self.n_views!r}")
+        object.__setattr__(self, "n_views", int(self.n_views))
+        lo, hi = self.scale
+        if len(self.scale) != 2 or not 0 < lo <= hi <= 1:
+            raise ValueError(f"views: scale must be (low, high) with 0 < low <= high <= 1, got {self.scale}")
+        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"views: ratio must be (low, high) with 0 < low <= high, got {self.ratio}")
+        if self.augmix and not (self.augmix_severity >= 0.1 and self.augmix_width >= 1):
+            raise ValueError("views: augmix_severity must be >= 0.1 and augmix_width >= 1, got "
+                             f"{self.augmix_severity} and {self.augmix_width}")
+
+    def with_views(self, n_views: int) -> ViewRecipe:
+        return dataclasses.replace(self, n_views=n_views)
+
+    @property
+    def family(self) -> ViewRecipe:
+        """The recipe with the view count left out: equal families draw identical view sequences."""
+        return dataclasses.replace(self, n_views=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line, e.g. '64 views: RandomResizedCrop(scale 0.08-1) + flip + AugMix(severity 1)'."""
+        if self.n_views == 1:
+            return "view 0 only (resize + centre crop)"
+        parts = [f"RandomResizedCrop(scale {self.scale[0]:g}-{self.scale[1]:g})"]
+        if self.flip:
+            parts.append("flip")
+        if self.augmix:
+            parts.append(f"AugMix(severity {self.augmix_severity:g}, width {self.augmix_width})")
+        return f"{self.n_views} views: original + {self.n_views - 1} x " + " + ".join(parts)
+
+    @classmethod
+    def coerce(cls, value: Any, base: ViewRecipe | None = None) -> ViewRecipe:
+        """A recipe from a recipe, a dict of fields (merged onto `base`) or a view count."""
+        base = base if base is not None else cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, bool):
+            raise ValueError(f"views must be a view count or a dict of recipe fields, got {value!r}")
+        if isinstance(value, int):
+            return dataclasses.replace(base, n_views=value)
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"views: unknown recipe field(s) {unknown}; known: {sorted(known)}")
+            return dataclasses.replace(base, **value)
+        raise ValueError(f"views must be a view count or a dict of recipe fields, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ViewConfig(ViewRecipe):
+    """A recipe at an image size: what `ViewGenerator` draws."""
+    size: int = 224
+
+    @property
+    def recipe(self) -> ViewRecipe:
+        return ViewRecipe(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ViewRecipe)})
+
+    @classmethod
+    def from_recipe(cls, recipe: ViewRecipe, size: int) -> ViewConfig:
+        return cls(**recipe.to_dict(), size=size)
 
 
 def sample_seed(run_seed: int, sample_id: int) -> int:
@@ -68,70 +150,110 @@ def random_resized_crop_params(width: int, height: int, scale, ratio, gen: torch
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-# TPT's AugMix operations (PIL); magnitudes follow its augmix_ops at severity `level`.
-def _int_level(level, maxval, rng):
+# -- AugMix as TPT's `augmix_ops.py` draws it (ImageNet-variant ops: no colour/contrast/brightness/sharpness)
+#
+# Each op draws its level from uniform(0.1, severity) and scales it to the op's range: an int
+# `int(level * maxval / 10)` or a float `level * maxval / 10`. Operations whose direction is
+# random flip the sign with probability 1/2. An op's parameters are drawn (`draw`) apart from
+# applying them (`apply`), so the distribution of the draws is testable on its own.
+
+def _level(severity: float, rng: np.random.Generator) -> float:
+    return float(rng.uniform(0.1, severity))
+
+
+def _int_parameter(level: float, maxval: float) -> int:
     return int(level * maxval / 10)
 
 
-def _float_level(level, maxval, rng):
+def _float_parameter(level: float, maxval: float) -> float:
     return float(level) * maxval / 10.0
 
 
-def _op_autocontrast(img, level, rng):
-    return ImageOps.autocontrast(img)
+def _signed(value, rng: np.random.Generator):
+    return -value if rng.uniform() > 0.5 else value
 
 
-def _op_equalize(img, level, rng):
-    return ImageOps.equalize(img)
+@dataclass(frozen=True)
+class AugOp:
+    """One AugMix operation: `draw(severity, size, rng)` -> its parameter (None if it has none);
+    `apply(img, parameter)` -> the transformed image."""
+    name: str
+    draw: Callable[[float, int, np.random.Generator], float | int | None]
+    apply: Callable[[Image.Image, Any], Image.Image]
 
 
-def _op_posterize(img, level, rng):
-    return ImageOps.posterize(img, 4 - _int_level(rng.integers(1, level + 1), 4, rng))
+def _affine(data: tuple) -> Callable[[Image.Image, float], Image.Image]:
+    def apply(img: Image.Image, v: float) -> Image.Image:
+        coeffs = tuple(v if c == "v" else c for c in data)
+        return img.transform(img.size, Image.AFFINE, coeffs, resample=Image.BILINEAR)
+    return apply
 
 
-def _op_rotate(img, level, rng):
-    deg = _int_level(rng.integers(1, level + 1), 30, rng)
-    return img.rotate(-deg if rng.uniform() > 0.5 else deg, resample=Image.BILINEAR)
+AUGMIX_OPS: tuple[AugOp, ...] = (
+    AugOp("autocontrast", lambda s, size, rng: None, lambda img, _: ImageOps.autocontrast(img)),
+    AugOp("equalize", lambda s, size, rng: None, lambda img, _: ImageOps.equalize(img)),
+    AugOp("posterize", lambda s, size, rng: 4 - _int_parameter(_level(s, rng), 4),
+          lambda img, bits: ImageOps.posterize(img, bits)),
+    AugOp("rotate", lambda s, size, rng: _signed(_int_parameter(_level(s, rng), 30), rng),
+          lambda img, deg: img.rotate(deg, resample=Image.BILINEAR)),
+    AugOp("solarize", lambda s, size, rng: 256 - _int_parameter(_level(s, rng), 256),
+          lambda img, threshold: ImageOps.solarize(img, threshold)),
+    AugOp("shear_x", lambda s, size, rng: _signed(_float_parameter(_level(s, rng), 0.3), rng),
+          _affine((1, "v", 0, 0, 1, 0))),
+    AugOp("shear_y", lambda s, size, rng: _signed(_float_parameter(_level(s, rng), 0.3), rng),
+          _affine((1, 0, 0, "v", 1, 0))),
+    AugOp("translate_x", lambda s, size, rng: _signed(_int_parameter(_level(s, rng), size / 3), rng),
+          _affine((1, 0, "v", 0, 1, 0))),
+    AugOp("translate_y", lambda s, size, rng: _signed(_int_parameter(_level(s, rng), size / 3), rng),
+          _affine((1, 0, 0, 0, 1, "v"))),
+)
 
 
-def _op_solarize(img, level, rng):
-    return ImageOps.solarize(img, 256 - _int_level(rng.integers(1, level + 1), 256, rng))
+@dataclass(frozen=True)
+class AugMixPlan:
+    """Every random choice of one AugMix draw: chain weights (Dirichlet), the skip weight
+    (Beta(1, 1)) and per chain its ops with their parameters."""
+    weights: tuple[float, ...]
+    skip: float
+    chains: tuple[tuple[tuple[str, Any], ...], ...]
 
 
-def _affine(img, level, rng, kind):
-    size = img.size
-    if kind in ("shear_x", "shear_y"):
-        v = _float_level(rng.uniform(0.1, level), 0.3, rng)
-    else:
-        v = _int_level(rng.integers(1, level + 1), size[0] / 3, rng)
-    v = -v if rng.uniform() > 0.5 else v
-    data = {"shear_x": (1, v, 0, 0, 1, 0), "shear_y": (1, 0, 0, v, 1, 0),
-            "translate_x": (1, 0, v, 0, 1, 0), "translate_y": (1, 0, 0, 0, 1, v)}[kind]
-    return img.transform(size, Image.AFFINE, data, resample=Image.BILINEAR)
+_OPS_BY_NAME = {op.name: op for op in AUGMIX_OPS}
 
 
-AUGMIX_OPS = [_op_autocontrast, _op_equalize, _op_posterize, _op_rotate, _op_solarize,
-              lambda i, lv, r: _affine(i, lv, r, "shear_x"), lambda i, lv, r: _affine(i, lv, r, "shear_y"),
-              lambda i, lv, r: _affine(i, lv, r, "translate_x"), lambda i, lv, r: _affine(i, lv, r, "translate_y")]
+def draw_augmix(rng: np.random.Generator, size: int, severity: float = 1, width: int = 3) -> AugMixPlan:
+    """TPT's AugMix draws for an image of `size` pixels: `width` chains of 1-3 ops chosen uniformly."""
+    weights = rng.dirichlet([1.0] * width).astype(np.float32)
+    skip = np.float32(rng.beta(1.0, 1.0))
+    chains = []
+    for _ in range(width):
+        chain = []
+        for _ in range(int(rng.integers(1, 4))):
+            op = AUGMIX_OPS[int(rng.integers(len(AUGMIX_OPS)))]
+            chain.append((op.name, op.draw(severity, size, rng)))
+        chains.append(tuple(chain))
+    return AugMixPlan(tuple(float(w) for w in weights), float(skip), tuple(chains))
 
 
-def augmix(img: Image.Image, rng: np.random.Generator, severity: int = 1, width: int = 3) -> Image.Image:
-    """TPT's AugMix: Dirichlet-weighted mix of `width` op chains, then a Beta(1,1) skip connection.
+def apply_augmix(img: Image.Image, plan: AugMixPlan) -> Image.Image:
+    """skip * image + (1 - skip) * sum_i weight_i * chain_i(image), rounded to 8 bits.
 
-    TPT mixes the normalised tensors; normalisation is affine and the weights sum to
-    one, so mixing in [0, 1] space and rounding to 8 bits differs by at most half a grey level.
-    """
-    w = rng.dirichlet([1.0] * width)
-    m = rng.beta(1.0, 1.0)
+    TPT mixes the normalised tensors; normalisation is affine and the weights sum to one, so
+    mixing in [0, 255] and rounding differs from it by at most half a grey level."""
     base = np.asarray(img, dtype=np.float32)
     mix = np.zeros_like(base)
-    for i in range(width):
+    for weight, chain in zip(plan.weights, plan.chains):
         aug = img.copy()
-        for _ in range(int(rng.integers(1, 4))):
-            aug = AUGMIX_OPS[int(rng.integers(len(AUGMIX_OPS)))](aug, severity, rng)
-        mix += w[i] * np.asarray(aug, dtype=np.float32)
-    out = m * base + (1 - m) * mix
+        for name, parameter in chain:
+            aug = _OPS_BY_NAME[name].apply(aug, parameter)
+        mix += weight * np.asarray(aug, dtype=np.float32)
+    out = plan.skip * base + (1 - plan.skip) * mix
     return Image.fromarray(np.clip(np.rint(out), 0, 255).astype(np.uint8))
+
+
+def augmix(img: Image.Image, rng: np.random.Generator, severity: float = 1, width: int = 3) -> Image.Image:
+    """TPT's AugMix of one (already cropped) view, drawing from `rng`."""
+    return apply_augmix(img, draw_augmix(rng, img.size[0], severity, width))
 
 
 class ViewGenerator:
@@ -153,9 +275,9 @@ class ViewGenerator:
                 i, j, h, w = random_resized_crop_params(img.width, img.height, cfg.scale, cfg.ratio, gen)
                 view = TF.resized_crop(img, i, j, h, w, [cfg.size, cfg.size],
                                        interpolation=InterpolationMode.BILINEAR)
-                if torch.rand(1, generator=gen).item() < 0.5:
+                if cfg.flip and torch.rand(1, generator=gen).item() < 0.5:
                     view = TF.hflip(view)
                 if cfg.augmix:
-                    view = augmix(view, rng, cfg.augmix_severity)
+                    view = augmix(view, rng, cfg.augmix_severity, cfg.augmix_width)
                 views.append(to_uint8_tensor(view))
         return torch.stack(views)
