@@ -1,4 +1,4 @@
-"""`shiftlab methods`: the registered methods with their defaults."""
+"""`shiftlab methods`: the registered methods, their defaults, and what each protocol runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,20 +6,34 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("methods", help="list registered methods and their config defaults")
+    p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)
 
 
 def method_table() -> list[dict]:
+    """One row per method: kind, summary, config defaults and, per protocol, views, precision and the
+    fields the protocol sets."""
     from ..methods import get_method_class, list_methods
+    from ..protocols import PROTOCOLS, describe, protocol_overrides
+    from ..views import ViewRecipe
     rows = []
     for name in list_methods():
         cls = get_method_class(name)
         defaults = {f.name: f.default for f in dataclasses.fields(cls.config_class)
                     if f.default is not dataclasses.MISSING}
+        protocols = {}
+        for protocol in PROTOCOLS:
+            effective = describe(protocol, name)
+            sets = protocol_overrides(protocol, name)
+            protocols[protocol] = {
+                "views": effective["views"],
+                "views_text": ViewRecipe.coerce(effective["views"]).describe(),
+                "precision": effective["precision"],
+                "sets": {k: v for k, v in sets.items() if k not in ("views", "precision")},
+            }
         rows.append({"name": name, "episodic": cls.episodic, "uses_views": cls.needs_views,
-                     "summary": cls.summary, "defaults": defaults})
+                     "summary": cls.summary, "defaults": defaults, "protocols": protocols})
     return rows
 
 
@@ -31,6 +45,11 @@ def run(args) -> int:
     for r in rows:
         kind = "episodic" if r["episodic"] else "online"
         print(f"{r['name']:<16} {kind:<9} {r['summary']}")
-        if r["defaults"]:
-            print(" " * 27 + ", ".join(f"{k}={v}" for k, v in r["defaults"].items()))
+        defaults = {k: v for k, v in r["defaults"].items() if k not in ("views", "precision")}
+        if defaults:
+            print(" " * 27 + ", ".join(f"{k}={v}" for k, v in defaults.items()))
+        for protocol, p in r["protocols"].items():
+            extra = "".join(f", {k}={v}" for k, v in p["sets"].items())
+            print(" " * 27 + f"{protocol + ':':<13} {p['views_text']}; precision {p['precision']}{extra}")
+    print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU).")
     return 0

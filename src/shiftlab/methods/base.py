@@ -17,6 +17,7 @@ from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
 from ..precision import Precision
 from ..precision import resolve as resolve_precision
+from ..views import ViewRecipe
 
 _REGISTRY: dict[str, type[Method]] = {}
 
@@ -42,6 +43,14 @@ class MethodConfig:
     precision: str = "auto"
 
 
+@dataclass
+class ViewMethodConfig(MethodConfig):
+    """Config of a method that reads augmented views: `views` is its recipe (shiftlab.views.ViewRecipe:
+    count incl. the original, crop scale and ratio, flip, AugMix). Only these views are generated and
+    encoded for it; methods with equal recipes share them."""
+    views: ViewRecipe = ViewRecipe()
+
+
 class Method:
     name: str = ""
     config_class: type = MethodConfig
@@ -59,10 +68,18 @@ class Method:
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
 
+    @property
+    def view_recipe(self) -> ViewRecipe:
+        """The views this method reads (view 0 only for methods without a `views` config field)."""
+        recipe = getattr(self.config, "views", None)
+        return recipe if isinstance(recipe, ViewRecipe) else ViewRecipe(n_views=1)
+
     # -- library use ------------------------------------------------------------
     def predict(self, views: torch.Tensor) -> torch.Tensor:
-        """CLIP-normalised views (N, 3, S, S), view 0 the original -> logits (C,)."""
-        views = views.to(self.model.device)
+        """CLIP-normalised views (N, 3, S, S), view 0 the original -> logits (C,).
+
+        Only the first `view_recipe.n_views` views are read (and encoded)."""
+        views = views[:self.view_recipe.n_views].to(self.model.device)
         return self.predict_context(SampleContext(self.model, self.heads, views)).logits
 
     # -- engine use -------------------------------------------------------------
@@ -113,16 +130,26 @@ def get_method_class(name: str) -> type[Method]:
 
 
 def make_config(cls: type[Method], **overrides: Any):
-    known = {f.name for f in dataclasses.fields(cls.config_class)}
-    unknown = set(overrides) - known
+    """The method's config: its defaults, overridden field by field. `views` may be a ViewRecipe,
+    a view count, or a dict of recipe fields merged onto the method's default recipe."""
+    fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
+    unknown = set(overrides) - set(fields)
     if unknown:
-        raise TypeError(f"{cls.name}: unknown config field(s) {sorted(unknown)}; known: {sorted(known)}")
+        raise TypeError(f"{cls.name}: unknown config field(s) {sorted(unknown)}; known: {sorted(fields)}")
+    if "views" in overrides and isinstance(fields["views"].default, ViewRecipe):
+        try:
+            overrides["views"] = ViewRecipe.coerce(overrides["views"], base=fields["views"].default)
+        except ValueError as exc:
+            raise ValueError(f"{cls.name}: {exc}") from None
     return cls.config_class(**overrides)
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
-                  run_precision: str = "auto", **config: Any) -> Method:
-    """Build a registered method with its paper defaults, overridden by `config`; `run_precision`
-    is the run's precision setting, used where the method's own `precision` is "auto"."""
+                  run_precision: str = "auto", protocol: str = "leaderboard", **config: Any) -> Method:
+    """Build a registered method as `protocol` runs it (shiftlab.protocols: "leaderboard", the
+    defaults, or "paper", the authors' own recipe), overridden by `config`; `run_precision` is the
+    run's precision setting, used where the method's own `precision` is "auto"."""
+    from ..protocols import method_overrides
     cls = get_method_class(name)
-    return cls(model, classnames, make_config(cls, **config), heads=heads, run_precision=run_precision)
+    overrides = method_overrides(protocol, name, config, run_precision)
+    return cls(model, classnames, make_config(cls, **overrides), heads=heads, run_precision=run_precision)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..context import SampleContext
-from .base import Method, MethodConfig, MethodOutput, register_method
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 
 
 @register_method("zeroshot")
@@ -34,7 +34,7 @@ class PromptEnsemble(Method):
 
 
 @dataclass
-class ViewEnsembleConfig(MethodConfig):
+class ViewEnsembleConfig(ViewMethodConfig):
     average: str = "probs"  # "probs": mean of softmax over views; "logits": mean of logits
 
 

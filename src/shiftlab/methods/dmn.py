@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
-from .base import Method, MethodConfig, MethodOutput, register_method
+from ..views import ViewRecipe
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
 from .online_common import STATE_VERSION, check_state, first_views, text_head
 
@@ -108,7 +109,7 @@ def memory_logits(feature: torch.Tensor, memory: DynamicMemory, text_features: t
 
 
 @dataclass
-class DMNConfig(MethodConfig):
+class DMNConfig(ViewMethodConfig):
     """DMN-ZS's ImageNet-R settings, from github.com/YBZh/DMN: `scripts/run.sh` (zero-shot
     block for A/V/R/K: `-b 32` views, `--selection_p 0.1`, `--memory_size 50`, `--beta 5.5`,
     `--text_prompt tip_cupl`) and `dmn_main.py` (`DualMem.update_memory_bank`,
@@ -120,7 +121,7 @@ class DMNConfig(MethodConfig):
     memory_size: int = 50              # memory slots per class
     beta: float = 5.5                  # sharpening of exp(-beta (1 - similarity))
     view_ratio: float = 0.1            # share of views (lowest entropy) giving the pseudo-label
-    n_views: int | None = 32           # use the first n views (the authors' 32: original + 31)
+    views: ViewRecipe = ViewRecipe(n_views=32)   # the first 32 of the shared views (authors: 32 views, scale 0.5-1)
     dynamic_weight: float = 0.3        # w in p_zs + w * p_dynamic (authors: searched on test labels)
     text_head: str = "ensemble"        # authors: 7 Tip-Adapter templates + CuPL prompts (not shipped)
 
@@ -159,7 +160,7 @@ class DMNZeroShot(Method):
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         cfg = self.config
         with torch.no_grad():
-            features = first_views(ctx, cfg.n_views).float()
+            features = first_views(ctx, cfg.views.n_views).float()
             text = text_head(self)
             scale = self.model.logit_scale
             view_probs = (scale * features @ text.T).softmax(-1)

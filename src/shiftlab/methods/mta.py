@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..context import SampleContext
-from .base import Method, MethodConfig, MethodOutput, register_method
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 
 # A bandwidth of 0 (every neighbour a duplicate view) would make the density 0/0. The
 # floor is far below any real neighbour distance (cdist's own rounding is ~1e-4).
@@ -31,7 +31,7 @@ _MIN_BANDWIDTH = 1e-6
 
 
 @dataclass
-class MTAConfig(MethodConfig):
+class MTAConfig(ViewMethodConfig):
     lambda_y: float = 0.2           # temperature of the inlierness softmax
     lambda_q: float = 4.0           # weight of the prediction-affinity term
     outer_iterations: int = 5       # always run in full (the authors have no convergence test)

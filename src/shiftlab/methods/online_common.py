@@ -26,7 +26,8 @@ def text_head(method: Method) -> torch.Tensor:
 
 
 def first_views(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
-    """(N, D) features of the first `n_views` views (all with None)."""
+    """(N, D) features of the first `n_views` views (all with None); the engine and `predict` hand a
+    method only its recipe's views already, this keeps a hand-built longer context correct too."""
     feats = ctx.image_features
     return feats if n_views is None else feats[:n_views]
 

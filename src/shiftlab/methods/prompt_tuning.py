@@ -24,7 +24,7 @@ import torch
 
 from ..context import SampleContext
 from ..text import ContextPrompt
-from .base import Method, MethodConfig, MethodOutput, register_method
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, mean_entropy, select_confident
 
 
@@ -56,7 +56,7 @@ def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: 
 
 
 @dataclass
-class PromptTuningConfig(MethodConfig):
+class PromptTuningConfig(ViewMethodConfig):
     steps: int = 1
     lr: float = 5e-3
     weight_decay: float = 0.01          # torch.optim.AdamW's default, which the authors kept

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
-from .base import Method, MethodConfig, MethodOutput, register_method
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
 from .online_common import STATE_VERSION, check_state, first_views, text_head
 
@@ -76,7 +76,7 @@ def cache_logits(feature: torch.Tensor, cache: Cache, alpha: float, beta: float,
 
 
 @dataclass
-class TDAConfig(MethodConfig):
+class TDAConfig(ViewMethodConfig):
     """TDA's ImageNet-R hyperparameters, from the authors' `configs/imagenet_r.yaml` in
     github.com/kdiAAA/TDA (values read from verbatim copies of that file: positive
     shot_capacity 3, alpha 1.0, beta 8.0; negative shot_capacity 2, alpha 0.117, beta 1.0,
@@ -96,7 +96,6 @@ class TDAConfig(MethodConfig):
     neg_mask_lower: float = 0.03       # negative pseudo-labels: classes with lower < p < upper
     neg_mask_upper: float = 1.0
     view_ratio: float = 0.1            # share of views (lowest entropy) averaged; at least one
-    n_views: int | None = None         # use the first n views (None: all; the authors use 64)
     text_head: str = "ensemble"        # "ensemble": 80 templates (the authors'); "zeroshot": one template
     entropy_norm: str = "log2"         # H_norm = H (nats) / log2(C) as the authors' code; "ln": / ln(C)
 
@@ -178,7 +177,7 @@ class TDA(Method):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            s = self.summarize_sample(first_views(ctx, self.config.n_views))
+            s = self.summarize_sample(first_views(ctx, self.config.views.n_views))
             self.update(s)
             logits = self.readout(s)
         return MethodOutput(logits, extras={

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..context import SampleContext
-from .base import Method, MethodConfig, MethodOutput, register_method
+from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
 
 # Share of the score given to the kept views' mean probability. It is kept below the
@@ -21,7 +21,7 @@ _SOFT_SHARE = 1e-3
 
 
 @dataclass
-class ZeroConfig(MethodConfig):
+class ZeroConfig(ViewMethodConfig):
     keep_ratio: float = 0.3     # share of views (lowest entropy) that vote; at least one
 
 

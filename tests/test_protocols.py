@@ -1,0 +1,104 @@
+"""Protocols (shiftlab.protocols): each method's effective config, view recipe and precision per protocol."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import shiftlab
+from shiftlab.protocols import PROTOCOLS, method_overrides
+from shiftlab.views import ViewRecipe
+
+NAMES = ["cat", "dog", "hen"]
+LEADERBOARD_VIEWS = ViewRecipe(n_views=64)     # view 0 + 63 RandomResizedCrop(0.08-1) + flip, no AugMix
+
+
+def _method(tiny_model, name, **kw):
+    return shiftlab.create_method(name, tiny_model, NAMES, **kw)
+
+
+def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
+    for name in shiftlab.list_methods():
+        m = _method(tiny_model, name)
+        assert m.config.precision == "auto"
+        if not m.needs_views:
+            assert m.view_recipe == ViewRecipe(n_views=1), name
+        elif name == "dmn_zs":   # the first 32 of the same views (a prefix: nothing extra to encode)
+            assert m.view_recipe == LEADERBOARD_VIEWS.with_views(32)
+        else:
+            assert m.view_recipe == LEADERBOARD_VIEWS, name
+
+
+def test_paper_recipes_are_the_authors(tiny_model):
+    paper = {n: _method(tiny_model, n, protocol="paper") for n in shiftlab.list_methods()}
+    assert paper["ctpt"].view_recipe == ViewRecipe(n_views=64, augmix=True)
+    assert paper["ctpt"].config.lambda_atfd == 20.0 and paper["ctpt"].config.precision == "fp16"
+    assert paper["tpt"].view_recipe == LEADERBOARD_VIEWS and paper["tpt"].config.precision == "fp16"
+    assert paper["rtpt"].view_recipe == LEADERBOARD_VIEWS and paper["rtpt"].config.precision == "fp32"
+    assert paper["mta"].view_recipe == LEADERBOARD_VIEWS
+    assert paper["zero"].config.precision == "fp16"
+    assert paper["tda"].view_recipe == ViewRecipe(n_views=64, augmix=True)
+    assert paper["tda"].config.text_head == "ensemble" and paper["tda"].config.precision == "fp16"
+    assert paper["dmn_zs"].view_recipe == ViewRecipe(n_views=32, scale=(0.5, 1.0))
+    assert paper["dmn_zs"].config.precision == "fp32"
+    assert (paper["dmn_zs"].config.memory_size, paper["dmn_zs"].config.beta) == (50, 5.5)
+    # on the CPU every policy computes in float32
+    assert all(m.precision.amp_dtype is None for m in paper.values())
+
+
+def test_set_overrides_merge_onto_the_protocol(tiny_model):
+    # --set dmn_zs.views={'n_views': 16} keeps the paper's crop scale; a bare count does too
+    for views in ({"n_views": 16}, 16):
+        m = _method(tiny_model, "dmn_zs", protocol="paper", views=views)
+        assert m.view_recipe == ViewRecipe(n_views=16, scale=(0.5, 1.0))
+    m = _method(tiny_model, "tpt", views={"augmix": True, "augmix_severity": 3})
+    assert m.view_recipe == ViewRecipe(n_views=64, augmix=True, augmix_severity=3)
+    m = _method(tiny_model, "ctpt", protocol="paper", views=ViewRecipe(n_views=8))
+    assert m.view_recipe == ViewRecipe(n_views=8)     # a whole recipe replaces
+    with pytest.raises(ValueError, match=r"dmn_zs: views: unknown recipe field\(s\) \['crop'\]"):
+        _method(tiny_model, "dmn_zs", views={"crop": 3})
+
+
+def test_run_precision_replaces_the_protocols_but_not_a_set(tiny_model):
+    assert _method(tiny_model, "rtpt", protocol="paper", run_precision="bf16").precision.name == "bf16"
+    assert _method(tiny_model, "rtpt", protocol="paper").precision.name == "fp32"
+    set_by_user = _method(tiny_model, "rtpt", protocol="paper", run_precision="bf16", precision="fp16")
+    assert set_by_user.precision.name == "fp16"
+    assert method_overrides("paper", "rtpt", run_precision="fp32") == {}
+
+
+def test_unknown_protocol_is_one_clear_error(tiny_model):
+    with pytest.raises(ValueError, match=r"protocol must be one of leaderboard, paper, got 'papers'"):
+        _method(tiny_model, "tpt", protocol="papers")
+
+
+def test_predict_encodes_only_the_views_the_method_reads(tiny_model, monkeypatch):
+    encoded = []
+    original = tiny_model.encode_normalized
+
+    def counting(x):
+        encoded.append(x.shape[0])
+        return original(x)
+
+    monkeypatch.setattr(tiny_model, "encode_normalized", counting)
+    gen = torch.Generator().manual_seed(0)
+    views = tiny_model.normalize(torch.rand(64, 3, tiny_model.image_size, tiny_model.image_size, generator=gen))
+    for name, protocol, n in [("dmn_zs", "leaderboard", 32), ("dmn_zs", "paper", 32), ("mta", "leaderboard", 64),
+                              ("zeroshot", "leaderboard", 1), ("tda", "leaderboard", 64)]:
+        encoded.clear()
+        m = _method(tiny_model, name, protocol=protocol)
+        m.prepare()
+        assert torch.isfinite(m.predict(views)).all()
+        assert sum(encoded) == n, (name, protocol, encoded)
+
+
+def test_methods_command_prints_both_protocols(capsys):
+    from shiftlab.cli import main
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for protocol in PROTOCOLS:
+        assert sum(line.strip().startswith(protocol + ":") for line in lines) == len(shiftlab.list_methods())
+    dmn = out[out.index("dmn_zs"):]
+    assert "paper:        32 views: original + 31 x RandomResizedCrop(scale 0.5-1) + flip; precision fp32" in dmn
+    ctpt = out[out.index("ctpt"):]
+    assert "+ AugMix(severity 1, width 3); precision fp16" in ctpt.split("dmn_zs")[0]
