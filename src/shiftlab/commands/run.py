@@ -35,6 +35,11 @@ def parse_method_config(items: list[str]) -> dict[str, dict]:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
                    help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, imagefolder")
+    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset"],
+                   help="run every dataset of a paper table, each into OUT/<dataset>, then write the suite "
+                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
+    p.add_argument("--datasets", default=None, metavar="A,B,...",
+                   help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it")
     p.add_argument("--model", default="RN50", help="open_clip model name (RN50 + openai weights uses QuickGELU)")
     p.add_argument("--pretrained", default="openai",
@@ -48,7 +53,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N samples of the stream")
     p.add_argument("--order", choices=["shuffled", "sorted"], default="shuffled",
                    help="stream order (matters for online methods only); shuffled with --seed")
-    p.add_argument("--out", required=True, help="run directory (records.jsonl, summary.json, summary.md)")
+    p.add_argument("--out", required=True, help="run directory (records.jsonl, summary.json, summary.md); "
+                   "with --suite/--datasets the suite directory")
     p.add_argument("--resume", action="store_true", help="continue a run directory, skipping recorded samples")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=-1,
@@ -102,29 +108,42 @@ def config_from_args(args: argparse.Namespace):
                      precision=args.precision)
 
 
+def dataset_names(args: argparse.Namespace) -> list[str]:
+    """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets."""
+    if getattr(args, "suite", None) or getattr(args, "datasets", None):
+        from ..suites import resolve_suite
+        return list(resolve_suite(args.suite, args.datasets).datasets)
+    return [args.dataset]
+
+
 def prepare(args: argparse.Namespace):
     """Check data and weights before any heavy work, downloading them when asked.
 
-    Every problem is reported at once (dataset and weights), each with what to download and where."""
+    Every problem is reported at once (each dataset and the weights), each with what to download
+    and where. Returns (config, model, {dataset name: dataset})."""
     from ..datasets import DatasetError, DownloadError, build_dataset, download_dataset
     from ..engine import resolve_device
     from ..models import ModelLoadError, load_model
 
     problems: list[str] = []
-    dataset = model = None
+    datasets = {}
+    model = None
     cfg = config_from_args(args)
-    try:
-        dataset = build_dataset(cfg.dataset, cfg.data, classnames=cfg.classnames)
-    except DatasetError as exc:
-        if args.download:
-            try:
-                download_dataset(cfg.dataset, cfg.data)
-                dataset = build_dataset(cfg.dataset, cfg.data, classnames=cfg.classnames)
-            except (DownloadError, DatasetError, OSError) as dl_exc:
-                problems.append(f"dataset: {dl_exc}")
-        else:
-            problems.append(f"dataset: {exc}\n  -> run `shiftlab download {cfg.dataset} --root {cfg.data}` "
-                            "(or pass --download), see docs/DATA.md")
+    names = dataset_names(args)
+    for name in names:
+        classnames = cfg.classnames if len(names) == 1 else None
+        try:
+            datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
+        except DatasetError as exc:
+            if args.download:
+                try:
+                    download_dataset(name, cfg.data)
+                    datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
+                except (DownloadError, DatasetError, OSError) as dl_exc:
+                    problems.append(f"dataset {name}: {dl_exc}")
+            else:
+                problems.append(f"dataset {name}: {exc}\n  -> run `shiftlab download {name} --root {cfg.data}` "
+                                "(or pass --download), see docs/DATA.md")
     try:
         model = load_model(cfg.model, cfg.pretrained, device=resolve_device(cfg.device), cache_dir=args.cache_dir,
                            allow_download=args.download, trust_checkpoint=args.trust_checkpoint)
@@ -135,17 +154,26 @@ def prepare(args: argparse.Namespace):
                         "internet put the checkpoint in the cache or pass --pretrained /path/to/file")
     if problems:
         raise SystemExit("shiftlab run cannot start:\n- " + "\n- ".join(problems))
-    return cfg, model, dataset
+    return cfg, model, datasets
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import distributed
     from ..engine import run as run_engine
+    from ..suites import SuiteError, resolve_suite, run_suite
+    try:
+        suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
+    except SuiteError as exc:
+        print(f"shiftlab run: {exc}", file=sys.stderr)
+        return 2
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
     try:
-        cfg, model, dataset = prepare(args)
+        cfg, model, datasets = prepare(args)
         try:
-            run_engine(cfg, model=model, dataset=dataset)
+            if suite is not None:
+                run_suite(cfg, suite, model=model, datasets=datasets)
+            else:
+                run_engine(cfg, model=model, dataset=datasets[args.dataset])
         except (FileExistsError, KeyError, TypeError, ValueError) as exc:
             print(f"shiftlab run: {exc}", file=sys.stderr)
             return 2

@@ -7,14 +7,16 @@ import itertools
 import math
 from pathlib import Path
 
+from shiftlab import suites
 from shiftlab.report import sections
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
 from shiftlab.report.stats import paired_compare, series_metrics
+from shiftlab.results import record_files
 
-__all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "is_zeroshot", "resolve_method",
-           "zeroshot_baseline"]
+__all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "expand_suites", "is_zeroshot",
+           "resolve_method", "zeroshot_baseline"]
 
 # With more methods than this in one (dataset, setting), all pairs would swamp
 # the table, so "auto" compares each method with zero-shot only.
@@ -99,15 +101,40 @@ def metric_rows(data: ReportData) -> list[dict]:
     return rows
 
 
+def expand_suites(paths) -> tuple[list[Path], list[Path]]:
+    """Run directories to load and suite directories to tabulate: a suite directory (holding
+    suite.json) stands for the run directory of each of its datasets that has records."""
+    runs, suite_dirs = [], []
+    for path in paths:
+        try:
+            manifest = suites.read_manifest(path)
+        except suites.SuiteError as exc:
+            raise ReportError(str(exc)) from None
+        if manifest is None:
+            runs.append(Path(path))
+            continue
+        suite_dirs.append(Path(path))
+        started = [suites.dataset_dir(path, n) for n in manifest["datasets"]
+                   if record_files(suites.dataset_dir(path, n))]
+        if not started:
+            raise ReportError(f"suite {path} has no records yet (none of {', '.join(manifest['datasets'])} started)")
+        runs += started
+    return runs, suite_dirs
+
+
 def build_report(run_dirs, out_dir, compare=(), pairs: str = "auto", n_resamples: int = 2000,
                  seed: int = 0, title: str | None = None) -> Path:
     """Write the report for the given run directories into out_dir; returns report.html's path."""
+    run_dirs, suite_dirs = expand_suites(run_dirs)
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
     paired = [paired_compare(a, b, n_resamples, seed) for a, b in choose_pairs(runs, pairs, compare)]
-    data = ReportData(runs, metrics, paired, out, n_resamples, seed)
+    tables = [suites.suite_table(d) for d in suite_dirs]
+    data = ReportData(runs, metrics, paired, out, n_resamples, seed, tables)
+    for d, table in zip(suite_dirs, tables):
+        suites.write_suite_csv(out / f"suite_{Path(d).resolve().name}.csv", table)
 
     write_csv(out / "metrics.csv", metric_rows(data), METRIC_COLUMNS)
     dataset_of = {(s.key, s.setting_label): s.run.dataset for s in data.series}
@@ -119,7 +146,8 @@ def build_report(run_dirs, out_dir, compare=(), pairs: str = "auto", n_resamples
     meta = (f"{len(runs)} run(s), {len(data.series)} method/setting series; generated "
             f"{_dt.datetime.now().isoformat(timespec='seconds')}. Metrics recomputed from records.jsonl; "
             f"accuracies and ECE in percent, NLL in nats. Files: "
-            + ", ".join(f'<a href="{esc(n)}">{esc(n)}</a>' for n in ("metrics.csv", "paired.csv")))
+            + ", ".join(f'<a href="{esc(n)}">{esc(n)}</a>' for n in (
+                "metrics.csv", "paired.csv", *(f"suite_{Path(d).resolve().name}.csv" for d in suite_dirs))))
     parts = [build(data) for build in sections.ALL]
     html_path = out / "report.html"
     html_path.write_text(page(title, meta, [p for p in parts if p]), encoding="utf-8")

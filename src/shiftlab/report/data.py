@@ -5,7 +5,7 @@ the two depend on this module and not on each other.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shiftlab.published import canonical_method
@@ -21,6 +21,7 @@ class ReportData:
     out: Path
     n_resamples: int
     seed: int
+    suites: list[dict] = field(default_factory=list)   # suite tables (shiftlab.suites.suite_table)
 
     @property
     def series(self) -> list[Series]:

@@ -23,7 +23,7 @@ table.sortable th{cursor:pointer;user-select:none}
 table.sortable th[aria-sort=ascending]::after{content:" \\25B2"}
 table.sortable th[aria-sort=descending]::after{content:" \\25BC"}
 tbody tr:nth-child(even){background:#fafafa}
-.good{color:#1a7f37;font-weight:600} .bad{color:#c62828;font-weight:600}
+.good{color:#1a7f37;font-weight:600} td.pub{color:#666} .bad{color:#c62828;font-weight:600}
 .warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;margin:.4em 0}
 img{max-width:100%;height:auto;border:1px solid #eee;margin:.5em 0}
 .scroll{max-height:34em;overflow:auto;display:inline-block}

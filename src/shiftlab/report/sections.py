@@ -6,7 +6,8 @@ from collections import Counter
 
 import numpy as np
 
-from shiftlab import metrics
+from shiftlab import metrics, suites
+from shiftlab.display import model_label
 from shiftlab.published import canonical_method, published_rows
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
@@ -59,6 +60,42 @@ def results_section(data: ReportData):
     return ("results", "Results", "<p>Click a column header to sort.</p>" + table(
         ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", "n", "errors", "s / image"],
         rows, text_cols=3, id_="metrics-table"))
+
+
+def suite_section(data: ReportData):
+    """Each suite's table (datasets x methods, averages) with the papers' comparable rows below."""
+    if not data.suites:
+        return None
+    body = ""
+    for k, t in enumerate(data.suites):
+        columns = suites.table_columns(t)
+        headers = ["method", "source", *map(suites.column_title, columns)]
+        rows = [[m, "ours (records.jsonl)", *[num(v) for v in suites.row_values(t, m)]] for m in t["methods"]]
+        published = suites.published_suite_rows(t)
+        for row in published:
+            values = {**row["values"], "average": row["average"], "ood_average": row["ood_average"]}
+            rows.append([Cell(row["label"], cls="pub"), row["source_id"], *[num(values.get(c)) for c in columns]])
+        body += (f"<h3>{esc(t['title'] or t['suite'])}: {esc(model_label(t.get('model'), t.get('pretrained')))}</h3>"
+                 + table(headers, rows, text_cols=2, id_=f"suite-table-{k}"))
+        notes = []
+        if t["missing"]:
+            notes.append("no records yet for " + ", ".join(t["missing"]) + ": averages need every dataset")
+        if t["ood"]:
+            notes.append("Average: all " + str(len(t["datasets"])) + " datasets; OOD Average: "
+                         + ", ".join(suites.column_title(d) for d in t["ood"]) + " (as in TPT's Table 1)")
+        if published:
+            cited = dict.fromkeys((row["source_id"], row["source"]) for row in published)
+            notes.append("Published rows (grey): " + "; ".join(f"{sid}: {c}" for sid, c in cited)
+                         + ". An empty published cell (–) is a number not published or not verified from a "
+                           "primary source; shiftlab never fills one in.")
+            notes += [f"{row['label']}: {row['note']}" for row in published if row.get("note")]
+        else:
+            notes.append("No published row is comparable with this run: published numbers are shown only for "
+                         "CLIP RN50 / ViT-B/16 with OpenAI weights, and no ViT-B/16 number has been verified yet "
+                         "(see shiftlab/data/published_suites.json).")
+        body += "".join(f"<p class=meta>{esc(n)}</p>" for n in notes)
+    return ("suite", "Suite tables", "<p>Top-1 accuracy (%) on clean images per dataset, recomputed from each "
+            "dataset's records.jsonl.</p>" + body)
 
 
 PAIRED_HELP = """<p>Each row compares methods A and B on the <em>same</em> images (matched by sample id
@@ -271,6 +308,6 @@ def errors_section(data: ReportData):
     return ("errors", "Errors", body or "<p>No error records: every sample was predicted.</p>")
 
 
-ALL = [runs_section, results_section, paired_section, published_section, cost_section,
+ALL = [runs_section, suite_section, results_section, paired_section, published_section, cost_section,
        calibration_section, robust_section, renditions_section, per_class_section,
        confusions_section, errors_section]

@@ -1,0 +1,267 @@
+"""Benchmark suites: every dataset of a paper table, one resumable run directory per dataset.
+
+    shiftlab run --suite natural-shift --data ROOT --out runs/ns-rn50 --methods tpt,zeroshot
+    shiftlab run --datasets imagenet-r,imagenet-a --data ROOT --out runs/two
+
+A suite directory holds `suite.json` (what was asked for), one run directory per dataset
+(`SUITE_DIR/<dataset>/`, each exactly what `shiftlab run --out SUITE_DIR/<dataset>` writes,
+resumable on its own) and the suite table (`suite.md`, `suite.csv`): top-1 per method and
+dataset, the average, and for natural shift the OOD average over the four shifted sets, as
+in TPT's Table 1. Every number is recomputed from the datasets' records.jsonl.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SUITE_FILE = "suite.json"
+SUITE_MD = "suite.md"
+SUITE_CSV = "suite.csv"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    datasets: tuple[str, ...]
+    ood: tuple[str, ...] = ()        # datasets of the "OOD average" column (none: no such column)
+    title: str = ""
+
+
+SUITES: dict[str, Suite] = {
+    "natural-shift": Suite(
+        "natural-shift", ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"),
+        ood=("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"),
+        title="Natural distribution shift (ImageNet and its four shifted sets; TPT's Table 1)"),
+    "cross-dataset": Suite(
+        "cross-dataset", ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101",
+                          "food101", "sun397", "fgvc-aircraft", "eurosat"),
+        title="Cross-dataset generalization (ten fine-grained sets, CoOp's test splits; TPT's Table 2)"),
+}
+
+# Column headers as the papers print them.
+SHORT_NAMES = {
+    "imagenet": "ImageNet", "imagenet-a": "-A", "imagenet-v2": "-V2", "imagenet-r": "-R",
+    "imagenet-sketch": "-Sketch", "flowers102": "Flowers102", "dtd": "DTD", "oxford-pets": "Pets",
+    "stanford-cars": "Cars", "ucf101": "UCF101", "caltech101": "Caltech101", "food101": "Food101",
+    "sun397": "SUN397", "fgvc-aircraft": "Aircraft", "eurosat": "EuroSAT",
+}
+
+
+class SuiteError(ValueError):
+    """A suite request the user must fix (unknown suite, empty dataset list, not a suite directory)."""
+
+
+def resolve_suite(suite: str | None, datasets: str | Sequence[str] | None) -> Suite:
+    """The suite for `--suite NAME` or `--datasets a,b,c` (exactly one of them)."""
+    if suite and datasets:
+        raise SuiteError("give either --suite or --datasets, not both")
+    if suite:
+        if suite not in SUITES:
+            raise SuiteError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+        return SUITES[suite]
+    names = [d.strip() for d in (datasets.split(",") if isinstance(datasets, str) else datasets or ()) if d.strip()]
+    if not names:
+        raise SuiteError("--datasets needs at least one dataset name, e.g. --datasets imagenet-r,imagenet-a")
+    if len(set(names)) != len(names):
+        raise SuiteError(f"--datasets lists a dataset twice: {','.join(names)}")
+    known = next((s for s in SUITES.values() if s.datasets == tuple(names)), None)
+    return known or Suite("custom", tuple(names), title="Datasets " + ", ".join(names))
+
+
+def dataset_dir(suite_dir: str | Path, dataset: str) -> Path:
+    return Path(suite_dir) / dataset
+
+
+def write_manifest(suite_dir: Path, suite: Suite, config: dict) -> None:
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
+                "title": suite.title, "config": config}
+    (suite_dir / SUITE_FILE).write_text(json.dumps(manifest, indent=2))
+
+
+def read_manifest(suite_dir: str | Path) -> dict | None:
+    """suite.json of a suite directory, or None when the directory is not one."""
+    path = Path(suite_dir) / SUITE_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SuiteError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("datasets"), list):
+        raise SuiteError(f"{path} does not describe a suite (no 'datasets' list)")
+    return manifest
+
+
+def suite_from_manifest(manifest: dict) -> Suite:
+    return Suite(str(manifest.get("suite") or "custom"), tuple(manifest["datasets"]),
+                 tuple(manifest.get("ood") or ()), str(manifest.get("title") or ""))
+
+
+def run_suite(config, suite: Suite, model=None, datasets: dict | None = None) -> dict:
+    """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
+    the suite, each into `out/<dataset>`; then write the suite table. Returns the table."""
+    from . import distributed
+    from .engine import expand_methods
+    from .engine import run as run_engine
+
+    config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
+    suite_dir = Path(config.out)
+    rank0 = distributed.context().rank == 0
+    if rank0:
+        write_manifest(suite_dir, suite, {k: v for k, v in dataclasses.asdict(config).items()
+                                          if k not in ("dataset", "out", "classnames")})
+    for name in suite.datasets:
+        if config.progress and rank0:
+            print(f"== {suite.name}: {name} -> {dataset_dir(suite_dir, name)}")
+        per_dataset = dataclasses.replace(config, dataset=name, out=str(dataset_dir(suite_dir, name)),
+                                          methods=list(config.methods), classnames=None)
+        run_engine(per_dataset, model=model, dataset=(datasets or {}).get(name))
+    if not rank0:
+        return {}
+    table = suite_table(suite_dir)
+    write_suite_table(suite_dir, table)
+    if config.progress:
+        print(table_markdown(table))
+    return table
+
+
+# ------------------------------------------------------------------ the table
+
+def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
+    """Top-1 (percent) per method and dataset from the datasets' records, plus the averages.
+
+    {"suite", "title", "datasets", "ood", "methods", "model", "pretrained",
+     "top1": {method: {dataset: value}}, "n": {method: {dataset: n}},
+     "average": {method: value | None}, "ood_average": {method: value | None}, "missing": [...]}
+    An average is given only when the method has a number on every dataset it averages.
+    """
+    from .report.load import ReportError, load_run
+    from .report.stats import series_metrics
+
+    suite_dir = Path(suite_dir)
+    manifest = read_manifest(suite_dir)
+    if manifest is None:
+        raise SuiteError(f"{suite_dir} is not a suite directory (no {SUITE_FILE})")
+    suite = suite_from_manifest(manifest)
+    top1: dict[str, dict[str, float]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    missing, model, pretrained = [], None, None
+    for name in suite.datasets:
+        try:
+            run = load_run(dataset_dir(suite_dir, name))
+        except ReportError:
+            missing.append(name)
+            continue
+        model = model or run.config.get("model")
+        pretrained = pretrained or run.config.get("pretrained")
+        for s in run.series:
+            if s.setting == setting and s.n:
+                top1.setdefault(s.method, {})[name] = series_metrics(s)["top1"]
+                counts.setdefault(s.method, {})[name] = s.n
+    config = manifest.get("config") or {}
+    asked = list(config.get("methods") or [])
+    methods = [m for m in asked if m in top1] + sorted(set(top1) - set(asked))
+
+    def mean_over(method: str, names: Sequence[str]) -> float | None:
+        values = [top1[method].get(d) for d in names]
+        return None if not names or any(v is None for v in values) else float(sum(values) / len(values))
+
+    return {"suite": suite.name, "title": suite.title, "datasets": list(suite.datasets), "ood": list(suite.ood),
+            "methods": methods, "model": model or config.get("model"),
+            "pretrained": pretrained if pretrained is not None else config.get("pretrained"),
+            "top1": top1, "n": counts, "missing": missing,
+            "average": {m: mean_over(m, suite.datasets) for m in methods},
+            "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
+
+
+def table_columns(table: dict) -> list[str]:
+    return [*table["datasets"], "average", *(["ood_average"] if table["ood"] else [])]
+
+
+def column_title(column: str) -> str:
+    return {"average": "Average", "ood_average": "OOD Average"}.get(column, SHORT_NAMES.get(column, column))
+
+
+def row_values(table: dict, method: str) -> list[float | None]:
+    return [*(table["top1"][method].get(d) for d in table["datasets"]), table["average"][method],
+            *([table["ood_average"][method]] if table["ood"] else [])]
+
+
+def _cell(v: float | None) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def published_suite_rows(table: dict) -> list[dict]:
+    """The papers' rows comparable with this suite's model and weights (see shiftlab.published)."""
+    from .published import suite_rows
+    return suite_rows(table["suite"], table.get("model"), table.get("pretrained"))
+
+
+def table_markdown(table: dict) -> str:
+    """The suite table as Markdown: our methods, then the comparable published rows with sources."""
+    from .display import model_label
+
+    columns = table_columns(table)
+    head = ["method", *map(column_title, columns)]
+    lines = [f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}",
+             "", "Top-1 accuracy (%), clean images.", "",
+             "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
+    for m in table["methods"]:
+        lines.append("| " + " | ".join([m, *map(_cell, row_values(table, m))]) + " |")
+    published = published_suite_rows(table)
+    notes = []
+    if table["missing"]:
+        notes.append("no records yet for: " + ", ".join(table["missing"]))
+    if published:
+        lines += ["", "Published (same backbone, OpenAI weights; — = not published or not verified "
+                  "from a primary source):", "",
+                  "| published row | source | " + " | ".join(map(column_title, columns)) + " |",
+                  "|---|---|" + "---:|" * len(columns)]
+        for row in published:
+            values = [row["values"].get(d) for d in table["datasets"]] + [row.get("average")]
+            values += [row.get("ood_average")] if table["ood"] else []
+            lines.append(f"| {row['label']} | {row['source_id']} | " + " | ".join(map(_cell, values)) + " |")
+        cited = dict.fromkeys((row["source_id"], row["source"]) for row in published)
+        lines += ["", *(f"- {sid}: {citation}" for sid, citation in cited)]
+    return "\n".join(lines) + "\n" + ("\n" + "; ".join(notes) + "\n" if notes else "")
+
+
+CSV_COLUMNS = ["suite", "kind", "method", "label", "model", "pretrained", "dataset", "top1", "n", "source"]
+
+
+def table_rows(table: dict) -> list[dict]:
+    """Long-format rows (one per method x column) for suite.csv; published rows are kind=published."""
+    rows = []
+    base = {"suite": table["suite"], "model": table.get("model"), "pretrained": table.get("pretrained")}
+    for m in table["methods"]:
+        for column, value in zip(table_columns(table), row_values(table, m)):
+            rows.append({**base, "kind": "ours", "method": m, "label": m, "dataset": column, "top1": value,
+                         "n": table["n"][m].get(column), "source": "records.jsonl"})
+    for row in published_suite_rows(table):
+        values = {**row["values"], "average": row.get("average"), "ood_average": row.get("ood_average")}
+        for column in table_columns(table):
+            rows.append({**base, "kind": "published", "method": row.get("method"), "label": row["label"],
+                         "dataset": column, "top1": values.get(column), "n": None, "source": row["source"]})
+    return rows
+
+
+def write_suite_csv(path: Path, table: dict) -> Path:
+    with Path(path).open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in table_rows(table):
+            writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
+                                                                 else row[k])) for k in CSV_COLUMNS})
+    return Path(path)
+
+
+def write_suite_table(suite_dir: str | Path, table: dict) -> None:
+    suite_dir = Path(suite_dir)
+    (suite_dir / SUITE_MD).write_text(table_markdown(table))
+    write_suite_csv(suite_dir / SUITE_CSV, table)

@@ -1,0 +1,207 @@
+"""Suites: one resumable run directory per dataset and the suite table (datasets x methods)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from _synthetic import make_image_folder, make_imagenet_r
+from shiftlab import results, suites
+from shiftlab.cli import main as cli_main
+from shiftlab.datasets import imagenet_a_wnids
+from shiftlab.published import suite_rows, suite_sources
+from shiftlab.report import build_report
+from shiftlab.synthetic import tiny_clip
+
+
+def make_imagenet_a(root: Path, n_images: int) -> Path:
+    """ImageNet-A's layout (all 200 wnid folders) with one image in each of the first n_images."""
+    wnids = imagenet_a_wnids()
+    make_image_folder(root / "imagenet-a", wnids, per_class=0)
+    make_image_folder(root / "imagenet-a", wnids[:n_images], per_class=1, size=(72, 64), seed=3, image_format="jpg")
+    return root / "imagenet-a"
+
+
+def top1_from_records(run_dir: Path, method: str) -> float:
+    recs = [r for r in results.iter_records(run_dir / "records.jsonl")
+            if r.get("method") == method and r.get("setting", "clean") == "clean" and "error" not in r]
+    return 100.0 * sum(r["correct"] for r in recs) / len(recs)
+
+
+def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, list[bool]],
+                  pretrained: str | None = "openai") -> None:
+    run_dir.mkdir(parents=True)
+    lines = []
+    for method, correct in accuracy.items():
+        for i, ok in enumerate(correct):
+            lines.append(json.dumps({"id": i, "path": f"c{i % 3}/img_{i}.jpg", "label": i % 3, "method": method,
+                                     "setting": "clean", "pred": i % 3 if ok else (i + 1) % 3, "correct": ok,
+                                     "top5": [0, 1, 2], "confidence": 0.6, "true_prob": 0.5, "seconds": 0.01}))
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"config": {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"]},
+         "methods": {}}))
+
+
+# ----------------------------------------------------------------- the table
+
+def test_suite_table_averages_and_published_rows(tmp_path):
+    suite_dir = tmp_path / "ns"
+    suite = suites.SUITES["natural-shift"]
+    suites.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
+    # zeroshot: 1/4, 2/4, 3/4, 4/4, 2/4 correct; tpt skipped imagenet-sketch (no average then).
+    for k, name in enumerate(suite.datasets):
+        acc = {"zeroshot": [j < [1, 2, 3, 4, 2][k] for j in range(4)]}
+        if name != "imagenet-sketch":
+            acc["tpt"] = [True] * 4 if k % 2 else [True, False, False, False]
+        write_records(suite_dir / name, name, "RN50", acc)
+    table = suites.suite_table(suite_dir)
+    assert table["methods"] == ["zeroshot", "tpt"] and table["missing"] == []
+    assert table["top1"]["zeroshot"] == {"imagenet": 25.0, "imagenet-a": 50.0, "imagenet-v2": 75.0,
+                                         "imagenet-r": 100.0, "imagenet-sketch": 50.0}
+    assert table["average"]["zeroshot"] == pytest.approx(60.0)          # (25+50+75+100+50)/5
+    assert table["ood_average"]["zeroshot"] == pytest.approx(68.75)     # (50+75+100+50)/4
+    assert table["average"]["tpt"] is None and table["ood_average"]["tpt"] is None
+    suites.write_suite_table(suite_dir, table)
+    md = (suite_dir / "suite.md").read_text()
+    assert "| zeroshot | 25.00 | 50.00 | 75.00 | 100.00 | 50.00 | 60.00 | 68.75 |" in md
+    assert "| tpt | 25.00 | 100.00 | 25.00 | 100.00 | — | — | — |" in md
+    assert "| ImageNet | -A | -V2 | -R | -Sketch | Average | OOD Average |" in md
+    # RN50 + OpenAI weights: the papers' rows follow, with their source.
+    assert "| TPT | tpt-readme | 60.74 | 26.67 | 54.70 | 59.11 | 35.09 | 47.26 | 43.89 |" in md
+    assert "github.com/azshue/TPT" in md
+    rows = list(csv.DictReader((suite_dir / "suite.csv").open()))
+    ours = {(r["method"], r["dataset"]): r for r in rows if r["kind"] == "ours"}
+    assert float(ours[("zeroshot", "ood_average")]["top1"]) == pytest.approx(68.75)
+    assert ours[("zeroshot", "imagenet-a")]["n"] == "4" and ours[("tpt", "average")]["top1"] == ""
+    assert any(r["kind"] == "published" and r["label"] == "DMN-ZS" and r["dataset"] == "imagenet-r"
+               and float(r["top1"]) == 61.44 for r in rows)
+    # The HTML report of the suite directory shows the same table.
+    html = build_report([suite_dir], tmp_path / "report", n_resamples=10).read_text()
+    section = re.search(r'<section id="suite">.*?</section>', html, re.S).group(0)
+    assert ">68.75<" in section and ">60.00<" in section and ">43.89<" in section
+    assert "tpt-readme" in section and (tmp_path / "report" / "suite_ns.csv").is_file()
+
+
+def test_published_suite_numbers_are_sourced_and_add_up():
+    sources = suite_sources()
+    for suite, model in [("natural-shift", "RN50"), ("cross-dataset", "RN50-quickgelu")]:
+        rows = suite_rows(suite, model, "openai")
+        assert rows
+        datasets = suites.SUITES[suite].datasets
+        for row in rows:
+            assert row["source"] == sources[row["source_id"]] and set(row["values"]) <= set(datasets)
+            # A printed average must be the mean of the printed per-dataset numbers (catches typos).
+            if row["average"] is not None:
+                assert len(row["values"]) == len(datasets)
+                assert sum(row["values"].values()) / len(datasets) == pytest.approx(row["average"], abs=0.006)
+            if row["ood_average"] is not None:
+                ood = [row["values"][d] for d in suites.SUITES[suite].ood]
+                assert sum(ood) / len(ood) == pytest.approx(row["ood_average"], abs=0.006)
+    assert suite_rows("natural-shift", "ViT-B-16", "openai") == []        # none verified yet
+    assert suite_rows("natural-shift", "RN50", "laion2b_s34b_b79k") == []
+    assert suite_rows("natural-shift", "convnext_base", "openai") == []
+
+
+def test_suite_requests_that_cannot_run_are_one_line_errors(tmp_path, capsys):
+    base = ["run", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress"]
+    assert cli_main(base + ["--suite", "natural-shift", "--datasets", "imagenet-r"]) == 2
+    assert "either --suite or --datasets" in capsys.readouterr().err
+    assert cli_main(base + ["--datasets", "imagenet-r,imagenet-r"]) == 2
+    assert "lists a dataset twice" in capsys.readouterr().err
+    # Every missing dataset is reported at once, before anything runs.
+    with pytest.raises(SystemExit) as exc:
+        cli_main(base + ["--datasets", "imagenet-r,imagenet-a", "--pretrained", "none", "--model", "no-such-model"])
+    message = str(exc.value)
+    assert "dataset imagenet-r:" in message and "dataset imagenet-a:" in message and "model:" in message
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------ end to end, killed and resumed
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
+    torch.save(tiny_clip(0).clip.state_dict(), path)
+    return path
+
+
+@pytest.mark.slow
+def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, tiny_checkpoint):
+    data = tmp_path / "data"
+    make_imagenet_r(data, classes=range(0, 200, 40), size=(72, 64))            # 5 images
+    make_imagenet_a(data, 24)
+    suite_dir = tmp_path / "suite"
+    args = [sys.executable, "-m", "shiftlab", "run", "--datasets", "imagenet-r,imagenet-a", "--data", str(data),
+            "--model", "RN50", "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0",
+            "--batch-size", "1", "--methods", "zeroshot,tpt", "--no-progress", "--out", str(suite_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = suite_dir / "imagenet-a" / "records.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if second.is_file() and second.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = len(list(results.iter_records(second)))
+    assert 0 < n_before < 48, "the suite must be killed inside its second dataset for this test to mean anything"
+    assert len(list(results.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
+    assert not (suite_dir / "suite.md").exists()
+
+    done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name, n_images in [("imagenet-r", 5), ("imagenet-a", 24)]:
+        recs = list(results.iter_records(suite_dir / name / "records.jsonl"))
+        assert len(recs) == len({results.record_key(r) for r in recs}) == 2 * n_images
+        assert json.loads((suite_dir / name / "summary.json").read_text())["config"]["dataset"] == name
+    manifest = json.loads((suite_dir / "suite.json").read_text())
+    assert manifest["datasets"] == ["imagenet-r", "imagenet-a"] and manifest["ood"] == []
+    md = (suite_dir / "suite.md").read_text()
+    rows = {r["method"] + "/" + r["dataset"]: r for r in csv.DictReader((suite_dir / "suite.csv").open())
+            if r["kind"] == "ours"}
+    for method in ("zeroshot", "tpt"):
+        r_acc, a_acc = (top1_from_records(suite_dir / d, method) for d in ("imagenet-r", "imagenet-a"))
+        assert float(rows[f"{method}/imagenet-r"]["top1"]) == pytest.approx(r_acc)
+        assert float(rows[f"{method}/imagenet-a"]["top1"]) == pytest.approx(a_acc)
+        assert float(rows[f"{method}/average"]["top1"]) == pytest.approx((r_acc + a_acc) / 2)
+        assert f"| {method} | {r_acc:.2f} | {a_acc:.2f} | {(r_acc + a_acc) / 2:.2f} |" in md
+    assert "Published" not in md   # a list of one's own datasets has no paper table
+
+
+# ------------------------------------------------------------- second backbone
+
+@pytest.mark.slow
+def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
+    from shiftlab.models import _build_from_openai_state_dict, _is_openai_state_dict, load_model
+
+    data = make_image_folder(tmp_path / "data", ["cat", "dog"], per_class=1, size=(96, 80), image_format="jpg")
+    out = tmp_path / "vit"
+    assert cli_main(["run", "--dataset", "imagefolder", "--data", str(data), "--model", "ViT-B-16",
+                     "--pretrained", "none", "--views", "8", "--workers", "0", "--methods", "zeroshot,tpt,mta",
+                     "--no-progress", "--out", str(out)]) == 0
+    recs = list(results.iter_records(out / "records.jsonl"))
+    want = [(i, m) for i in range(2) for m in ("mta", "tpt", "zeroshot")]
+    assert sorted((r["id"], r["method"]) for r in recs) == want
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["model"] == "ViT-B-16" and summary["errors"] == 0
+    assert (out / "summary.md").read_text().startswith("### imagefolder · ViT-B-16 (random weights)")
+    # OpenAI's ViT-B/16 file is an OpenAI state dict: the loader must rebuild the same network from one.
+    model = load_model("ViT-B-16-quickgelu", None)   # OpenAI's ViTs use QuickGELU, as their RN50 does
+    assert model.image_size == 224
+    sd = model.clip.state_dict()
+    assert _is_openai_state_dict(sd)
+    rebuilt = _build_from_openai_state_dict(sd).eval()
+    x = torch.rand(1, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.allclose(rebuilt.encode_image(x), model.clip.encode_image(x), atol=1e-5)
