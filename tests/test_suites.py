@@ -18,7 +18,7 @@ from _synthetic import make_image_folder, make_imagenet_r
 from shiftlab import results, suites
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import imagenet_a_wnids
-from shiftlab.published import suite_rows, suite_sources
+from shiftlab.published_suites import openai_sha256, sources, suite_rows, table_rows
 from shiftlab.report import build_report
 from shiftlab.synthetic import tiny_clip
 
@@ -38,7 +38,7 @@ def top1_from_records(run_dir: Path, method: str) -> float:
 
 
 def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, list[bool]],
-                  pretrained: str | None = "openai") -> None:
+                  pretrained: str | None = "openai", sha256: str | None = None, protocol: str | None = "paper") -> None:
     run_dir.mkdir(parents=True)
     lines = []
     for method, correct in accuracy.items():
@@ -48,7 +48,8 @@ def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, l
                                      "top5": [0, 1, 2], "confidence": 0.6, "true_prob": 0.5, "seconds": 0.01}))
     (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(
-        {"config": {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"]},
+        {"config": {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"],
+                    "checkpoint_sha256": sha256, "protocol": protocol},
          "methods": {}}))
 
 
@@ -63,7 +64,7 @@ def test_suite_table_averages_and_published_rows(tmp_path):
         acc = {"zeroshot": [j < [1, 2, 3, 4, 2][k] for j in range(4)]}
         if name != "imagenet-sketch":
             acc["tpt"] = [True] * 4 if k % 2 else [True, False, False, False]
-        write_records(suite_dir / name, name, "RN50", acc)
+        write_records(suite_dir / name, name, "RN50", acc, sha256=openai_sha256("RN50"))
     table = suites.suite_table(suite_dir)
     assert table["methods"] == ["zeroshot", "tpt"] and table["missing"] == []
     assert table["top1"]["zeroshot"] == {"imagenet": 25.0, "imagenet-a": 50.0, "imagenet-v2": 75.0,
@@ -76,7 +77,7 @@ def test_suite_table_averages_and_published_rows(tmp_path):
     assert "| zeroshot | 25.00 | 50.00 | 75.00 | 100.00 | 50.00 | 60.00 | 68.75 |" in md
     assert "| tpt | 25.00 | 100.00 | 25.00 | 100.00 | — | — | — |" in md
     assert "| ImageNet | -A | -V2 | -R | -Sketch | Average | OOD Average |" in md
-    # RN50 + OpenAI weights: the papers' rows follow, with their source.
+    # RN50 + OpenAI's checkpoint (by SHA-256) + the paper protocol: the papers' rows follow, with their source.
     assert "| TPT | tpt-readme | 60.74 | 26.67 | 54.70 | 59.11 | 35.09 | 47.26 | 43.89 |" in md
     assert "github.com/azshue/TPT" in md
     rows = list(csv.DictReader((suite_dir / "suite.csv").open()))
@@ -90,16 +91,25 @@ def test_suite_table_averages_and_published_rows(tmp_path):
     section = re.search(r'<section id="suite">.*?</section>', html, re.S).group(0)
     assert ">68.75<" in section and ">60.00<" in section and ">43.89<" in section
     assert "tpt-readme" in section and (tmp_path / "report" / "suite_ns.csv").is_file()
+    # The same numbers from weights of unknown origin, or under the leaderboard protocol: no published rows.
+    for sha, protocol in [(None, "paper"), ("0" * 64, "paper"), (openai_sha256("RN50"), None)]:
+        for name in suite.datasets:
+            summary = json.loads((suite_dir / name / "summary.json").read_text())
+            summary["config"].update(checkpoint_sha256=sha, protocol=protocol)
+            (suite_dir / name / "summary.json").write_text(json.dumps(summary))
+        table = suites.suite_table(suite_dir)
+        assert table["protocol"] == (protocol or "leaderboard") and suites.published_suite_rows(table) == []
+        assert "Published" not in suites.table_markdown(table)
 
 
 def test_published_suite_numbers_are_sourced_and_add_up():
-    sources = suite_sources()
+    cited = sources()
     for suite, model in [("natural-shift", "RN50"), ("cross-dataset", "RN50-quickgelu")]:
-        rows = suite_rows(suite, model, "openai")
-        assert rows
+        rows = suite_rows(suite, model, weights_sha256=openai_sha256("RN50"), protocol="paper")
+        assert rows and rows == table_rows(suite, "RN50")
         datasets = suites.SUITES[suite].datasets
         for row in rows:
-            assert row["source"] == sources[row["source_id"]] and set(row["values"]) <= set(datasets)
+            assert row["source"] == cited[row["source_id"]] and set(row["values"]) <= set(datasets)
             # A printed average must be the mean of the printed per-dataset numbers (catches typos).
             if row["average"] is not None:
                 assert len(row["values"]) == len(datasets)
@@ -107,9 +117,15 @@ def test_published_suite_numbers_are_sourced_and_add_up():
             if row["ood_average"] is not None:
                 ood = [row["values"][d] for d in suites.SUITES[suite].ood]
                 assert sum(ood) / len(ood) == pytest.approx(row["ood_average"], abs=0.006)
-    assert suite_rows("natural-shift", "ViT-B-16", "openai") == []        # none verified yet
-    assert suite_rows("natural-shift", "RN50", "laion2b_s34b_b79k") == []
-    assert suite_rows("natural-shift", "convnext_base", "openai") == []
+    # OpenAI's files as open_clip's table lists them (the SHA-256 is part of the official URL).
+    assert openai_sha256("RN50") == "afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762"
+    assert openai_sha256("ViT-B/16") == "5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f"
+    vit = openai_sha256("ViT-B/16")
+    assert table_rows("natural-shift", "ViT-B/16") == []                                 # none verified yet
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256=vit, protocol="paper") == []
+    assert suite_rows("natural-shift", "RN50", weights_sha256=vit, protocol="paper") == []   # wrong file
+    assert suite_rows("natural-shift", "RN50", weights_sha256=None, protocol="paper") == []  # unknown origin
+    assert suite_rows("natural-shift", "convnext_base", weights_sha256=vit, protocol="paper") == []
 
 
 def test_suite_requests_that_cannot_run_are_one_line_errors(tmp_path, capsys):

@@ -90,39 +90,3 @@ def published_for(method: str, dataset: str | None, model: str | None,
     """The published row for one of our method names, or None."""
     key = canonical_method(method)
     return published_rows(dataset, model, pretrained).get(key) if key else None
-
-
-# ---------------------------------------------------------------- suite tables
-# The papers' natural-shift and cross-dataset tables, as data: shiftlab/data/published_suites.json
-# (each row cites its source). Same rule as above: rows only for the backbone the run used and
-# weights that may be OpenAI's.
-
-SUITE_BACKBONES = {"RN50": RN50_MODELS, "ViT-B/16": ("ViT-B-16", "ViT-B-16-quickgelu")}
-
-
-def _suite_data() -> dict:
-    import json
-    from importlib import resources
-    return json.loads(resources.files("shiftlab").joinpath("data", "published_suites.json").read_text("utf-8"))
-
-
-def suite_sources() -> dict[str, str]:
-    """Source id -> full citation of the published suite numbers."""
-    return dict(_suite_data()["sources"])
-
-
-def suite_rows(suite: str, model: str | None, pretrained: str | None = None) -> list[dict]:
-    """Published rows of a suite table comparable with this model and weights, else [].
-
-    Each row: suite, backbone, method (canonical name or None), label, source (full
-    citation), values {dataset: top-1 %}, average, ood_average, note. Returns copies."""
-    backbone = next((b for b, models in SUITE_BACKBONES.items() if str(model or "") in models), None)
-    if backbone is None or not _is_openai_weights(pretrained):
-        return []
-    data = _suite_data()
-    rows = []
-    for row in data["rows"]:
-        if row["suite"] == suite and row["backbone"] == backbone:
-            rows.append({"average": None, "ood_average": None, "note": "", **row, "values": dict(row["values"]),
-                         "source_id": row["source"], "source": data["sources"][row["source"]]})
-    return rows

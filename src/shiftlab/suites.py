@@ -141,6 +141,7 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
      "average": {method: value | None}, "ood_average": {method: value | None}, "missing": [...]}
     An average is given only when the method has a number on every dataset it averages.
     """
+    from .published_suites import run_identity
     from .report.load import ReportError, load_run
     from .report.stats import series_metrics
 
@@ -151,15 +152,14 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
     suite = suite_from_manifest(manifest)
     top1: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
-    missing, model, pretrained = [], None, None
+    missing, identity = [], {}
     for name in suite.datasets:
         try:
             run = load_run(dataset_dir(suite_dir, name))
         except ReportError:
             missing.append(name)
             continue
-        model = model or run.config.get("model")
-        pretrained = pretrained or run.config.get("pretrained")
+        identity = identity or (run_identity(run.summary) if run.config else {})
         for s in run.series:
             if s.setting == setting and s.n:
                 top1.setdefault(s.method, {})[name] = series_metrics(s)["top1"]
@@ -173,8 +173,9 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
         return None if not names or any(v is None for v in values) else float(sum(values) / len(values))
 
     return {"suite": suite.name, "title": suite.title, "datasets": list(suite.datasets), "ood": list(suite.ood),
-            "methods": methods, "model": model or config.get("model"),
-            "pretrained": pretrained if pretrained is not None else config.get("pretrained"),
+            "methods": methods, "model": identity.get("model", config.get("model")),
+            "pretrained": identity.get("pretrained", config.get("pretrained")),
+            "weights_sha256": identity.get("weights_sha256"), "protocol": identity.get("protocol"),
             "top1": top1, "n": counts, "missing": missing,
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
@@ -198,9 +199,11 @@ def _cell(v: float | None) -> str:
 
 
 def published_suite_rows(table: dict) -> list[dict]:
-    """The papers' rows comparable with this suite's model and weights (see shiftlab.published)."""
-    from .published import suite_rows
-    return suite_rows(table["suite"], table.get("model"), table.get("pretrained"))
+    """The papers' rows comparable with this suite's run: backbone, weights by checksum, protocol
+    (see shiftlab.published_suites)."""
+    from .published_suites import suite_rows
+    return suite_rows(table["suite"], table.get("model"), weights_sha256=table.get("weights_sha256"),
+                      protocol=table.get("protocol"))
 
 
 def table_markdown(table: dict) -> str:
@@ -219,8 +222,8 @@ def table_markdown(table: dict) -> str:
     if table["missing"]:
         notes.append("no records yet for: " + ", ".join(table["missing"]))
     if published:
-        lines += ["", "Published (same backbone, OpenAI weights; — = not published or not verified "
-                  "from a primary source):", "",
+        lines += ["", "Published (same backbone, OpenAI weights by checksum, `paper` protocol; — = not "
+                  "published or not verified from a primary source):", "",
                   "| published row | source | " + " | ".join(map(column_title, columns)) + " |",
                   "|---|---|" + "---:|" * len(columns)]
         for row in published:

@@ -90,9 +90,11 @@ def suite_section(data: ReportData):
                            "primary source; shiftlab never fills one in.")
             notes += [f"{row['label']}: {row['note']}" for row in published if row.get("note")]
         else:
-            notes.append("No published row is comparable with this run: published numbers are shown only for "
-                         "CLIP RN50 / ViT-B/16 with OpenAI weights, and no ViT-B/16 number has been verified yet "
-                         "(see shiftlab/data/published_suites.json).")
+            notes.append("No published row is comparable with this run: the papers' numbers are shown only for "
+                         "CLIP RN50 / ViT-B/16 whose checkpoint's SHA-256 is OpenAI's, run with the `paper` "
+                         "protocol (this run: " + f"weights sha256 {t.get('weights_sha256') or 'not recorded'}, "
+                         f"protocol {t.get('protocol') or 'not recorded'}). No ViT-B/16 number has been "
+                         "verified yet (see shiftlab/data/published_suites.json).")
         body += "".join(f"<p class=meta>{esc(n)}</p>" for n in notes)
     return ("suite", "Suite tables", "<p>Top-1 accuracy (%) on clean images per dataset, recomputed from each "
             "dataset's records.jsonl.</p>" + body)
