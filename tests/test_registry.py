@@ -70,3 +70,54 @@ def test_methods_command_lists_every_method(capsys):
     out = capsys.readouterr().out
     for name in shiftlab.list_methods():
         assert name in out
+
+
+# -- the registry type itself (methods, attacks and datasets all use it) ----------------------------
+
+def test_list_methods_by_kind():
+    online, episodic = shiftlab.list_methods(kind="online"), shiftlab.list_methods(kind="episodic")
+    assert online and episodic and sorted(online + episodic) == shiftlab.list_methods()
+    assert all(not get_method_class(n).episodic for n in online)
+    assert all(get_method_class(n).episodic for n in episodic)
+    assert {"tda", "dmn_zs"} <= set(online) and "tpt" in episodic
+    with pytest.raises(ValueError, match="unknown method kind 'batch'; known: episodic, online"):
+        shiftlab.list_methods(kind="batch")
+
+
+def test_unknown_names_read_as_one_plain_line():
+    from shiftlab.attacks import build_attack
+    from shiftlab.datasets import DatasetError, build_dataset
+    with pytest.raises(KeyError) as info:
+        get_method_class("nope")
+    assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
+    with pytest.raises(ValueError) as info:
+        build_attack({"name": "fgsm"}, evaluator=None)
+    assert str(info.value) == "unknown attack 'fgsm'; known: none, pgd"
+    with pytest.raises(DatasetError) as info:
+        build_dataset("nope", ".")
+    assert str(info.value).startswith("unknown dataset 'nope'; known: imagefolder, imagenet, imagenet-a")
+
+
+def test_registry_aliases_filters_and_duplicates():
+    from shiftlab.registry import Registry, UnknownNameError
+
+    class Entry:
+        def __init__(self, online):
+            self.online = online
+
+    reg = Registry("widget", normalize=str.lower)
+    a, b = reg.register("a", Entry(True), aliases=("Alpha",)), reg.register("b", Entry(False))
+    assert reg.get("ALPHA") is a and reg.canonical("alpha") == "a" and reg["B"] is b
+    assert reg.names() == ["a", "b"] and reg.names(online=True) == ["a"] and reg.names(where=lambda e: e is b) == ["b"]
+    assert "alpha" in reg and "c" not in reg and list(reg) == ["a", "b"] and len(reg) == 2
+    assert reg.register("a", a) is a  # the same entry again (a module imported twice) is fine
+    with pytest.raises(ValueError, match="widget 'alpha' is already registered"):
+        reg.register("c", Entry(True), aliases=("alpha",))
+    with pytest.raises(UnknownNameError, match="^unknown widget 'c'; known: a, b$"):
+        reg.get("c")
+    assert reg.pop("alpha") is a and "a" not in reg and "alpha" not in reg and reg.names() == ["b"]
+
+    @reg.register("k")
+    class K:
+        pass
+    assert reg.get("k") is K and K.name == "k"

@@ -25,25 +25,21 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
+from .registry import Registry
+
 QUANTIZE_MODES = ("round", "truncate")
-_ATTACKS: dict[str, type[Attack]] = {}
+_ATTACKS: Registry[type[Attack]] = Registry("attack", also_known=("none",))
 _ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
 
 
 def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
     """Class decorator: make an `Attack` subclass available as `--attack NAME`."""
-    def deco(cls: type[Attack]) -> type[Attack]:
-        if name in _ATTACKS and _ATTACKS[name] is not cls:
-            raise ValueError(f"attack {name!r} is already registered ({_ATTACKS[name].__name__})")
-        cls.name = name
-        _ATTACKS[name] = cls
-        return cls
-    return deco
+    return _ATTACKS.register(name)
 
 
 def list_attacks() -> list[str]:
     """Registered attack names (`none` is always accepted too and means: no attack)."""
-    return sorted(_ATTACKS)
+    return _ATTACKS.names()
 
 
 def build_attack(attack_cfg: dict[str, Any], evaluator) -> Attack | None:
@@ -52,10 +48,9 @@ def build_attack(attack_cfg: dict[str, Any], evaluator) -> Attack | None:
     name = cfg.pop("name", "none")
     if name in (None, "none"):
         return None
-    if name not in _ATTACKS:
-        raise ValueError(f"unknown attack {name!r}; known: none, {', '.join(list_attacks())}")
+    cls = _ATTACKS.get(name)  # UnknownNameError (a ValueError) naming the known attacks
     try:
-        return _ATTACKS[name](evaluator, **cfg)
+        return cls(evaluator, **cfg)
     except TypeError as exc:
         raise TypeError(f"attack {name!r}: {exc}") from None
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..registry import Registry
 from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, imagenet_wnids
 
 __all__ = [
@@ -85,31 +86,33 @@ _IMAGENET_MANUAL = (
 
 # Archive sizes/checksums are not hard-coded: none was published by the authors, so they are
 # recorded in <root>/<name>.sha256 on the first trusted download (download.py) and verified afterwards.
-DATASETS: dict[str, DatasetSpec] = {
-    "imagenet-r": DatasetSpec(
+DATASETS: Registry[DatasetSpec] = Registry("dataset", error=DatasetError, normalize=lambda n: n.lower())
+for _spec_entry in (
+    DatasetSpec(
         "imagenet-r", 200, "wnid", ("imagenet-r",),
         url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar",
         archive_name="imagenet-r.tar", archive_dir="imagenet-r"),
-    "imagenet-a": DatasetSpec(
+    DatasetSpec(
         "imagenet-a", 200, "wnid", ("imagenet-a",),
         url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-a.tar",
         archive_name="imagenet-a.tar", archive_dir="imagenet-a"),
-    "imagenet-v2": DatasetSpec(
+    DatasetSpec(
         "imagenet-v2", 1000, "index", ("imagenet-v2", "imagenetv2-matched-frequency-format-val"),
         url="https://huggingface.co/datasets/vaishaal/ImageNetV2/resolve/main/imagenetv2-matched-frequency.tar.gz",
         archive_name="imagenetv2-matched-frequency.tar.gz", archive_dir="imagenetv2-matched-frequency-format-val"),
-    "imagenet-sketch": DatasetSpec(
+    DatasetSpec(
         "imagenet-sketch", 1000, "wnid", ("imagenet-sketch", "sketch"),
         archive_name="ImageNet-Sketch.zip", archive_dir="sketch", manual=_SKETCH_MANUAL),
-    "imagenet": DatasetSpec(
+    DatasetSpec(
         "imagenet", 1000, "wnid", ("imagenet-val", "imagenet/val", "val"), manual=_IMAGENET_MANUAL),
-    "imagefolder": DatasetSpec("imagefolder", None, "any"),
-}
+    DatasetSpec("imagefolder", None, "any"),
+):
+    DATASETS.register(_spec_entry.name, _spec_entry)
 
 
 def list_datasets() -> list[str]:
     """Names accepted by ``build_dataset``, sorted."""
-    return sorted(DATASETS)
+    return DATASETS.names()
 
 
 @dataclass
@@ -140,10 +143,7 @@ class FolderDataset:
 
 
 def _spec(name: str) -> DatasetSpec:
-    try:
-        return DATASETS[name]
-    except KeyError:
-        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}") from None
+    return DATASETS.get(name)  # DatasetError naming the known datasets
 
 
 def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
@@ -159,7 +159,7 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
 
 
 def _download_hint(name: str, root: Path) -> str:
-    spec = DATASETS.get(name)
+    spec = DATASETS.get(name) if name in DATASETS else None
     if spec is None or not spec.dirnames:
         return ""
     hint = f" (expected the class folders there or in {root / spec.dirnames[0]}"

@@ -17,9 +17,11 @@ from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
 from ..precision import Precision
 from ..precision import resolve as resolve_precision
+from ..registry import Registry
 from ..views import ViewRecipe
 
-_REGISTRY: dict[str, type[Method]] = {}
+_REGISTRY: Registry[type[Method]] = Registry("method")
+METHOD_KINDS = ("episodic", "online")
 
 
 @dataclass
@@ -109,24 +111,27 @@ class Method:
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    def wrap(cls: type[Method]) -> type[Method]:
-        if name in _REGISTRY:
-            raise ValueError(f"method {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-    return wrap
+    """Class decorator: make a `Method` subclass available as `--methods NAME`."""
+    return _REGISTRY.register(name)
 
 
-def list_methods() -> list[str]:
-    return sorted(_REGISTRY)
+def method_kind(cls: type[Method]) -> str:
+    """"episodic" (reset before every sample) or "online" (adapts along the stream)."""
+    return "episodic" if cls.episodic else "online"
+
+
+def list_methods(kind: str | None = None) -> list[str]:
+    """Registered method names, sorted; `kind` ("episodic" or "online") keeps only those."""
+    if kind is None:
+        return _REGISTRY.names()
+    if kind not in METHOD_KINDS:
+        raise ValueError(f"unknown method kind {kind!r}; known: {', '.join(METHOD_KINDS)}")
+    return _REGISTRY.names(where=lambda cls: method_kind(cls) == kind)
 
 
 def get_method_class(name: str) -> type[Method]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown method {name!r}; registered: {', '.join(list_methods())}") from None
+    """The class registered as `name`; an unknown name raises `UnknownNameError` (a KeyError)."""
+    return _REGISTRY.get(name)
 
 
 def make_config(cls: type[Method], **overrides: Any):

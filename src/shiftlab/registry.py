@@ -1,0 +1,116 @@
+"""One small registry type for everything selectable by name: methods, attacks, datasets.
+
+    METHODS = Registry("method")
+    @METHODS.register("tpt")
+    class TPT(Method): ...
+    METHODS.get("tpt")                      # the class
+    METHODS.names(episodic=False)           # names whose entry has .episodic == False
+    METHODS.get("nope")                     # UnknownNameError: unknown method 'nope'; known: dmn_zs, ...
+
+An entry may have aliases (datasets answer to CLIP_benchmark's and TPT's names too); ``get`` and
+``canonical`` resolve them, ``names`` lists canonical names only. With ``normalize`` (e.g.
+case-folding) lookups compare normalised names, so ``R`` and ``r`` are the same alias.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+__all__ = ["Registry", "UnknownNameError"]
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A name that is not registered. A KeyError for lookups, a ValueError for argument checks;
+    ``str()`` is the plain message (a bare KeyError would wrap it in quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(Generic[T]):
+    """Named entries of one kind, with aliases, attribute filters and a one-line unknown-name error."""
+
+    def __init__(self, kind: str, *, error: type[Exception] = UnknownNameError,
+                 normalize: Callable[[str], str] | None = None, also_known: tuple[str, ...] = ()):
+        self.kind = kind
+        self.error = error
+        self._normalize = normalize or (lambda name: name)
+        self._also_known = also_known  # accepted by the caller outside the registry (e.g. attack "none")
+        self._entries: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}  # normalised name or alias -> canonical name
+
+    def register(self, name: str, entry: T | None = None, *, aliases: tuple[str, ...] = (),
+                 replace: bool = False) -> Any:
+        """Register ``entry`` under ``name`` (returns it), or use as a decorator when ``entry`` is omitted.
+
+        Registering a taken name or alias twice is an error unless ``replace`` (a re-import of the same
+        object is accepted). A class entry gets its ``name`` attribute set to ``name``.
+        """
+        if entry is None:
+            return lambda obj: self.register(name, obj, aliases=aliases, replace=replace)
+        keys = [self._normalize(name), *(self._normalize(a) for a in aliases)]
+        for key in keys:
+            owner = self._aliases.get(key)
+            if owner is not None and not replace and self._entries[owner] is not entry:
+                raise ValueError(f"{self.kind} {key!r} is already registered (as {owner!r})")
+        if isinstance(entry, type):
+            entry.name = name  # type: ignore[attr-defined]
+        self._entries[name] = entry
+        for key in keys:
+            self._aliases[key] = name
+        return entry
+
+    def canonical(self, name: str) -> str:
+        """The registered name that ``name`` (a name or alias) stands for; raises ``self.error`` if none."""
+        key = self._normalize(str(name))
+        if key not in self._aliases:
+            known = ", ".join([*self._also_known, *self.names()])
+            raise self.error(f"unknown {self.kind} {str(name)!r}; known: {known}")
+        return self._aliases[key]
+
+    def get(self, name: str) -> T:
+        """The entry registered as ``name`` (or one of its aliases)."""
+        return self._entries[self.canonical(name)]
+
+    __getitem__ = get
+
+    def names(self, where: Callable[[T], bool] | None = None, **attributes: Any) -> list[str]:
+        """Sorted canonical names, optionally only entries with ``entry.<attr> == value`` for every given
+        attribute and for which ``where(entry)`` is true."""
+        return sorted(
+            name for name, entry in self._entries.items()
+            if all(getattr(entry, attr, _MISSING) == value for attr, value in attributes.items())
+            and (where is None or where(entry)))
+
+    def aliases(self, name: str) -> list[str]:
+        """Every normalised key that resolves to ``name``'s entry, the canonical one first."""
+        canonical = self.canonical(name)
+        return [canonical] + sorted(k for k, v in self._aliases.items() if v == canonical and k != canonical)
+
+    def items(self) -> list[tuple[str, T]]:
+        return [(name, self._entries[name]) for name in self.names()]
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        """Remove an entry and its aliases (tests register temporary entries)."""
+        key = self._normalize(name)
+        canonical = self._aliases.get(key)
+        if canonical is None:
+            return default
+        self._aliases = {k: v for k, v in self._aliases.items() if v != canonical}
+        return self._entries.pop(canonical)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._normalize(name) in self._aliases
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+_MISSING = object()
