@@ -314,6 +314,38 @@ def test_download_dataset_invalid_archive_not_published(server, tmp_path):
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # staging folder cleaned up
 
 
+@pytest.mark.parametrize("bad", ["unsafe", "corrupt", "not_a_dataset"])
+def test_refused_or_corrupt_archive_leaves_no_digest_then_the_genuine_one_is_accepted(server, tmp_path, bad):
+    # issue 13: the digest of a refused archive used to be recorded first, so the genuine one was then
+    # rejected as corrupt until the user found and deleted <root>/<name>.sha256.
+    bad_archive = {
+        "unsafe": lambda: _tar(tmp_path / "b.tar", [(_member("imagenet-r/../../evil.txt"), b"x")]),
+        "corrupt": lambda: (tmp_path / "b.tar").write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 50) and tmp_path / "b.tar",
+        "not_a_dataset": lambda: _tar(tmp_path / "b.tar", [(_member("imagenet-r/n01443537/a.jpg"), b"x")]),
+    }[bad]()
+    server.files["/imagenet-r.tar"] = bad_archive.read_bytes()
+    root = tmp_path / "data"
+    url = server.url + "/imagenet-r.tar"
+    with pytest.raises(DownloadError) as info:
+        download_dataset("imagenet-r", root, url=url, progress=False)
+    assert "no checksum was recorded" in str(info.value)
+    assert list(root.iterdir()) == []  # no digest, no archive, no staging folder, no dataset
+    assert not (tmp_path / "evil.txt").exists()
+
+    genuine = _imagenet_r_tarball(tmp_path)
+    server.files["/imagenet-r.tar"] = genuine
+    assert download_dataset("imagenet-r", root, url=url, progress=False) == root / "imagenet-r"
+    assert (root / "imagenet-r.sha256").read_text().startswith(f"{_sha(genuine)}  imagenet-r.tar")
+    assert len(build_dataset("imagenet-r", root)) == 200
+
+
+def test_bad_archive_placed_by_the_user_is_kept_and_not_recorded(tmp_path):
+    placed = _tar(tmp_path / "imagenet-r.tar", [(_member("imagenet-r/n01443537/a.jpg"), b"x")])
+    with pytest.raises(DownloadError, match="does not contain a valid imagenet-r"):
+        download_dataset("imagenet-r", tmp_path, progress=False)
+    assert placed.is_file() and not (tmp_path / "imagenet-r.sha256").exists()
+
+
 def test_download_dataset_offline_message(tmp_path):
     url = _unused_port_url("/imagenet-r.tar")
     with pytest.raises(DownloadError) as info:

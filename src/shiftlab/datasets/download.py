@@ -16,7 +16,10 @@ Guarantees (each one exists because a 2 GB download fails in practice in exactly
 
 Checksums: the dataset authors publish none, so ``DATASETS`` holds ``sha256=None``. After a download
 whose checksum was unknown, ``<root>/<name>.sha256`` (sha256sum format plus a ``# size`` line)
-records the digest, which is printed; later downloads of that dataset are verified against it.
+records the digest, which is printed; later downloads of that dataset are verified against it. The
+digest is recorded only once the archive was extracted and its dataset validated in full: a refused
+(unsafe) or corrupt archive leaves no digest behind, and is deleted when we downloaded it (an archive
+the user placed is never deleted), so the next attempt fetches and trusts only a good copy.
 """
 from __future__ import annotations
 
@@ -340,14 +343,30 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     expected_size = size if size is not None else (spec.size if spec.size is not None else recorded_size)
     hint = (f"\nIf this machine has no internet access, download {url} elsewhere and copy it to {archive} "
             f"(exact path), or extract it so that {target}/ holds the class folders; then rerun.")
+    placed_by_user = archive.exists()
     _, digest, nbytes = _fetch(url or archive.as_uri(), archive, sha256=expected_sha, size=expected_size,
                                progress=progress, hint=hint)
-    if expected_sha is None:
+    try:
+        _extract_and_publish(name, spec, archive, root, target)
+    except DownloadError as exc:
+        # Nothing about a refused or corrupt archive is kept as trusted: no digest is recorded, and an
+        # archive we downloaded ourselves is deleted so that the next attempt fetches a fresh copy.
+        if placed_by_user:
+            raise
+        archive.unlink(missing_ok=True)
+        raise type(exc)(f"{exc} (the downloaded {archive.name} was deleted; no checksum was recorded)") from exc
+    if expected_sha is None:  # only now: the archive was extracted and its dataset validated in full
         record.write_text(f"{digest}  {archive.name}\n# size {nbytes} bytes\n", encoding="utf-8")
         print(f"{name}: SHA-256 of {archive.name} ({nbytes} bytes) is {digest}\n"
               f"recorded in {record}; later downloads are verified against it "
               f"(compare it with a trusted copy if you can).")
+    if not keep_archive:
+        archive.unlink()
+    return target
 
+
+def _extract_and_publish(name: str, spec, archive: Path, root: Path, target: Path) -> None:
+    """Extract ``archive`` into a hidden staging folder, validate the dataset, then rename it to ``target``."""
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.extract-", dir=root))
     try:
         _extract_into(archive, staging)
@@ -360,9 +379,6 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
         os.replace(inner, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    if not keep_archive:
-        archive.unlink()
-    return target
 
 
 def _dataset_folder_in(staging: Path, spec) -> Path:
