@@ -201,6 +201,80 @@ def test_unknown_dataset(tmp_path):
         build_dataset("imagenet-z", tmp_path)
 
 
+# ------------------------------------------------------- issue 13: partial datasets, symlinks
+
+def test_mostly_empty_dataset_is_refused_unless_partial_is_allowed(tmp_path):
+    make_imagenet_r(tmp_path, classes=range(40))  # 160 of 200 class folders empty
+    ds = build_dataset("imagenet-r", tmp_path)
+    assert len(ds.empty_classes) == 160 and ds.empty_classes[0] == imagenet_r_wnids()[40]
+    with pytest.raises(DatasetError) as info:
+        ds.require_complete()
+    assert str(info.value).startswith("imagenet-r: 160 of 200 classes (80%) have no images")
+    assert imagenet_r_wnids()[40] in str(info.value)
+
+
+def test_a_few_empty_classes_are_tolerated(tmp_path):
+    root = make_imagenet_r(tmp_path, classes=range(190))  # 10 of 200 = 5%: the limit itself passes
+    build_dataset("imagenet-r", tmp_path).require_complete()
+    for f in (root / imagenet_r_wnids()[189]).iterdir():
+        f.unlink()
+    with pytest.raises(DatasetError, match="11 of 200 classes"):
+        build_dataset("imagenet-r", tmp_path).require_complete()
+
+
+def test_cli_run_reports_empty_classes_and_refuses_before_any_work(tmp_path, capsys):
+    import torch
+
+    from shiftlab.cli import main
+    from shiftlab.synthetic import tiny_clip
+    make_imagenet_r(tmp_path / "data", classes=range(40), size=(64, 64))
+    ckpt = tmp_path / "tiny.pt"
+    torch.save(tiny_clip(0).clip.state_dict(), ckpt)
+    argv = ["run", "--data", str(tmp_path / "data"), "--model", "RN50", "--pretrained", str(ckpt),
+            "--methods", "zeroshot", "--views", "1", "--workers", "0", "--no-progress", "--limit", "2",
+            "--out", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert "160 of 200 classes (80%) have no images" in str(info.value) and "--allow-partial" in str(info.value)
+    assert "warning: 160 of 200 class folders have no images" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert main([*argv, "--allow-partial"]) == 0
+    assert "warning: 160 of 200 class folders have no images" in capsys.readouterr().err
+
+
+def test_symlink_loops_are_survived(tmp_path):
+    root = make_imagenet_r(tmp_path, classes=[0, 1])
+    folder = root / imagenet_r_wnids()[0]
+    (folder / "sub").mkdir()
+    (folder / "sub" / "up").symlink_to(folder, target_is_directory=True)   # back into the class folder
+    (folder / "sub" / "top").symlink_to(root, target_is_directory=True)    # back to the dataset folder
+    (folder / "self").symlink_to(folder / "self")                          # ELOOP
+    (folder / "dangling.jpg").symlink_to(folder / "nope.jpg")
+    os.symlink(root / imagenet_r_wnids()[1], folder / "other_class")       # inside the root: followed
+    ds = build_dataset("imagenet-r", tmp_path)
+    paths = [p for p, label in ds.samples if label == 0]
+    assert paths == sorted([f"{imagenet_r_wnids()[0]}/art_0.jpg", f"{imagenet_r_wnids()[0]}/other_class/cartoon_0.jpg"])
+    assert any("ignored 2 symlinks" in w and "loop back" in w for w in ds.warnings)
+    assert any("ignored 2 broken symlinks" in w for w in ds.warnings)  # self-loop (ELOOP) and dangling
+
+
+def test_symlinks_out_of_the_dataset_root_are_not_followed(tmp_path):
+    root = make_imagenet_r(tmp_path / "data", classes=[0])
+    outside = make_image_folder(tmp_path / "elsewhere", ["secret"], per_class=3)
+    folder = root / imagenet_r_wnids()[0]
+    (folder / "escape").symlink_to(outside / "secret", target_is_directory=True)
+    (folder / "leak.png").symlink_to(outside / "secret" / "img_0.png")
+    (root / imagenet_r_wnids()[1]).rmdir()
+    (root / imagenet_r_wnids()[1]).symlink_to(outside / "secret", target_is_directory=True)  # a whole class
+    ds = build_dataset("imagenet-r", tmp_path / "data")
+    assert [p for p, _ in ds.samples] == [f"{imagenet_r_wnids()[0]}/art_0.jpg"]
+    assert any(w == f"ignored 3 symlinks in {root} that point outside it" for w in ds.warnings)
+    # a dataset folder that is itself a link (data kept on another disk) is fine
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "imagenet-r").symlink_to(root, target_is_directory=True)
+    assert len(build_dataset("imagenet-r", tmp_path / "linked")) == 1
+
+
 def test_listing_30000_files_is_fast(tmp_path):
     # Creating 30,000 files is the slow part on a disk-backed tmp; tmpfs (/dev/shm) makes it ~1 s.
     shm = Path("/dev/shm")

@@ -367,7 +367,7 @@ _PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_
 
 
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
-    argv = ["run", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
+    argv = ["run", "--allow-partial", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
             "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
             "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
             "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]

@@ -63,6 +63,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
     p.add_argument("--batch-size", type=int, default=8, help="images per engine step")
     p.add_argument("--classnames", type=Path, default=None, help="class names file for --dataset imagefolder")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="run even when more than 5%% of the dataset's classes have no images")
     p.add_argument("--download", action="store_true", help="download missing data and weights (needs internet)")
     p.add_argument("--cache-dir", default=None, help="model weights cache (default ~/.cache/clip)")
     p.add_argument("--trust-checkpoint", action="store_true",
@@ -152,6 +154,15 @@ def prepare(args: argparse.Namespace):
     except OSError as exc:  # network failures inside open_clip's download
         problems.append(f"model: downloading {cfg.model}/{cfg.pretrained} failed ({exc}); on a machine without "
                         "internet put the checkpoint in the cache or pass --pretrained /path/to/file")
+    if dataset is not None:
+        for warning in dataset.warnings:  # empty classes, skipped files and links: said before any work
+            print(f"shiftlab run: warning: {warning}", file=sys.stderr)
+        if not args.allow_partial:
+            try:
+                dataset.require_complete()
+            except DatasetError as exc:
+                problems.append(f"dataset: {exc}\n  -> complete the dataset, or pass --allow-partial to run on "
+                                "the classes present (labels keep the full class list)")
     if problems:
         raise SystemExit("shiftlab run cannot start:\n- " + "\n- ".join(problems))
     return cfg, model, datasets

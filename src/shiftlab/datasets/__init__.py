@@ -12,6 +12,7 @@ from .download import ChecksumError, DownloadError, UnsafeArchiveError, download
 from .folders import (
     DATASETS,
     IMAGE_EXTENSIONS,
+    MAX_EMPTY_FRACTION,
     DatasetError,
     DatasetSpec,
     FolderDataset,
@@ -24,5 +25,5 @@ __all__ = [
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",
     "download_dataset", "download_file", "safe_extract", "DATASETS", "IMAGE_EXTENSIONS", "DatasetError",
-    "DatasetSpec", "FolderDataset", "build_dataset", "find_dataset_dir", "list_datasets",
+    "DatasetSpec", "FolderDataset", "MAX_EMPTY_FRACTION", "build_dataset", "find_dataset_dir", "list_datasets",
 ]

@@ -12,7 +12,12 @@ Validation decisions:
 - missing or unexpected class folders, a nonexistent root and a dataset without any image are
   errors (``DatasetError``) naming the path and what was expected;
 - a class folder without images is allowed (labels stay fixed by the full class list) and
-  reported in ``FolderDataset.warnings``, so partial/synthetic subsets still load;
+  reported in ``FolderDataset.warnings`` / ``empty_classes``, so partial/synthetic subsets still load;
+  ``FolderDataset.require_complete()`` (what ``shiftlab run`` calls unless ``--allow-partial``)
+  refuses a dataset with more than ``MAX_EMPTY_FRACTION`` of its classes empty;
+- symlinks are followed only while they stay inside the dataset folder; links pointing outside it,
+  dangling links and links looping back into a folder being scanned are skipped and counted in
+  ``warnings``;
 - files at the dataset's top level (README.txt, classnames.txt) are ignored; inside a class
   folder, images are found recursively, hidden entries are skipped and non-image files are
   counted in ``warnings``.
@@ -20,6 +25,7 @@ Validation decisions:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +35,12 @@ from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, i
 
 __all__ = [
     "IMAGE_EXTENSIONS", "DatasetError", "DatasetSpec", "DATASETS", "FolderDataset", "build_dataset",
-    "list_datasets", "find_dataset_dir",
+    "list_datasets", "find_dataset_dir", "MAX_EMPTY_FRACTION",
 ]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 _MAX_LISTED = 10
+MAX_EMPTY_FRACTION = 0.05  # more empty classes than this: refused by `shiftlab run` unless --allow-partial
 
 
 class DatasetError(ValueError):
@@ -123,6 +130,7 @@ class FolderDataset:
     wnids: list[str] | None  # label -> wnid (None for imagefolder)
     name: str
     warnings: list[str] = field(default_factory=list)
+    empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -140,6 +148,15 @@ class FolderDataset:
     @property
     def labels(self) -> list[int]:
         return [label for _, label in self.samples]
+
+    def require_complete(self, max_empty_fraction: float = MAX_EMPTY_FRACTION) -> None:
+        """Raise ``DatasetError`` when more than ``max_empty_fraction`` of the classes have no sample:
+        a partly copied or extracted dataset would otherwise score as if it were the real one."""
+        if len(self.empty_classes) > max_empty_fraction * self.num_classes:
+            share = len(self.empty_classes) / self.num_classes
+            raise DatasetError(
+                f"{self.name}: {len(self.empty_classes)} of {self.num_classes} classes ({share:.0%}) have no images "
+                f"in {self.root} (more than {max_empty_fraction:.0%}): {_listing(self.empty_classes)}")
 
 
 def _spec(name: str) -> DatasetSpec:
@@ -174,25 +191,78 @@ def _listing(items: Sequence[str]) -> str:
 
 
 def _subdirs(directory: Path) -> list[str]:
+    names = []
     with os.scandir(directory) as entries:
-        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+        for e in entries:
+            try:
+                if not e.name.startswith(".") and e.is_dir():
+                    names.append(e.name)
+            except OSError:  # a symlink loop (ELOOP) or an unreadable entry is not a class folder
+                continue
+    return sorted(names)
 
 
-def _scan_images(directory: Path, prefix: str, out: list[str]) -> int:
-    """Append relative posix paths of images under ``directory`` to ``out``; return #non-image files."""
-    skipped = 0
+@dataclass
+class _Scan:
+    """What a scan of class folders skipped, for the warnings. Symlinks are followed only while they
+    stay inside the dataset folder (``root``), and never back into a folder being scanned (a loop)."""
+
+    root: str  # realpath of the dataset folder
+    non_images: int = 0
+    outside_links: int = 0
+    broken_links: int = 0
+    loops: int = 0
+
+    def inside(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def warnings(self, directory: Path) -> list[str]:
+        out = []
+        if self.non_images:
+            out.append(f"ignored {self.non_images} non-image files inside class folders of {directory}")
+        if self.outside_links:
+            out.append(f"ignored {self.outside_links} symlinks in {directory} that point outside it")
+        if self.broken_links:
+            out.append(f"ignored {self.broken_links} broken symlinks in {directory}")
+        if self.loops:
+            out.append(f"ignored {self.loops} symlinks in {directory} that loop back into their own folder")
+        return out
+
+
+def _scan_images(directory: Path, prefix: str, out: list[str], scan: _Scan,
+                 ancestors: frozenset[str] = frozenset()) -> None:
+    """Append relative posix paths of images under ``directory`` to ``out``; count what was skipped."""
+    real = os.path.realpath(directory)
+    if not scan.inside(real):
+        scan.outside_links += 1
+        return
+    ancestors = ancestors | {scan.root, real}  # a link to the dataset folder itself would rescan everything
     with os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             rel = f"{prefix}/{entry.name}"
-            if entry.is_dir():
-                skipped += _scan_images(Path(entry.path), rel, out)
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not scan.inside(target):
+                    scan.outside_links += 1
+                    continue
+                try:
+                    is_dir = stat.S_ISDIR(os.stat(entry.path).st_mode)
+                except OSError:  # dangling, or a loop of links (ELOOP)
+                    scan.broken_links += 1
+                    continue
+                if is_dir and target in ancestors:
+                    scan.loops += 1
+                    continue
+            else:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            if is_dir:
+                _scan_images(Path(entry.path), rel, out, scan, ancestors)
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
                 out.append(rel)
             else:
-                skipped += 1
-    return skipped
+                scan.non_images += 1
 
 
 def _read_classnames_file(path: Path) -> list[str]:
@@ -248,10 +318,10 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
 
     samples: list[tuple[str, int]] = []
     empty: list[str] = []
-    non_images = 0
+    scan = _Scan(os.path.realpath(directory))
     for label_of_folder, folder in _labelled(spec, folders):
         paths: list[str] = []
-        non_images += _scan_images(directory / folder, folder, paths)
+        _scan_images(directory / folder, folder, paths, scan)
         if not paths:
             empty.append(folder)
         samples.extend((p, label_of_folder) for p in paths)
@@ -264,10 +334,9 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     warnings = []
     if empty:
         warnings.append(f"{len(empty)} of {len(folders)} class folders have no images: {_listing(empty)}")
-    if non_images:
-        warnings.append(f"ignored {non_images} non-image files inside class folders of {directory}")
+    warnings += scan.warnings(directory)
     return FolderDataset(root=directory, samples=samples, classnames=classnames, wnids=wnids, name=name,
-                         warnings=warnings)
+                         warnings=warnings, empty_classes=empty)
 
 
 def _labelled(spec: DatasetSpec, folders: list[str]):
