@@ -402,3 +402,43 @@ def test_cli_offline_returns_error(tmp_path, capsys):
     assert download_command.run(args) == 1
     err = capsys.readouterr().err
     assert url in err and str(tmp_path / "imagenet-a.tar") in err
+
+
+def test_split_dataset_download_extracts_next_to_the_split_file_and_verifies(server, tmp_path):
+    # A stand-in for 102flowers.tgz (jpg/image_*.jpg) and CoOp's split file put there by the user first.
+    import json
+
+    from _synthetic import make_split_dataset
+    make_split_dataset(tmp_path / "src", "flowers102", with_images=range(102))
+    listed = json.loads((tmp_path / "src" / "oxford_flowers" / "split_zhou_OxfordFlowers.json").read_text())["test"]
+    for rel, _, _ in listed:
+        (tmp_path / "src" / "oxford_flowers" / "jpg" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "oxford_flowers" / "jpg" / rel).write_bytes(b"x")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(tmp_path / "src" / "oxford_flowers" / "jpg", arcname="jpg")
+    server.files["/102flowers.tgz"] = buffer.getvalue()
+    root = tmp_path / "data"
+    (root / "oxford_flowers").mkdir(parents=True)
+    (root / "oxford_flowers" / "split_zhou_OxfordFlowers.json").write_text(json.dumps({"test": listed}))
+    got = download_dataset("flowers", root, url=server.url + "/102flowers.tgz", progress=False)
+    assert got == root / "oxford_flowers"
+    ds = build_dataset("flowers102", root)
+    assert ds.root == root / "oxford_flowers" / "jpg" and len(ds) == 2463 and ds.missing_samples == 0
+    assert (root / "flowers102.sha256").read_text().startswith(_sha(buffer.getvalue()))
+    # present now: nothing is downloaded again
+    assert download_dataset("flowers102", root, url=server.url + "/102flowers.tgz", progress=False) == ds.root
+    assert len(server.requests) == 1
+
+
+def test_split_dataset_archive_without_its_images_is_refused(server, tmp_path):
+    server.files["/102flowers.tgz"] = _tar(tmp_path / "x.tar", [(_member("other/a.jpg"), b"x")]).read_bytes()
+    with pytest.raises(DownloadError, match="holds none of the image folders expected"):
+        download_dataset("flowers102", tmp_path / "data", url=server.url + "/102flowers.tgz", progress=False)
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_manual_cross_dataset_names_the_source_and_the_folder(tmp_path):
+    with pytest.raises(DownloadError, match="UCF-101-midframes.zip") as info:
+        download_dataset("ucf101", tmp_path)
+    assert str(tmp_path / "ucf101") in str(info.value)

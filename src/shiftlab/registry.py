@@ -13,7 +13,8 @@ case-folding) lookups compare normalised names, so ``R`` and ``r`` are the same 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Registry", "UnknownNameError"]
 

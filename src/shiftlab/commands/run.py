@@ -34,7 +34,8 @@ def parse_method_config(items: list[str]) -> dict[str, dict]:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
-                   help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, imagefolder")
+                   help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, the ten cross-dataset sets "
+                        "(flowers102, dtd, ...), imagefolder; CLIP_benchmark's and TPT's names work too (docs/DATA.md)")
     p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset"],
                    help="run every dataset of a paper table, each into OUT/<dataset>, then write the suite "
                         "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
@@ -100,7 +101,9 @@ def config_from_args(args: argparse.Namespace):
         attack |= {"eps": args.eps, "alpha": args.alpha if args.alpha is not None else args.eps / 4,
                    "steps": args.steps, "random_start": args.random_start, "quantize": args.quantize}
     pretrained = None if str(args.pretrained).lower() in ("none", "random") else args.pretrained
-    return RunConfig(dataset=args.dataset, data=str(args.data), model=args.model, pretrained=pretrained,
+    from ..datasets import DATASETS
+    dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
+    return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
                      methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                      method_config=parse_method_config(args.method_config), views=args.views,
                      augmix=args.augmix, seed=args.seed, limit=args.limit, out=str(args.out), resume=args.resume,
@@ -154,15 +157,15 @@ def prepare(args: argparse.Namespace):
     except OSError as exc:  # network failures inside open_clip's download
         problems.append(f"model: downloading {cfg.model}/{cfg.pretrained} failed ({exc}); on a machine without "
                         "internet put the checkpoint in the cache or pass --pretrained /path/to/file")
-    if dataset is not None:
+    for name, dataset in datasets.items():
         for warning in dataset.warnings:  # empty classes, skipped files and links: said before any work
-            print(f"shiftlab run: warning: {warning}", file=sys.stderr)
+            print(f"shiftlab run: warning: {name}: {warning}", file=sys.stderr)
         if not args.allow_partial:
             try:
                 dataset.require_complete()
             except DatasetError as exc:
-                problems.append(f"dataset: {exc}\n  -> complete the dataset, or pass --allow-partial to run on "
-                                "the classes present (labels keep the full class list)")
+                problems.append(f"dataset {name}: {exc}\n  -> complete the dataset, or pass --allow-partial to run "
+                                "on the classes present (labels keep the full class list)")
     if problems:
         raise SystemExit("shiftlab run cannot start:\n- " + "\n- ".join(problems))
     return cfg, model, datasets

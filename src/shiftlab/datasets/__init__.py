@@ -1,27 +1,31 @@
 """Data layer: the ImageNet class table, folder datasets, and download + safe extraction."""
 from .classes import (
-    classnames_for_wnids,
-    imagenet_a_wnids,
-    imagenet_classes,
-    imagenet_classnames,
-    imagenet_r_wnids,
-    imagenet_wnids,
-    load_templates,
+                      classnames_for_wnids,
+                      imagenet_a_wnids,
+                      imagenet_classes,
+                      imagenet_classnames,
+                      imagenet_r_wnids,
+                      imagenet_wnids,
+                      load_templates,
 )
+from .crossdataset import CROSS_DATASETS, SplitFileMissing, crossdataset_classnames
 from .download import ChecksumError, DownloadError, UnsafeArchiveError, download_dataset, download_file, safe_extract
 from .folders import (
-    DATASETS,
-    IMAGE_EXTENSIONS,
-    MAX_EMPTY_FRACTION,
-    DatasetError,
-    DatasetSpec,
-    FolderDataset,
-    build_dataset,
-    find_dataset_dir,
-    list_datasets,
+                      DATASETS,
+                      IMAGE_EXTENSIONS,
+                      MAX_EMPTY_FRACTION,
+                      DatasetError,
+                      DatasetSpec,
+                      FolderDataset,
+                      build_dataset,
+                      find_dataset_dir,
+                      list_datasets,
 )
+from .settings import method_settings, setting_source, templates, view_settings
 
 __all__ = [
+    "method_settings", "setting_source", "templates", "view_settings",
+    "CROSS_DATASETS", "SplitFileMissing", "crossdataset_classnames",
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",
     "download_dataset", "download_file", "safe_extract", "DATASETS", "IMAGE_EXTENSIONS", "DatasetError",

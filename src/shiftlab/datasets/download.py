@@ -39,7 +39,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from tqdm.auto import tqdm
 
-from .folders import DATASETS, DatasetError, build_dataset
+from .crossdataset import SplitFileMissing, build_split_dataset, dataset_dirs
+from .folders import DATASETS, IMAGE_EXTENSIONS, DatasetError, build_dataset
 
 __all__ = ["DownloadError", "ChecksumError", "UnsafeArchiveError", "download_file", "download_dataset", "safe_extract"]
 
@@ -320,11 +321,16 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     if name not in DATASETS:
         raise DownloadError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     spec = DATASETS[name]
+    name = spec.name  # the canonical name for an alias
     if not spec.dirnames:
         raise DownloadError(f"{name} is a local folder layout; there is nothing to download")
     root = Path(root).expanduser()
     target = root / spec.dirnames[0]
-    for dirname in spec.dirnames:
+    if spec.layout == "split":
+        present = _split_dataset_present(name, root)
+        if present is not None:
+            return present
+    for dirname in spec.dirnames if spec.layout != "split" else ():
         if (root / dirname).is_dir():
             try:
                 return build_dataset(name, root / dirname).root
@@ -365,11 +371,64 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     return target
 
 
+def _split_dataset_present(name: str, root: Path) -> Path | None:
+    """The image folder of a split-listed set already under ``root``, or None when it has to be downloaded.
+
+    Only the split file missing is not a reason to download (it does not come with the archive)."""
+    try:
+        return build_dataset(name, root).root
+    except SplitFileMissing as exc:
+        if _split_images_in(DATASETS[name], root):
+            raise DownloadError(str(exc)) from None
+        return None
+    except DatasetError:
+        return None
+
+
+def _split_images_in(spec, folder: Path) -> bool:
+    """Whether one of the set's candidate image folders under ``folder`` holds at least one image."""
+    for base in dataset_dirs(spec, folder):
+        for sub in spec.split.image_dirs:
+            candidate = base / sub if sub else base
+            if sub and candidate.is_dir():
+                for _dirpath, _dirs, files in os.walk(candidate):
+                    if any(os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS for f in files):
+                        return True
+    return False
+
+
+def _publish_split(name: str, spec, staging: Path, root: Path, target: Path) -> None:
+    """Validate a split-listed set extracted into ``staging`` and move its content into ``target``.
+
+    ``target`` may exist already (holding the split file the user put there): each top-level entry is
+    moved in, and an entry that exists there already is an error before anything is moved."""
+    try:
+        build_split_dataset(spec, staging, split_places=[target, root]).require_complete(0.0)
+    except SplitFileMissing:
+        if not _split_images_in(spec, staging):
+            raise DownloadError(f"{name}: the archive holds none of the image folders expected "
+                                f"({', '.join(d for d in spec.split.image_dirs if d)})") from None
+        print(f"{name}: images extracted to {target}; the run also needs CoOp's "
+              f"{spec.split.split_file} there (see docs/DATA.md)")
+    except DatasetError as exc:
+        raise DownloadError(f"the archive does not contain a valid {name} test set: {exc}") from exc
+    entries = sorted(staging.iterdir())
+    clashes = [str(target / e.name) for e in entries if (target / e.name).exists()]
+    if clashes:
+        raise DownloadError(f"{name}: {', '.join(clashes)} exists already; move it away and rerun")
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        os.replace(entry, target / entry.name)
+
+
 def _extract_and_publish(name: str, spec, archive: Path, root: Path, target: Path) -> None:
     """Extract ``archive`` into a hidden staging folder, validate the dataset, then rename it to ``target``."""
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.extract-", dir=root))
     try:
         _extract_into(archive, staging)
+        if spec.layout == "split":
+            _publish_split(name, spec, staging, root, target)
+            return
         inner = _dataset_folder_in(staging, spec)
         try:
             build_dataset(name, inner)  # validate before publishing it under the final name

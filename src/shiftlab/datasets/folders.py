@@ -29,6 +29,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..registry import Registry
 from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, imagenet_wnids
@@ -52,7 +53,8 @@ class DatasetSpec:
     """What a named dataset looks like on disk and where it comes from.
 
     ``layout``: ``"wnid"`` (class folders named by wnid, labels = position in ``wnids``),
-    ``"index"`` (folders ``0``..``N-1``, label = int(folder)), or ``"any"`` (imagefolder).
+    ``"index"`` (folders ``0``..``N-1``, label = int(folder)), ``"any"`` (imagefolder), or
+    ``"split"`` (a test split listed in a file, see crossdataset.py).
     ``archive_dir``: the top-level folder inside the archive; ``dirnames[0]``: the folder name the
     downloader gives it under the data root. ``url=None`` with ``manual`` set means no automatic download.
     ``sha256``/``size`` of the archive are None until recorded from a trusted download (see download.py).
@@ -68,6 +70,7 @@ class DatasetSpec:
     sha256: str | None = None
     size: int | None = None
     manual: str | None = None
+    split: Any = None  # crossdataset.SplitLayout for layout "split" (a test split listed in a file)
 
     def wnids(self) -> list[str] | None:
         if self.name == "imagenet-r":
@@ -93,28 +96,45 @@ _IMAGENET_MANUAL = (
 
 # Archive sizes/checksums are not hard-coded: none was published by the authors, so they are
 # recorded in <root>/<name>.sha256 on the first trusted download (download.py) and verified afterwards.
-DATASETS: Registry[DatasetSpec] = Registry("dataset", error=DatasetError, normalize=lambda n: n.lower())
-for _spec_entry in (
-    DatasetSpec(
-        "imagenet-r", 200, "wnid", ("imagenet-r",),
+def _normalize_name(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+# Names: shiftlab's own; CLIP_benchmark's (imagenet1k, imagenetv2, imagenet_sketch, imagenet_r, ...) and
+# TPT's set ids (I/A/V/R/K) as aliases. Folder names: shiftlab's, then the archive's, then the layouts of
+# CoOp's DATASETS.md, TPT's ID_to_DIRNAME and CLIP_benchmark's `--dataset_root root/{dataset}`.
+DATASETS: Registry[DatasetSpec] = Registry("dataset", error=DatasetError, normalize=_normalize_name)
+for _spec_entry, _aliases in (
+    (DatasetSpec(
+        "imagenet-r", 200, "wnid", ("imagenet-r", "imagenet-rendition/imagenet-r", "imagenet_r"),
         url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar",
-        archive_name="imagenet-r.tar", archive_dir="imagenet-r"),
-    DatasetSpec(
-        "imagenet-a", 200, "wnid", ("imagenet-a",),
+        archive_name="imagenet-r.tar", archive_dir="imagenet-r"), ("r", "imagenet-rendition")),
+    (DatasetSpec(
+        "imagenet-a", 200, "wnid", ("imagenet-a", "imagenet-adversarial/imagenet-a", "imagenet_a"),
         url="https://people.eecs.berkeley.edu/~hendrycks/imagenet-a.tar",
-        archive_name="imagenet-a.tar", archive_dir="imagenet-a"),
-    DatasetSpec(
-        "imagenet-v2", 1000, "index", ("imagenet-v2", "imagenetv2-matched-frequency-format-val"),
+        archive_name="imagenet-a.tar", archive_dir="imagenet-a"), ("a", "imagenet-adversarial")),
+    (DatasetSpec(
+        "imagenet-v2", 1000, "index",
+        ("imagenet-v2", "imagenetv2-matched-frequency-format-val",
+         "imagenetv2/imagenetv2-matched-frequency-format-val", "imagenetv2/ImageNetV2-matched-frequency",
+         "ImageNetV2-matched-frequency"),
         url="https://huggingface.co/datasets/vaishaal/ImageNetV2/resolve/main/imagenetv2-matched-frequency.tar.gz",
         archive_name="imagenetv2-matched-frequency.tar.gz", archive_dir="imagenetv2-matched-frequency-format-val"),
-    DatasetSpec(
-        "imagenet-sketch", 1000, "wnid", ("imagenet-sketch", "sketch"),
+     ("v", "imagenetv2", "imagenetv2-matched-frequency")),
+    (DatasetSpec(
+        "imagenet-sketch", 1000, "wnid",
+        ("imagenet-sketch", "sketch", "imagenet-sketch/images", "ImageNet-Sketch/sketch", "ImageNet-Sketch",
+         "imagenet_sketch"),
         archive_name="ImageNet-Sketch.zip", archive_dir="sketch", manual=_SKETCH_MANUAL),
-    DatasetSpec(
-        "imagenet", 1000, "wnid", ("imagenet-val", "imagenet/val", "val"), manual=_IMAGENET_MANUAL),
-    DatasetSpec("imagefolder", None, "any"),
+     ("k", "imagenet-s", "imagenetsketch")),
+    (DatasetSpec(
+        "imagenet", 1000, "wnid",
+        ("imagenet-val", "imagenet/val", "val", "imagenet/images/val", "ImageNet/val", "imagenet1k/val"),
+        manual=_IMAGENET_MANUAL),
+     ("i", "imagenet1k", "imagenet-1k", "imagenet-val")),
+    (DatasetSpec("imagefolder", None, "any"), ()),
 ):
-    DATASETS.register(_spec_entry.name, _spec_entry)
+    DATASETS.register(_spec_entry.name, _spec_entry, aliases=_aliases)
 
 
 def list_datasets() -> list[str]:
@@ -131,6 +151,7 @@ class FolderDataset:
     name: str
     warnings: list[str] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
+    missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -156,7 +177,12 @@ class FolderDataset:
             share = len(self.empty_classes) / self.num_classes
             raise DatasetError(
                 f"{self.name}: {len(self.empty_classes)} of {self.num_classes} classes ({share:.0%}) have no images "
-                f"in {self.root} (more than {max_empty_fraction:.0%}): {_listing(self.empty_classes)}")
+                f"in {self.root} (more than {max_empty_fraction:.0%}): {format_listing(self.empty_classes)}")
+        listed = len(self.samples) + self.missing_samples
+        if self.missing_samples > max_empty_fraction * listed:
+            raise DatasetError(
+                f"{self.name}: {self.missing_samples} of the {listed} test images listed in its split are missing "
+                f"from {self.root} ({self.missing_samples / listed:.0%}, more than {max_empty_fraction:.0%})")
 
 
 def _spec(name: str) -> DatasetSpec:
@@ -169,7 +195,7 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         raise DatasetError(f"{name} root {what}: {root}" + _download_hint(name, root))
-    for dirname in _spec(name).dirnames:
+    for dirname in sorted(_spec(name).dirnames, key=lambda d: -d.count("/")):  # nested layouts first
         if (root / dirname).is_dir():
             return root / dirname
     return root
@@ -185,8 +211,9 @@ def _download_hint(name: str, root: Path) -> str:
     return hint + ")"
 
 
-def _listing(items: Sequence[str]) -> str:
-    shown = ", ".join(items[:_MAX_LISTED])
+def format_listing(items: Sequence[Any]) -> str:
+    """The first few items, and how many there are: 'a, b, c (3)' or 'a, ..., j, ... (25 in total)'."""
+    shown = ", ".join(str(item) for item in items[:_MAX_LISTED])
     return shown + (f", ... ({len(items)} in total)" if len(items) > _MAX_LISTED else f" ({len(items)})")
 
 
@@ -277,6 +304,10 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     exists, else the folder names with ``_`` replaced by spaces.
     """
     spec = _spec(name)
+    if spec.layout == "split":
+        from .crossdataset import build_split_dataset
+        return build_split_dataset(spec, root, classnames)
+    name = spec.name  # the canonical name for an alias
     directory = find_dataset_dir(name, root)
     found = _subdirs(directory)
 
@@ -306,9 +337,10 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
                 f"(expected e.g. {directory / folders[0]}/)" + _download_hint(name, Path(root).expanduser()))
         if missing:
             raise DatasetError(
-                f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {_listing(missing)}")
+                f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {format_listing(missing)}")
         if extra:
-            raise DatasetError(f"{name}: unexpected folders in {directory} (not {name} classes): {_listing(extra)}")
+            raise DatasetError(
+                f"{name}: unexpected folders in {directory} (not {name} classes): {format_listing(extra)}")
         if classnames is None:
             classnames = classnames_for_wnids(wnids)
 
@@ -333,7 +365,7 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
 
     warnings = []
     if empty:
-        warnings.append(f"{len(empty)} of {len(folders)} class folders have no images: {_listing(empty)}")
+        warnings.append(f"{len(empty)} of {len(folders)} class folders have no images: {format_listing(empty)}")
     warnings += scan.warnings(directory)
     return FolderDataset(root=directory, samples=samples, classnames=classnames, wnids=wnids, name=name,
                          warnings=warnings, empty_classes=empty)
