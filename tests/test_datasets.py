@@ -476,3 +476,11 @@ def test_templates_per_dataset_and_method():
     for name in CROSS:
         for method in (None, "tpt", "tda", "dmn_zs"):
             assert all(t.count("{}") == 1 for t in templates(name, method))
+
+
+def test_suite_dataset_lists_accept_the_same_aliases():
+    from shiftlab.suites import resolve_suite
+    assert resolve_suite(None, "R,A").datasets == ("imagenet-r", "imagenet-a")
+    assert resolve_suite(None, "I,A,V,R,K").name == "natural-shift"   # TPT's --test_sets A/R/V/K/I order aside
+    assert resolve_suite(None, "flower102,dtd,pets,cars,ucf101,caltech101,food101,sun397,aircraft,eurosat").name \
+        == "cross-dataset"

@@ -65,6 +65,8 @@ def resolve_suite(suite: str | None, datasets: str | Sequence[str] | None) -> Su
             raise SuiteError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
         return SUITES[suite]
     names = [d.strip() for d in (datasets.split(",") if isinstance(datasets, str) else datasets or ()) if d.strip()]
+    from .datasets import DATASETS
+    names = [DATASETS.canonical(n) if n in DATASETS else n for n in names]  # R, imagenet_r, flowers -> canonical
     if not names:
         raise SuiteError("--datasets needs at least one dataset name, e.g. --datasets imagenet-r,imagenet-a")
     if len(set(names)) != len(names):
