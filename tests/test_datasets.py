@@ -484,3 +484,20 @@ def test_suite_dataset_lists_accept_the_same_aliases():
     assert resolve_suite(None, "I,A,V,R,K").name == "natural-shift"   # TPT's --test_sets A/R/V/K/I order aside
     assert resolve_suite(None, "flower102,dtd,pets,cars,ucf101,caltech101,food101,sun397,aircraft,eurosat").name \
         == "cross-dataset"
+
+
+def test_paper_protocol_layers_the_per_dataset_settings():
+    from shiftlab.methods import get_method_class
+    from shiftlab.methods.base import make_config
+    from shiftlab.protocols import method_overrides
+    flowers = method_overrides("paper", "ctpt", dataset="flower102")
+    assert flowers["lambda_atfd"] == 50.0 and flowers["views"] == {"augmix": True} and flowers["precision"] == "fp16"
+    assert method_overrides("paper", "ctpt", dataset="R")["lambda_atfd"] == 20.0
+    assert method_overrides("paper", "ctpt", dataset="flowers102", user={"lambda_atfd": 1.0})["lambda_atfd"] == 1.0
+    tda = method_overrides("paper", "tda", dataset="dtd")                      # configs/dtd.yaml over R's recipe
+    assert (tda["pos_alpha"], tda["pos_beta"]) == (2.0, 3.0) and tda["views"] == {"n_views": 64, "augmix": True}
+    assert make_config(get_method_class("tda"), **tda).views.augmix is True
+    assert method_overrides("paper", "tpt", dataset="dtd")["views"] == {"augmix": True}
+    assert method_overrides("paper", "tpt", dataset="imagenet-r")["views"] == {"augmix": False}  # len(set_id)==1
+    assert method_overrides("leaderboard", "ctpt", dataset="flowers102") == {}    # the leaderboard is one recipe
+    assert method_overrides("paper", "ctpt") == method_overrides("paper", "ctpt", dataset="imagefolder")

@@ -79,11 +79,30 @@ def _merge_views(lower: Any, upper: Any) -> Any:
     return upper
 
 
+def dataset_overrides(protocol: str, method: str, dataset: str | None) -> dict[str, Any]:
+    """Under `paper`, what the method's code sets for `dataset` (shiftlab.datasets.method_settings and
+    view_settings, from the authors' repositories: C-TPT's lambda, TDA's configs/<set>.yaml, DMN's
+    weight, TPT's AugMix on the fine-grained sets); {} under `leaderboard` or without a dataset."""
+    if check_protocol(protocol) != "paper" or dataset is None:
+        return {}
+    from .datasets import DATASETS, method_settings, view_settings
+    if dataset not in DATASETS:
+        return {}
+    out = method_settings(dataset, method)
+    views = view_settings(dataset, method)
+    if views:
+        out["views"] = views
+    return out
+
+
 def method_overrides(protocol: str, method: str, user: Mapping[str, Any] | None = None,
-                     run_precision: str = "auto") -> dict[str, Any]:
-    """The overrides that make a method's effective config: protocol <- user; a run precision other
-    than "auto" drops the protocol's own precision (the method then follows the run's)."""
+                     run_precision: str = "auto", dataset: str | None = None) -> dict[str, Any]:
+    """The overrides that make a method's effective config: protocol <- the protocol's per-dataset
+    values (`dataset_overrides`) <- user; a run precision other than "auto" drops the protocol's own
+    precision (the method then follows the run's)."""
     out = protocol_overrides(protocol, method)
+    for key, value in dataset_overrides(protocol, method, dataset).items():
+        out[key] = _merge_views(out[key], value) if key == "views" and key in out else value
     if run_precision != "auto":
         out.pop("precision", None)
     for key, value in dict(user or {}).items():
