@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from shiftlab.commands import report as report_cmd
-from shiftlab.published import canonical_method, published_for, published_rows
+from shiftlab.published import OPENAI_RN50_SHA256, canonical_method, published_for, published_rows
 from shiftlab.report import PairedResult, ReportError, build_report, mcnemar, paired_bootstrap_ci, rendition_of
 
 RENDS = ["art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami",
@@ -60,7 +60,7 @@ def write_run(run_dir: Path, model="RN50", patterns=PATTERNS, attack=True) -> Pa
     # A killed writer leaves a torn last line: the report must skip it, not crash.
     (run_dir / "records.jsonl").write_text("\n".join(lines) + '\n{"id": 7, "pat')
     summary = {"config": {"model": model, "pretrained": "openai", "dataset": "imagenet-r",
-                          "classnames": CLASSNAMES},
+                          "classnames": CLASSNAMES, "checkpoint_sha256": OPENAI_RN50_SHA256},
                "methods": {"zeroshot": {"seconds_per_image": 0.01}, "tpt": {"seconds_per_image": 0.25}},
                "errors": 2}
     if attack:
@@ -100,19 +100,21 @@ def test_rendition_parsing():
 
 
 def test_published_rows_only_for_rn50_imagenet_r():
-    rows = published_rows("imagenet-r", "RN50")
+    # (the weights are identified by the checkpoint's SHA-256, not by the tag or path: see test_published.py)
+    sha = {"weights_sha256": OPENAI_RN50_SHA256}
+    rows = published_rows("imagenet-r", "RN50", **sha)
     assert rows["tpt"]["seed_leaderboard"] == 58.9 and rows["tpt"]["paper"] == 59.11
     assert rows["ctpt"]["paper_ece"] == 4.57 and rows["zeroshot"]["paper_ece"] == 2.07
     assert rows["tda"]["seed_leaderboard"] is None and rows["tda"]["paper"] == 62.58
-    assert published_rows("imagenet-r", "RN50-quickgelu") == rows
-    assert published_rows("imagenet-r", "ViT-B-16") == {}
-    assert published_rows("imagenet-a", "RN50") == {}
+    assert published_rows("imagenet-r", "RN50-quickgelu", **sha) == rows
+    assert published_rows("imagenet-r", "ViT-B-16", **sha) == {}
+    assert published_rows("imagenet-a", "RN50", **sha) == {}
     assert published_rows("imagenet-r", "RN50", pretrained="yfcc15m") == {}
-    assert published_rows("imagenet-r", "RN50", pretrained="/ckpt/RN50.pt") == rows
+    assert published_rows("imagenet-r", "RN50", pretrained="/ckpt/RN50.pt", **sha) == rows
     assert canonical_method("C-TPT") == "ctpt" and canonical_method("view_ensemble") == "view_ensemble"
-    assert published_for("zero", "imagenet-r", "RN50") is None
+    assert published_for("zero", "imagenet-r", "RN50", **sha) is None
     rows["tpt"]["paper"] = 0.0  # callers get copies
-    assert published_rows("imagenet-r", "RN50")["tpt"]["paper"] == 59.11
+    assert published_rows("imagenet-r", "RN50", **sha)["tpt"]["paper"] == 59.11
 
 
 def test_mcnemar_exact_and_chi_square_against_scipy():
@@ -195,7 +197,8 @@ def test_report_numbers_in_html(built):
     # Clean vs robust, published numbers beside ours, per-class names, errors shown.
     assert ">26.00<" in next(r for r in table_rows(html, "robust-table") if ">tpt<" in r)
     pub = next(r for r in table_rows(html, "published-table") if ">tpt<" in r)
-    assert ">80.00<" in pub and ">58.90<" in pub and ">59.11<" in pub and ">+21.10<" in pub
+    # a leaderboard run (no protocol recorded: before protocols) is compared with the seed table only
+    assert ">80.00<" in pub and ">58.90<" in pub and ">+21.10<" in pub and ">59.11<" not in pub
     per_class = table_rows(html, "per-class-imagenet_r")
     assert len(per_class) == 5 and ">great white shark<" in per_class[1]
     assert ">goldfish<" in html and "most confused pairs" in html

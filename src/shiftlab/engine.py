@@ -174,7 +174,7 @@ class Evaluator:
 def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict."""
     from .datasets import build_dataset
-    from .published import published_rows
+    from .published import published_for_run
 
     dist = distributed.context()
     device = resolve_device(config.device)
@@ -244,7 +244,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     results.merge_records(run_dir)
     cfg = _config_dict(config, model, dataset)
     summary = results.summarize(results.load_records(run_dir), cfg, timings)
-    md = results.write_summary(run_dir, summary, published_rows(config.dataset, config.model, config.pretrained))
+    md = results.write_summary(run_dir, summary, published_for_run(summary))
     if config.progress:
         print(md)
     return summary
@@ -312,6 +312,7 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset) -> dict:
     cfg["classnames"] = list(dataset.classnames)
     cfg["n_samples"] = len(dataset)
     cfg["method_settings"] = {}
+    cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     return cfg
 
 

@@ -1,14 +1,17 @@
 """Published numbers to reproduce, as data (source: the table in PROTOCOL.md).
 
 Every number here is CLIP RN50 (OpenAI weights) on ImageNet-R, in percent.
-They mean nothing for another backbone or dataset, which is why the only way to
-get them is `published_rows(dataset, model)`, which returns {} for anything else.
+They mean nothing for another backbone, other weights, another dataset or another
+protocol, which is why the only way to get them is `published_rows(dataset, model,
+weights_sha256=..., protocol=...)` (or `published_for_run(summary)`), which returns {}
+for anything not comparable.
 
 Columns:
 - ``seed_leaderboard``: the R-TPT paper's table (the project's seed leaderboard).
 - ``paper``: the method's own paper or README.
-- ``paper_ece`` / ``paper_ece_top1``: ECE and the top-1 printed beside it in the
-  C-TPT paper (only TPT, C-TPT and CLIP zero-shot have them).
+- ``paper_ece`` / ``paper_ece_top1``: ECE (20 equal-width bins, C-TPT's `ECE_Loss(20)`)
+  and the top-1 printed beside it in the C-TPT paper (only TPT, C-TPT and CLIP zero-shot
+  have them); compare them with a run's `ece20`.
 
 The PROTOCOL table has one "Ensemble" row whose two columns are two different
 methods: 51.3 is the 64-view ensemble, 60.72 the 80-template prompt ensemble.
@@ -17,6 +20,8 @@ They are split here so neither is compared with the wrong method.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _COLUMNS = ("seed_leaderboard", "paper", "paper_ece", "paper_ece_top1")
 
@@ -63,30 +68,67 @@ def _is_imagenet_r(dataset: str | None) -> bool:
     return re.sub(r"[^a-z0-9]", "", str(dataset or "").lower()) == "imagenetr"
 
 
-def _is_openai_weights(pretrained: str | None) -> bool:
-    # A local file may well be the OpenAI checkpoint; only a known other tag
-    # (e.g. "yfcc15m") rules the published numbers out.
-    if pretrained is None:
-        return True
-    p = str(pretrained)
-    return p.lower() == "openai" or "/" in p or "\\" in p or p.endswith((".pt", ".pth", ".bin", ".safetensors"))
+# Weights the published numbers were obtained with, by SHA-256 of the checkpoint file. OpenAI's
+# RN50.pt: the checksum is part of its official download URL (openaipublic.azureedge.net/clip/
+# models/<sha256>/RN50.pt, also in open_clip's pretrained table). Another file holding the same
+# weights (e.g. a Hugging Face copy) is comparable too: add its SHA-256 here once verified.
+OPENAI_RN50_SHA256 = "afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762"
+REFERENCE_WEIGHTS: dict[str, str] = {OPENAI_RN50_SHA256: "OpenAI CLIP RN50 (RN50.pt)"}
+
+# The protocol each column was published with: the seed table ran every method on the same
+# views (`leaderboard`); each paper ran its own recipe (`paper`). C-TPT's ECEs (and the top-1
+# printed beside them) come from C-TPT's paper, with 20 equal-width bins.
+PROTOCOL_COLUMNS: dict[str, tuple[str, ...]] = {
+    "leaderboard": ("seed_leaderboard",),
+    "paper": ("paper", "paper_ece", "paper_ece_top1"),
+}
+PUBLISHED_ECE_BINS = 20
 
 
-def published_rows(dataset: str | None, model: str | None, pretrained: str | None = None) -> dict[str, dict]:
-    """Published rows {canonical method: row} for this dataset and model, else {}.
+def published_rows(dataset: str | None, model: str | None, pretrained: str | None = None, *,
+                   weights_sha256: str | None = None, protocol: str | None = None) -> dict[str, dict]:
+    """Published rows {canonical method: row} a run can be compared with, else {}.
 
-    Only ImageNet-R with RN50 ("RN50" or "RN50-quickgelu") has published numbers.
-    Pass `pretrained` to also exclude non-OpenAI weights. Returns copies.
+    Only ImageNet-R with an RN50 architecture ("RN50" or "RN50-quickgelu") whose checkpoint's
+    SHA-256 is one of REFERENCE_WEIGHTS has published numbers: random weights, other weights
+    and weights of unknown origin get none. With `protocol`, only the columns published with
+    that protocol keep their values (the others are None). `pretrained` is not evidence either
+    way (a tag or a path says nothing about the bytes); it is accepted for old callers. Copies.
     """
     if not _is_imagenet_r(dataset) or str(model or "") not in RN50_MODELS:
         return {}
-    if not _is_openai_weights(pretrained):
+    if weights_sha256 is None or str(weights_sha256).lower() not in REFERENCE_WEIGHTS:
         return {}
-    return {k: dict(v) for k, v in PUBLISHED_RN50_IMAGENET_R.items()}
+    rows = {k: dict(v) for k, v in PUBLISHED_RN50_IMAGENET_R.items()}
+    if protocol is not None:
+        if protocol not in PROTOCOL_COLUMNS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOL_COLUMNS)}, got {protocol!r}")
+        for row in rows.values():
+            for other, columns in PROTOCOL_COLUMNS.items():
+                if other != protocol:
+                    row.update(dict.fromkeys(columns))
+    return rows
 
 
-def published_for(method: str, dataset: str | None, model: str | None,
-                  pretrained: str | None = None) -> dict | None:
+def published_for(method: str, dataset: str | None, model: str | None, pretrained: str | None = None, *,
+                  weights_sha256: str | None = None, protocol: str | None = None) -> dict | None:
     """The published row for one of our method names, or None."""
     key = canonical_method(method)
-    return published_rows(dataset, model, pretrained).get(key) if key else None
+    rows = published_rows(dataset, model, pretrained, weights_sha256=weights_sha256, protocol=protocol)
+    return rows.get(key) if key else None
+
+
+def published_for_run(summary_or_config: Mapping[str, Any]) -> dict[str, dict]:
+    """The published rows comparable with a run, from its summary.json (or its `config`): dataset
+    and model from the config, the checkpoint's SHA-256 and the protocol from the run's identity
+    (or the config). A run that recorded no protocol ran before protocols existed: `leaderboard`."""
+    config = summary_or_config.get("config", summary_or_config)
+    shared = {**summary_or_config.get("identity", {}).get("shared", {}),
+              **config.get("identity", {}).get("shared", {})}
+    sha = shared.get("checkpoint_sha256", config.get("checkpoint_sha256"))
+    protocol = shared.get("protocol") or config.get("protocol") or "leaderboard"
+    model = next((m for m in (config.get("model"), config.get("model_resolved")) if str(m) in RN50_MODELS),
+                 config.get("model"))
+    return published_rows(config.get("dataset"), model, config.get("pretrained"),
+                          weights_sha256=sha, protocol=protocol if protocol in PROTOCOL_COLUMNS else None)
+

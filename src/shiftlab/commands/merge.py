@@ -13,7 +13,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from .. import results
-    from ..published import published_rows
+    from ..published import published_for_run
     run_dir = args.run_dir
     if not results.record_files(run_dir):
         print(f"shiftlab merge: {run_dir} holds no records.jsonl and no shards/*.jsonl")
@@ -23,6 +23,5 @@ def run(args) -> int:
     previous = json.loads(old.read_text()) if old.is_file() else {}
     config = previous.get("config", {})
     summary = results.summarize(results.load_records(run_dir), config, previous.get("timings"))
-    print(results.write_summary(run_dir, summary, published_rows(config.get("dataset"), config.get("model"),
-                                                                      config.get("pretrained"))))
+    print(results.write_summary(run_dir, summary, published_for_run(summary)))
     return 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from shiftlab.display import format_eps, run_label
-from shiftlab.published import published_rows
+from shiftlab.published import published_for_run
 from shiftlab.results import record_files
 
 
@@ -77,8 +77,7 @@ class Run:
 
     @property
     def has_published_numbers(self) -> bool:
-        c = self.config
-        return bool(published_rows(c.get("dataset"), c.get("model"), c.get("pretrained")))
+        return bool(published_for_run(self.summary))
 
     def seconds_per_image(self, method: str) -> float | None:
         value = (self.summary.get("methods") or {}).get(method, {}).get("seconds_per_image")

@@ -8,7 +8,7 @@ import numpy as np
 
 from shiftlab import metrics, suites
 from shiftlab.display import model_label
-from shiftlab.published import canonical_method, published_rows
+from shiftlab.published import canonical_method, published_for_run
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
@@ -233,15 +233,14 @@ def renditions_section(data: ReportData):
 def published_section(data: ReportData):
     rows, keys, ours, seed, paper = [], [], [], [], []
     for s in data.series:
-        c = s.run.config
-        pub = published_rows(c.get("dataset"), c.get("model"), c.get("pretrained")).get(
-            canonical_method(s.method) or "")
+        pub = published_for_run(s.run.summary).get(canonical_method(s.method) or "")
         if s.setting != "clean" or pub is None:
             continue
         m = data.m(s)
         rows.append([s.key, pub["label"], num(m["top1"]), num(pub["seed_leaderboard"]),
                      signed(m["top1"] - (pub["seed_leaderboard"] or np.nan)), num(pub["paper"]),
-                     signed(m["top1"] - (pub["paper"] or np.nan)), num(m["ece"]), num(pub["paper_ece"])])
+                     signed(m["top1"] - (pub["paper"] or np.nan)), num(m.get("ece20", np.nan)),
+                     num(pub["paper_ece"])])
         keys.append(s.key)
         ours.append(m["top1"])
         seed.append(pub["seed_leaderboard"] or np.nan)
@@ -252,13 +251,14 @@ def published_section(data: ReportData):
                                     "original paper / README": paper},
                              data.out / "published.png", "Ours vs. published (CLIP RN50, ImageNet-R)")
     return ("published", "Ours vs. published numbers",
-            "<p>Published top-1 for CLIP RN50 (OpenAI weights) on ImageNet-R. The numbers ship with "
+            "<p>Published top-1 for CLIP RN50 (OpenAI weights, identified by the checkpoint's SHA-256) on "
+            "ImageNet-R, each beside runs of the protocol it was published with. The numbers ship with "
             "shiftlab as data (<code>shiftlab/published.py</code>, <code>shiftlab.published.published_rows</code>): "
             "the seed leaderboard is the R-TPT paper's table (Sheng et al., CVPR 2025), the paper / README "
             "column each method's own paper or repository README, the ECE column the C-TPT paper "
             "(Yoon et al., ICLR 2024).</p>" + image(png, "ours vs published") + table(
                 ["method", "published as", "ours top-1 %", "seed leaderboard", "ours − leaderboard",
-                 "paper / README", "ours − paper", "ours ECE %", "C-TPT paper ECE %"],
+                 "paper / README", "ours − paper", "ours ECE % (20 bins)", "C-TPT paper ECE % (20 bins)"],
                 rows, text_cols=2, id_="published-table"))
 
 

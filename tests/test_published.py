@@ -1,0 +1,53 @@
+"""Published numbers appear only beside runs they can be compared with: same weights (by checksum),
+same dataset and architecture, and the protocol each number was published with."""
+from __future__ import annotations
+
+import pytest
+
+from shiftlab.published import OPENAI_RN50_SHA256, published_for_run, published_rows
+from shiftlab.results import summary_markdown
+
+
+def _summary(**config):
+    base = {"dataset": "imagenet-r", "model": "RN50", "pretrained": "openai", "checkpoint_sha256": OPENAI_RN50_SHA256}
+    return {"config": {**base, **config}, "methods": {"tpt": {"top1": 60.0, "n": 10}}, "errors": 0}
+
+
+def test_openai_rn50_checksum_is_the_one_in_its_official_url():
+    import open_clip
+    url = open_clip.get_pretrained_cfg("RN50", "openai").get("url", "")
+    assert f"/{OPENAI_RN50_SHA256}/RN50.pt" in url
+
+
+def test_unknown_random_or_other_weights_get_no_published_numbers():
+    assert published_for_run(_summary(checkpoint_sha256=None)) == {}                 # a tag resolved elsewhere
+    assert published_for_run(_summary(pretrained=None, checkpoint_sha256=None)) == {}  # random weights
+    assert published_for_run(_summary(checkpoint_sha256="0" * 64)) == {}             # another file
+    assert published_for_run(_summary(model="ViT-B-16")) == {}
+    assert published_for_run(_summary(dataset="imagenet-a")) == {}
+    # the same file under any name or path is comparable
+    assert published_for_run(_summary(pretrained="/somewhere/weights.bin"))["tpt"]["seed_leaderboard"] == 58.9
+    assert published_for_run(_summary(checkpoint_sha256=OPENAI_RN50_SHA256.upper()))
+
+
+def test_each_number_only_beside_its_protocol():
+    board = published_for_run(_summary(protocol="leaderboard"))
+    assert board["tpt"]["seed_leaderboard"] == 58.9 and board["tpt"]["paper"] is None
+    assert board["ctpt"]["paper_ece"] is None and board["tda"]["paper"] is None
+    paper = published_for_run(_summary(protocol="paper"))
+    assert paper["tpt"]["seed_leaderboard"] is None and paper["tpt"]["paper"] == 59.11
+    assert paper["ctpt"]["paper_ece"] == 4.57 and paper["tda"]["paper"] == 62.58
+    # the run identity's record wins over the config, and old runs without a protocol are leaderboard runs
+    ident = {**_summary(checkpoint_sha256=None), "identity": {"shared": {"checkpoint_sha256": OPENAI_RN50_SHA256,
+                                                                         "protocol": "paper"}}}
+    assert published_for_run(ident)["tpt"]["paper"] == 59.11
+    assert published_for_run(_summary())["tpt"]["paper"] is None
+    with pytest.raises(ValueError, match="protocol must be one of leaderboard, paper"):
+        published_rows("imagenet-r", "RN50", weights_sha256=OPENAI_RN50_SHA256, protocol="seed")
+
+
+def test_summary_table_has_a_published_column_only_when_comparable():
+    comparable = summary_markdown(_summary(), published_for_run(_summary()))
+    assert "published top-1" in comparable and "| 58.9 |" in comparable
+    random = _summary(pretrained=None, checkpoint_sha256=None)
+    assert "published" not in summary_markdown(random, published_for_run(random))
