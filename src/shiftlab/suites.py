@@ -18,6 +18,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import RunConfig
+    from .models import ClipModel
 
 SUITE_FILE = "suite.json"
 SUITE_MD = "suite.md"
@@ -105,7 +110,7 @@ def suite_from_manifest(manifest: dict) -> Suite:
                  tuple(manifest.get("ood") or ()), str(manifest.get("title") or ""))
 
 
-def run_suite(config, suite: Suite, model=None, datasets: dict | None = None) -> dict:
+def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None) -> dict:
     """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
     the suite, each into `out/<dataset>`; then write the suite table. Returns the table."""
     from . import distributed

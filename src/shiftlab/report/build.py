@@ -5,6 +5,7 @@ import csv
 import datetime as _dt
 import itertools
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 from shiftlab import suites
@@ -101,7 +102,7 @@ def metric_rows(data: ReportData) -> list[dict]:
     return rows
 
 
-def expand_suites(paths) -> tuple[list[Path], list[Path]]:
+def expand_suites(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     """Run directories to load and suite directories to tabulate: a suite directory (holding
     suite.json) stands for the run directory of each of its datasets that has records."""
     runs, suite_dirs = [], []
