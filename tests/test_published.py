@@ -51,3 +51,24 @@ def test_summary_table_has_a_published_column_only_when_comparable():
     assert "published top-1" in comparable and "| 58.9 |" in comparable
     random = _summary(pretrained=None, checkpoint_sha256=None)
     assert "published" not in summary_markdown(random, published_for_run(random))
+
+
+def test_ece_is_recorded_with_15_and_20_bins_and_20_sits_beside_c_tpt_published_ece():
+    from shiftlab.results import score_records
+    # 15 bins: 0.72 falls in (0.667, 0.733], 0.74 in (0.733, 0.8]; 20 bins: both in (0.7, 0.75]
+    recs = [{"correct": True, "label": 0, "top5": [0], "confidence": 0.72, "true_prob": 0.72},
+            {"correct": False, "label": 0, "top5": [1], "confidence": 0.74, "true_prob": 0.1}]
+    scored = score_records(recs)
+    # 15 bins: |1 - 0.72| / 2 + |0 - 0.74| / 2; 20 bins: one bin, |0.5 - 0.73|
+    assert scored["ece"] == pytest.approx(100 * (0.28 + 0.74) / 2)
+    assert scored["ece20"] == pytest.approx(100 * 0.23)
+    summary = _summary(protocol="paper")
+    summary["methods"] = {"ctpt": {**scored, "top1": 50.0}}
+    md = summary_markdown(summary, published_for_run(summary))
+    head, _, row = md.splitlines()[2:5]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[4] == "ECE20" and cells[4] == "23.00"
+    assert cols[-1] == "published ECE (20 bins)" and cells[-1] == "4.57"
+    # a leaderboard run has no published ECE to compare with
+    assert "published ECE" not in summary_markdown(_summary(), published_for_run(_summary()))

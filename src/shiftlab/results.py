@@ -131,6 +131,8 @@ def score_records(recs: list[dict]) -> dict[str, Any]:
         "top1": metrics.top1([r["correct"] for r in recs]),
         "top5": metrics.topk_from_lists([r["label"] for r in recs], [r["top5"] for r in recs], 5),
         "ece": metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs]),
+        # 20 bins: C-TPT's ECE_Loss(20), the bin count of the published ECEs it is compared with
+        "ece20": metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs], n_bins=20),
         "nll": metrics.nll([r["true_prob"] for r in recs]),
         "n": len(recs),
     }
@@ -181,19 +183,25 @@ def _fmt(x: Any) -> str:
 def summary_markdown(summary: dict, published: dict[str, dict] | None = None) -> str:
     published = published or {}
     robust = any("robust" in m for m in summary["methods"].values())
-    head = ["method", "top-1", "top-5", "ECE", "NLL", "n", "s/img"]
+    head = ["method", "top-1", "top-5", "ECE", "ECE20", "NLL", "n", "s/img"]
     if robust:
         head += ["robust top-1"]
     if published:
         head += ["published top-1"]
+    published_ece = any(row.get("paper_ece") is not None for row in published.values())
+    if published_ece:
+        head += ["published ECE (20 bins)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in summary["methods"].items():
-        row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("nll")),
+        row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
+               _fmt(m.get("nll")),
                str(m.get("n", 0)), f"{m.get('seconds_per_image', 0.0):.3f}"]
         if robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
         if published:
             row.append(_published_cell(published.get(name)))
+        if published_ece:
+            row.append(_fmt((published.get(name) or {}).get("paper_ece")))
         lines.append("| " + " | ".join(row) + " |")
     cfg = summary.get("config", {})
     title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"

@@ -37,6 +37,7 @@ def series_metrics(s: Series) -> dict:
         "top1": metrics.top1(s.correct),
         "top5": metrics.topk_from_lists(s.labels.tolist(), s.top5, k=5) if s.top5 is not None else math.nan,
         "ece": metrics.ece(s.confidence, s.correct) if has_conf else math.nan,
+        "ece20": metrics.ece(s.confidence, s.correct, n_bins=20) if has_conf else math.nan,
         "nll": metrics.nll(s.true_prob) if has_prob else math.nan,
         "n": s.n,
         "errors": s.errors,
