@@ -222,3 +222,11 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
     x = torch.rand(1, 3, 224, 224)
     with torch.no_grad():
         assert torch.allclose(rebuilt.encode_image(x), model.clip.encode_image(x), atol=1e-5)
+
+
+def test_every_suite_dataset_is_a_canonical_registered_name():
+    from shiftlab.datasets import DATASETS
+
+    for suite in suites.SUITES.values():
+        assert all(d in DATASETS and DATASETS.canonical(d) == d for d in suite.datasets), suite.name
+        assert set(suite.ood) <= set(suite.datasets) and all(d in suites.SHORT_NAMES for d in suite.datasets)
