@@ -9,10 +9,11 @@ ARGS ?=
 
 .PHONY: run test demo bench clean-venv
 
-$(BIN)/shiftlab: pyproject.toml
+# The exact tested versions (constraints.txt) of the library, plotting and test dependencies.
+$(BIN)/shiftlab: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[report,test]'
 	touch $(BIN)/shiftlab
 
 # Downloads ImageNet-R and the OpenAI RN50 weights on first use (needs internet),

@@ -244,14 +244,6 @@ def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
     assert summary["attack"]["success_rate"] == 0.0
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    # open_clip's ResNet CLIP keys are OpenAI's: `--model RN50 --pretrained FILE` rebuilds the tiny model.
-    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
-    torch.save(tiny_clip(0).clip.state_dict(), path)
-    return path
-
-
 def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=2, size=(90, 70))
     out = tmp_path / "run"

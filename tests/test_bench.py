@@ -154,7 +154,10 @@ def test_text_tower_timer_restores_what_it_wraps(tiny_model):
     assert "features" not in method.prompt.__dict__
 
 
-def test_peak_memory_reports_something():
+def test_peak_memory_sees_an_allocation():
+    with PeakMemory(torch.device("cpu")) as idle:
+        pass
     with PeakMemory(torch.device("cpu")) as mem:
-        torch.ones(1 << 20).sum()
-    assert mem.mib > 0
+        block = torch.ones(16 << 20)   # 64 MiB, written, alive when the phase ends
+    assert mem.mib - idle.mib >= 48, (idle.mib, mem.mib)
+    del block

@@ -31,14 +31,6 @@ def synthetic(tmp_path_factory) -> Path:
     return make_imagenet_r(root, classes=range(0, 200, 20), per_class=1, size=(80, 64))
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    # open_clip's ResNet CLIP keys are OpenAI's, so this file loads through the OpenAI-state-dict path.
-    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
-    torch.save(tiny_clip(0).clip.state_dict(), path)
-    return path
-
-
 def _strip(recs):
     return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 

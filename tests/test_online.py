@@ -352,14 +352,6 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    # ResNet CLIP keys are OpenAI's, so `--model RN50 --pretrained FILE` rebuilds the tiny model.
-    path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
-    torch.save(tiny_clip(0).clip.state_dict(), path)
-    return path
-
-
 # The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
 _PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_batch; "
               "E._process_batch = lambda *a, **k: (time.sleep(0.25), step(*a, **k))[1]; "

@@ -1,16 +1,29 @@
-"""`shiftlab` command line: one module per subcommand under `shiftlab.commands`."""
+"""`shiftlab` command line: one module per subcommand under `shiftlab.commands`.
+
+A user mistake ends in one line on stderr and exit code 2 (bad flags, refused while parsing, before
+any work: see commands/checks.py) or 1 (the environment: missing data or weights, disk full,
+read-only or vanished paths), never in a traceback."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
+from typing import NoReturn
 
 from . import commands
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its usage block replaced by a pointer to --help: an error is one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shiftlab", description=(
+    parser = OneLineParser(prog="shiftlab", description=(
         "Test-time adaptation of CLIP models under distribution shift: accuracy, robust accuracy and "
         "calibration of TPT, C-TPT, R-TPT, MTA, ZERO, TDA, ... in one run."))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -21,9 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_os_error(exc: OSError) -> str:
+    """'No space left on device: runs/x/records.jsonl' and what to do about it."""
+    where = f": {exc.filename}" if exc.filename else ""
+    text = f"{exc.strerror or exc}{where}"
+    if exc.errno == errno.ENOSPC:
+        text += " (free some space, then rerun with --resume: the records written so far are kept)"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        text += " (choose a writable folder)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
+        print(f"shiftlab {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from . import checks
+
 
 def _image_size(text: str) -> tuple[int, int]:
     try:
@@ -19,14 +21,14 @@ def _names(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="speed of each method vs a straightforward baseline",
                               description=__doc__)
     p.add_argument("--methods", type=_names, default=None,
                    help="comma-separated methods (default: zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta)")
     p.add_argument("--images", type=int, default=None, help="timed images (default 3 on the CPU, 32 on CUDA)")
     p.add_argument("--warmup", type=int, default=1, help="untimed images run through every path first")
-    p.add_argument("--views", type=int, default=64)
+    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=64)
     p.add_argument("--classes", type=int, default=200,
                    help="number of class names (ImageNet-R's; ImageNet-1k's above 200); ignored with --data")
     p.add_argument("--model", default="RN50", help="open_clip model name (random weights use its -quickgelu variant)")
@@ -38,7 +40,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dataset", default="imagenet-r", help="with --data: the dataset whose first N images to use")
     p.add_argument("--data", default=None, help="dataset folder (default: synthetic JPEGs)")
     p.add_argument("--image-size", type=_image_size, default=(320, 256), help="synthetic image size WxH")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=checks.device_name, default="auto", help=checks.DEVICE_HELP)
     p.add_argument("--workers", type=int, default=-1,
                    help="DataLoader workers for the loader measurement (default -1: as `shiftlab run`)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
@@ -47,8 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice); 1 gives steadier numbers on a busy CPU")
-    p.add_argument("--set", dest="method_config", action="append", default=[], metavar="METHOD.FIELD=VALUE",
-                   help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
+    p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
+                   metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the straightforward baseline of each method (slow)")
     p.add_argument("--baseline-methods", type=_names, default=None,
@@ -63,12 +65,11 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..bench import BenchConfig, bench_classnames, format_report, run_bench
     from ..bench.model import load_bench_model
     from ..engine import resolve_device
     from ..models import ModelLoadError
-    from .run import parse_method_config
 
     device = resolve_device(args.device)
     source = None
@@ -90,7 +91,7 @@ def run(args) -> int:
                          seed=args.seed, batch_size=args.batch_size, workers=args.workers,
                          baseline=args.baseline, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
-                         method_config=parse_method_config(args.method_config), image_size=args.image_size,
+                         method_config=checks.method_config(args.method_config), image_size=args.image_size,
                          threads=args.threads, precision=args.precision)
     try:
         result = run_bench(model, classnames, config, source=source, model_info=info)

@@ -1,20 +1,23 @@
 """`shiftlab demo`: an offline smoke run of every method on synthetic data with a random-weight model."""
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
+from . import checks
 
-def add_parser(subparsers) -> None:
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="offline smoke run: synthetic ImageNet-R, random weights, every method")
     p.add_argument("--out", type=Path, default=None, help="where to keep the run (default: a temporary folder)")
-    p.add_argument("--images", type=int, default=12)
-    p.add_argument("--views", type=int, default=16)
-    p.add_argument("--methods", default="all")
+    p.add_argument("--images", type=checks.int_in(1), default=12)
+    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=16)
+    p.add_argument("--methods", type=checks.method_names, default=["all"], help="comma-separated, or 'all'")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..datasets import build_dataset
     from ..engine import RunConfig
     from ..engine import run as run_engine
@@ -29,7 +32,7 @@ def run(args) -> int:
               "The accuracies below are meaningless; the demo only checks that every method runs end to end.\n")
         dataset = build_dataset("imagenet-r", data)
         cfg = RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny (random weights)",
-                        pretrained=None, methods=[m for m in args.methods.split(",") if m], views=args.views,
+                        pretrained=None, methods=list(args.methods), views=args.views,
                         limit=args.images, out=str(out), workers=0, batch_size=4)
         run_engine(cfg, model=tiny_clip(0), dataset=dataset)
         if args.out:

@@ -4,22 +4,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-
-from ..datasets.download import DownloadError, download_dataset
-from ..datasets.folders import DATASETS, DatasetError, build_dataset
+from collections.abc import Iterator, Sequence
 
 DEFAULT_ROOT = "~/.cache/shiftlab/data"  # same default as the Makefile's DATA
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    downloadable = sorted(name for name, spec in DATASETS.items() if spec.dirnames)
+class _Downloadable(Sequence):
+    """The downloadable dataset names, looked up only when argparse needs them: building the parser
+    for `shiftlab --help` must not import the dataset package (urllib, tqdm, ...)."""
+
+    def _names(self) -> list[str]:
+        from ..datasets.folders import DATASETS
+        return sorted(name for name, spec in DATASETS.items() if spec.dirnames)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    downloadable = _Downloadable()
     parser = subparsers.add_parser(
         "download", help="download, verify and extract a dataset",
         description="Download a dataset archive (resuming a partial download), verify its size/SHA-256, "
                     "extract it safely and check that the folder layout is complete. Datasets without a "
                     "public URL (imagenet-sketch, imagenet) print what to fetch by hand and where to put it. "
                     "See docs/DATA.md.")
-    parser.add_argument("dataset", choices=downloadable)
+    parser.add_argument("dataset", choices=downloadable, metavar="DATASET", help="one of: %(choices)s")
     parser.add_argument("--root", default=os.environ.get("SHIFTLAB_DATA", DEFAULT_ROOT),
                         help="data folder; the dataset lands in ROOT/imagenet-r (etc., see docs/DATA.md) "
                              "(default: $SHIFTLAB_DATA or %(default)s)")
@@ -33,6 +52,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..datasets.download import DownloadError, download_dataset
+    from ..datasets.folders import DatasetError, build_dataset
     try:
         path = download_dataset(args.dataset, args.root, url=args.url, sha256=args.sha256, size=args.size,
                                 progress=not args.no_progress, keep_archive=args.keep_archive)

@@ -1,11 +1,12 @@
 """`shiftlab methods`: the registered methods, their defaults, and what each protocol runs."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)
@@ -37,7 +38,7 @@ def method_table() -> list[dict]:
     return rows
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     rows = method_table()
     if args.json:
         print(json.dumps(rows, indent=2, default=str))

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report", help="HTML report (plots, paired comparison) over one or more run directories",
         description="Build a self-contained HTML report (report.html, PNGs, metrics.csv, paired.csv) "
@@ -27,8 +27,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run(args) -> int:
-    from shiftlab.report import ReportError, build_report  # matplotlib only loads when used
+def run(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (the optional extra shiftlab[report])
+    except ImportError:
+        print("shiftlab report: error: the report's plots need matplotlib: pip install 'shiftlab[report]'",
+              file=sys.stderr)
+        return 1
+    from shiftlab.report import ReportError, build_report
 
     if args.bootstrap < 1:
         print("error: --bootstrap must be at least 1", file=sys.stderr)

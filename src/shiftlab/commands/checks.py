@@ -1,0 +1,220 @@
+"""Argument checks shared by the subcommands: every bad value is refused while parsing, before any
+work (no model loaded, no run directory created), with one line naming the flag and what it accepts.
+
+Each check is an argparse ``type=`` callable: it raises ``argparse.ArgumentTypeError`` and argparse
+prefixes the message with the flag (``argument --views: ...``); ``cli.main`` prints it as one line.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+MAX_VIEWS = 1024  # 64 is the protocol; far above it a run only ends in an out-of-memory error
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer between `low` and `high` (inclusive; no upper bound when None)."""
+    allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {allowed}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def fraction_in(low: float, high: float) -> Callable[[str], float]:
+    """'1/255', '0.0039' or '4/255' -> float, within [low, high]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(Fraction(text.strip()))
+        except (ValueError, ZeroDivisionError):
+            raise argparse.ArgumentTypeError(f"expected a number or a fraction like 1/255, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} (images are scaled to [0, 1]; "
+                                             f"e.g. 1/255), got {text}")
+        return value
+    parse.__name__ = "fraction"
+    return parse
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:   # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def method_names(text: str) -> list[str]:
+    """'tpt,mta' or 'all' -> names, each registered (checked here so that a typo costs nothing)."""
+    from ..methods import list_methods
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(list_methods())}")
+    known = list_methods()
+    unknown = [n for n in names if n != "all" and n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown)}; registered: {', '.join(known)} "
+                                         "(or 'all')")
+    return names
+
+
+def _matches(value: Any, hint: Any) -> tuple[bool, Any]:
+    """Whether `value` (from ast.literal_eval, or the raw text) fits type `hint`, and the value to use."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(hint):
+            ok, converted = _matches(value, arm)
+            if ok:
+                return True, converted
+        return False, value
+    if origin is typing.Literal:
+        return value in typing.get_args(hint), value
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if hint is str:
+        return isinstance(value, str), value
+    return True, value   # a type this check does not know: the method's own validation decides
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def method_override(item: str) -> tuple[str, str, Any]:
+    """'tpt.lr=0.01' -> ('tpt', 'lr', 0.01), checked against the method's config dataclass.
+
+    The value is read as a Python literal (0.01, 4, None, True, 'text'); a str field also takes
+    unquoted text. A value of the wrong type is refused (it would make every record an error)."""
+    from ..methods import get_method_class, list_methods
+    key, sep, raw = item.partition("=")
+    method, dot, name = key.strip().partition(".")
+    if not sep or not dot or not method or not name:
+        raise argparse.ArgumentTypeError(f"expected METHOD.FIELD=VALUE (e.g. tpt.lr=0.01), got {item!r}")
+    if method not in list_methods():
+        raise argparse.ArgumentTypeError(f"{item}: unknown method {method}; registered: {', '.join(list_methods())}")
+    config_class = get_method_class(method).config_class
+    hints = typing.get_type_hints(config_class)
+    fields = [f.name for f in dataclasses.fields(config_class) if f.init]
+    if name not in fields:
+        raise argparse.ArgumentTypeError(f"{item}: {method} has no setting {name}; its settings: "
+                                         f"{', '.join(fields) or 'none'}")
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        value = raw.strip()
+    hint = hints.get(name, Any)
+    coerce = getattr(hint, "coerce", None)   # e.g. ViewRecipe: a view count or a dict of its fields
+    if callable(coerce):
+        try:
+            coerce(value)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"{item}: {method}.{exc}") from None
+        return method, name, value   # as given: the protocol merges it onto its own recipe
+    ok, value = _matches(value, hint)
+    if not ok and not isinstance(value, str):   # e.g. text_head=1: take the text for a str field
+        ok, value = _matches(raw.strip(), hint)
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{item}: {method}.{name} expects {_type_name(hint)}, got {raw.strip()!r}")
+    return method, name, value
+
+
+def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, dict[str, Any]]:
+    """--set values -> {'tpt': {'lr': 0.01}, 'rtpt': {'self_mask': 'threshold'}}; later ones win."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        method, name, value = method_override(item) if isinstance(item, str) else item
+        out.setdefault(method, {})[name] = value
+    return out
+
+
+def attack_name(text: str) -> str:
+    from ..attacks import list_attacks
+    names = ["none", *list_attacks()]
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"unknown attack {text!r}; choose from: {', '.join(names)}")
+    return text
+
+
+DEVICE_HELP = ("auto (the first GPU if there is one, else the CPU), cpu, cuda (GPU 0), cuda:N (the N-th "
+               "visible GPU, from 0; CUDA_VISIBLE_DEVICES decides which are visible) or mps")
+
+
+def device_name(text: str) -> str:
+    """'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', refused unless this machine has that device."""
+    import torch
+    text = text.strip().lower()
+    if text in ("auto", "cpu"):
+        return text
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use {DEVICE_HELP}")
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError("mps is not available on this machine; use cpu or auto")
+        return text
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU is visible on this machine "
+                                         "(CUDA_VISIBLE_DEVICES, driver); use cpu or auto")
+    if device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"{text}: this machine has {count} visible GPU(s), "
+                                         f"cuda:0 to cuda:{count - 1}")
+    return text
+
+
+def readable_file(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file" if not path.exists() else f"{text} is not a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not readable (permission denied)")
+    return path
+
+
+def writable_dir(text: str) -> str:
+    """A directory that exists and is writable, or can be created: refused when the path or one of its
+    parents is a file, or when the nearest existing parent is not writable. Nothing is created here."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():   # a dangling link
+            raise argparse.ArgumentTypeError(f"{text}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {existing} is not writable (permission denied or read-only)")
+    return text

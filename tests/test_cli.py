@@ -1,0 +1,235 @@
+"""The command line refuses every user mistake with one line (flag + what it accepts), before any work,
+and never shows a traceback for the user's or the machine's problems (issue 13, point 7)."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import urllib.error
+from pathlib import Path
+
+import pytest
+import torch
+
+from _synthetic import make_imagenet_r
+from shiftlab import results
+from shiftlab.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_imagenet_r(tmp_path_factory.mktemp("data"), classes=[3, 50, 120], per_class=1, size=(64, 48))
+
+
+def run_argv(data: Path, ckpt: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--data", str(data), "--model", "RN50", "--pretrained", str(ckpt), "--views", "4",
+            "--workers", "0", "--device", "cpu", "--methods", "zeroshot", "--out", str(out), *extra]
+
+
+def one_line_error(capsys, code: int, *fragments: str) -> str:
+    """The stderr of a command that exited with `code`: one line holding every fragment, no traceback."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert code in (1, 2)
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--views", "0"], ["--views", "between 1 and 1024, got 0"]),
+    (["--views", "-1"], ["--views", "between 1 and 1024, got -1"]),
+    (["--views", "100000"], ["--views", "between 1 and 1024, got 100000"]),
+    (["--views", "many"], ["--views", "expected an integer"]),
+    (["--limit", "-5"], ["--limit", "at least 1, got -5"]),
+    (["--limit", "0"], ["--limit", "at least 1, got 0"]),
+    (["--batch-size", "0"], ["--batch-size", "at least 1"]),
+    (["--methods", ","], ["--methods", "names no method", "zeroshot"]),
+    (["--methods", "tpt,nosuch"], ["--methods", "unknown method nosuch; registered:"]),
+    (["--set", "nosuch.lr=1"], ["--set", "unknown method nosuch"]),
+    (["--set", "tpt.lr=abc"], ["--set", "tpt.lr expects float, got 'abc'"]),
+    (["--set", "tpt.steps=1.5"], ["--set", "tpt.steps expects int"]),
+    (["--set", "tpt.lr"], ["--set", "expected METHOD.FIELD=VALUE"]),
+    (["--set", "tpt.nosuch=1"], ["--set", "tpt has no setting nosuch", "lr"]),
+    (["--set", "tpt.views=many"], ["--set", "tpt.views must be a view count or a dict", "got 'many'"]),
+    (["--set", "tpt.views={'n_view': 8}"], ["--set", "tpt.views: unknown recipe field(s) ['n_view']"]),
+    (["--eps", "2"], ["--eps", "between 0 and 1", "got 2"]),
+    (["--eps=-1/255"], ["--eps", "between 0 and 1"]),
+    (["--attack", "fgsm"], ["--attack", "unknown attack 'fgsm'", "pgd"]),
+    (["--device", "tpu"], ["--device", "unknown device 'tpu'", "cuda:N"]),
+    (["--online-checkpoint-seconds", "-1"], ["--online-checkpoint-seconds", "0 or more"]),
+])
+def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragments):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(run_argv(tmp_path / "no-data", tmp_path / "no.pt", out, *flags))
+    line = one_line_error(capsys, exit_info.value.code, *fragments)
+    assert exit_info.value.code == 2 and line.startswith("shiftlab run: error: argument ")
+    assert "\"" not in line        # no KeyError repr around the message
+    assert not out.exists()        # nothing created: a bad --set or --attack leaves no empty run folder
+
+
+def test_missing_required_flag_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["run", "--data", "x"])
+    one_line_error(capsys, exit_info.value.code, "required", "--out", "shiftlab run --help")
+
+
+def test_cuda_without_a_gpu_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(run_argv(tmp_path, tmp_path / "no.pt", tmp_path / "run", "--device", device))
+        one_line_error(capsys, exit_info.value.code, "--device", "no CUDA GPU")
+
+
+def test_a_gpu_index_beyond_the_machine_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(run_argv(tmp_path, tmp_path / "no.pt", tmp_path / "run", "--device", "cuda:2"))
+    one_line_error(capsys, exit_info.value.code, "--device", "2 visible GPU(s), cuda:0 to cuda:1")
+
+
+def test_device_help_documents_picking_a_gpu(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["run", "--help"])
+    assert "cuda:N" in " ".join(capsys.readouterr().out.split())
+
+
+def test_missing_classnames_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(run_argv(tmp_path, tmp_path / "no.pt", tmp_path / "run", "--dataset", "imagefolder",
+                          "--classnames", str(tmp_path / "names.txt")))
+    one_line_error(capsys, exit_info.value.code, "--classnames", "names.txt: no such file")
+
+
+def test_out_under_a_regular_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(run_argv(tmp_path, tmp_path / "no.pt", out))
+        one_line_error(capsys, exit_info.value.code, "--out", "not a directory")
+
+
+def test_read_only_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == parent else real_access(p, mode))
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(run_argv(tmp_path, tmp_path / "no.pt", parent / "run"))
+    one_line_error(capsys, exit_info.value.code, "--out", "is not writable")
+    assert not (parent / "run").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 555 folder")
+def test_read_only_out_folder_by_permissions(tmp_path, capsys):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(run_argv(tmp_path, tmp_path / "no.pt", parent / "run"))
+        one_line_error(capsys, exit_info.value.code, "--out", "is not writable")
+    finally:
+        parent.chmod(0o755)
+
+
+def test_bad_checkpoint_is_one_line(data, tmp_path, capsys):
+    bad = tmp_path / "garbage.pt"
+    bad.write_bytes(b"not a checkpoint at all" * 10)
+    code = cli_main(run_argv(data, bad, tmp_path / "run"))
+    assert code == 1
+    one_line_error(capsys, code, "shiftlab run: error: model:")
+    assert not (tmp_path / "run").exists()
+
+
+def test_online_methods_with_clean_and_robust_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli_main(run_argv(tmp_path, tmp_path / "no.pt", out, "--methods", "zeroshot,tda", "--attack", "pgd",
+                             "--clean-and-robust"))
+    assert code == 2
+    one_line_error(capsys, code, "--clean-and-robust", "tda")
+    assert not out.exists()
+
+
+def test_failed_download_leaves_no_data_folder(data, tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    # `make run` offline: the default data folder must not be created by a download that failed
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    root = tmp_path / "cache" / "shiftlab" / "data"
+    code = cli_main(["run", "--data", str(root), "--download", "--model", "RN50", "--pretrained",
+                     str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert code == 1
+    one_line_error(capsys, code, "shiftlab run: error: dataset imagenet-r:", "no network")
+    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "run").exists()
+
+
+def test_disk_full_is_one_line_and_keeps_the_records(data, tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    out = tmp_path / "run"
+    calls = []
+
+    def write(self, records):
+        calls.append(len(records))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+    monkeypatch.setattr(results.RecordWriter, "write", write)
+    code = cli_main(run_argv(data, tiny_checkpoint, out, "--no-progress"))
+    assert code == 1 and calls
+    one_line_error(capsys, code, "No space left on device", "records.jsonl", "--resume")
+
+
+def test_a_write_refused_while_running_is_one_line(data, tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    def refuse(self, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    code = cli_main(run_argv(data, tiny_checkpoint, tmp_path / "run"))
+    assert code == 1
+    one_line_error(capsys, code, "Read-only file system", "run")
+
+
+def test_no_progress_still_prints_the_results_table(data, tmp_path, capsys, tiny_checkpoint):
+    out = tmp_path / "run"
+    assert cli_main(run_argv(data, tiny_checkpoint, out, "--no-progress")) == 0
+    printed = capsys.readouterr().out
+    assert (out / "summary.md").read_text() in printed and "zeroshot" in printed
+
+
+def test_report_without_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    code = cli_main(["report", str(tmp_path), "--out", str(tmp_path / "report")])
+    assert code == 1
+    one_line_error(capsys, code, "matplotlib", "pip install 'shiftlab[report]'")
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.slow
+def test_entry_point_shows_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "shiftlab", "run", "--data", str(tmp_path), "--out",
+                           str(tmp_path / "run"), "--set", "tpt.lr=abc"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "tpt.lr" in proc.stderr
+
+
+def test_import_and_help_load_no_heavy_library():
+    # `import shiftlab` and building the whole CLI parser (what `shiftlab --help` does) stay light:
+    # torch, open_clip, torchvision and matplotlib load only when a command or a library call needs them
+    code = ("import sys, shiftlab, shiftlab.cli; shiftlab.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'open_clip', 'torchvision', 'matplotlib') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_lazy_package_attributes():
+    import shiftlab
+    from shiftlab.models import load_model
+    assert shiftlab.load_model is load_model and "load_model" in dir(shiftlab)
+    assert set(shiftlab.__all__) <= set(dir(shiftlab))
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        shiftlab.nosuch  # noqa: B018
