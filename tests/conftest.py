@@ -26,7 +26,7 @@ def tiny_model() -> shiftlab.ClipModel:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """The tiny random CLIP saved as an OpenAI-format state dict: open_clip's ResNet CLIP keys are
-    OpenAI's, so `--model RN50 --pretrained FILE` rebuilds exactly `make_tiny_model(0)`."""
+    OpenAI's, so `--model shiftlab-tiny --pretrained FILE` rebuilds exactly `make_tiny_model(0)`."""
     path = tmp_path_factory.mktemp("ckpt") / "tiny_openai.pt"
     torch.save(make_tiny_model(0).clip.state_dict(), path)
     return path

@@ -247,7 +247,8 @@ def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
 def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=2, size=(90, 70))
     out = tmp_path / "run"
-    argv = ["run", "--allow-partial", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
+    argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint),
             "--methods", "zeroshot,tpt,mta", "--views", "8", "--workers", "0", "--batch-size", "4",
             "--device", "cpu", "--no-progress", "--out", str(out),
             "--attack", "pgd", "--eps", "4/255", "--steps", "2", "--clean-and-robust"]

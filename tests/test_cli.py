@@ -24,7 +24,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def run_argv(data: Path, ckpt: Path, out: Path, *extra: str) -> list[str]:
-    return ["run", "--data", str(data), "--model", "RN50", "--pretrained", str(ckpt), "--views", "4",
+    return ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(ckpt), "--views", "4",
             "--workers", "0", "--device", "cpu", "--methods", "zeroshot", "--limit", "3", "--out", str(out), *extra]
 
 
@@ -165,7 +165,7 @@ def test_failed_download_leaves_no_data_folder(data, tmp_path, capsys, monkeypat
         raise urllib.error.URLError("no network")
     monkeypatch.setattr("urllib.request.urlopen", offline)
     root = tmp_path / "cache" / "shiftlab" / "data"
-    code = cli_main(["run", "--data", str(root), "--download", "--model", "RN50", "--pretrained",
+    code = cli_main(["run", "--data", str(root), "--download", "--model", "shiftlab-tiny", "--pretrained",
                      str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run")])
     assert code == 1
     one_line_error(capsys, code, "shiftlab run: error: dataset imagenet-r:", "no network")

@@ -230,7 +230,7 @@ def test_cli_run_reports_empty_classes_and_refuses_before_any_work(tmp_path, cap
     make_imagenet_r(tmp_path / "data", classes=range(40), size=(64, 64))
     ckpt = tmp_path / "tiny.pt"
     torch.save(tiny_clip(0).clip.state_dict(), ckpt)
-    argv = ["run", "--data", str(tmp_path / "data"), "--model", "RN50", "--pretrained", str(ckpt),
+    argv = ["run", "--data", str(tmp_path / "data"), "--model", "shiftlab-tiny", "--pretrained", str(ckpt),
             "--methods", "zeroshot", "--views", "1", "--workers", "0", "--no-progress", "--limit", "2",
             "--out", str(tmp_path / "run")]
     assert main(argv) == 1

@@ -352,10 +352,10 @@ def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("torchrun")
     make_imagenet_r(root / "data", classes=range(0, 200, 25), per_class=1)
     ckpt = root / "tiny.pt"
-    torch.save(tiny_clip(0).clip.state_dict(), ckpt)      # OpenAI key format: loads as RN50 from the file
+    torch.save(tiny_clip(0).clip.state_dict(), ckpt)      # OpenAI key format: loads as shiftlab-tiny
     launcher = root / "launch.py"
     launcher.write_text(LAUNCHER)
-    args = ["run", "--data", str(root / "data"), "--model", "RN50", "--pretrained", str(ckpt), "--views", "8",
+    args = ["run", "--data", str(root / "data"), "--model", "shiftlab-tiny", "--pretrained", str(ckpt), "--views", "8",
             "--workers", "0", "--no-progress", "--batch-size", "2", "--allow-partial"]     # 4 blocks of 2 in the stream
     ref = root / "ref"
     subprocess.run([sys.executable, str(launcher), *args, "--methods", ALL, "--out", str(ref)],

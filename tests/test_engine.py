@@ -36,7 +36,7 @@ def _strip(recs):
 
 
 def _cli_run(data, ckpt, out, *extra):
-    return cli_main(["run", "--dataset", "imagenet-r", "--data", str(data), "--model", "RN50", "--pretrained",
+    return cli_main(["run", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
                      str(ckpt), "--views", "8", "--workers", "0", "--no-progress", "--out", str(out),
                      "--allow-partial", *extra])
 
@@ -134,7 +134,7 @@ def test_torn_last_line_is_ignored_and_cut(tmp_path):
 def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tiny_checkpoint):
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 5), size=(72, 64))  # 40 images
     args = [sys.executable, "-m", "shiftlab", "run", "--allow-partial", "--dataset", "imagenet-r", "--data", str(data),
-            "--model", "RN50", "--pretrained", str(tiny_checkpoint), "--views", "8", "--workers", "0",
+            "--model", "shiftlab-tiny", "--pretrained", str(tiny_checkpoint), "--views", "8", "--workers", "0",
             "--batch-size", "1", "--methods", "zeroshot,tpt,mta", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"

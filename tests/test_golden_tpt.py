@@ -70,7 +70,7 @@ def _compute(golden_dir):
     info = json.loads((golden_dir / "golden.json").read_text())
     expected = torch.load(golden_dir / "expected.pt", map_location="cpu", weights_only=True)
     inputs = torch.load(golden_dir / "inputs.pt", map_location="cpu", weights_only=True)
-    model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
+    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
     classnames = info["classnames"]
     heads = ClassHeads(model, classnames)
     got: dict[str, torch.Tensor] = {}

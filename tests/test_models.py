@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import socket
 import time
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 import shiftlab
 from conftest import TINY_CONFIG, make_tiny_model
 from shiftlab import models as M
+from shiftlab.checkpoints import cached_tag_file
 from shiftlab.models import OPENAI_MEAN, OPENAI_STD, ModelLoadError
 
 GOLDEN_FILE = "tiny_clip_openai.pt"
@@ -132,7 +135,7 @@ def test_normalisation_is_inside_the_model(tiny_model):
 
 def test_golden_openai_state_dict_matches_open_clip_loader(golden_dir):
     torch.set_num_threads(1)
-    model = shiftlab.load_model("tiny", str(golden_dir / GOLDEN_FILE))
+    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / GOLDEN_FILE))
     ref = open_clip.load_openai_model(str(golden_dir / GOLDEN_FILE), device="cpu").float().eval()
     x = _images(4)
     got_img, got_txt = _features(model, x)
@@ -164,7 +167,7 @@ def test_float32_openai_state_dict_round_trips_losslessly(tmp_path):
         assert not torch.equal(sd[k].half().float(), sd[k]), "test values must not be fp16-representable"
     path = tmp_path / "fp32_openai.pt"
     torch.save(sd, path)
-    model = shiftlab.load_model("tiny", str(path))
+    model = shiftlab.load_model("shiftlab-tiny", str(path))
     loaded = model.clip.state_dict()
     for k in keys:
         assert loaded[k].dtype == torch.float32
@@ -189,7 +192,7 @@ def test_torchscript_openai_archive_loads(tmp_path):
     reread = torch.jit.load(str(path), map_location="cpu").state_dict()
     assert set(reread) == set(scripted)
 
-    model = shiftlab.load_model("tiny", str(path))
+    model = shiftlab.load_model("shiftlab-tiny", str(path))
     x = _images(2, seed=5)
     for got, want in zip(_features(model, x), _features(src, x)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -202,8 +205,8 @@ def test_torchscript_fp16_archive_like_openai(golden_dir, tmp_path):
     assert any(v.dtype == torch.float16 for v in sd.values())
     path = tmp_path / "golden-jit.pt"
     _torchscript_archive(sd, path)
-    model = shiftlab.load_model("tiny", str(path))
-    plain = shiftlab.load_model("tiny", str(golden_dir / GOLDEN_FILE))
+    model = shiftlab.load_model("shiftlab-tiny", str(path))
+    plain = shiftlab.load_model("shiftlab-tiny", str(golden_dir / GOLDEN_FILE))
     x = _images(2, seed=5)
     for got, want in zip(_features(model, x), _features(plain, x)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -220,7 +223,7 @@ def test_torchscript_archive_is_read_without_unpickling(tmp_path, monkeypatch):
         raise AssertionError("torch.load must not be used for a TorchScript archive")
 
     monkeypatch.setattr(torch, "load", no_pickle)
-    model = shiftlab.load_model("tiny", str(path))
+    model = shiftlab.load_model("shiftlab-tiny", str(path))
     assert model.logit_scale == pytest.approx(src.logit_scale)
 
 
@@ -337,10 +340,17 @@ def empty_cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _cached(name: str, tag: str, cache_dir: str | None) -> tuple[str | None, str]:
+    local, where = cached_tag_file(open_clip.get_pretrained_cfg(name, tag), cache_dir)
+    return (str(local) if local is not None else None), where
+
+
 def test_openai_resolves_to_quickgelu():
-    assert M._model_name_for("RN50", openai_weights=True) == "RN50-quickgelu"
-    assert M._model_name_for("RN50-quickgelu", openai_weights=True) == "RN50-quickgelu"
-    assert M._model_name_for("RN50", openai_weights=False) == "RN50"
+    assert M._quickgelu_name("RN50", quick_gelu=True) == "RN50-quickgelu"
+    assert M._quickgelu_name("RN50-quickgelu", quick_gelu=True) == "RN50-quickgelu"
+    assert M._quickgelu_name("RN50", quick_gelu=False) == "RN50"
+    # the tag's own record says OpenAI's weights were trained with QuickGELU
+    assert open_clip.get_pretrained_cfg("RN50", "openai")["quick_gelu"] is True
 
 
 def test_offline_openai_tag_fails_fast_with_url_and_destination(empty_cache):
@@ -366,29 +376,34 @@ def test_offline_download_request_fails_fast(empty_cache):
     assert str(empty_cache / "clip-cache" / RN50_URL_NAME) in msg
 
 
+@pytest.mark.slow
 def test_cached_openai_file_is_found(empty_cache):
     cache = empty_cache / "clip-cache"
     cache.mkdir()
-    local, where = M._cached_pretrained_file("RN50-quickgelu", "openai", None)
+    local, where = _cached("RN50-quickgelu", "openai", None)
     assert local is None and where.endswith(str(cache / RN50_URL_NAME))
-    # stand-in weights under the expected file name (the real file is 256 MB)
-    src, sd = _tiny_openai_state_dict(seed=34)
+    # stand-in weights under the expected file name: a random RN50 in fp16 like OpenAI's (the architecture
+    # is checked against the name, so the stand-in must be a real RN50)
+    torch.manual_seed(34)
+    src = shiftlab.load_model("RN50-quickgelu", None)
+    sd = {k: v.half() if v.is_floating_point() else v for k, v in src.clip.state_dict().items()}
+    src.clip.load_state_dict({k: v.float() for k, v in sd.items()})
     torch.save(sd, cache / RN50_URL_NAME)
-    local, where = M._cached_pretrained_file("RN50-quickgelu", "openai", None)
+    local, where = _cached("RN50-quickgelu", "openai", None)
     assert local == str(cache / RN50_URL_NAME) and where == ""
 
-    start = time.monotonic()
+    # the empty_cache fixture fails any network connection: the load below is served from the cache
     model = shiftlab.load_model("RN50", "openai")
-    assert time.monotonic() - start < 5.0
     assert model.name == "RN50-quickgelu"
-    x = _images(2, seed=6)
+    assert model.checkpoint_sha256 == hashlib.sha256((cache / RN50_URL_NAME).read_bytes()).hexdigest()
+    x = _images(2, size=224, seed=6)
     for got, want in zip(_features(model, x), _features(src, x)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert isinstance(model.clip.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
 
     # an explicit cache_dir takes precedence over the environment
     other = empty_cache / "elsewhere"
-    local, where = M._cached_pretrained_file("RN50-quickgelu", "openai", str(other))
+    local, where = _cached("RN50-quickgelu", "openai", str(other))
     assert local is None and str(other / RN50_URL_NAME) in where
     other.mkdir()
     shutil.copy(cache / RN50_URL_NAME, other / RN50_URL_NAME)
@@ -403,9 +418,228 @@ def test_hf_cache_snapshot_is_found(empty_cache, monkeypatch):
     snap.mkdir(parents=True)
     target = snap / "open_clip_model.safetensors"
     target.write_bytes(b"placeholder")
-    local, _ = M._cached_pretrained_file("RN50-quickgelu", "openai", None)
+    local, _ = _cached("RN50-quickgelu", "openai", None)
     assert local == str(target)
     # HF_HUB_CACHE, when set, is where the hub cache lives
     monkeypatch.setenv("HF_HUB_CACHE", str(empty_cache / "hub2"))
-    local, _ = M._cached_pretrained_file("RN50-quickgelu", "openai", None)
+    local, _ = _cached("RN50-quickgelu", "openai", None)
     assert local is None
+
+
+# -- the model is what the user named (issue 13) ---------------------------------------------------
+
+def test_openai_checkpoint_of_another_architecture_is_refused_naming_both(tmp_path):
+    # Reproduction: `--model ViT-B-32 --pretrained rn_file.pt` (and `--model RN51`) loaded the file's own
+    # architecture and labelled the run with the wrong name.
+    _, sd = _tiny_openai_state_dict(seed=40)
+    path = tmp_path / "tiny_openai.pt"
+    torch.save(sd, path)
+    for wrong in ("ViT-B-32", "RN50"):
+        with pytest.raises(ModelLoadError) as info:
+            shiftlab.load_model(wrong, str(path))
+        msg = str(info.value)
+        assert f"'{wrong}'" in msg and "shiftlab-tiny" in msg and "ResNet 1-1-1-1 width 16, 64 px" in msg
+        assert str(path) in msg and "\n" not in msg
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("RN51", str(path))
+    msg = str(info.value)
+    assert "unknown model 'RN51'" in msg and "shiftlab-tiny" in msg and "\n" not in msg
+    # the matching name loads and is the name the model reports
+    assert shiftlab.load_model("shiftlab-tiny", str(path)).name == "shiftlab-tiny"
+
+
+def test_open_clip_checkpoint_of_another_shape_is_refused(tmp_path):
+    from safetensors.torch import save_file
+    cfg = dict(TINY_CONFIG, embed_dim=48)
+    torch.manual_seed(5)
+    wide = shiftlab.load_model("shiftlab-tiny-embed48", None, model_config=cfg)
+    for suffix in (".pt", ".safetensors"):
+        path = tmp_path / f"wide{suffix}"
+        state = {k: v.contiguous() for k, v in wide.clip.state_dict().items()}
+        torch.save(state, path) if suffix == ".pt" else save_file(state, str(path))
+        with pytest.raises(ModelLoadError) as info:
+            shiftlab.load_model("shiftlab-tiny", str(path))
+        msg = str(info.value)
+        assert "does not fit the model 'shiftlab-tiny'" in msg and "text_projection (64, 48) vs (64, 32)" in msg
+        assert "embed 48" in msg and "\n" not in msg
+
+
+def test_checkpoint_sha256_is_the_files(tmp_path, golden_dir):
+    src, sd = _tiny_openai_state_dict(seed=41)
+    path = tmp_path / "w.pt"
+    torch.save(sd, path)
+    model = shiftlab.load_model("shiftlab-tiny", f"file:{path}")
+    assert model.checkpoint_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert model.pretrained == f"file:{path}"
+    assert shiftlab.load_model("shiftlab-tiny", None).checkpoint_sha256 is None
+    golden = shiftlab.load_model("shiftlab-tiny", str(golden_dir / GOLDEN_FILE))
+    assert golden.checkpoint_sha256 == hashlib.sha256((golden_dir / GOLDEN_FILE).read_bytes()).hexdigest()
+
+
+# -- tags vs paths: the explicit rule -----------------------------------------------------------------------
+
+def test_pretrained_rule_tags_files_and_errors(tmp_path, monkeypatch):
+    _, sd = _tiny_openai_state_dict(seed=42)
+    monkeypatch.chdir(tmp_path)
+    # a file whose name has no slash and no suffix is still a file, because it exists and is no tag
+    torch.save(sd, tmp_path / "weights")
+    assert shiftlab.load_model("shiftlab-tiny", "weights").checkpoint_sha256 is not None
+    # file: says "a file", and the file must exist
+    with pytest.raises(ModelLoadError, match=r"checkpoint file .*missing\.pt does not exist"):
+        shiftlab.load_model("shiftlab-tiny", "file:missing.pt")
+    # a name that is neither a tag nor a file
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("RN50", "opneai")
+    msg = str(info.value)
+    assert "unknown pretrained tag 'opneai' for model 'RN50'" in msg and "'openai'" in msg and "file:" in msg
+    # a path-looking value that does not exist is called a missing file
+    with pytest.raises(ModelLoadError, match=r"checkpoint file .*nowhere\.safetensors does not exist"):
+        shiftlab.load_model("RN50", "nowhere.safetensors")
+    with pytest.raises(ModelLoadError, match="expected hf-hub:ORG/REPO"):
+        shiftlab.load_model("RN50", "hf-hub:just-a-name")
+
+
+def test_hf_hub_weights_come_from_the_cache_with_the_repos_preprocessing(empty_cache):
+    from safetensors.torch import save_file
+    src = make_tiny_model(seed=43)
+    snap = empty_cache / "hf" / "hub" / "models--someorg--tiny-clip" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in src.clip.state_dict().items()}, str(snap / "open_clip_model.safetensors"))
+    pp = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bilinear", "resize_mode": "squash"}
+    (snap / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CONFIG, "preprocess_cfg": pp}))
+    model = shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/tiny-clip")
+    assert model.preprocess == M.Preprocess(64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
+    x = _images(2, seed=9)
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_normalized(x), src.encode_normalized(x), rtol=0, atol=1e-6)
+    with pytest.raises(ModelLoadError, match="not in the Hugging Face cache"):
+        shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/absent")
+
+
+# -- preprocessing comes from open_clip ------------------------------------------------------------------
+
+def test_preprocess_is_the_tags_published_config():
+    siglip = M.model_preprocess("ViT-B-16-SigLIP", "webli")
+    openai = M.model_preprocess("RN50-quickgelu", "openai")
+    assert tuple(siglip["mean"]) == (0.5, 0.5, 0.5) and siglip["resize_mode"] == "squash"
+    assert tuple(openai["mean"]) == OPENAI_MEAN and openai["resize_mode"] == "shortest"
+    # without a tag: what every published tag of the model agrees on
+    assert M.model_preprocess("ViT-B-16-SigLIP") == siglip
+    assert M.model_preprocess("RN50-quickgelu") == openai
+    # tags that disagree (ViT-L-14: OpenAI's and DFN's mean/std) fall back to open_clip's default
+    assert tuple(M.model_preprocess("ViT-L-14")["mean"]) == OPENAI_MEAN
+
+
+@pytest.mark.slow
+def test_random_weights_take_their_architectures_preprocessing():
+    # Two open_clip configs whose published preprocessing differs: Perception Encoder tiny (384 px, mean/std 0.5,
+    # bilinear squash) and the tiny OpenAI-style CLIP. Previously both got OpenAI's mean/std.
+    torch.manual_seed(0)
+    pe = shiftlab.load_model("PE-Core-T-16-384", None)
+    tiny = make_tiny_model(seed=0)
+    assert pe.preprocess == M.Preprocess(384, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
+    assert tiny.preprocess == M.Preprocess(64)
+    x = _images(1, size=384)
+    torch.testing.assert_close(pe.normalize(x), (x - 0.5) / 0.5)
+    with torch.no_grad():
+        assert pe.encode_pixels(x).shape == (1, 512)
+
+
+def test_custom_architectures_go_through_open_clips_registry():
+    import json as _json
+    cfg = dict(TINY_CONFIG, embed_dim=40)
+    assert M.register_architecture("shiftlab-tiny-embed40", cfg) == "shiftlab-tiny-embed40"
+    assert "shiftlab-tiny-embed40" in open_clip.list_models()
+    assert open_clip.get_model_config("shiftlab-tiny-embed40") == _json.loads(_json.dumps(cfg))
+    assert "shiftlab-tiny-embed40" not in open_clip.factory._MODEL_CONFIGS or any(
+        str(p).endswith("shiftlab-tiny-embed40.json") for p in open_clip.factory._MODEL_CONFIG_PATHS)
+    with pytest.raises(ModelLoadError, match="is an open_clip architecture"):
+        M.register_architecture("RN50", cfg)
+    assert not hasattr(M, "load_model_config")
+
+
+# -- checkpoint errors are one line and accurate (issue 13) -------------------------------------------
+
+def _assert_one_line_corrupt(path: Path) -> str:
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("shiftlab-tiny", str(path))
+    msg = str(info.value)
+    assert "corrupt" in msg and str(path) in msg and "\n" not in msg
+    assert "trust" not in msg
+    return msg
+
+
+def test_truncated_and_garbage_pt_are_corrupt_not_untrusted(tmp_path):
+    _, sd = _tiny_openai_state_dict(seed=44)
+    good = tmp_path / "good.pt"
+    torch.save(sd, good)
+    data = good.read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    _assert_one_line_corrupt(tmp_path / "truncated.pt")
+    (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 40)
+    _assert_one_line_corrupt(tmp_path / "garbage.pt")
+    (tmp_path / "text.pt").write_bytes(b"not a checkpoint\n" * 20)
+    _assert_one_line_corrupt(tmp_path / "text.pt")
+    legacy = tmp_path / "legacy.pt"
+    torch.save(sd, legacy, _use_new_zipfile_serialization=False)
+    (tmp_path / "legacy_truncated.pt").write_bytes(legacy.read_bytes()[:-100])
+    _assert_one_line_corrupt(tmp_path / "legacy_truncated.pt")
+
+
+def test_garbage_safetensors_header_is_corrupt(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes((10 ** 6).to_bytes(8, "little") + b"{not json")
+    msg = _assert_one_line_corrupt(path)
+    assert ".safetensors" in msg
+
+
+def test_damaged_torchscript_archive_is_corrupt(tmp_path):
+    import zipfile
+    _, sd = _tiny_openai_state_dict(seed=45)
+    path = tmp_path / "jit.pt"
+    _torchscript_archive(sd, path)
+    damaged = tmp_path / "damaged.pt"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(damaged, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                data = data[: len(data) // 3]
+            dst.writestr(item, data)
+    msg = _assert_one_line_corrupt(damaged)
+    assert "TorchScript" in msg
+
+
+def test_trust_advice_only_for_a_valid_pickle_of_python_objects(tmp_path):
+    src = make_tiny_model(seed=46)
+    path = tmp_path / "with_args.pt"
+    torch.save({"state_dict": src.clip.state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("shiftlab-tiny", str(path))
+    msg = str(info.value)
+    assert "--trust-checkpoint" in msg and "argparse.Namespace" in msg and "corrupt" not in msg and "\n" not in msg
+
+
+def test_offline_hint_names_the_hugging_face_repository(empty_cache):
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("RN50", "openai")
+    msg = str(info.value)
+    assert "timm/resnet50_clip.openai" in msg          # what open_clip (and `make run`) downloads
+    assert open_clip.get_pretrained_cfg("RN50-quickgelu", "openai")["url"] in msg
+    assert "\n" not in msg
+
+
+def test_cli_refuses_a_checkpoint_of_another_architecture_in_one_line(tmp_path, capsys, tiny_checkpoint):
+    # Reproduction (issue 13): `shiftlab run --model ViT-B-32 --pretrained rn_file.pt` exited 0 and labelled
+    # the run ViT-B-32.
+    from _synthetic import make_imagenet_r
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(200), per_class=1, size=(32, 24)).parent
+    for wrong in ("ViT-B-32", "RN51"):
+        out = tmp_path / f"run-{wrong}"
+        code = cli_main(["run", "--data", str(data), "--model", wrong, "--pretrained", str(tiny_checkpoint),
+                         "--views", "2", "--workers", "0", "--device", "cpu", "--methods", "zeroshot",
+                         "--limit", "1", "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code != 0 and len(err.splitlines()) == 1, err
+        assert wrong in err and "shiftlab-tiny" in err and "Traceback" not in err
+        assert not out.exists()

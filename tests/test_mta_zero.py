@@ -23,7 +23,7 @@ def golden(golden_dir):
     expected = torch.load(golden_dir / "expected.pt", weights_only=True)
     inputs = torch.load(golden_dir / "inputs.pt", weights_only=True)
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
+    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
     views = [model.normalize(v) for v in inputs["views_unit"]]
     return model, classnames, views, expected
 

@@ -359,13 +359,14 @@ _PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_
 
 
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
-    argv = ["run", "--allow-partial", "--data", str(data), "--model", "RN50", "--pretrained", str(tiny_checkpoint),
+    argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint),
             "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
             "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
             "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
     assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
-    model = shiftlab.load_model("RN50", str(tiny_checkpoint))
-    assert model.name == "RN50-quickgelu" and model.image_size == 64    # the tiny architecture, inferred
+    model = shiftlab.load_model("shiftlab-tiny", str(tiny_checkpoint))
+    assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")

@@ -151,7 +151,7 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
     make_imagenet_a(data, 24)
     suite_dir = tmp_path / "suite"
     args = [sys.executable, "-m", "shiftlab", "run", "--datasets", "imagenet-r,imagenet-a", "--data", str(data),
-            "--model", "RN50", "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0",
+            "--model", "shiftlab-tiny", "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0",
             "--batch-size", "1", "--methods", "zeroshot,tpt", "--no-progress", "--out", str(suite_dir),
             "--allow-partial"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

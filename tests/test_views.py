@@ -373,3 +373,40 @@ def test_recipe_from_a_count_a_dict_or_json():
 def test_bad_recipe_is_one_clear_error(value, message):
     with pytest.raises(ValueError, match=message):
         ViewRecipe.coerce(value)
+
+
+# -- views follow the model's preprocessing (issue 12.5, issue 13: ViewConfig defaulted to 224 px) ---------
+
+def test_view_size_defaults_to_the_models_input_size():
+    from shiftlab.models import Preprocess
+    img = _image()
+    for size in (64, 336):
+        views = ViewGenerator(ViewConfig(n_views=2), seed=0, preprocess=Preprocess(size))(img, 0)
+        assert views.shape == (2, 3, size, size)
+    # an explicit size still wins
+    assert ViewGenerator(ViewConfig(n_views=1, size=32), preprocess=Preprocess(64))(img, 0).shape[-1] == 32
+    with pytest.raises(ValueError, match="preprocess=model.preprocess"):
+        ViewGenerator(ViewConfig(n_views=2), seed=0)
+
+
+def test_view0_follows_the_models_resize_mode_and_interpolation():
+    from open_clip.transform import image_transform
+
+    from shiftlab.models import Preprocess
+    img = _image(97, 61, seed=3)
+    squash = Preprocess(48, (0.5,) * 3, (0.5,) * 3, interpolation="bilinear", resize_mode="squash")
+    got = ViewGenerator(ViewConfig(n_views=1), preprocess=squash)(img, 0)[0]
+    want = _pil_to_uint8(T.Resize((48, 48), interpolation=InterpolationMode.BILINEAR)(img))
+    assert torch.equal(got, want)
+    # open_clip's own eval transform agrees (after its tensor conversion)
+    ref = image_transform(48, is_train=False, mean=(0.0,) * 3, std=(1.0,) * 3, resize_mode="squash",
+                          interpolation="bilinear")(img)
+    torch.testing.assert_close(got.float() / 255, ref, rtol=0, atol=1 / 255 + 1e-6)
+    longest = Preprocess(48, resize_mode="longest", fill_color=0)
+    padded = ViewGenerator(ViewConfig(n_views=1), preprocess=longest)(img, 0)[0]
+    assert padded.shape == (3, 48, 48) and padded[:, 0].sum() == 0 and padded[:, 24].sum() > 0
+    # OpenAI's (the default) is the bicubic shortest-side resize + centre crop of the tests above
+    openai = ViewGenerator(ViewConfig(n_views=1), preprocess=Preprocess(48))(img, 0)[0]
+    assert torch.equal(openai, _pil_to_uint8(T.Compose([T.Resize(48, interpolation=InterpolationMode.BICUBIC),
+                                                         T.CenterCrop(48)])(img)))
+    assert not torch.equal(openai, got)

@@ -7,6 +7,7 @@ from functools import cached_property
 import torch
 
 from .models import ClipModel
+from .precision import Precision
 from .text import DEFAULT_TEMPLATE, class_head
 
 
@@ -40,21 +41,23 @@ class ClassHeads:
 
 
 class SampleContext:
-    """One sample: its CLIP-normalised views and lazily computed, shared quantities.
+    """One sample: its normalised views and lazily computed, shared quantities.
 
-    Image features are computed once (without gradient: the image tower is frozen)
-    and reused by every method; `image_features` may also be handed in by the engine
-    when it encodes many samples' views in one batch.
+    Image features are computed once (without gradient: the image tower is frozen) by
+    `ClipModel.encode_views`, the encoder the engine uses too, and reused by every method;
+    `image_features` may also be handed in by the engine when it encodes many samples'
+    views in one batch. `precision` is the image tower's policy (`shiftlab.precision`; None:
+    float32).
     """
 
     def __init__(self, model: ClipModel, heads: ClassHeads, views: torch.Tensor,
                  image_features: torch.Tensor | None = None, sample_id: int | None = None,
-                 encode_batch: int = 64):
+                 precision: Precision | None = None):
         self.model = model
         self.heads = heads
         self.views = views
         self.sample_id = sample_id
-        self.encode_batch = encode_batch
+        self.precision = precision
         if image_features is not None:
             self.__dict__["image_features"] = image_features
 
@@ -65,18 +68,14 @@ class SampleContext:
     @cached_property
     def image_features(self) -> torch.Tensor:
         """(N, D) L2-normalised features of all views."""
-        with torch.no_grad():
-            chunks = [self.model.encode_normalized(self.views[i:i + self.encode_batch])
-                      for i in range(0, self.n_views, self.encode_batch)]
-        return torch.cat(chunks).float()
+        return self.model.encode_views(self.views, self.precision)
 
     @cached_property
     def base_feature(self) -> torch.Tensor:
         """(D,) feature of view 0; encodes view 0 alone unless all views are already encoded."""
         if "image_features" in self.__dict__:
             return self.image_features[0]
-        with torch.no_grad():
-            return self.model.encode_normalized(self.views[:1]).float()[0]
+        return self.model.encode_views(self.views[:1], self.precision)[0]
 
     @cached_property
     def zeroshot_view_logits(self) -> torch.Tensor:

@@ -35,6 +35,9 @@ class RunConfig:
     data: str = ""
     model: str = "RN50"
     pretrained: str | None = "openai"
+    cache_dir: str | None = None     # weights cache, download and trust: see models.load_model
+    download: bool = False
+    trust_checkpoint: bool = False
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     views: int = 64
@@ -153,11 +156,10 @@ class Evaluator:
         dev = self.model.device
         stacked = torch.cat([v if self.needs_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
         x = self.model.normalize(stacked.float().div_(255))
-        with torch.no_grad(), self.precision.autocast():
-            feats = torch.cat([self.model.encode_normalized(x[i:i + 256]) for i in range(0, len(x), 256)]).float()
+        feats = self.model.encode_views(x, self.precision)
         n = x.shape[0] // len(views_u8)
         ctxs = [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
-                              sample_id=sid) for i, sid in enumerate(ids)]
+                              sample_id=sid, precision=self.precision) for i, sid in enumerate(ids)]
         self.encode_seconds += time.perf_counter() - t0
         return ctxs
 
@@ -189,8 +191,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     if dataset is None:
         dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
     if model is None:
-        from .models import load_model
-        model = load_model(config.model, config.pretrained, device=device)
+        from .models import load_run_model
+        model = load_run_model(config, device)
     model = model.to(device)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -205,8 +207,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     online = list(plan.online)
     pending = plan.pending(settings, done)
 
-    views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1,
-                                     size=model.image_size, augmix=config.augmix), seed=config.seed)
+    views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1, augmix=config.augmix),
+                          seed=config.seed, preprocess=model.preprocess)
     attacker = None
     if config.attack.get("name", "none") != "none":
         from .attacks import build_attack

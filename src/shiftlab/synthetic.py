@@ -13,6 +13,8 @@ RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic
               "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
 
 # The golden fixtures' architecture: ModifiedResNet (1,1,1,1) width 16 at 64x64, 2-layer text tower.
+# Registered with open_clip under TINY_CLIP_NAME by every loader (`--model shiftlab-tiny`).
+TINY_CLIP_NAME = "shiftlab-tiny"
 TINY_CLIP_CONFIG = {
     "embed_dim": 32,
     "quick_gelu": True,
@@ -26,7 +28,7 @@ def tiny_clip(seed: int = 0, device: str | torch.device = "cpu"):
     from .models import load_model
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return load_model("shiftlab-tiny", None, model_config=TINY_CLIP_CONFIG, device=device)
+        return load_model(TINY_CLIP_NAME, None, device=device)
 
 
 def random_image(size: tuple[int, int] = (40, 30), seed: int = 0) -> Image.Image:

@@ -1,6 +1,7 @@
 """Deterministic test-time views (TPT's ImageNet protocol).
 
-View 0 is the original: Resize(shorter side -> size, bicubic) + CenterCrop(size).
+View 0 is the original, made as the model's open_clip preprocess config says (OpenAI's:
+Resize(shorter side -> size, bicubic) + CenterCrop(size); SigLIP's: squash to size, ...).
 Views 1..N-1 are RandomResizedCrop(size) (by default scale 0.08-1, ratio 3/4-4/3, bilinear) +
 RandomHorizontalFlip of the ORIGINAL image, optionally followed by TPT's AugMix; a method's
 `ViewRecipe` says which (its config's `views` field).
@@ -16,13 +17,16 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
+
+if TYPE_CHECKING:
+    from .models import Preprocess
 
 
 @dataclass(frozen=True)
@@ -101,15 +105,16 @@ class ViewRecipe:
 
 @dataclass(frozen=True)
 class ViewConfig(ViewRecipe):
-    """A recipe at an image size: what `ViewGenerator` draws."""
-    size: int = 224
+    """A recipe at an image size: what `ViewGenerator` draws. `size` None: the model's input size
+    (ViewGenerator's `preprocess`)."""
+    size: int | None = None
 
     @property
     def recipe(self) -> ViewRecipe:
         return ViewRecipe(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ViewRecipe)})
 
     @classmethod
-    def from_recipe(cls, recipe: ViewRecipe, size: int) -> ViewConfig:
+    def from_recipe(cls, recipe: ViewRecipe, size: int | None = None) -> ViewConfig:
         return cls(**recipe.to_dict(), size=size)
 
 
@@ -122,9 +127,18 @@ def to_uint8_tensor(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(img.convert("RGB"), dtype=np.uint8, copy=True)).permute(2, 0, 1).contiguous()
 
 
-def base_view(img: Image.Image, size: int) -> Image.Image:
-    img = TF.resize(img, size, interpolation=InterpolationMode.BICUBIC)
-    return TF.center_crop(img, size)
+def base_view(img: Image.Image, size: int, preprocess: Preprocess | None = None) -> Image.Image:
+    """The original view: OpenAI's resize + centre crop, or the model's own resize mode and interpolation
+    (open_clip's eval transform, minus tensor conversion and normalisation)."""
+    if preprocess is None or (preprocess.resize_mode, preprocess.interpolation) == ("shortest", "bicubic"):
+        img = TF.resize(img, size, interpolation=InterpolationMode.BICUBIC)
+        return TF.center_crop(img, size)
+    from open_clip.transform import image_transform
+    geometry = image_transform(size, is_train=False, resize_mode=preprocess.resize_mode,
+                               interpolation=preprocess.interpolation, fill_color=preprocess.fill_color).transforms
+    for step in geometry[:-3]:     # the last three: convert mode, to tensor, normalise
+        img = step(img)
+    return img
 
 
 def random_resized_crop_params(width: int, height: int, scale, ratio, gen: torch.Generator):
@@ -257,16 +271,28 @@ def augmix(img: Image.Image, rng: np.random.Generator, severity: float = 1, widt
 
 
 class ViewGenerator:
-    """Image -> uint8 views (N, 3, S, S), seeded per sample."""
+    """Image -> uint8 views (N, 3, S, S), seeded per sample.
 
-    def __init__(self, config: ViewConfig = ViewConfig(), seed: int = 0):
-        self.config = config
+    `preprocess` is the model's (`model.preprocess`): S defaults to its input size and the
+    original view follows its resize mode and interpolation. Without it, `config.size` is
+    required and view 0 is OpenAI's resize + centre crop.
+    """
+
+    def __init__(self, config: ViewConfig = ViewConfig(), seed: int = 0, preprocess: Preprocess | None = None):
+        size = config.size if config.size is not None else getattr(preprocess, "image_size", None)
+        if size is None:
+            raise ValueError("ViewConfig.size is None and no model preprocess was given: pass "
+                             "ViewGenerator(config, seed, preprocess=model.preprocess) or a size")
+        if int(size) < 1:
+            raise ValueError(f"views: size must be >= 1, got {size}")
+        self.config = dataclasses.replace(config, size=int(size))
         self.seed = int(seed)
+        self.preprocess = preprocess
 
     def __call__(self, img: Image.Image, sample_id: int) -> torch.Tensor:
         cfg = self.config
         img = img.convert("RGB")
-        views = [to_uint8_tensor(base_view(img, cfg.size))]
+        views = [to_uint8_tensor(base_view(img, cfg.size, self.preprocess))]
         if cfg.n_views > 1:
             seed = sample_seed(self.seed, sample_id)
             gen = torch.Generator().manual_seed(seed)

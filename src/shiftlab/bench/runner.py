@@ -368,8 +368,8 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
     ids = list(range(n))
     spare = list(range(n, len(source)))
     warm_ids = [spare[i] if i < len(spare) else ids[i % n] for i in range(config.warmup)]
-    full = ViewGenerator(ViewConfig(n_views=config.views, size=model.image_size), seed=config.seed)
-    one = ViewGenerator(ViewConfig(n_views=1, size=model.image_size), seed=config.seed)
+    full = ViewGenerator(ViewConfig(n_views=config.views), seed=config.seed, preprocess=model.preprocess)
+    one = ViewGenerator(ViewConfig(n_views=1), seed=config.seed, preprocess=model.preprocess)
 
     log(f"bench: {len(methods)} method(s), {n} image(s) (+{len(warm_ids)} warm-up), {config.views} views, "
         f"{len(classnames)} classes, device {device}")

@@ -26,9 +26,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", default=None, metavar="A,B,...",
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it")
-    p.add_argument("--model", default="RN50", help="open_clip model name (RN50 + openai weights uses QuickGELU)")
+    p.add_argument("--model", default="RN50",
+                   help="open_clip architecture (RN50 + openai weights uses QuickGELU); a checkpoint must fit it")
     p.add_argument("--pretrained", default="openai",
-                   help="open_clip tag (e.g. openai), a checkpoint file, or 'none' for random weights")
+                   help="a pretrained tag open_clip lists for --model (e.g. openai), a checkpoint file (file:PATH "
+                        "to be explicit), hf-hub:ORG/REPO, or 'none' for random weights (README: Getting the weights)")
     p.add_argument("--methods", type=checks.method_names, default=["all"],
                    help="comma-separated method names, or 'all' (see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
@@ -101,7 +103,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
                      order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
-                     online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision)
+                     online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
+                     cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint)
 
 
 class CannotStart(Exception):
@@ -169,7 +172,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
     and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
     from ..datasets import DatasetError, DownloadError, build_dataset
     from ..engine import resolve_device
-    from ..models import ModelLoadError, load_model
+    from ..models import ModelLoadError, load_run_model
 
     problems: list[str] = []
     datasets = {}
@@ -190,8 +193,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
                 problems.append(f"dataset {name}: {one_line(exc)} -> run `shiftlab download {name} --root "
                                 f"{cfg.data}` (or pass --download), see docs/DATA.md")
     try:
-        model = load_model(cfg.model, cfg.pretrained, device=resolve_device(cfg.device), cache_dir=args.cache_dir,
-                           allow_download=args.download, trust_checkpoint=args.trust_checkpoint)
+        model = load_run_model(cfg, resolve_device(cfg.device))
     except ModelLoadError as exc:
         problems.append(f"model: {one_line(exc)}")
     except OSError as exc:  # network failures inside open_clip's download

@@ -66,6 +66,7 @@ class Method:
         self.classnames = list(classnames)
         self.config = config if config is not None else self.config_class()
         self.heads = heads if heads is not None else ClassHeads(model, classnames)
+        self.run_precision = run_precision
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
@@ -78,11 +79,18 @@ class Method:
 
     # -- library use ------------------------------------------------------------
     def predict(self, views: torch.Tensor) -> torch.Tensor:
-        """CLIP-normalised views (N, 3, S, S), view 0 the original -> logits (C,).
+        """Normalised views (N, 3, S, S) float, view 0 the original, S the model's input size -> logits (C,).
 
-        Only the first `view_recipe.n_views` views are read (and encoded)."""
+        Views from `ViewGenerator` are uint8: pass `model.normalize(views.float() / 255)`. Only the
+        first `view_recipe.n_views` views are read (and encoded). The image tower runs under the
+        run precision the method was created with (`run_precision`, as the engine's image tower),
+        through the engine's encoder, so `predict` gives what a run gives.
+        """
+        check_views(views, self.model)
         views = views[:self.view_recipe.n_views].to(self.model.device)
-        return self.predict_context(SampleContext(self.model, self.heads, views)).logits
+        tower = resolve_precision(self.run_precision, self.model.device)
+        ctx = SampleContext(self.model, self.heads, views, precision=tower)
+        return self.predict_context(ctx).logits
 
     # -- engine use -------------------------------------------------------------
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
@@ -108,6 +116,23 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "episodic": self.episodic, **dataclasses.asdict(self.config)}
+
+
+def check_views(views: object, model: ClipModel) -> None:
+    """Raise a one-line ValueError unless `views` is a float (N>=1, 3, S, S) tensor at the model's input size."""
+    size = model.image_size
+    if not isinstance(views, torch.Tensor):
+        raise ValueError(f"views must be a torch.Tensor (N, 3, {size}, {size}), got {type(views).__name__}")
+    if not views.is_floating_point():
+        raise ValueError(f"views must be a float tensor normalised by the model, got {views.dtype}; "
+                         "for ViewGenerator's uint8 views pass model.normalize(views.float() / 255)")
+    if views.ndim != 4 or views.shape[1] != 3:
+        raise ValueError(f"views must be (N, 3, {size}, {size}), got shape {tuple(views.shape)}")
+    if views.shape[0] < 1:
+        raise ValueError("views must hold at least one view (view 0, the original), got N = 0")
+    if tuple(views.shape[-2:]) != (size, size):
+        raise ValueError(f"views are {views.shape[-2]}x{views.shape[-1]} px but {model.name} takes {size}x{size}; "
+                         "ViewGenerator(ViewConfig(), seed, preprocess=model.preprocess) makes views of that size")
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:

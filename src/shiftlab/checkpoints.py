@@ -1,0 +1,194 @@
+"""Checkpoint files: reading them safely, naming what is wrong with them, finding cached weights.
+
+Every failure is a `ModelLoadError` with a one-line message that says what the file is
+(missing, corrupt, a pickle holding Python objects, the wrong architecture) and what to do.
+Only a file that is a valid pickle holding non-tensor objects is met with the advice to
+trust it; a truncated or garbage file is called corrupt.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+# Buffers of OpenAI's TorchScript archives that are facts, not weights.
+OPENAI_SCALARS = ("input_resolution", "context_length", "vocab_size")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what to download or pass."""
+
+
+def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
+    """SHA-256 of a file, streamed (a 1 GB checkpoint never sits in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
+
+
+def _corrupt(path: Path, what: str, exc: BaseException | None = None) -> ModelLoadError:
+    detail = f" ({type(exc).__name__}: {_first_line(exc)})" if exc is not None else ""
+    return ModelLoadError(f"{path}: corrupt checkpoint: {what}{detail}; download it again")
+
+
+def _is_torchscript(zf: zipfile.ZipFile) -> bool:
+    return any(n.endswith("/constants.pkl") or n == "constants.pkl" for n in zf.namelist())
+
+
+def _unsafe_globals(exc: BaseException) -> list[str]:
+    """The Python objects torch's weights-only unpickler refused, if that is why it failed."""
+    return re.findall(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _corrupt(path, "not a readable .safetensors file (bad header or truncated)", exc) from exc
+
+
+def _read_torchscript(path: Path) -> dict[str, torch.Tensor]:
+    """OpenAI's released .pt files are TorchScript archives: `torch.jit.load` rebuilds only
+    tensors and TorchScript code, never arbitrary Python objects."""
+    try:
+        return dict(torch.jit.load(str(path), map_location="cpu").state_dict())
+    except Exception as exc:  # torch.jit raises RuntimeError subclasses with multi-page messages
+        raise _corrupt(path, "damaged TorchScript archive", exc) from exc
+
+
+def _read_pickle(path: Path, trust_checkpoint: bool) -> object:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        objects = _unsafe_globals(exc)
+        if not objects:   # the weights-only unpickler met bytes it cannot parse: not a pickle of tensors
+            raise _corrupt(path, "not a readable PyTorch checkpoint", exc) from exc
+        if not trust_checkpoint:
+            raise ModelLoadError(
+                f"{path}: the checkpoint holds pickled Python objects beyond plain tensors "
+                f"({', '.join(sorted(set(objects)))}). Loading it could run code from the file; "
+                "pass --trust-checkpoint (trust_checkpoint=True) only if you trust its source.") from exc
+    except Exception as exc:  # RuntimeError (damaged zip), EOFError, KeyError... from a truncated or garbage file
+        raise _corrupt(path, "not a readable PyTorch checkpoint (truncated or garbage)", exc) from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: trusted checkpoint could not be unpickled "
+                             f"({type(exc).__name__}: {_first_line(exc)})") from exc
+
+
+def _strip_prefix(sd: dict) -> dict:
+    if "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if sd and all(isinstance(k, str) and k.startswith("module.") for k in sd):
+        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return sd
+
+
+def read_checkpoint(path: Path, trust_checkpoint: bool = False) -> tuple[dict[str, torch.Tensor], bool]:
+    """Read a checkpoint file -> (state dict of tensors, is an OpenAI TorchScript release).
+
+    Formats: `.safetensors`; OpenAI TorchScript archives; plain or open_clip-trained state
+    dicts (`{"state_dict": ...}`, `module.` prefixes). Pickles holding Python objects other
+    than tensors are refused unless `trust_checkpoint`.
+    """
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint file {path} does not exist")
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path), False
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                torchscript = _is_torchscript(zf)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise _corrupt(path, "damaged zip archive", exc) from exc
+        if torchscript:
+            return _read_torchscript(path), True
+    sd = _read_pickle(path, trust_checkpoint)
+    if not isinstance(sd, dict):
+        raise ModelLoadError(f"{path}: expected a state dict (a mapping of tensors), found {type(sd).__name__}")
+    sd = _strip_prefix(sd)
+    tensors = {k: v for k, v in sd.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ModelLoadError(f"{path}: the checkpoint holds no tensors (keys: {list(sd)[:5]})")
+    return tensors, False
+
+
+# -- the weights cache ---------------------------------------------------------------------------
+
+def hf_hub_cache() -> Path:
+    hub = os.environ.get("HF_HUB_CACHE")
+    if hub:
+        return Path(hub).expanduser()
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+
+
+def clip_cache(cache_dir: str | None) -> Path:
+    return Path(cache_dir or os.environ.get("SHIFTLAB_MODEL_CACHE", "~/.cache/clip")).expanduser()
+
+
+def hf_snapshot_files(repo: str, names: tuple[str, ...]) -> list[Path]:
+    """Files `names` in every cached snapshot of Hugging Face repository `repo` ("org/name")."""
+    org, _, name = repo.strip("/").partition("/")
+    snaps = hf_hub_cache() / f"models--{org}--{name}" / "snapshots"
+    if not snaps.is_dir():
+        return []
+    return [d / n for d in sorted(snaps.iterdir()) for n in names]
+
+
+WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def cached_tag_file(pretrained_cfg: dict, cache_dir: str | None) -> tuple[Path | None, str]:
+    """(local file or None, where to download it from) for one open_clip pretrained tag.
+
+    Looks where open_clip itself would put the file: the Hugging Face cache for the tag's
+    hub repository (what open_clip downloads), and OpenAI's file name in `cache_dir`
+    (default `$SHIFTLAB_MODEL_CACHE` or ~/.cache/clip) for tags with an original URL.
+    """
+    url = pretrained_cfg.get("url") or ""
+    hf = (pretrained_cfg.get("hf_hub") or "").strip("/")
+    hf_repo, hf_file = (hf, "") if hf.count("/") < 2 else hf.rsplit("/", 1)
+    candidates: list[Path] = []
+    url_target = clip_cache(cache_dir) / os.path.basename(url) if url else None
+    if url_target is not None:
+        candidates.append(url_target)
+    if hf_repo:
+        candidates += hf_snapshot_files(hf_repo, (hf_file,) if hf_file else WEIGHT_FILES)
+    for c in candidates:
+        if c.is_file():
+            return c, ""
+    where = []
+    if hf_repo:
+        where.append(f"the Hugging Face repository {hf_repo} (`huggingface-cli download {hf_repo}` "
+                     f"puts it in the HF cache, {hf_hub_cache()})")
+    if url:
+        where.append(f"{url} -> {url_target}")
+    return None, " or ".join(where) or "the weights"
+
+
+def require_network(where: str) -> None:
+    """Fail in milliseconds, not after a minute of hub retries, when no download host resolves."""
+    import socket
+    for host in ("huggingface.co", "openaipublic.azureedge.net"):
+        try:
+            socket.getaddrinfo(host, 443)
+            return
+        except OSError:
+            continue
+    raise ModelLoadError(f"no internet connection: cannot download the weights. Download {where} on a machine "
+                         "with internet and copy them there, or pass --pretrained /path/to/checkpoint.")

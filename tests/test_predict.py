@@ -1,0 +1,95 @@
+"""`Method.predict` (the library's entry point): input validation, and the engine's image encoder."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import shiftlab
+from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.engine import Evaluator
+from shiftlab.precision import Precision
+from shiftlab.precision import resolve as resolve_precision
+from shiftlab.synthetic import random_image
+from shiftlab.views import ViewConfig, ViewGenerator
+
+CLASSES = ["goldfish", "great white shark", "hammerhead"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _views(model: shiftlab.ClipModel, n_views: int = 6, seed: int = 0) -> torch.Tensor:
+    # ViewConfig() without a size: the model's own input size (64 px for the tiny CLIP)
+    return ViewGenerator(ViewConfig(n_views=n_views), seed=seed, preprocess=model.preprocess)(
+        random_image((80, 60), seed=seed), 0)
+
+
+def test_library_views_at_the_default_size_work(tiny_model):
+    # Reproduction: ViewConfig defaulted to 224 px and a 64-px model failed deep inside open_clip.
+    views = _views(tiny_model)
+    assert views.shape == (6, 3, 64, 64)
+    logits = shiftlab.create_method("zeroshot", tiny_model, CLASSES).predict(tiny_model.normalize(views.float() / 255))
+    assert logits.shape == (3,) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("uint8", r"float tensor .* got torch.uint8; .*model.normalize\(views.float\(\) / 255\)"),
+    ("3d", r"must be \(N, 3, 64, 64\), got shape \(3, 64, 64\)"),
+    ("channels", r"must be \(N, 3, 64, 64\), got shape \(2, 1, 64, 64\)"),
+    ("empty", r"at least one view"),
+    ("size", r"views are 224x224 px but shiftlab-tiny takes 64x64"),
+    ("list", r"must be a torch.Tensor"),
+])
+def test_predict_refuses_bad_views_with_one_line(tiny_model, bad, message):
+    # Reproduction: uint8 views failed with a dtype error deep inside the image tower.
+    method = shiftlab.create_method("zeroshot", tiny_model, CLASSES)
+    views = {"uint8": _views(tiny_model), "3d": torch.zeros(3, 64, 64), "channels": torch.zeros(2, 1, 64, 64),
+             "empty": torch.zeros(0, 3, 64, 64), "size": torch.zeros(2, 3, 224, 224),
+             "list": [torch.zeros(3, 64, 64)]}[bad]
+    with pytest.raises(ValueError, match=message) as info:
+        method.predict(views)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["zeroshot", "view_ensemble", "mta"])
+def test_predict_equals_the_engine(tiny_model, name):
+    views = [_views(tiny_model, seed=s) for s in range(3)]
+    evaluator = Evaluator(tiny_model, CLASSES, [name])
+    ctxs = evaluator.contexts(views, [0, 1, 2])
+    method = evaluator.methods[name]
+    for u8, ctx in zip(views, ctxs):
+        got = method.predict(tiny_model.normalize(u8.float() / 255))
+        torch.testing.assert_close(got, method.predict_context(ctx).logits, rtol=0, atol=1e-5)
+
+
+class _CpuBf16(Precision):
+    """The policy keeps CPU in float32; this stand-in autocasts to bf16 on the CPU, as fp16 does on CUDA,
+    to show that the policy's autocast is what the image tower runs under."""
+
+    @contextlib.contextmanager
+    def autocast(self):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+
+
+def test_one_image_encoder_under_the_precision_policy(tiny_model):
+    x = tiny_model.normalize(_views(tiny_model, n_views=5).float() / 255)
+    heads = ClassHeads(tiny_model, CLASSES)
+    full = SampleContext(tiny_model, heads, x).image_features
+    assert torch.equal(full, tiny_model.encode_views(x))
+    assert torch.equal(full, tiny_model.encode_views(x, resolve_precision("auto", "cpu")))
+    low = SampleContext(tiny_model, heads, x, precision=_CpuBf16("bf16", "cpu")).image_features
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.nn.functional.normalize(tiny_model.clip.encode_image(x), dim=-1).float()
+    assert low.dtype == torch.float32 and torch.equal(low, want) and (low - full).abs().max() > 0
+    # chunking does not change the features beyond float noise
+    torch.testing.assert_close(tiny_model.encode_views(x, chunk_size=2), full, rtol=0, atol=1e-6)
+    # predict encodes with the run precision it was created with, like the engine's tower
+    method = shiftlab.create_method("view_ensemble", tiny_model, CLASSES)
+    assert method.run_precision == "auto"
+    ctx = SampleContext(tiny_model, method.heads, x, precision=resolve_precision("auto", tiny_model.device))
+    torch.testing.assert_close(method.predict(x), method.predict_context(ctx).logits, rtol=0, atol=0)
