@@ -114,9 +114,6 @@ class Method:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "episodic": self.episodic, **dataclasses.asdict(self.config)}
-
 
 def check_views(views: object, model: ClipModel) -> None:
     """Raise a one-line ValueError unless `views` is a float (N>=1, 3, S, S) tensor at the model's input size."""

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from shiftlab.display import format_eps, run_label
-from shiftlab.published import published_for_run
 from shiftlab.results import record_files
 
 
@@ -74,10 +73,6 @@ class Run:
     def classnames(self) -> list[str] | None:
         names = self.config.get("classnames")
         return [str(x) for x in names] if isinstance(names, list) else None
-
-    @property
-    def has_published_numbers(self) -> bool:
-        return bool(published_for_run(self.summary))
 
     def seconds_per_image(self, method: str) -> float | None:
         value = (self.summary.get("methods") or {}).get(method, {}).get("seconds_per_image")
