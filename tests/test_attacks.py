@@ -244,6 +244,7 @@ def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
     assert summary["attack"]["success_rate"] == 0.0
 
 
+@pytest.mark.slow
 def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=2, size=(90, 70))
     out = tmp_path / "run"

@@ -94,6 +94,7 @@ def test_view_ensemble_baseline_matches_reference_view_logits(golden):
 
 # -- the runner and the command -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bench_json_has_the_documented_keys(capsys):
     code = main(["bench", "--tiny", "--json", "--images", "2", "--warmup", "1", "--views", "16",
                  "--classes", "20", "--workers", "1"])
@@ -115,6 +116,7 @@ def test_bench_json_has_the_documented_keys(capsys):
     assert result["config"]["images"] == 2 and result["config"]["warmup"] == 1
 
 
+@pytest.mark.slow
 def test_bench_without_baseline_and_table_output(capsys):
     code = main(["bench", "--tiny", "--no-baseline", "--images", "1", "--warmup", "0", "--views", "16",
                  "--classes", "10", "--workers", "0", "--methods", "zeroshot,tpt"])
@@ -124,6 +126,7 @@ def test_bench_without_baseline_and_table_output(capsys):
     assert "tpt" in out and "mta" not in out
 
 
+@pytest.mark.slow
 def test_bench_reads_the_first_images_of_a_dataset(tiny_model, tmp_path):
     from shiftlab.datasets import build_dataset
     from shiftlab.synthetic import make_imagenet_r

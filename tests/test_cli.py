@@ -173,6 +173,7 @@ def test_failed_download_leaves_no_data_folder(data, tmp_path, capsys, monkeypat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_disk_full_is_one_line_and_keeps_the_records(data, tmp_path, capsys, monkeypatch, tiny_checkpoint):
     out = tmp_path / "run"
     calls = []
@@ -195,6 +196,7 @@ def test_a_write_refused_while_running_is_one_line(data, tmp_path, capsys, monke
     one_line_error(capsys, code, "Read-only file system", "run")
 
 
+@pytest.mark.slow
 def test_no_progress_still_prints_the_results_table(data, tmp_path, capsys, tiny_checkpoint):
     out = tmp_path / "run"
     assert cli_main(run_argv(data, tiny_checkpoint, out, "--no-progress")) == 0

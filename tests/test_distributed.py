@@ -265,6 +265,7 @@ def _simulate(monkeypatch, model, dataset, out, methods, world, rank, crash_afte
         monkeypatch.undo()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resume_world", [1, 2])
 def test_simulated_interrupted_3_ranks_resumed_with_other_world(data_root, tiny_model, online_method, tmp_path,
                                                                 monkeypatch, resume_world):

@@ -41,6 +41,7 @@ def _cli_run(data, ckpt, out, *extra):
                      "--allow-partial", *extra])
 
 
+@pytest.mark.slow
 def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path):
     out = tmp_path / "run"
     assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", FAST_METHODS) == 0
@@ -62,6 +63,7 @@ def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path
     assert len(list(results.iter_records(out / "records.jsonl"))) == len(recs)
 
 
+@pytest.mark.slow
 def test_zeroshot_record_matches_plain_open_clip(synthetic, tmp_path):
     model = tiny_clip(0)
     dataset = build_dataset("imagenet-r", synthetic)
@@ -84,6 +86,7 @@ def test_zeroshot_record_matches_plain_open_clip(synthetic, tmp_path):
         assert recs[sid]["true_prob"] == pytest.approx(float(probs[recs[sid]["label"]]), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_results_independent_of_batching_and_workers(synthetic, tmp_path):
     model = tiny_clip(0)
     dataset = build_dataset("imagenet-r", synthetic)
@@ -100,6 +103,7 @@ def test_results_independent_of_batching_and_workers(synthetic, tmp_path):
         assert a["confidence"] == pytest.approx(b["confidence"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_bad_images_become_error_records(tmp_path):
     data = make_imagenet_r(tmp_path / "data", classes=[0, 1, 2], size=(64, 64))
     wnid_dir = sorted(p for p in data.iterdir() if p.is_dir())[0]

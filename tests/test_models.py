@@ -180,6 +180,7 @@ def test_float32_openai_state_dict_round_trips_losslessly(tmp_path):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_torchscript_openai_archive_loads(tmp_path):
     src, sd = _tiny_openai_state_dict(seed=32)
     scripted = dict(sd)
@@ -199,6 +200,7 @@ def test_torchscript_openai_archive_loads(tmp_path):
     assert isinstance(model.clip.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
 
 
+@pytest.mark.slow
 def test_torchscript_fp16_archive_like_openai(golden_dir, tmp_path):
     # OpenAI's released archives hold fp16 weights (the golden file's values are fp16-exact)
     sd = _golden_state_dict(golden_dir)
@@ -229,6 +231,7 @@ def test_torchscript_archive_is_read_without_unpickling(tmp_path, monkeypatch):
 
 # -- open_clip-format checkpoints ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_open_clip_checkpoint_with_module_prefix(tmp_path):
     src = make_tiny_model(seed=11)
     sd = {f"module.{k}": v.clone() for k, v in src.clip.state_dict().items()}
@@ -240,6 +243,7 @@ def test_open_clip_checkpoint_with_module_prefix(tmp_path):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_safetensors_checkpoint(tmp_path):
     from safetensors.torch import save_file
     src = make_tiny_model(seed=12)
@@ -254,6 +258,7 @@ def test_safetensors_checkpoint(tmp_path):
     assert (_features(other, x)[0] - _features(model, x)[0]).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_non_openai_layout_goes_through_open_clip(tmp_path):
     # A custom-text CLIP has `text.*` keys, so it is not an OpenAI state dict.
     cfg = dict(TINY_CONFIG, custom_text=True)
@@ -279,6 +284,7 @@ def test_non_openai_layout_goes_through_open_clip(tmp_path):
 
 # -- pickle safety ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pickled_python_objects_need_trust(tmp_path):
     src = make_tiny_model(seed=21)
     path = tmp_path / "with_args.pt"

@@ -358,6 +358,7 @@ _PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_
               "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
+@pytest.mark.slow
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
     argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
             str(tiny_checkpoint),

@@ -54,6 +54,7 @@ def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, l
 
 # ----------------------------------------------------------------- the table
 
+@pytest.mark.slow
 def test_suite_table_averages_and_published_rows(tmp_path):
     suite_dir = tmp_path / "ns"
     suite = suites.SUITES["natural-shift"]

@@ -76,6 +76,7 @@ def test_views_are_torchvisions_pipeline_seeded_per_sample():
         assert torch.equal(views[i], w), f"view {i} differs from torchvision"
 
 
+@pytest.mark.slow
 def test_random_resized_crop_params_match_torchvision():
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
     state = torch.get_rng_state()
