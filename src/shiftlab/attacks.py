@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,10 @@ import torch.nn as nn
 from PIL import Image
 
 from .registry import Registry
+
+if TYPE_CHECKING:
+    from .engine import Evaluator
+    from .views import ViewGenerator
 
 QUANTIZE_MODES = ("round", "truncate")
 _ATTACKS: Registry[type[Attack]] = Registry("attack", also_known=("none",))
@@ -42,7 +46,7 @@ def list_attacks() -> list[str]:
     return _ATTACKS.names()
 
 
-def build_attack(attack_cfg: dict[str, Any], evaluator) -> Attack | None:
+def build_attack(attack_cfg: dict[str, Any], evaluator: Evaluator) -> Attack | None:
     """`{"name": "pgd", "eps": ..., ...}` + the run's Evaluator -> an Attack (None for name "none")."""
     cfg = dict(attack_cfg)
     name = cfg.pop("name", "none")
@@ -119,7 +123,7 @@ class Attack:
     name = "attack"
 
     def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
-                view_generator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+                view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
         raise NotImplementedError
 
 
@@ -134,7 +138,7 @@ class PGDAttack(Attack):
     Each sample is attacked on its own, so its adversarial image does not depend on the batch.
     """
 
-    def __init__(self, evaluator, eps: float = 1 / 255, alpha: float | None = None, steps: int = 7,
+    def __init__(self, evaluator: Evaluator, eps: float = 1 / 255, alpha: float | None = None, steps: int = 7,
                  random_start: bool = True, quantize: str = "round", seed: int | None = None):
         eps = float(eps)
         if not (eps >= 0 and math.isfinite(eps)):
@@ -170,7 +174,8 @@ class PGDAttack(Attack):
         x = images_u8.to(self.model.device).float().div(255)
         return self.classifier(x).argmax(dim=-1).tolist()
 
-    def perturb(self, ids, views_list, labels, view_generator):
+    def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
+                view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
         run_seed = self.seed if self.seed is not None else getattr(view_generator, "seed", 0)
         adv_views: list[torch.Tensor] = []
         info: dict[int, dict[str, Any]] = {}

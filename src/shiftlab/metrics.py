@@ -45,7 +45,8 @@ def ece(confidences: Sequence[float], correct: Sequence[bool], n_bins: int = 15)
     return float(100.0 * total)
 
 
-def reliability_bins(confidences: Sequence[float], correct: Sequence[bool], n_bins: int = 15):
+def reliability_bins(confidences: Sequence[float], correct: Sequence[bool],
+                     n_bins: int = 15) -> list[tuple[float, float, int, float, float]]:
     """Per-bin (lower edge, upper edge, count, accuracy, mean confidence) for reliability diagrams."""
     conf = np.asarray(confidences, dtype=np.float64)
     corr = np.asarray(correct, dtype=np.float64)

@@ -4,10 +4,14 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from PIL import Image
+
+if TYPE_CHECKING:
+    from .models import ClipModel
 
 RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami", "painting",
               "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
@@ -23,7 +27,7 @@ TINY_CLIP_CONFIG = {
 }
 
 
-def tiny_clip(seed: int = 0, device: str | torch.device = "cpu"):
+def tiny_clip(seed: int = 0, device: str | torch.device = "cpu") -> ClipModel:
     """A tiny random-weight CLIP (the golden fixtures' architecture); accuracy is meaningless."""
     from .models import load_model
     with torch.random.fork_rng():

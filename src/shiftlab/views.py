@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,8 @@ def base_view(img: Image.Image, size: int, preprocess: Preprocess | None = None)
     return img
 
 
-def random_resized_crop_params(width: int, height: int, scale, ratio, gen: torch.Generator):
+def random_resized_crop_params(width: int, height: int, scale: Sequence[float], ratio: Sequence[float],
+                               gen: torch.Generator) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params, drawing from `gen` instead of the global RNG."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))

@@ -29,11 +29,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import open_clip
 import torch
 
+from ..methods.base import MethodConfig
 from ..models import ClipModel
 from ..precision import Precision
 from ..precision import resolve as resolve_precision
@@ -128,7 +129,8 @@ class BaselineMethod:
     needs_views = True
     parts = ("image_encode", "text_tower", "method")
 
-    def __init__(self, model: ClipModel, classnames: Sequence[str], config=None, precision: str = "auto"):
+    def __init__(self, model: ClipModel, classnames: Sequence[str], config: MethodConfig | None = None,
+                 precision: str = "auto"):
         self.model = model
         self.precision = precision
         self.clip = model.clip
@@ -146,7 +148,7 @@ class BaselineMethod:
         return time.perf_counter()
 
     @contextlib.contextmanager
-    def timed(self, part: str):
+    def timed(self, part: str) -> Iterator[None]:
         t0 = self._now()
         try:
             yield
@@ -178,7 +180,7 @@ class BaselineMethod:
         """The run's precision (image tower, fixed prompts), or a method config's own where it sets one."""
         return resolve_precision(precision, self.device, run=self.precision)
 
-    def autocast(self, precision: str = "auto"):
+    def autocast(self, precision: str = "auto") -> contextlib.AbstractContextManager:
         return self.policy(precision).autocast()
 
     def setup(self) -> None:
@@ -192,11 +194,11 @@ class ZeroShotBaseline(BaselineMethod):
     name = "zeroshot"
     needs_views = False
 
-    def setup(self):
+    def setup(self) -> None:
         names = [c.replace("_", " ") for c in self.classnames]
         self.tokens = open_clip.tokenize([f"a photo of a {n}." for n in names]).to(self.device)
 
-    def predict(self, views_u8):
+    def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         image_features = self.encode_images(self.to_input(views_u8[:1]))
         text_features = self.encode_tokens(self.tokens)          # every image, as the TPT code base's forward
         with self.timed("method"):
@@ -207,7 +209,7 @@ class PromptEnsembleBaseline(BaselineMethod):
     name = "prompt_ensemble"
     needs_views = False
 
-    def setup(self):
+    def setup(self) -> None:
         from ..datasets.classes import load_templates
         weights = []
         with torch.no_grad(), self.autocast():    # CLIP's `zeroshot_classifier`
@@ -218,7 +220,7 @@ class PromptEnsembleBaseline(BaselineMethod):
                 weights.append(embedding / embedding.norm())
         self.weights = torch.stack(weights, dim=1)
 
-    def predict(self, views_u8):
+    def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         image_features = self.encode_images(self.to_input(views_u8[:1]))
         with self.timed("method"):
             return (self.logit_scale * image_features @ self.weights)[0]
@@ -228,7 +230,7 @@ class ViewEnsembleBaseline(ZeroShotBaseline):
     name = "view_ensemble"
     needs_views = True
 
-    def predict(self, views_u8):
+    def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         image_features = self.encode_images(self.to_input(views_u8))
         text_features = self.encode_tokens(self.tokens)
         with self.timed("method"):
@@ -242,7 +244,7 @@ class TPTBaseline(BaselineMethod):
     """TPT's `test_time_tuning` + prediction, with its model forward written out."""
     name = "tpt"
 
-    def setup(self):
+    def setup(self) -> None:
         cfg = self.config
         if cfg.ctx_checkpoint or not isinstance(cfg.ctx_init, str):
             raise BaselineUnsupported(f"{self.name}: the baseline covers a string ctx_init only")
@@ -268,7 +270,7 @@ class TPTBaseline(BaselineMethod):
             logits, _, _ = self.model_forward(x[:1], ctx)       # `model(image)`, image = view 0
         return logits[0]
 
-    def predict(self, views_u8):
+    def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         x = self.to_input(views_u8)
         with self.timed("method"):
@@ -304,7 +306,7 @@ class CTPTBaseline(TPTBaseline):
     """C-TPT (`run_type='tpt_ctpt'`): TPT's loss - lambda * ATFD of the same forward's text features."""
     name = "ctpt"
 
-    def loss(self, selected, text_features):
+    def loss(self, selected: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
         return avg_entropy(selected) - self.config.lambda_atfd * feature_dispersion(text_features.float())
 
 
@@ -312,10 +314,10 @@ class RTPTBaseline(TPTBaseline):
     """R-TPT: pointwise entropy; prediction re-encodes all views and weights them by reliability."""
     name = "rtpt"
 
-    def loss(self, selected, text_features):
+    def loss(self, selected: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
         return pointwise_entropy(selected)
 
-    def readout(self, x, ctx):
+    def readout(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         with torch.no_grad():
             output_all, image_features, _ = self.model_forward(x, ctx)
@@ -330,17 +332,17 @@ class MTABaseline(BaselineMethod):
     """MTA's `solve_mta`, one image at a time, with text features computed once."""
     name = "mta"
 
-    def setup(self):
+    def setup(self) -> None:
         names = [c.replace("_", " ") for c in self.classnames]
         tokens = open_clip.tokenize([f"a photo of a {n}." for n in names]).to(self.device)
         self.text_features = self.encode_tokens(tokens)
 
     @staticmethod
-    def gaussian_kernel(mode, bandwidth, x):
+    def gaussian_kernel(mode: torch.Tensor, bandwidth: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         distances = torch.cdist(mode.unsqueeze(0), x, p=2).squeeze(0)
         return torch.exp(-distances ** 2 / (2 * bandwidth ** 2))
 
-    def predict(self, views_u8):
+    def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         image_features = self.encode_images(self.to_input(views_u8))
         with self.timed("method"), torch.no_grad():
@@ -379,7 +381,7 @@ BASELINES: dict[str, type[BaselineMethod]] = {
                               CTPTBaseline, RTPTBaseline, MTABaseline)}
 
 
-def create_baseline(name: str, model: ClipModel, classnames: Sequence[str], config=None,
+def create_baseline(name: str, model: ClipModel, classnames: Sequence[str], config: MethodConfig | None = None,
                     precision: str = "auto") -> BaselineMethod:
     """The baseline of a registered method (hyper-parameters from `config`, the run's `precision`);
     KeyError if it has none."""

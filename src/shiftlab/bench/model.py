@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ def condition_random_clip(model: ClipModel, classnames: Sequence[str], n_images:
 
 
 def load_bench_model(name: str, pretrained: str | None, classnames: Sequence[str], device: torch.device,
-                     condition: bool = True, tiny: bool = False, **load_kwargs) -> tuple[ClipModel, dict]:
+                     condition: bool = True, tiny: bool = False, **load_kwargs: Any) -> tuple[ClipModel, dict]:
     """The model `shiftlab bench` measures, and a description of it for the report.
 
     Random weights (`pretrained=None`) use the `-quickgelu` variant of a ResNet name (the

@@ -1,17 +1,18 @@
 """`shiftlab merge RUN_DIR`: fold torchrun shards into records.jsonl and rewrite the summary."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("merge", help="merge per-rank record shards of a run directory (idempotent)")
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from .. import results
     from ..published import published_for_run
     run_dir = args.run_dir

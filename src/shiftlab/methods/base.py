@@ -156,7 +156,7 @@ def get_method_class(name: str) -> type[Method]:
     return _REGISTRY.get(name)
 
 
-def make_config(cls: type[Method], **overrides: Any):
+def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
     """The method's config: its defaults, overridden field by field. `views` may be a ViewRecipe,
     a view count, or a dict of recipe fields merged onto the method's default recipe."""
     fields = {f.name: f for f in dataclasses.fields(cls.config_class)}

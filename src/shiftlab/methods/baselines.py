@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,7 +45,7 @@ class ViewEnsemble(Method):
     config_class = ViewEnsembleConfig
     summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if self.config.average not in ("probs", "logits"):
             raise ValueError(f"view_ensemble: average must be 'probs' or 'logits', got {self.config.average!r}")

@@ -141,7 +141,7 @@ class DMNZeroShot(Method):
     episodic = False
     summary = "DMN-ZS: online per-class memory of test features, attention readout (training-free)"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
         if not 0 < cfg.view_ratio <= 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ class PromptTuning(Method):
     """Shared machinery; subclasses define `loss` and `readout`."""
     config_class = PromptTuningConfig
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
         init: str | torch.Tensor | None = cfg.ctx_init
@@ -216,7 +217,7 @@ class TPT(PromptTuning):
     """TPT: marginal entropy of the confident views, one AdamW step, predict view 0."""
     summary = "TPT: tune 4 context tokens on the 10% most confident views (marginal entropy), predict view 0"
 
-    def loss(self, selected_logits, text_features):
+    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return marginal_entropy(selected_logits), {}
 
 
@@ -231,12 +232,12 @@ class CTPT(PromptTuning):
     config_class = CTPTConfig
     summary = "C-TPT: TPT loss - lambda x text feature dispersion (better calibration)"
 
-    def loss(self, selected_logits, text_features):
+    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         entropy_loss = marginal_entropy(selected_logits)
         atfd = text_dispersion(text_features)
         return entropy_loss - self.config.lambda_atfd * atfd, {"entropy_loss": entropy_loss, "atfd": atfd}
 
-    def readout(self, image_features, text_features):
+    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         logits, extras = super().readout(image_features, text_features)
         return logits, {"atfd_after": text_dispersion(text_features)}
 
@@ -254,10 +255,10 @@ class RTPT(PromptTuning):
     config_class = RTPTConfig
     summary = "R-TPT: pointwise entropy, then reliability-weighted average of all views' tuned logits"
 
-    def loss(self, selected_logits, text_features):
+    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return mean_entropy(selected_logits), {}
 
-    def readout(self, image_features, text_features):
+    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         cfg = self.config
         scale = self.model.logit_scale
         view_logits = scale * torch.einsum("bnd,bcd->bnc", image_features, text_features)

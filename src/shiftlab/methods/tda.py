@@ -127,7 +127,7 @@ class TDA(Method):
     episodic = False
     summary = "TDA: online positive/negative feature caches over confident views (training-free)"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
         if cfg.entropy_norm not in ("log2", "ln"):

@@ -7,6 +7,7 @@ argmax, predict the class with the most votes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ class Zero(Method):
     config_class = ZeroConfig
     summary = "ZERO: majority vote (zero temperature) of the 30% lowest-entropy views; confidence = vote share"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if not 0 < self.config.keep_ratio <= 1:
             raise ValueError(f"zero: keep_ratio must be in (0, 1], got {self.config.keep_ratio}")

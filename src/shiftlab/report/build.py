@@ -35,7 +35,7 @@ def resolve_method(name: str, runs: list[Run]) -> list[str]:
     return by_method
 
 
-def choose_pairs(runs: list[Run], mode: str = "auto", compare=()) -> list[tuple[Series, Series]]:
+def choose_pairs(runs: list[Run], mode: str = "auto", compare: Iterable[str] = ()) -> list[tuple[Series, Series]]:
     """Pairs (A, B) to compare, zero-shot always on the B (baseline) side."""
     if mode not in ("auto", "all", "zeroshot"):
         raise ReportError(f"unknown pairs mode {mode!r} (auto, all, zeroshot)")
@@ -123,7 +123,8 @@ def expand_suites(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     return runs, suite_dirs
 
 
-def build_report(run_dirs, out_dir, compare=(), pairs: str = "auto", n_resamples: int = 2000,
+def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str] = (),
+                 pairs: str = "auto", n_resamples: int = 2000,
                  seed: int = 0, title: str | None = None) -> Path:
     """Write the report for the given run directories into out_dir; returns report.html's path."""
     run_dirs, suite_dirs = expand_suites(run_dirs)

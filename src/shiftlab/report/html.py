@@ -73,22 +73,22 @@ SORT_JS = """
 class Cell:
     """A table cell: the text shown, the value sorted by, an optional CSS class."""
 
-    def __init__(self, text, sort=None, cls: str = ""):
+    def __init__(self, text: object, sort: str | float | None = None, cls: str = ""):
         self.text, self.sort, self.cls = str(text), sort, cls
 
 
-def esc(x) -> str:
+def esc(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def fmt(x, digits: int = 2) -> str:
+def fmt(x: float | None, digits: int = 2) -> str:
     """Fixed decimals as printed everywhere in the report; '–' for missing values."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
     return f"{x:.{digits}f}"
 
 
-def num(x, digits: int = 2, cls: str = "") -> Cell:
+def num(x: float | None, digits: int = 2, cls: str = "") -> Cell:
     missing = x is None or (isinstance(x, float) and math.isnan(x))
     return Cell(fmt(x, digits), "" if missing else repr(float(x)), cls)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,7 +197,7 @@ def assign_keys(runs: list[Run]) -> None:
             s.key = f"{s.method} [{r.name}]" if several else s.method
 
 
-def load_runs(paths) -> list[Run]:
+def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     if not paths:
         raise ReportError("no run directories given")
     runs = [load_run(p) for p in paths]

@@ -20,6 +20,8 @@ from shiftlab.report.stats import (
     top_confusions,
 )
 
+Section = tuple[str, str, str]   # (anchor, heading, HTML)
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "x"
@@ -39,7 +41,7 @@ def _clean_by_dataset(data: ReportData) -> dict[str, list]:
     return {ds: g for (ds, setting), g in data.groups().items() if setting == "clean"}
 
 
-def runs_section(data: ReportData):
+def runs_section(data: ReportData) -> Section | None:
     rows, notes = [], []
     for r in data.runs:
         rows.append([r.name, r.label, str(r.path), ", ".join(sorted({s.key for s in r.series})),
@@ -51,7 +53,7 @@ def runs_section(data: ReportData):
             + warnings_box(notes))
 
 
-def results_section(data: ReportData):
+def results_section(data: ReportData) -> Section | None:
     rows = []
     for s in data.series:
         m = data.m(s)
@@ -62,7 +64,7 @@ def results_section(data: ReportData):
         rows, text_cols=3, id_="metrics-table"))
 
 
-def suite_section(data: ReportData):
+def suite_section(data: ReportData) -> Section | None:
     """Each suite's table (datasets x methods, averages) with the papers' comparable rows below."""
     if not data.suites:
         return None
@@ -110,7 +112,7 @@ continuity correction, "cc", from 25 on). The <b>95% interval</b> of A&minus;B c
 otherwise the methods are not distinguishable on this data, however large the gap looks.</p>"""
 
 
-def paired_section(data: ReportData):
+def paired_section(data: ReportData) -> Section | None:
     if not data.paired:
         return ("paired", "Paired comparison",
                 "<p>No two methods share a dataset and setting: nothing to compare.</p>")
@@ -128,7 +130,7 @@ def paired_section(data: ReportData):
                 rows, text_cols=3, id_="paired-table"))
 
 
-def cost_section(data: ReportData):
+def cost_section(data: ReportData) -> Section | None:
     points = [(s.key, data.m(s)["seconds_per_image"], data.m(s)["top1"], s.run.name)
               for s in data.series if s.setting == "clean"]
     png = plots.accuracy_vs_time(points, data.out / "accuracy_vs_time.png")
@@ -140,7 +142,7 @@ def cost_section(data: ReportData):
             + image(png, "accuracy vs seconds per image"))
 
 
-def calibration_section(data: ReportData):
+def calibration_section(data: ReportData) -> Section | None:
     body = ("<p>Bars: accuracy of the samples in each confidence bin (15 equal-width bins); "
             "red: the gap to their mean confidence; grey strip: the number of samples in each bin. "
             "A calibrated method follows the diagonal; ECE is the sample-weighted mean gap, so a bin "
@@ -173,7 +175,7 @@ def _bins_table(group, table_id: str) -> str:
             + table(headers, rows, id_=table_id) + "</details>")
 
 
-def robust_section(data: ReportData):
+def robust_section(data: ReportData) -> Section | None:
     attacked = sorted({s.setting_label for s in data.series if s.setting != "clean"})
     if not attacked:
         return None
@@ -196,7 +198,7 @@ def robust_section(data: ReportData):
             + image(png, "clean vs robust accuracy") + table(headers, rows, id_="robust-table"))
 
 
-def renditions_section(data: ReportData):
+def renditions_section(data: ReportData) -> Section | None:
     body = ""
     for dataset, group in _clean_by_dataset(data).items():
         group = [s for s in group if known_rendition_share(s) > 0.5]
@@ -230,7 +232,7 @@ def renditions_section(data: ReportData):
     return ("renditions", "Accuracy per rendition", body) if body else None
 
 
-def published_section(data: ReportData):
+def published_section(data: ReportData) -> Section | None:
     rows, keys, ours, seed, paper = [], [], [], [], []
     for s in data.series:
         pub = published_for_run(s.run.summary).get(canonical_method(s.method) or "")
@@ -262,7 +264,7 @@ def published_section(data: ReportData):
                 rows, text_cols=2, id_="published-table"))
 
 
-def per_class_section(data: ReportData):
+def per_class_section(data: ReportData) -> Section | None:
     body = ""
     for dataset, group in _clean_by_dataset(data).items():
         n_classes = _n_classes(group)
@@ -279,7 +281,7 @@ def per_class_section(data: ReportData):
             + body) if body else None
 
 
-def confusions_section(data: ReportData):
+def confusions_section(data: ReportData) -> Section | None:
     body = ""
     for dataset, group in _clean_by_dataset(data).items():
         name = _class_namer(group)
@@ -294,7 +296,7 @@ def confusions_section(data: ReportData):
     return ("confusions", "Most confused class pairs (clean)", body) if body else None
 
 
-def errors_section(data: ReportData):
+def errors_section(data: ReportData) -> Section | None:
     body = ""
     for r in data.runs:
         if not r.error_records:

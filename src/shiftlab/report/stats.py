@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from shiftlab import metrics
 from shiftlab.report.load import Series
@@ -66,7 +67,7 @@ def mcnemar(a_only: int, b_only: int) -> tuple[float, str]:
     return math.erfc(math.sqrt(stat / 2.0)), "chi-square (cc)"
 
 
-def paired_bootstrap_ci(a_correct, b_correct, n_resamples: int = 2000, seed: int = 0,
+def paired_bootstrap_ci(a_correct: ArrayLike, b_correct: ArrayLike, n_resamples: int = 2000, seed: int = 0,
                         level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of acc(A) - acc(B) in points, resampling samples jointly.
 
