@@ -96,6 +96,13 @@ class ClipModel(nn.Module):
         self.checkpoint_sha256 = checkpoint_sha256
         self.register_buffer("mean", torch.tensor(preprocess.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess.std).view(1, 3, 1, 1), persistent=False)
+        # Convolutional towers (ResNets) run in channels_last: ~1.2x faster on the CPU in fp32 (interleaved
+        # A/B, benchmarks/image_tower_ab.py; same top-1, logits within 1e-5) and what lets fp16
+        # convolutions use tensor cores on a GPU. Transformers gain nothing and keep their layout.
+        self.channels_last = any(isinstance(m, nn.Conv2d) and m.kernel_size != m.stride
+                                 for m in self.clip.visual.modules())
+        if self.channels_last:
+            self.clip.visual.to(memory_format=torch.channels_last)
 
     def train(self, mode: bool = True) -> ClipModel:
         # BatchNorm must keep its running statistics: the model is never put in train mode.
@@ -117,6 +124,8 @@ class ClipModel(nn.Module):
         return (x01 - self.mean.to(x01.dtype)) / self.std.to(x01.dtype)
 
     def encode_normalized(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         return F.normalize(self.clip.encode_image(x), dim=-1)
 
     def encode_pixels(self, x01: torch.Tensor) -> torch.Tensor:
