@@ -120,6 +120,7 @@ class LinearTwoClass(nn.Module):
         return self.linear(x.flatten(1))
 
 
+@pytest.mark.slow
 def test_pgd_on_a_linear_model_lowers_the_margin_by_the_full_budget():
     model = LinearTwoClass()
     x = torch.full((1, 3, 8, 8), 0.5)
@@ -222,6 +223,7 @@ def _by_key(recs):
     return {(r["id"], r["method"], r["setting"]): r for r in recs}
 
 
+@pytest.mark.slow
 def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
     # 64x64 images (the tiny model's size): the base view is the image, so the views of the
     # adversarial base view are the clean views (see docs/ROBUSTNESS.md).

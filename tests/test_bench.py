@@ -36,6 +36,7 @@ CASES = [(name, {}) for name in sorted(BASELINES)] + [
 
 @pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}{'-' if o else ''}{'-'.join(map(str, o.values()))}"
                                                         for n, o in CASES])
+@pytest.mark.slow
 def test_baseline_agrees_with_library(tiny_model, name, overrides):
     """Same views, same hyper-parameters: the library and the straightforward procedure agree."""
     method = shiftlab.create_method(name, tiny_model, CLASSNAMES, **overrides)
@@ -72,6 +73,7 @@ def golden(golden_dir):
     ("zeroshot", "zeroshot/{i}/logits", {}), ("tpt", "tpt/{i}/logits", {}),
     ("ctpt", "ctpt20/{i}/logits", {"lambda_atfd": 20.0}), ("ctpt", "ctpt50/{i}/logits", {"lambda_atfd": 50.0}),
     ("rtpt", "rtpt/{i}/logits_all_self_masked", {"self_mask": "index"}), ("mta", "mta/{i}/logits", {})])
+@pytest.mark.slow
 def test_baseline_matches_reference_code(golden, name, key, overrides):
     torch.set_num_threads(1)   # the golden values were made with one thread
     model, classnames, views, expected = golden
@@ -82,6 +84,7 @@ def test_baseline_matches_reference_code(golden, name, key, overrides):
         torch.testing.assert_close(baseline.predict(sample), expected[key.format(i=i)], rtol=0, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_view_ensemble_baseline_matches_reference_view_logits(golden):
     model, classnames, views, expected = golden
     config = shiftlab.create_method("view_ensemble", model, classnames).config
@@ -157,6 +160,7 @@ def test_text_tower_timer_restores_what_it_wraps(tiny_model):
     assert "features" not in method.prompt.__dict__
 
 
+@pytest.mark.slow
 def test_peak_memory_sees_an_allocation():
     with PeakMemory(torch.device("cpu")) as idle:
         pass

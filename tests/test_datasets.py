@@ -321,6 +321,7 @@ def test_cross_dataset_stand_in_loads_with_class_count_names_and_labels(tmp_path
         ds.require_complete()
 
 
+@pytest.mark.slow
 def test_complete_split_dataset_passes_and_a_partial_one_reports_empty_classes(tmp_path):
     image_dir, listed = make_split_dataset(tmp_path, "eurosat")
     for rel, _ in listed:  # every listed test image present

@@ -404,6 +404,7 @@ def test_cli_offline_returns_error(tmp_path, capsys):
     assert url in err and str(tmp_path / "imagenet-a.tar") in err
 
 
+@pytest.mark.slow
 def test_split_dataset_download_extracts_next_to_the_split_file_and_verifies(server, tmp_path):
     # A stand-in for 102flowers.tgz (jpg/image_*.jpg) and CoOp's split file put there by the user first.
     import json

@@ -266,6 +266,7 @@ def _records(run_dir: Path) -> list[dict]:
     return sorted(recs, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
 
 
+@pytest.mark.slow
 def test_engine_runs_online_methods_along_the_seeded_stream(data, tmp_path):
     cfg = RunConfig(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], views=8, workers=0, progress=False,
                     batch_size=4, seed=3, out=str(tmp_path / "run"), device="cpu")
@@ -283,6 +284,7 @@ def test_engine_runs_online_methods_along_the_seeded_stream(data, tmp_path):
     assert (Path(cfg.out) / "online_state.pt").is_file()
 
 
+@pytest.mark.slow
 def test_engine_equals_a_replay_of_the_stream(data, tmp_path):
     """The engine's records for online methods are those of one instance fed the stream in order."""
     model = tiny_clip(0)
@@ -319,6 +321,7 @@ class _Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monkeypatch):
     """Killed after the online state of a batch is saved but before its records are appended:
     the resumed run writes them back from the checkpoint and continues the same stream."""
@@ -393,6 +396,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     assert _records(out) == _records(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_resume_on_another_stream_is_refused(data, tmp_path):
     """An online state continued along a different stream (another seed) would silently mix two streams."""
     base = dict(data=str(data), methods=["tda"], method_config=FAST, views=8, workers=0, progress=False,

@@ -250,6 +250,7 @@ def _cli(argv) -> int:
     return args.func(args)
 
 
+@pytest.mark.slow
 def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
     a = write_run(tmp_path / "rn50run")
     b = write_run(tmp_path / "vitrun", model="ViT-B-16", attack=False,
@@ -349,6 +350,7 @@ def test_cost_chart_names_points_in_a_legend_with_several_ticks():
     assert log_ticks(0.01, 10)[:3] == pytest.approx([0.01, 0.02, 0.05])
 
 
+@pytest.mark.slow
 def test_run_headers_and_eps_read_the_same_in_summary_md_and_report(tmp_path):
     from shiftlab.display import format_eps, model_label, run_label
     from shiftlab.results import summary_markdown

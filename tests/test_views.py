@@ -263,6 +263,7 @@ def test_augmix_severity_one_ranges():
     assert posterize == {4}
 
 
+@pytest.mark.slow
 def test_augmix_chains_and_mixing_weights_follow_the_authors():
     """Per view: Dirichlet([1]*3) chain weights, Beta(1, 1) skip weight, 3 chains of
     randint(1, 4) ops each chosen uniformly."""
