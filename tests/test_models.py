@@ -649,3 +649,14 @@ def test_cli_refuses_a_checkpoint_of_another_architecture_in_one_line(tmp_path, 
         assert code != 0 and len(err.splitlines()) == 1, err
         assert wrong in err and "shiftlab-tiny" in err and "Traceback" not in err
         assert not out.exists()
+
+
+def test_weights_downloaded_into_cache_dir_are_found(empty_cache):
+    # `--download --cache-dir D` lets open_clip put the hub files under D; the next offline run must find them
+    org, repo = open_clip.get_pretrained_cfg("RN50-quickgelu", "openai")["hf_hub"].strip("/").split("/")
+    mine = empty_cache / "mine"
+    snap = mine / f"models--{org}--{repo}" / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    (snap / "open_clip_model.safetensors").write_bytes(b"placeholder")
+    assert _cached("RN50-quickgelu", "openai", None)[0] is None
+    assert _cached("RN50-quickgelu", "openai", str(mine))[0] == str(snap / "open_clip_model.safetensors")

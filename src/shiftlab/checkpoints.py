@@ -141,13 +141,17 @@ def clip_cache(cache_dir: str | None) -> Path:
     return Path(cache_dir or os.environ.get("SHIFTLAB_MODEL_CACHE", "~/.cache/clip")).expanduser()
 
 
-def hf_snapshot_files(repo: str, names: tuple[str, ...]) -> list[Path]:
-    """Files `names` in every cached snapshot of Hugging Face repository `repo` ("org/name")."""
+def hf_snapshot_files(repo: str, names: tuple[str, ...], cache_dir: str | None = None) -> list[Path]:
+    """Files `names` in every cached snapshot of Hugging Face repository `repo` ("org/name"), in the
+    HF cache and in `cache_dir` (where open_clip's download puts them when given a cache_dir)."""
     org, _, name = repo.strip("/").partition("/")
-    snaps = hf_hub_cache() / f"models--{org}--{name}" / "snapshots"
-    if not snaps.is_dir():
-        return []
-    return [d / n for d in sorted(snaps.iterdir()) for n in names]
+    roots = [hf_hub_cache()] + ([Path(cache_dir).expanduser()] if cache_dir else [])
+    found = []
+    for root in roots:
+        snaps = root / f"models--{org}--{name}" / "snapshots"
+        if snaps.is_dir():
+            found += [d / n for d in sorted(snaps.iterdir()) for n in names]
+    return found
 
 
 WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -168,7 +172,7 @@ def cached_tag_file(pretrained_cfg: dict, cache_dir: str | None) -> tuple[Path |
     if url_target is not None:
         candidates.append(url_target)
     if hf_repo:
-        candidates += hf_snapshot_files(hf_repo, (hf_file,) if hf_file else WEIGHT_FILES)
+        candidates += hf_snapshot_files(hf_repo, (hf_file,) if hf_file else WEIGHT_FILES, cache_dir)
     for c in candidates:
         if c.is_file():
             return c, ""

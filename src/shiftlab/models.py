@@ -349,7 +349,7 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
     from open_clip.pretrained import download_pretrained_from_hf
 
     from .checkpoints import WEIGHT_FILES, hf_snapshot_files
-    cached = [p for p in hf_snapshot_files(repo, WEIGHT_FILES) if p.is_file()]
+    cached = [p for p in hf_snapshot_files(repo, WEIGHT_FILES, cache_dir) if p.is_file()]
     if cached:
         weights = cached[0]
     elif allow_download:
