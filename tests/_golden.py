@@ -63,7 +63,9 @@ def materialize(dst: Path, src: Path = FIXTURES) -> Path:
     """Write the golden folder the tests read (the format of the original fixtures) into ``dst``."""
     dst.mkdir(parents=True, exist_ok=True)
     for item in src.iterdir():
-        if item.name not in (COMPACT_MODEL_FILE, COMPACT_INPUTS_FILE) and item.is_file():
+        if item.is_dir():
+            shutil.copytree(item, dst / item.name, dirs_exist_ok=True)
+        elif item.name not in (COMPACT_MODEL_FILE, COMPACT_INPUTS_FILE):
             shutil.copyfile(item, dst / item.name)
     compact = torch.load(src / COMPACT_MODEL_FILE, map_location="cpu", weights_only=True)
     torch.save(full_state_dict(compact), dst / MODEL_FILE)
@@ -76,3 +78,40 @@ def tensor_sha256(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's raw bytes (dtype and shape are checked separately)."""
     import hashlib
     return hashlib.sha256(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+# -- the online fixtures' inputs: integer crops of small base images (exact, no resampling) -------
+
+VIEW_SIZE = 64
+# Tip-Adapter's 7 ImageNet templates: the template half of DMN's `tip_cupl` text head
+TIP_TEMPLATES = ["a bad photo of the {}.", "a {} in a video game.", "a origami {}.", "a photo of the small {}.",
+                 "art of the {}.", "a photo of the large {}.", "itap of a {}."]
+
+
+def crop_views(base_u8: torch.Tensor, n_views: int, size: int = VIEW_SIZE) -> torch.Tensor:
+    """(3, H, W) uint8 -> (n_views, 3, size, size) uint8: view 0 the centre crop; view v >= 1 the
+    crop at offset (p // (m + 1), p mod (m + 1)) with p = 5 v mod (m + 1)^2, m = H - size,
+    mirrored for odd v. No two views are equal (for n_views <= (m + 1)^2), so no two have
+    exactly equal entropies, where the authors' unstable argsort could order either way."""
+    margin = base_u8.shape[-1] - size
+    side = margin + 1
+    views = []
+    for v in range(n_views):
+        p = (5 * v) % (side * side)
+        y, x = (margin // 2, margin // 2) if v == 0 else (p // side, p % side)
+        crop = base_u8[:, y:y + size, x:x + size]
+        views.append(crop.flip(-1) if v % 2 else crop)
+    return torch.stack(views)
+
+
+def online_fixture(golden_dir: Path, name: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """One online fixture (tensors, its provenance record) from golden_dir/online."""
+    import json
+    info = json.loads((golden_dir / "online" / "online.json").read_text())["fixtures"][name]
+    return torch.load(golden_dir / "online" / f"{name}.pt", map_location="cpu", weights_only=True), info
+
+
+def stream_views(golden_dir: Path, n_views: int) -> list[torch.Tensor]:
+    """The online fixtures' stream: per sample, (n_views, 3, 64, 64) float views in [0, 1]."""
+    stream = torch.load(golden_dir / "online" / "stream.pt", weights_only=True)
+    return [crop_views(base, n_views).float() / 255 for base in stream["base_u8"]]

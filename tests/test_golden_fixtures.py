@@ -7,7 +7,7 @@ import json
 import open_clip
 import torch
 
-from _golden import FIXTURES, INDEX_KEY, MODEL_FILE, TOKEN_KEY, tensor_sha256
+from _golden import FIXTURES, INDEX_KEY, MODEL_FILE, TIP_TEMPLATES, TOKEN_KEY, tensor_sha256
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
 
@@ -54,3 +54,13 @@ def test_rebuilt_model_reproduces_the_reference_text_features_exactly(golden_dir
     with torch.no_grad():
         features = model.encode_text(expected["init/tokenized_prompts"])
     assert torch.equal(torch.nn.functional.normalize(features, dim=-1), expected["zeroshot/text_features"])
+
+
+def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
+    info = json.loads((golden_dir / "online" / "online.json").read_text())["fixtures"]
+    names = [c.replace("_", " ") for c in json.loads((golden_dir / "golden.json").read_text())["classnames"]]
+    prompts = [t.format(c) for t in info["tda"]["templates"] for c in names]
+    prompts += [t.format(c) for t in TIP_TEMPLATES for c in names]
+    prompts += [d for c in names for d in info["dmn"]["descriptions"][c]]
+    index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
+    assert torch.isin(open_clip.tokenize(prompts).unique(), index).all()

@@ -70,7 +70,8 @@ def eps_255(eps: float) -> int:
     return int(math.floor(eps * 255 + 1e-6))
 
 
-def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str = "round") -> torch.Tensor:
+def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str = "round",
+             clip_to_ball: bool = True) -> torch.Tensor:
     """An adversarial image in [0, 1] -> uint8, within `eps_255(eps)` grey levels of `clean_u8`.
 
     `round`: nearest grey level (the honest default). `truncate`: floor(x * 255), what
@@ -78,6 +79,8 @@ def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str 
     to clean_u8 +- eps_255(eps) (and to 0..255): rounding alone can leave the ball by one
     level when eps * 255 is not an integer (eps = 0.01 -> 2.55 levels; a pixel moved by
     2.55 rounds to 3), and float error can do the same at an integer radius.
+    `clip_to_ball=False` skips that clip, as the authors' code does (their truncation of a
+    pixel at clean - eps can land one grey level further when float32 rounds it below).
     """
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
@@ -85,7 +88,9 @@ def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str 
     q = torch.round(scaled) if mode == "round" else torch.floor(scaled)
     clean = clean_u8.to("cpu", torch.int16).reshape(q.shape)
     k = eps_255(eps)
-    q = torch.minimum(torch.maximum(q.to(torch.int16), clean - k), clean + k)
+    q = q.to(torch.int16)
+    if clip_to_ball:
+        q = torch.minimum(torch.maximum(q, clean - k), clean + k)
     return q.clamp_(0, 255).to(torch.uint8)
 
 
@@ -133,13 +138,15 @@ class PGDAttack(Attack):
 
     eps, alpha: in [0, 1] pixel units (alpha defaults to eps / 4); `steps` PGD iterations;
     `random_start`: uniform start in the eps-ball, seeded per sample from (run seed, sample id);
-    `quantize`: "round" or "truncate" (the authors' code); `seed`: the run seed (default: the
-    view generator's seed, which is the run's `--seed`).
+    `quantize`: "round" or "truncate" (the authors' code); `clip_to_ball`: clip the 8-bit result
+    to the eps-ball (False: the authors' code, which does not); `seed`: the run seed (default:
+    the view generator's seed, which is the run's `--seed`).
     Each sample is attacked on its own, so its adversarial image does not depend on the batch.
     """
 
     def __init__(self, evaluator: Evaluator, eps: float = 1 / 255, alpha: float | None = None, steps: int = 7,
-                 random_start: bool = True, quantize: str = "round", seed: int | None = None):
+                 random_start: bool = True, quantize: str = "round", seed: int | None = None,
+                 clip_to_ball: bool = True):
         eps = float(eps)
         if not (eps >= 0 and math.isfinite(eps)):
             raise ValueError(f"eps must be a finite number >= 0, got {eps}")
@@ -152,6 +159,7 @@ class PGDAttack(Attack):
         self.steps = int(steps)
         self.random_start = bool(random_start)
         self.quantize = quantize
+        self.clip_to_ball = bool(clip_to_ball)
         self.seed = seed
         self.model = evaluator.model
         self.classifier = ZeroShotClassifier(self.model, evaluator.heads.zeroshot, self.model.logit_scale)
@@ -167,7 +175,7 @@ class PGDAttack(Attack):
             torch.manual_seed(attack_seed(run_seed, sample_id))
             x_adv = pgd(self.classifier, x, y, eps=self.eps, alpha=self.alpha, steps=self.steps,
                         random_start=self.random_start)
-        return quantize(x_adv[0], clean_u8, self.eps, self.quantize)
+        return quantize(x_adv[0], clean_u8, self.eps, self.quantize, self.clip_to_ball)
 
     @torch.no_grad()
     def _zeroshot_preds(self, images_u8: torch.Tensor) -> list[int]:

@@ -98,6 +98,9 @@ class TDAConfig(ViewMethodConfig):
     view_ratio: float = 0.1            # share of views (lowest entropy) averaged; at least one
     text_head: str = "ensemble"        # "ensemble": 80 templates (the authors'); "zeroshot": one template
     entropy_norm: str = "log2"         # H_norm = H (nats) / log2(C) as the authors' code; "ln": / ln(C)
+    # None: the model's exp(logit_scale); the authors' code multiplies by the literal 100.0
+    # (`get_clip_logits`), which differs from a checkpoint's exp(logit_scale) in the last digits
+    logit_scale: float | None = None
 
 
 @dataclass
@@ -148,7 +151,8 @@ class TDA(Method):
     def summarize_sample(self, features: torch.Tensor) -> TDASample:
         """Normalised view features (N, D) -> the sample's feature, logits, entropy and pseudo-label."""
         features = features.float()
-        view_logits = self.model.logit_scale * features @ text_head(self).T
+        scale = self.model.logit_scale if self.config.logit_scale is None else self.config.logit_scale
+        view_logits = scale * features @ text_head(self).T
         kept = select_confident(view_logits, self.config.view_ratio)
         sel = view_logits[kept]
         probs = sel.softmax(-1).mean(0)
