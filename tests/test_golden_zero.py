@@ -17,7 +17,6 @@ import torch
 import shiftlab
 from _golden import online_fixture, stream_views
 from shiftlab.context import SampleContext
-from shiftlab.methods.confidence import select_confident
 from shiftlab.methods.zero import zero_vote, zero_vote_authors
 
 
@@ -32,28 +31,33 @@ def test_zero_matches_the_authors_code(golden_dir, name):
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
     model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
     want, info = online_fixture(golden_dir, name)
-    authors = shiftlab.create_method("zero", model, classnames, tie_break="authors")
+    authors = shiftlab.create_method("zero", model, classnames, vote_rule="authors")
     ours = shiftlab.create_method("zero", model, classnames, heads=authors.heads)
     assert authors.config.keep_ratio == info["gamma"]
     torch.testing.assert_close(authors.heads.zeroshot, want["text_features"], rtol=0, atol=1e-6)
-    ties = soft_differs = 0
+    ties = underflows = soft_differs = 0
     for i, views in enumerate(stream_views(golden_dir, info["n_views"])):
         ctx = SampleContext(model, authors.heads, model.normalize(views))
         logits = ctx.zeroshot_view_logits
         torch.testing.assert_close(logits, model.logit_scale * want[f"{i}/cosine"], rtol=0, atol=2e-4)
-        assert torch.equal(select_confident(logits, info["gamma"]), want[f"{i}/kept"]), f"sample {i}: voters"
         expected = want[f"{i}/output"]                         # vote counts (+1 for a tie-break winner)
-        assert torch.equal(zero_vote_authors(logits, info["gamma"]).votes, expected), f"sample {i}: votes"
+        vote = zero_vote_authors(logits, info["gamma"])
+        assert torch.equal(vote.kept, want[f"{i}/kept"]), f"sample {i}: voters"
+        assert torch.equal(vote.votes, expected), f"sample {i}: votes"
         out = authors.predict_context(ctx)
         torch.testing.assert_close(out.probs, expected / expected.sum(), rtol=0, atol=1e-6)
-        assert int(out.probs.argmax()) == int(expected.argmax())
         tied = f"{i}/ties" in want
         ties += tied
-        soft = int(zero_vote(logits, info["gamma"]).winner)
-        assert int(ours.predict_context(ctx).probs.argmax()) == soft
-        if not tied:
-            assert soft == int(expected.argmax()), f"sample {i}: no tie, both rules agree"
-        soft_differs += int(soft != int(expected.argmax()))
+        # a softmax that underflows gives the authors' entropy NaN: that view never votes
+        underflow = bool((logits.softmax(-1) == 0).any(-1).any())
+        underflows += underflow
+        soft = zero_vote(logits, info["gamma"])
+        assert int(ours.predict_context(ctx).probs.argmax()) == int(soft.winner)
+        if not tied and not underflow:
+            assert torch.equal(soft.kept, want[f"{i}/kept"]), f"sample {i}: same voters"
+            assert int(soft.winner) == int(expected.argmax()), f"sample {i}: no tie, both rules agree"
+        soft_differs += int(int(soft.winner) != int(expected.argmax()))
     if name == "zero_ties":
         assert ties >= 3                                        # the stream exercises the tie-break
-    print(name, f"ties: {ties}, soft tie-break picks another class on {soft_differs}")
+    assert underflows <= i and ties + underflows > 0           # some samples differ, not all
+    print(name, f"ties: {ties}, underflows: {underflows}, default rule picks another class on {soft_differs}")

@@ -13,7 +13,7 @@ import torch
 
 from ..context import SampleContext
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
-from .confidence import entropy, lowest, n_selected, select_confident
+from .confidence import lowest, n_selected, select_confident
 
 # Share of the score given to the kept views' mean probability. It is kept below the
 # worth of one vote, so it only orders classes with equal votes (the tie-break), and
@@ -21,15 +21,16 @@ from .confidence import entropy, lowest, n_selected, select_confident
 _SOFT_SHARE = 1e-3
 
 
-TIE_BREAKS = ("soft", "authors")
+VOTE_RULES = ("soft", "authors")
 
 
 @dataclass
 class ZeroConfig(ViewMethodConfig):
     keep_ratio: float = 0.3     # share of views (lowest entropy) that vote; at least one
     # "soft": ties in votes go to the higher mean kept probability (shiftlab's choice: scores are
-    # probabilities, top-5 is ordered). "authors": FarinaMatteo/zero's rule (`zero_vote_authors`).
-    tie_break: str = "soft"
+    # probabilities, top-5 is ordered). "authors": FarinaMatteo/zero's decision, their entropy
+    # arithmetic and greedy tie-break included (`zero_vote_authors`).
+    vote_rule: str = "soft"
 
 
 @dataclass
@@ -64,19 +65,23 @@ def zero_vote(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
 
 
 def zero_vote_authors(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
-    """ZERO as its authors' code decides one sample (N, C) (`ttas/zero.py`, `utils/tools.py`).
+    """ZERO as its authors' code decides one sample (N, C) (`ttas/zero.py`, `ttas/base.py`,
+    `utils/tools.py`).
 
-    Votes as `zero_vote`. On a tie for the most votes, the non-voting views are scanned in
-    entropy order and the first whose argmax is one of the tied classes decides; if none is,
-    the authors' fallback (`break_sample_tie`) takes the argmax of the first non-voting view
+    Voters: the int(N * keep_ratio) lowest entropies, computed as the authors do,
+    -sum(p * log p): a view whose softmax underflows to 0 for some class gets NaN and sorts
+    last, so it never votes (shiftlab's default uses log_softmax, where it is the most
+    confident view). On a tie for the most votes, the non-voting views are scanned in
+    entropy order and the first whose argmax is a tied class decides; if none is, the
+    authors' fallback (`break_sample_tie`) takes the argmax of the first non-voting view
     after setting to -inf the entries it indexes with `~ties` (bitwise NOT of the class
-    indices, i.e. classes C - 1 - t counted from the end). The winner then gets one extra
-    vote. `scores` are the votes (plus that extra one) normalised to sum to 1, so their order
-    is the authors' output order (their output is the vote count).
+    indices: class C - 1 - t). The winner then gets one extra vote. `votes` is the authors'
+    output (vote counts); `scores` are those votes normalised to sum to 1.
     """
     view_logits = view_logits.float()
     n, num_classes = view_logits.shape
-    order = lowest(entropy(view_logits), 1.0)
+    probs = view_logits.softmax(-1)
+    order = lowest(-(probs * probs.log()).sum(-1), 1.0)
     k = n_selected(n, keep_ratio)
     kept = order[:k]
     votes = torch.bincount(view_logits[kept].argmax(-1), minlength=num_classes).to(view_logits.dtype)
@@ -92,8 +97,7 @@ def zero_vote_authors(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
             first[~tied] = float("-inf")
             winner = int(first.argmax())
         votes[winner] += 1
-    scores = votes / votes.sum()
-    return ZeroVote(scores, torch.tensor(winner), votes, kept)
+    return ZeroVote(votes / votes.sum(), torch.tensor(winner), votes, kept)
 
 
 @register_method("zero")
@@ -115,11 +119,11 @@ class Zero(Method):
         super().__init__(*args, **kwargs)
         if not 0 < self.config.keep_ratio <= 1:
             raise ValueError(f"zero: keep_ratio must be in (0, 1], got {self.config.keep_ratio}")
-        if self.config.tie_break not in TIE_BREAKS:
-            raise ValueError(f"zero: tie_break must be one of {', '.join(TIE_BREAKS)}, got {self.config.tie_break!r}")
+        if self.config.vote_rule not in VOTE_RULES:
+            raise ValueError(f"zero: vote_rule must be one of {', '.join(VOTE_RULES)}, got {self.config.vote_rule!r}")
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        if self.config.tie_break == "authors":
+        if self.config.vote_rule == "authors":
             vote = zero_vote_authors(ctx.zeroshot_view_logits, self.config.keep_ratio)
         else:
             vote = zero_vote(ctx.zeroshot_view_logits, self.config.keep_ratio)
