@@ -113,9 +113,9 @@ def test_dmn_zs_matches_the_authors_code_sample_by_sample(golden_model, golden_d
     _close(head, want["text_features"], FEATURES, "tip_cupl text features")
     heads = ClassHeads(model, classnames)
     heads._cache["ensemble"] = head            # the authors' head (its recipe is checked just above)
-    dmn = shiftlab.create_method("dmn_zs", model, classnames, heads=heads, memory_size=memory_size,
-                                 n_views=info["n_views"])
+    dmn = shiftlab.create_method("dmn_zs", model, classnames, heads=heads, memory_size=memory_size)
     assert (dmn.config.beta, dmn.config.view_ratio) == (info["beta"], info["selection_p"])
+    assert dmn.config.views.n_views == info["n_views"]
     w = dmn.config.dynamic_weight
     worst: dict[str, float] = {}
     replaced = 0
