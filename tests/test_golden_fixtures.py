@@ -64,3 +64,12 @@ def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
     prompts += [d for c in names for d in info["dmn"]["descriptions"][c]]
     index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
     assert torch.isin(open_clip.tokenize(prompts).unique(), index).all()
+
+
+def test_online_fixture_files_are_the_recorded_ones():
+    info = json.loads((FIXTURES / "online" / "online.json").read_text())
+    files = {p.name for p in (FIXTURES / "online").glob("*.pt")}
+    assert files == set(info["files_sha256"]) and len(files) == 8
+    for name, sha in info["files_sha256"].items():
+        assert hashlib.sha256((FIXTURES / "online" / name).read_bytes()).hexdigest() == sha, name
+    assert all(len(f["commit"] or "") == 40 for f in info["fixtures"].values())
