@@ -51,6 +51,7 @@ TDA_SETTINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TDA_SETTINGS))
 def test_tda_matches_the_authors_code_sample_by_sample(golden_model, golden_dir, name):
     model, classnames = golden_model
@@ -104,6 +105,7 @@ def _tip_cupl_head(model, classnames, descriptions) -> torch.Tensor:
     return torch.stack(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,memory_size", [("dmn", 50), ("dmn_small", 2)])
 def test_dmn_zs_matches_the_authors_code_sample_by_sample(golden_model, golden_dir, name, memory_size):
     model, classnames = golden_model
