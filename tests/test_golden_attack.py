@@ -33,7 +33,7 @@ def _one_thread():
 def attack_golden(golden_dir):
     torch.set_num_threads(1)
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
+    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
     want, info = online_fixture(golden_dir, "rtpt_attack")
     stream = torch.load(golden_dir / "online" / "stream.pt", weights_only=True)
     return model, classnames, want, info, stream

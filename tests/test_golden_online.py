@@ -32,7 +32,7 @@ def golden_model(golden_dir):
     torch.set_num_threads(1)
     import json
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    return shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
+    return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> float:

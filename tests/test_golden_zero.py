@@ -29,7 +29,7 @@ def _one_thread():
 def test_zero_matches_the_authors_code(golden_dir, name):
     torch.set_num_threads(1)
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("tiny", str(golden_dir / "tiny_clip_openai.pt"))
+    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
     want, info = online_fixture(golden_dir, name)
     authors = shiftlab.create_method("zero", model, classnames, vote_rule="authors")
     ours = shiftlab.create_method("zero", model, classnames, heads=authors.heads)
