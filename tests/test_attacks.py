@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shiftlab import results
+from shiftlab import records
 from shiftlab.attacks import (
     ZeroShotClassifier,
     attack_seed,
@@ -233,7 +233,7 @@ def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
                     attack={"name": "pgd", "eps": 0.0, "alpha": 0.0, "steps": 7, "random_start": True,
                             "quantize": "truncate"}, clean_and_robust=True)
     summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
-    recs = _by_key(results.load_records(Path(cfg.out)))
+    recs = _by_key(records.load_records(Path(cfg.out)))
     assert len(recs) == 6 * 4 * 2
     keep = ("pred", "top5", "confidence", "true_prob", "correct", "extras")
     for (sid, method, setting), rec in recs.items():
@@ -256,7 +256,7 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
             "--device", "cpu", "--no-progress", "--out", str(out),
             "--attack", "pgd", "--eps", "4/255", "--steps", "2", "--clean-and-robust"]
     assert cli_main(argv) == 0
-    recs = results.load_records(out)
+    recs = records.load_records(out)
     assert not [r for r in recs if "error" in r]
     assert {(r["method"], r["setting"]) for r in recs} == {(m, s) for m in ("zeroshot", "tpt", "mta")
                                                             for s in ("clean", "pgd")}
@@ -290,4 +290,4 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     assert "robust top-1" in md and "success rate on zero-shot" in md
     # resume: nothing left to do, same records
     assert cli_main(argv + ["--resume"]) == 0
-    assert len(results.load_records(out)) == len(recs)
+    assert len(records.load_records(out)) == len(recs)

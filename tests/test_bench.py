@@ -12,8 +12,9 @@ import torch
 import shiftlab
 from shiftlab.bench import BenchConfig, bench_classnames, run_bench
 from shiftlab.bench.baseline import BASELINES, create_baseline
-from shiftlab.bench.runner import DEFAULT_METHODS, PeakMemory, text_tower_timer
+from shiftlab.bench.runner import DEFAULT_METHODS, PeakMemory
 from shiftlab.cli import main
+from shiftlab.phases import text_tower_timer
 from shiftlab.synthetic import random_image
 from shiftlab.views import ViewConfig, ViewGenerator
 

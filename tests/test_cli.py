@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _synthetic import make_imagenet_r
-from shiftlab import results
+from shiftlab import records
 from shiftlab.cli import main as cli_main
 
 
@@ -181,7 +181,7 @@ def test_disk_full_is_one_line_and_keeps_the_records(data, tmp_path, capsys, mon
     def write(self, records):
         calls.append(len(records))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-    monkeypatch.setattr(results.RecordWriter, "write", write)
+    monkeypatch.setattr(records.RecordWriter, "write", write)
     code = cli_main(run_argv(data, tiny_checkpoint, out, "--no-progress"))
     assert code == 1 and calls
     one_line_error(capsys, code, "No space left on device", "records.jsonl", "--resume")

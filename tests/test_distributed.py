@@ -20,12 +20,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shiftlab import distributed, engine, results
+from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
-from shiftlab.distributed import DistContext
 from shiftlab.methods import base as method_base
 from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.runtime import distributed, planning
+from shiftlab.runtime.distributed import DistContext
+from shiftlab.runtime.online_state import OnlineState
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 TESTS = Path(__file__).resolve().parent
@@ -84,7 +86,7 @@ def _one_thread():
 
 
 def _key_counts(recs):
-    return Counter(results.record_key(r) for r in recs)
+    return Counter(records.record_key(r) for r in recs)
 
 
 def _strip(recs, methods=None):
@@ -100,18 +102,18 @@ def test_plan_every_pair_exactly_once_and_online_on_rank0_in_stream_order(block)
     methods = {"a": SimpleNamespace(episodic=True), "b": SimpleNamespace(episodic=True),
                "on": SimpleNamespace(episodic=False)}
     want = Counter((sid, m) for sid in order for m in methods)
-    single = [[order[i] for i in b] for b in distributed.plan(order, DistContext(), methods, block).batches(order)]
+    single = [[order[i] for i in b] for b in planning.plan(order, DistContext(), methods, block).batches(order)]
     assert single == [order[i:i + block] for i in range(0, 11, block)]
     for world in (1, 2, 3, 4):
         owned = Counter()
         batches = []
         for rank in range(world):
-            plan = distributed.plan(order, DistContext(rank, world), methods, block)
+            plan = planning.plan(order, DistContext(rank, world), methods, block)
             owned.update((sid, m) for sid in plan.ids for m in methods if plan.owns(sid, m))
             assert plan.ids == [s for s in order if s in set(plan.ids)]          # stream order kept
             blocks = [order[i:i + block] for i in range(rank * block, 11, world * block)]
             shard = [sid for b in blocks for sid in b]
-            assert distributed.shard(order, DistContext(rank, world), block=block) == shard
+            assert planning.shard(order, DistContext(rank, world), block=block) == shard
             if rank == 0:
                 assert plan.ids == order and plan.online == ("on",)              # the whole stream
             else:
@@ -124,7 +126,7 @@ def test_plan_every_pair_exactly_once_and_online_on_rank0_in_stream_order(block)
 
 def test_plan_batches_after_resume_split_only_interrupted_blocks():
     order = list(range(10))
-    plan = distributed.plan(order, DistContext(1, 2), {"a": SimpleNamespace(episodic=True)}, block=3)
+    plan = planning.plan(order, DistContext(1, 2), {"a": SimpleNamespace(episodic=True)}, block=3)
     assert plan.ids == [3, 4, 5, 9]
     pending = [4, 5, 9]                                            # 3 was done before the interruption
     assert [[pending[i] for i in b] for b in plan.batches(pending)] == [[4, 5], [9]]
@@ -134,12 +136,12 @@ def test_plan_pending_skips_done_and_error_records():
     order = [4, 2, 0, 1, 3]
     methods = {"a": SimpleNamespace(episodic=True), "on": SimpleNamespace(episodic=False)}
     done = {(4, "a", "clean"), (4, "on", "clean"), (1, None, "clean"), (0, "on", "clean"), (2, "a", "clean")}
-    rank0 = distributed.plan(order, DistContext(0, 2), methods)   # episodic: 4, 0, 3; online: all
+    rank0 = planning.plan(order, DistContext(0, 2), methods)   # episodic: 4, 0, 3; online: all
     assert rank0.pending(["clean"], done) == [2, 0, 3]             # 2: online missing; 0: "a" missing
-    rank1 = distributed.plan(order, DistContext(1, 2), methods)   # episodic: 2, 1
+    rank1 = planning.plan(order, DistContext(1, 2), methods)   # episodic: 2, 1
     assert rank1.pending(["clean"], done) == []
     assert rank1.pending(["clean", "pgd"], done) == [2, 1]
-    assert distributed.shard(order, DistContext(1, 2), online_present=True) == [2, 1]  # no longer refuses
+    assert planning.shard(order, DistContext(1, 2)) == [2, 1]   # online methods do not change the shard
 
 
 def test_records_path_per_rank(tmp_path):
@@ -186,23 +188,23 @@ def test_prior_records_agree_and_read_every_shard(tmp_path, monkeypatch):
         (0, "a", "clean"), (1, "a", "clean"), (1, None, "clean"), (2, "a", "clean")}
 
     # a rank of a new 2-rank run appends to a shard name an older run used: nothing is lost
-    with results.RecordWriter(distributed.records_path(run_dir, DistContext(0, 2))) as w:
+    with records.RecordWriter(distributed.records_path(run_dir, DistContext(0, 2))) as w:
         w.write([_rec(3)])
-    keys = results.done_keys(results.load_records(run_dir))
+    keys = records.done_keys(records.load_records(run_dir))
     assert {(3, "a", "clean"), (1, "a", "clean"), (2, "a", "clean")} <= keys
     assert (9, "a", "clean") not in keys
-    merged = results.merge_records(run_dir)
+    merged = records.merge_records(run_dir)
     first = merged.read_bytes()
     assert not (run_dir / "shards").exists()
-    recs = list(results.iter_records(merged))
+    recs = list(records.iter_records(merged))
     assert max(_key_counts(recs).values()) == 1 and len(recs) == 5
-    results.merge_records(run_dir)
+    records.merge_records(run_dir)
     assert merged.read_bytes() == first                          # idempotent
 
     # agreement: one rank seeing records makes every rank refuse (before any rank writes)
     empty = tmp_path / "empty"
     empty.mkdir()
-    monkeypatch.setattr(distributed, "_all_gather", lambda ctx, obj: [obj, True])
+    monkeypatch.setattr(distributed, "all_gather", lambda ctx, obj: [obj, True])
     with pytest.raises(FileExistsError):
         distributed.prior_records(empty, False, DistContext(0, 2))
 
@@ -215,7 +217,7 @@ def test_gather_timings_aggregates_and_detects_unshared_run_dir(tmp_path, monkey
     size1 = (tmp_path / "shards" / "records-rank1.jsonl").stat().st_size
     other = {"rank": 1, "host": "h1", "wall_seconds": 5.0, "images": 6, "encode_seconds": 3.0,
              "shard": "shards/records-rank1.jsonl", "shard_bytes": size1}
-    monkeypatch.setattr(distributed, "_all_gather", lambda ctx, obj: [obj, other])
+    monkeypatch.setattr(distributed, "all_gather", lambda ctx, obj: [obj, other])
     assert distributed.gather_timings(DistContext(1, 2), tmp_path, 1.0, 1, 1.0) is None
     t = distributed.gather_timings(DistContext(0, 2), tmp_path, 2.0, 4, 1.0)
     assert t["wall_seconds"] == 5.0 and t["images"] == 10 and t["ranks"] == 2
@@ -243,22 +245,20 @@ def _simulate(monkeypatch, model, dataset, out, methods, world, rank, crash_afte
     """Run one rank of a `world`-rank job in this process; optionally die after N batches."""
     ctx = DistContext(rank, world)
     monkeypatch.setattr(distributed, "context", lambda: ctx)
-    monkeypatch.setattr(distributed, "_all_gather", lambda c, obj: [obj] * c.world_size)
-    process = engine._process_batch
+    monkeypatch.setattr(distributed, "all_gather", lambda c, obj: [obj] * c.world_size)
     calls = []
 
-    def batch(*args, **kwargs):
-        if crash_after is not None and len(calls) >= crash_after:
-            raise _Crash()
-        calls.append(1)
-        return process(*args, **kwargs)
+    class CrashAfter(engine.RunHooks):
+        def before_step(self, ids):
+            if crash_after is not None and len(calls) >= crash_after:
+                raise _Crash()
+            calls.append(ids)
 
-    monkeypatch.setattr(engine, "_process_batch", batch)
     cfg = {"views": 4, "workers": 0, "batch_size": 1, "progress": False, "resume": True,
            "online_checkpoint_seconds": 0, **cfg}  # checkpoint online state after every batch
     config = engine.RunConfig(data="", methods=list(methods), out=str(out), **cfg)
     try:
-        return engine.run(config, model=model, dataset=dataset)
+        return engine.run(config, model=model, dataset=dataset, hooks=CrashAfter())
     except _Crash:
         return None
     finally:
@@ -273,7 +273,7 @@ def test_simulated_interrupted_3_ranks_resumed_with_other_world(data_root, tiny_
     methods = ["zeroshot", "view_ensemble", online_method]
     ref = _simulate(monkeypatch, tiny_model, dataset, tmp_path / "ref", methods, 1, 0)
     assert ref["methods"][online_method]["n"] == N_IMAGES
-    reference = list(results.iter_records(tmp_path / "ref" / "records.jsonl"))
+    reference = list(records.iter_records(tmp_path / "ref" / "records.jsonl"))
 
     out = tmp_path / "run"
     _simulate(monkeypatch, tiny_model, dataset, out, methods, 3, 1, crash_after=1)
@@ -281,20 +281,20 @@ def test_simulated_interrupted_3_ranks_resumed_with_other_world(data_root, tiny_
     _simulate(monkeypatch, tiny_model, dataset, out, methods, 3, 0, crash_after=3)   # killed mid-stream
     with open(out / "shards" / "records-rank1.jsonl", "a") as fh:
         fh.write('{"id": 3, "method": "zeroshot", "pr')                              # killed mid-write
-    before = {results.record_key(r): r for r in results.load_records(out)}
+    before = {records.record_key(r): r for r in records.load_records(out)}
     assert 0 < len(before) < len(reference)
-    assert (out / distributed.OnlineState.FILE).is_file()
+    assert (out / OnlineState.FILE).is_file()
 
     for rank in reversed(range(resume_world)):                                      # rank 0 last: it merges
         summary = _simulate(monkeypatch, tiny_model, dataset, out, methods, resume_world, rank)
     assert summary["methods"][online_method]["n"] == N_IMAGES and summary["errors"] == 0
-    final = list(results.iter_records(out / "records.jsonl"))
+    final = list(records.iter_records(out / "records.jsonl"))
     assert max(_key_counts(final).values()) == 1
     assert _strip(final) == _strip(reference)
     assert not (out / "shards").exists()
     for rec in final:                                     # what existed was kept, not recomputed
-        if results.record_key(rec) in before:
-            assert rec["seconds"] == before[results.record_key(rec)]["seconds"]
+        if records.record_key(rec) in before:
+            assert rec["seconds"] == before[records.record_key(rec)]["seconds"]
 
 
 def test_simulated_two_ranks_equal_single_process(data_root, tiny_model, online_method, tmp_path, monkeypatch):
@@ -303,12 +303,12 @@ def test_simulated_two_ranks_equal_single_process(data_root, tiny_model, online_
     # batches of 3 one-view samples: the rows a batch encodes together match a single process's
     _simulate(monkeypatch, tiny_model, dataset, tmp_path / "ref", methods, 1, 0, batch_size=3)
     _simulate(monkeypatch, tiny_model, dataset, tmp_path / "run", methods, 2, 1, batch_size=3)
-    rank1 = list(results.iter_records(tmp_path / "run" / "shards" / "records-rank1.jsonl"))
+    rank1 = list(records.iter_records(tmp_path / "run" / "shards" / "records-rank1.jsonl"))
     assert {r["method"] for r in rank1} == {"zeroshot"} and len(rank1) == 3           # the 2nd block
     summary = _simulate(monkeypatch, tiny_model, dataset, tmp_path / "run", methods, 2, 0, batch_size=3)
     assert summary["timings"]["ranks"] == 2
-    assert _strip(results.iter_records(tmp_path / "run" / "records.jsonl")) == \
-        _strip(results.iter_records(tmp_path / "ref" / "records.jsonl"))
+    assert _strip(records.iter_records(tmp_path / "run" / "records.jsonl")) == \
+        _strip(records.iter_records(tmp_path / "ref" / "records.jsonl"))
 
 
 # -- real torchrun jobs (CPU, gloo) ----------------------------------------------------------
@@ -318,14 +318,14 @@ import os, sys, time
 sys.path.insert(0, {str(TESTS)!r})
 import test_distributed
 test_distributed.register_online()
+import functools
 from shiftlab import cli, engine
 delay = float(os.environ.get("SHIFTLAB_TEST_BATCH_DELAY", "0"))
 if delay:
-    process = engine._process_batch
-    def slow(*args, **kwargs):
-        process(*args, **kwargs)
-        time.sleep(delay)
-    engine._process_batch = slow
+    class Slow(engine.RunHooks):
+        def after_step(self, ids, records):
+            time.sleep(delay)
+    engine.run = functools.partial(engine.run, hooks=Slow())
 sys.exit(cli.main())
 """
 ALL = f"zeroshot,tpt,view_ensemble,{ONLINE}"
@@ -362,7 +362,7 @@ def job(tmp_path_factory):
     subprocess.run([sys.executable, str(launcher), *args, "--methods", ALL, "--out", str(ref)],
                    env=_env(), check=True, capture_output=True, timeout=120)
     return SimpleNamespace(root=root, args=args, launcher=launcher,
-                           reference=list(results.iter_records(ref / "records.jsonl")))
+                           reference=list(records.iter_records(ref / "records.jsonl")))
 
 
 @pytest.mark.slow
@@ -371,7 +371,7 @@ def test_torchrun_two_ranks_equal_single_process(job):
     cmd = _torchrun(2) + ["-m", "shiftlab", *job.args, "--methods", "zeroshot,tpt,view_ensemble", "--out", str(out)]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = list(results.iter_records(out / "records.jsonl"))
+    recs = list(records.iter_records(out / "records.jsonl"))
     assert len(recs) == 3 * N_IMAGES and max(_key_counts(recs).values()) == 1
     assert _strip(recs) == _strip(job.reference, {"zeroshot", "tpt", "view_ensemble"})
     assert not (out / "shards").exists()
@@ -414,7 +414,7 @@ def _rank_pids(parent: int) -> dict[int, int]:
 
 
 def _complete_lines(path: Path) -> int:
-    return sum(1 for _ in results.iter_records(path)) if path.is_file() else 0
+    return sum(1 for _ in records.iter_records(path)) if path.is_file() else 0
 
 
 @pytest.mark.slow
@@ -439,17 +439,17 @@ def test_torchrun_rank_killed_then_resumed_with_three_ranks(job):
             proc.kill()
         log.close()
     assert proc.returncode != 0
-    before = {results.record_key(r): r for r in results.load_records(out)}
+    before = {records.record_key(r): r for r in records.load_records(out)}
     assert 0 < len(before) < len(job.reference) and not (out / "records.jsonl").exists()
 
     cmd = _torchrun(3) + [str(job.launcher), *job.args, "--methods", ALL, "--out", str(out), "--resume"]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    final = list(results.iter_records(out / "records.jsonl"))
+    final = list(records.iter_records(out / "records.jsonl"))
     assert max(_key_counts(final).values()) == 1
     assert _strip(final) == _strip(job.reference)
     for rec in final:                                     # the killed job's records were kept as they were
-        if results.record_key(rec) in before:
-            assert rec == before[results.record_key(rec)]
+        if records.record_key(rec) in before:
+            assert rec == before[records.record_key(rec)]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["timings"]["ranks"] == 3 and summary["methods"][ONLINE]["n"] == N_IMAGES

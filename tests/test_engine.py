@@ -13,7 +13,7 @@ import open_clip
 import pytest
 import torch
 
-from shiftlab import results
+from shiftlab import records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
 from shiftlab.engine import RunConfig, run, stream_order
@@ -45,7 +45,7 @@ def _cli_run(data, ckpt, out, *extra):
 def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path):
     out = tmp_path / "run"
     assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", FAST_METHODS) == 0
-    recs = list(results.iter_records(out / "records.jsonl"))
+    recs = list(records.iter_records(out / "records.jsonl"))
     methods = FAST_METHODS.split(",")
     assert len(recs) == 10 * len(methods)
     assert {(r["id"], r["method"]) for r in recs} == {(i, m) for i in range(10) for m in methods}
@@ -60,7 +60,7 @@ def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path
     assert "| tpt |" in md and "RANDOM" not in md  # a checkpoint file is not labelled random
     # a second run into the same folder without --resume is refused, records untouched
     assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", "zeroshot") == 2
-    assert len(list(results.iter_records(out / "records.jsonl"))) == len(recs)
+    assert len(list(records.iter_records(out / "records.jsonl"))) == len(recs)
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_zeroshot_record_matches_plain_open_clip(synthetic, tmp_path):
     dataset = build_dataset("imagenet-r", synthetic)
     run(RunConfig(methods=["zeroshot"], views=1, out=str(tmp_path / "r"), workers=0, progress=False),
         model=model, dataset=dataset)
-    recs = {r["id"]: r for r in results.iter_records(tmp_path / "r" / "records.jsonl")}
+    recs = {r["id"]: r for r in records.iter_records(tmp_path / "r" / "records.jsonl")}
     clip = model.clip
     text = clip.encode_text(open_clip.tokenize([f"a photo of a {c}." for c in dataset.classnames]), normalize=True)
     views = ViewGenerator(ViewConfig(n_views=1, size=64))
@@ -95,7 +95,7 @@ def test_results_independent_of_batching_and_workers(synthetic, tmp_path):
         out = tmp_path / f"r{i}"
         run(RunConfig(methods=["zeroshot", "tpt", "mta", "view_ensemble"], views=8, batch_size=bs,
                       workers=workers, order=order, out=str(out), progress=False), model=model, dataset=dataset)
-        outs.append({(r["id"], r["method"]): r for r in results.iter_records(out / "records.jsonl")})
+        outs.append({(r["id"], r["method"]): r for r in records.iter_records(out / "records.jsonl")})
     assert outs[0].keys() == outs[1].keys()
     for key, a in outs[0].items():
         b = outs[1][key]
@@ -112,7 +112,7 @@ def test_bad_images_become_error_records(tmp_path):
     dataset = build_dataset("imagenet-r", data)
     summary = run(RunConfig(methods=["zeroshot", "tpt"], views=4, out=str(tmp_path / "r"), workers=0,
                             progress=False), model=tiny_clip(0), dataset=dataset)
-    recs = list(results.iter_records(tmp_path / "r" / "records.jsonl"))
+    recs = list(records.iter_records(tmp_path / "r" / "records.jsonl"))
     errors = [r for r in recs if "error" in r]
     assert sorted(Path(r["path"]).name for r in errors) == ["art_broken.jpg", "art_empty.jpg"]
     assert all(r["method"] is None and r["error"] for r in errors)
@@ -128,10 +128,10 @@ def test_stream_order_is_seeded_permutation():
 def test_torn_last_line_is_ignored_and_cut(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text('{"id": 0, "method": "zeroshot", "setting": "clean"}\n{"id": 1, "meth')
-    assert [r["id"] for r in results.iter_records(path)] == [0]
-    with results.RecordWriter(path) as w:
+    assert [r["id"] for r in records.iter_records(path)] == [0]
+    with records.RecordWriter(path) as w:
         w.write([{"id": 1, "method": "zeroshot", "setting": "clean"}])
-    assert [r["id"] for r in results.iter_records(path)] == [0, 1]
+    assert [r["id"] for r in records.iter_records(path)] == [0, 1]
 
 
 @pytest.mark.slow
@@ -144,22 +144,22 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tin
     killed = tmp_path / "killed"
     proc = subprocess.Popen(args + ["--out", str(killed)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    records = killed / "records.jsonl"
+    records_file = killed / "records.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if records.is_file() and records.read_text().count("\n") >= 12:
+        if records_file.is_file() and records_file.read_text().count("\n") >= 12:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_before = len(list(results.iter_records(records)))
+    n_before = len(list(records.iter_records(records_file)))
     assert 0 < n_before < 120, "the run must be killed mid-way for this test to mean anything"
     subprocess.run(args + ["--out", str(killed), "--resume"], env=env, check=True, capture_output=True)
     reference = tmp_path / "reference"
     subprocess.run(args + ["--out", str(reference)], env=env, check=True, capture_output=True)
-    got = list(results.iter_records(records))
-    want = list(results.iter_records(reference / "records.jsonl"))
-    assert len(got) == len({results.record_key(r) for r in got}) == 120
+    got = list(records.iter_records(records_file))
+    want = list(records.iter_records(reference / "records.jsonl"))
+    assert len(got) == len({records.record_key(r) for r in got}) == 120
     assert _strip(got) == _strip(want)
 
 
@@ -173,3 +173,29 @@ def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
     assert ev.precision.amp_dtype is None and resolve("auto", torch.device("cpu")).amp_dtype is None
     with pytest.raises(ValueError, match="precision"):
         resolve("fp8", torch.device("cpu"))
+
+
+def test_runner_step_is_the_engine_step_and_reports_phases(synthetic, tmp_path):
+    """`Runner.step` alone (as `shiftlab bench` uses it) gives the run's records, and its phase timer
+    splits the time, the text tower included, without touching torch."""
+    from shiftlab.engine import Evaluator
+    from shiftlab.phases import PhaseTimer
+    from shiftlab.step import DEFAULT_RECIPE, Runner
+    model = tiny_clip(0)
+    dataset = build_dataset("imagenet-r", synthetic)
+    methods = ["zeroshot", "tpt"]
+    run(RunConfig(methods=methods, views=4, batch_size=4, order="sorted", out=str(tmp_path / "r"), workers=0,
+                  progress=False), model=model, dataset=dataset)
+    want = _strip(records.iter_records(tmp_path / "r" / "records.jsonl"))
+    backward, grad = torch.Tensor.backward, torch.autograd.grad
+    timer = PhaseTimer(text=True)
+    evaluator = Evaluator(model, dataset.classnames, methods, text_timer=timer)
+    views = ViewGenerator(ViewConfig(n_views=4), seed=0, preprocess=model.preprocess)
+    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: views}, timer=timer)
+    got = [r.to_dict() for ids in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9]) for r in runner.step(runner.load(ids))]
+    evaluator.close()
+    assert _strip(got) == want
+    assert {"decode_views", "encode", "predict:zeroshot", "predict:tpt", "text:tpt"} <= set(timer.seconds)
+    assert 0 < timer.seconds["text:tpt"] < timer.seconds["predict:tpt"] and "text:zeroshot" not in timer.seconds
+    assert torch.Tensor.backward is backward and torch.autograd.grad is grad
+    assert "features" not in evaluator.methods["tpt"].prompt.__dict__

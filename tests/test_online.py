@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab import results
+from shiftlab import records
 from shiftlab.cli import main as cli_main
 from shiftlab.context import ClassHeads, SampleContext
 from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run, stream_order
+from shiftlab.engine import RunConfig, RunHooks, run, stream_order
 from shiftlab.imageio import decode_image
 from shiftlab.methods.dmn import DynamicMemory, memory_logits
 from shiftlab.methods.tda import CacheEntry, TDASample, cache_logits, update_cache
@@ -260,7 +260,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    recs = results.load_records(run_dir)
+    recs = records.load_records(run_dir)
     for r in recs:
         r.pop("seconds", None)
     return sorted(recs, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
@@ -325,26 +325,23 @@ class _Crash(Exception):
 def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monkeypatch):
     """Killed after the online state of a batch is saved but before its records are appended:
     the resumed run writes them back from the checkpoint and continues the same stream."""
-    from shiftlab import distributed
     base = dict(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=8, workers=0,
                 progress=False, batch_size=4, seed=2, device="cpu", online_checkpoint_seconds=0)
     dataset = build_dataset("imagenet-r", data)
     run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
 
-    save = distributed.OnlineState.save
     calls = []
 
-    def crashing_save(self, ids, online_records):
-        save(self, ids, online_records)
-        calls.append(ids)
-        if len(calls) == 3:
-            raise _Crash
+    class CrashAtThirdCheckpoint(RunHooks):
+        def after_checkpoint(self, ids):
+            calls.append(ids)
+            if len(calls) == 3:
+                raise _Crash
 
-    monkeypatch.setattr(distributed.OnlineState, "save", crashing_save)
     with pytest.raises(_Crash):
-        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset)
-    monkeypatch.undo()
-    partial = results.load_records(tmp_path / "cut")
+        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset,
+            hooks=CrashAtThirdCheckpoint())
+    partial = records.load_records(tmp_path / "cut")
     # two batches written; of the third, the episodic zeroshot records (appended before the online
     # checkpoint) but not the online ones (only checkpointed)
     assert len(partial) == 2 * 4 * 3 + 4
@@ -356,8 +353,9 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
 # The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
-_PACED_CLI = ("import sys, time; import shiftlab.engine as E; step = E._process_batch; "
-              "E._process_batch = lambda *a, **k: (time.sleep(0.25), step(*a, **k))[1]; "
+_PACED_CLI = ("import functools, sys, time; import shiftlab.engine as E\n"
+              "class Paced(E.RunHooks):\n    def before_step(self, ids): time.sleep(0.25)\n"
+              "E.run = functools.partial(E.run, hooks=Paced())\n"
               "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
@@ -376,11 +374,11 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-c", _PACED_CLI, *argv, "--out", str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    records = out / results.RECORDS
+    records_file = out / records.RECORDS
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if records.is_file() and records.read_bytes().count(b"\n") >= 3 * 6:
+            if records_file.is_file() and records_file.read_bytes().count(b"\n") >= 3 * 6:
                 break
             time.sleep(0.02)
         assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
@@ -389,7 +387,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    n_before = len(results.load_records(out))
+    n_before = len(records.load_records(out))
     assert 3 * 6 <= n_before < 3 * 40 and (out / "online_state.pt").is_file()
 
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
@@ -406,4 +404,4 @@ def test_resume_on_another_stream_is_refused(data, tmp_path):
     with pytest.raises(ValueError, match="different stream"):
         run(RunConfig(**{**base, "limit": None}, seed=2, resume=True), model=tiny_clip(0), dataset=dataset)
     run(RunConfig(**{**base, "limit": None}, seed=1, resume=True), model=tiny_clip(0), dataset=dataset)
-    assert len(results.load_records(tmp_path / "run")) == len(dataset)
+    assert len(records.load_records(tmp_path / "run")) == len(dataset)

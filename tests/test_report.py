@@ -353,7 +353,7 @@ def test_cost_chart_names_points_in_a_legend_with_several_ticks():
 @pytest.mark.slow
 def test_run_headers_and_eps_read_the_same_in_summary_md_and_report(tmp_path):
     from shiftlab.display import format_eps, model_label, run_label
-    from shiftlab.results import summary_markdown
+    from shiftlab.summary import summary_markdown
 
     assert model_label("RN50", "/path/to/x.pt") == "RN50 (checkpoint x.pt)"
     assert model_label("shiftlab-tiny", None) == "shiftlab-tiny (random weights)"

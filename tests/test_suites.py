@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from _synthetic import make_image_folder, make_imagenet_r
-from shiftlab import results, suites
+from shiftlab import records, suites
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import imagenet_a_wnids
 from shiftlab.published_suites import openai_sha256, sources, suite_rows, table_rows
@@ -31,7 +31,7 @@ def make_imagenet_a(root: Path, n_images: int) -> Path:
 
 
 def top1_from_records(run_dir: Path, method: str) -> float:
-    recs = [r for r in results.iter_records(run_dir / "records.jsonl")
+    recs = [r for r in records.iter_records(run_dir / "records.jsonl")
             if r.get("method") == method and r.get("setting", "clean") == "clean" and "error" not in r]
     return 100.0 * sum(r["correct"] for r in recs) / len(recs)
 
@@ -165,16 +165,16 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_before = len(list(results.iter_records(second)))
+    n_before = len(list(records.iter_records(second)))
     assert 0 < n_before < 48, "the suite must be killed inside its second dataset for this test to mean anything"
-    assert len(list(results.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
+    assert len(list(records.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
     assert not (suite_dir / "suite.md").exists()
 
     done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     for name, n_images in [("imagenet-r", 5), ("imagenet-a", 24)]:
-        recs = list(results.iter_records(suite_dir / name / "records.jsonl"))
-        assert len(recs) == len({results.record_key(r) for r in recs}) == 2 * n_images
+        recs = list(records.iter_records(suite_dir / name / "records.jsonl"))
+        assert len(recs) == len({records.record_key(r) for r in recs}) == 2 * n_images
         assert json.loads((suite_dir / name / "summary.json").read_text())["config"]["dataset"] == name
     manifest = json.loads((suite_dir / "suite.json").read_text())
     assert manifest["datasets"] == ["imagenet-r", "imagenet-a"] and manifest["ood"] == []
@@ -201,7 +201,7 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
     assert cli_main(["run", "--dataset", "imagefolder", "--data", str(data), "--model", "ViT-B-16",
                      "--pretrained", "none", "--views", "8", "--workers", "0", "--methods", "zeroshot,tpt,mta",
                      "--no-progress", "--out", str(out)]) == 0
-    recs = list(results.iter_records(out / "records.jsonl"))
+    recs = list(records.iter_records(out / "records.jsonl"))
     want = [(i, m) for i in range(2) for m in ("mta", "tpt", "zeroshot")]
     assert sorted((r["id"], r["method"]) for r in recs) == want
     summary = json.loads((out / "summary.json").read_text())

@@ -1,6 +1,6 @@
 """How runs are written for people: attack budgets, model weights, run titles.
 
-One formatter per thing, used by summary.md (shiftlab.results) and the HTML report
+One formatter per thing, used by summary.md (shiftlab.summary) and the HTML report
 (shiftlab.report), so the two never describe the same run differently.
 """
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Per sample: decode -> views (DataLoader workers, uint8) -> [attack] -> the image
 tower once for all views (batched across samples) -> every requested method ->
 one record per (sample, method, setting), appended and flushed per sample.
+One batch of that is `shiftlab.step.Runner.step`; this module plans the run around it.
 
 Resumable (records already present are skipped), deterministic (views seeded per
 sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OUT.md).
@@ -17,16 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from . import distributed, results
-from .context import ClassHeads, SampleContext
-from .imageio import ImageDecodeError, decode_image
-from .methods import Method, create_method, get_method_class, list_methods
-from .methods.base import MethodOutput
+from . import records
+from . import summary as run_summary
+from .methods import get_method_class, list_methods
 from .models import ClipModel
-from .precision import resolve as resolve_precision
+from .phases import PhaseTimer
+from .records import Record
+from .runtime import distributed, planning
+from .runtime.online_state import OnlineState
+from .step import DEFAULT_RECIPE, Evaluator, Runner, ViewDataset, collate
 from .views import ViewConfig, ViewGenerator
+
+__all__ = ["Evaluator", "RunConfig", "RunHooks", "Runner", "expand_methods", "resolve_device",
+           "resolve_workers", "run", "stream_order"]
 
 
 @dataclass
@@ -99,85 +105,29 @@ def stream_order(n: int, order: str, seed: int) -> list[int]:
     return torch.randperm(n, generator=gen).tolist()
 
 
-class ViewDataset(Dataset):
-    """Sample id -> (id, uint8 views or None, error or None); runs in DataLoader workers."""
+class RunHooks:
+    """Observers of a run (tests, pacing, instrumentation); the default does nothing.
 
-    def __init__(self, dataset, ids: Sequence[int], views: ViewGenerator):
-        self.dataset, self.ids, self.views = dataset, list(ids), views
+    `before_step(ids)` runs before each engine step, `after_step(ids, records)` after its
+    records are written or held back, `after_checkpoint(ids)` after the online state of
+    `ids` is checkpointed and before their online records are appended."""
 
-    def __len__(self) -> int:
-        return len(self.ids)
+    def before_step(self, ids: list[int]) -> None:
+        pass
 
-    def __getitem__(self, i: int):
-        sid = self.ids[i]
-        try:
-            img = decode_image(self.dataset.path(sid))
-            return sid, self.views(img, sid), None
-        except ImageDecodeError as exc:
-            return sid, None, str(exc)
-        except Exception as exc:  # a view or resize failure must not stop the run
-            return sid, None, f"{type(exc).__name__}: {exc}"
+    def after_step(self, ids: list[int], recs: list[Record]) -> None:
+        pass
+
+    def after_checkpoint(self, ids: list[int]) -> None:
+        pass
 
 
-def _collate(batch):
-    return batch
-
-
-def prediction_record(out: MethodOutput, label: int) -> dict[str, Any]:
-    probs = out.probabilities().detach().float().cpu()
-    top5 = probs.topk(min(5, probs.numel())).indices.tolist()
-    pred = int(out.logits.detach().float().argmax())
-    return {"pred": pred, "top5": top5, "confidence": float(probs.max()),
-            "true_prob": float(probs[label]), "correct": pred == label, "extras": out.extras}
-
-
-class Evaluator:
-    """Holds model, class heads and method instances; turns batches of views into records."""
-
-    def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
-                 method_config: dict[str, dict] | None = None, precision: str = "auto"):
-        self.model = model
-        self.classnames = list(classnames)
-        self.heads = ClassHeads(model, classnames)
-        self.precision = resolve_precision(precision, model.device)   # the image tower's
-        method_config = method_config or {}
-        self.methods: dict[str, Method] = {
-            n: create_method(n, model, classnames, heads=self.heads, run_precision=precision,
-                             **method_config.get(n, {}))
-            for n in method_names}
-        self.needs_views = any(m.needs_views for m in self.methods.values())
-        for method in self.methods.values():
-            method.prepare()
-        self.encode_seconds = 0.0
-
-    def contexts(self, views_u8: list[torch.Tensor], ids: list[int]) -> list[SampleContext]:
-        """Normalise on the device and encode all samples' views in one pass."""
-        t0 = time.perf_counter()
-        dev = self.model.device
-        stacked = torch.cat([v if self.needs_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
-        x = self.model.normalize(stacked.float().div_(255))
-        feats = self.model.encode_views(x, self.precision)
-        n = x.shape[0] // len(views_u8)
-        ctxs = [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
-                              sample_id=sid, precision=self.precision) for i, sid in enumerate(ids)]
-        self.encode_seconds += time.perf_counter() - t0
-        return ctxs
-
-    def predict(self, name: str, ctxs: list[SampleContext]) -> tuple[list[MethodOutput], float]:
-        method = self.methods[name]
-        t0 = time.perf_counter()
-        if method.episodic:
-            outs = method.predict_batch(ctxs)
-        else:  # online: one sample at a time, in stream order
-            outs = [method.predict_context(c) for c in ctxs]
-        return outs, (time.perf_counter() - t0) / max(len(ctxs), 1)
-
-
-def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict:
+def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: RunHooks | None = None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict."""
     from .datasets import build_dataset
     from .published import published_for_run
 
+    hooks = hooks or RunHooks()
     dist = distributed.context()
     device = resolve_device(config.device)
     if dist.world_size > 1 and device.type == "cuda":
@@ -194,8 +144,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
         from .models import load_run_model
         model = load_run_model(config, device)
     model = model.to(device)
-    run_dir = Path(config.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = records.ensure_run_dir(Path(config.out))
     done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
 
     evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config, config.precision)
@@ -203,9 +152,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     order = stream_order(len(dataset), config.order, config.seed)
     if config.limit is not None:
         order = order[:config.limit]
-    plan = distributed.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
+    plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
-    pending = plan.pending(settings, done)
 
     views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1, augmix=config.augmix),
                           seed=config.seed, preprocess=model.preprocess)
@@ -213,26 +161,35 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
     if config.attack.get("name", "none") != "none":
         from .attacks import build_attack
         attacker = build_attack(config.attack, evaluator)
-    writer = results.RecordWriter(distributed.records_path(run_dir, dist))
+    writer = records.RecordWriter(distributed.records_path(run_dir, dist))
     state = None
+    online_start = 0
     if online:
-        state = distributed.OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
-                                        every_seconds=config.online_checkpoint_seconds)
+        state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
+                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
-            state.load(stream=order)
-            state.restore_missing(writer, done)
-            pending = plan.pending(settings, done)
+            online_start = state.resume(order, writer, done, settings)
+    pending = plan.pending(settings, done)
+    if online:  # the online state must see every sample from where it stands
+        wanted = set(order[online_start:]) | set(pending)
+        pending = [sid for sid in plan.ids if sid in wanted]
+    timer = PhaseTimer()
+    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: views}, settings=settings, attacker=attacker, plan=plan,
+                    done=done, timer=timer, online_start=online_start)
     workers = resolve_workers(config.workers, device, dist)
-    loader = DataLoader(ViewDataset(dataset, pending, views), batch_sampler=plan.batches(pending),
-                        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
+    loader = DataLoader(ViewDataset(dataset, pending, runner.recipes), batch_sampler=plan.batches(pending),
+                        num_workers=workers, collate_fn=collate, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None,
                         persistent_workers=False)
     progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
     t_start = time.perf_counter()
     try:
         for batch in loader:
-            _process_batch(batch, dataset, evaluator, settings, done, attacker, views, writer, progress, state,
-                           plan)
+            ids = [item.sample_id for item in batch]
+            hooks.before_step(ids)
+            recs = [r for r in runner.step(batch) if r.key not in done]
+            _write_step(ids, recs, writer, state, plan, online_start, progress)
+            hooks.after_step(ids, recs)
         if state is not None:
             state.flush(writer)
     finally:
@@ -240,71 +197,34 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None) -> dict
         progress.close()
     wall = time.perf_counter() - t_start
 
-    timings = distributed.gather_timings(dist, run_dir, wall, len(pending), evaluator.encode_seconds)
+    timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))
     if timings is None:  # not rank 0 (or rank 0 cannot see every shard: merge later)
         return {}
-    results.merge_records(run_dir)
+    records.merge_records(run_dir)
     cfg = _config_dict(config, model, dataset)
-    summary = results.summarize(results.load_records(run_dir), cfg, timings)
-    md = results.write_summary(run_dir, summary, published_for_run(summary))
+    summary = run_summary.summarize(records.load_records(run_dir), cfg, timings)
+    md = run_summary.write_summary(run_dir, summary, published_for_run(summary))
     if config.progress:
         print(md)
     return summary
 
 
-def _missing(sid: int, method: str, setting: str, done: set) -> bool:
-    return (sid, method, setting) not in done and (sid, None, setting) not in done
-
-
-def _process_batch(batch, dataset, evaluator: Evaluator, settings, done, attacker, views, writer, progress, state,
-                   plan=None):
-    good = [(sid, v) for sid, v, err in batch if err is None]
-    per_sample: dict[int, list[dict]] = {sid: [] for sid, _, _ in batch}
-    for sid, _, err in batch:
-        if err is not None:
-            for setting in settings:
-                per_sample[sid].append(_base(dataset, sid, setting) | {"method": None, "error": err})
-    if good:
-        for setting in settings:
-            ids = [sid for sid, _ in good]
-            vs = [v for _, v in good]
-            attack_info: dict[int, dict] = {}
-            if setting != "clean":
-                vs, attack_info = attacker.perturb(ids, vs, [dataset.label(s) for s in ids], views)
-            ctxs = evaluator.contexts(vs, ids)
-            for name in evaluator.methods:
-                todo = [i for i, sid in enumerate(ids)
-                        if (plan is None or plan.owns(sid, name)) and _missing(sid, name, setting, done)]
-                if not todo:
-                    continue
-                try:
-                    outs, secs = evaluator.predict(name, [ctxs[i] for i in todo])
-                except Exception as exc:  # one method failing must not lose the others' records
-                    for i in todo:
-                        per_sample[ids[i]].append(_base(dataset, ids[i], setting) |
-                                                  {"method": name, "error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                for i, out in zip(todo, outs):
-                    sid = ids[i]
-                    rec = _base(dataset, sid, setting) | {"method": name, "seconds": secs}
-                    rec |= prediction_record(out, dataset.label(sid))
-                    if sid in attack_info:
-                        rec["attack"] = attack_info[sid]
-                    per_sample[sid].append(rec)
-                    progress.update_method(name, rec["correct"])
-    if state is not None:
-        online = [r for recs in per_sample.values() for r in recs if r.get("method") in state.methods]
-        for sid in per_sample:
-            per_sample[sid] = [r for r in per_sample[sid] if r.get("method") not in state.methods]
-    for sid, _, _ in batch:
-        writer.write(per_sample[sid])
+def _write_step(ids: list[int], recs: list[Record], writer: records.RecordWriter, state: OnlineState | None,
+                plan: planning.Plan, online_start: int, progress: _Progress) -> None:
+    """Append a step's episodic records one sample at a time; hold online ones back for the checkpoint."""
+    for rec in recs:
+        if rec.method is not None and rec.error is None:
+            progress.update_method(rec.method, bool(rec.correct))
+    online = [r for r in recs if state is not None and r.method in state.methods]
+    by_sample: dict[int, list[Record]] = {sid: [] for sid in ids}
+    for rec in recs:
+        if state is None or rec.method not in state.methods:
+            by_sample[rec.id].append(rec)
+    for sid in ids:
+        writer.write(by_sample[sid])
         progress.step()
     if state is not None:
-        state.add([sid for sid, _, _ in batch], online, writer)
-
-
-def _base(dataset, sid: int, setting: str) -> dict:
-    return {"id": sid, "path": dataset.samples[sid][0], "label": dataset.label(sid), "setting": setting}
+        state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
 
 
 def _config_dict(config: RunConfig, model: ClipModel, dataset) -> dict:

@@ -113,9 +113,9 @@ def suite_from_manifest(manifest: dict) -> Suite:
 def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None) -> dict:
     """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
     the suite, each into `out/<dataset>`; then write the suite table. Returns the table."""
-    from . import distributed
     from .engine import expand_methods
     from .engine import run as run_engine
+    from .runtime import distributed
 
     config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
     suite_dir = Path(config.out)

@@ -8,8 +8,8 @@ For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it meas
    the model limits throughput;
 3. each method ALONE (what a one-method run costs): decode + the views that method needs
    (all, or view 0 only), encoding, the method; split into decode+views, image encoding,
-   text tower (prompt tuning: `ContextPrompt.features` calls + the backward passes) and
-   the rest of the method;
+   text tower (prompt tuning: `ContextPrompt.features` calls + the backward passes through
+   them) and the rest of the method;
 4. right after each method, its straightforward baseline (`shiftlab.bench.baseline`), one
    image at a time on the SAME views: seconds per image (with the same decode+views time
    added), the speed-up, top-1 agreement and the largest logit difference. Measuring the
@@ -18,12 +18,13 @@ For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it meas
 Peak memory is per phase: `torch.cuda.max_memory_allocated` on CUDA; on the CPU the
 process's resident set size, sampled every few milliseconds from /proc (the process-wide
 `ru_maxrss` only ever grows, so it cannot tell phases apart; it is reported as well).
+Every pass runs the engine's own step (`shiftlab.step.Runner`: `load` then `step`) and reads
+its phase timer (`shiftlab.phases`), so what is measured is what `shiftlab run` executes.
 Timings are wall-clock with CUDA synchronised at every boundary; warm-up images run
 through every path first and are not timed.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import os
@@ -42,10 +43,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..engine import Evaluator, ViewDataset, expand_methods, resolve_workers
-from ..imageio import decode_image
+from ..engine import expand_methods, resolve_workers
 from ..methods import list_methods
+from ..methods.base import MethodOutput
 from ..models import ClipModel
+from ..phases import PhaseTimer
+from ..step import DEFAULT_RECIPE, Evaluator, Runner, ViewDataset
 from ..views import ViewConfig, ViewGenerator
 from .baseline import BASELINES, BaselineUnsupported, create_baseline
 
@@ -102,6 +105,9 @@ class SyntheticImages:
 
     def path(self, i: int) -> Path:
         return self.paths[i]
+
+    def label(self, i: int) -> int:
+        return 0
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -182,49 +188,6 @@ class PeakMemory:
         return self.peak_bytes / MiB
 
 
-@contextlib.contextmanager
-def text_tower_timer(method, now: Callable[[], float]):
-    """Seconds in a prompt-tuning method's text tower: `prompt.features` calls and the backward passes
-    (`Tensor.backward`, `torch.autograd.grad`; the loss's own share of a backward is negligible).
-
-    Yields a one-element list that accumulates the seconds; a method without a `prompt` yields [0.0].
-    """
-    box = [0.0]
-    prompt = getattr(method, "prompt", None)
-    if prompt is None or not hasattr(prompt, "features"):
-        yield box
-        return
-    features, backward, grad = prompt.features, torch.Tensor.backward, torch.autograd.grad
-
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            t0 = now()
-            out = fn(*args, **kwargs)
-            box[0] += now() - t0
-            return out
-        return wrapper
-
-    prompt.features = timed(features)
-    torch.Tensor.backward = timed(backward)
-    torch.autograd.grad = timed(grad)
-    try:
-        yield box
-    finally:
-        del prompt.features
-        torch.Tensor.backward = backward
-        torch.autograd.grad = grad
-
-
-@contextlib.contextmanager
-def _views_needed(evaluator: Evaluator, needs_views: bool):
-    saved = evaluator.needs_views
-    evaluator.needs_views = needs_views
-    try:
-        yield
-    finally:
-        evaluator.needs_views = saved
-
-
 def _chunks(items: Sequence[int], size: int):
     for start in range(0, len(items), max(size, 1)):
         yield list(items[start:start + size])
@@ -234,57 +197,47 @@ def _per_image(seconds: dict[str, float], n: int) -> dict[str, float]:
     return {k: v / max(n, 1) for k, v in seconds.items()}
 
 
-def _shared_pass(ev: Evaluator, source, ids: Sequence[int], views: ViewGenerator, batch_size: int,
-                 now: Callable[[], float], keep: dict[int, torch.Tensor] | None = None) -> dict:
-    """Every method in one pass over `ids`, as the engine does it."""
-    split = {"decode_views": 0.0, "image_encode": 0.0}
-    per_method = {name: 0.0 for name in ev.methods}
+def _collector(logits: dict[str, dict[int, torch.Tensor]]):
+    def on_outputs(name: str, setting: str, ids: list[int], outs: list[MethodOutput]) -> None:
+        for sid, out in zip(ids, outs):
+            logits.setdefault(name, {})[sid] = out.logits.detach().float().cpu()
+    return on_outputs
+
+
+def _shared_pass(ev: Evaluator, timer: PhaseTimer, source, ids: Sequence[int], views: ViewGenerator,
+                 batch_size: int, keep: dict[int, torch.Tensor] | None = None) -> dict:
+    """Every method in one pass over `ids`: the engine's step."""
     logits: dict[str, dict[int, torch.Tensor]] = {name: {} for name in ev.methods}
-    t_start = now()
+    runner = Runner(ev, source, {DEFAULT_RECIPE: views}, timer=timer, on_outputs=_collector(logits))
+    timer.take()
+    t_start = timer.now()
     for batch in _chunks(ids, batch_size):
-        t0 = now()
-        vs = [views(decode_image(source.path(i)), i) for i in batch]
-        t1 = now()
-        ctxs = ev.contexts(vs, batch)
-        t2 = now()
-        split["decode_views"] += t1 - t0
-        split["image_encode"] += t2 - t1
-        for name in ev.methods:
-            t3 = now()
-            outs, _ = ev.predict(name, ctxs)
-            per_method[name] += now() - t3
-            for sid, out in zip(batch, outs):
-                logits[name][sid] = out.logits.detach().float().cpu()
+        items = runner.load(batch)
+        runner.step(items)
         if keep is not None:
-            keep.update(zip(batch, vs))
-    total = now() - t_start
+            keep.update((item.sample_id, item.views[DEFAULT_RECIPE]) for item in items)
+    total = timer.now() - t_start
+    phases = timer.take()
+    split = {"decode_views": phases.get("decode_views", 0.0), "image_encode": phases.get("encode", 0.0)}
+    per_method = {name: phases.get(f"predict:{name}", 0.0) for name in ev.methods}
     return {"seconds": total, "split": split, "per_method": per_method, "logits": logits}
 
 
-def _alone(ev: Evaluator, name: str, source, ids: Sequence[int], views: ViewGenerator, batch_size: int,
-           now: Callable[[], float]) -> dict:
+def _alone(ev: Evaluator, timer: PhaseTimer, name: str, source, ids: Sequence[int], views: ViewGenerator,
+           batch_size: int) -> dict:
     """One method as a one-method run would do it: decode + its views, encoding, the method."""
-    method = ev.methods[name]
-    split = {"decode_views": 0.0, "image_encode": 0.0, "text_tower": 0.0, "method": 0.0}
-    logits: dict[int, torch.Tensor] = {}
-    with PeakMemory(ev.model.device) as mem, _views_needed(ev, method.needs_views), \
-            text_tower_timer(method, now) as text:
+    logits: dict[str, dict[int, torch.Tensor]] = {name: {}}
+    runner = Runner(ev, source, {DEFAULT_RECIPE: views}, methods=[name], timer=timer,
+                    on_outputs=_collector(logits))
+    timer.take()
+    with PeakMemory(ev.model.device) as mem:
         for batch in _chunks(ids, batch_size):
-            t0 = now()
-            vs = [views(decode_image(source.path(i)), i) for i in batch]
-            t1 = now()
-            ctxs = ev.contexts(vs, batch)
-            t2 = now()
-            text_before = text[0]
-            outs, _ = ev.predict(name, ctxs)
-            t3 = now()
-            split["decode_views"] += t1 - t0
-            split["image_encode"] += t2 - t1
-            split["text_tower"] += text[0] - text_before
-            split["method"] += (t3 - t2) - (text[0] - text_before)
-            for sid, out in zip(batch, outs):
-                logits[sid] = out.logits.detach().float().cpu()
-    return {"seconds": sum(split.values()), "split": split, "logits": logits, "peak_memory_mib": mem.mib}
+            runner.step(runner.load(batch))
+    phases = timer.take()
+    text = phases.get(f"text:{name}", 0.0)
+    split = {"decode_views": phases.get("decode_views", 0.0), "image_encode": phases.get("encode", 0.0),
+             "text_tower": text, "method": phases.get(f"predict:{name}", 0.0) - text}
+    return {"seconds": sum(split.values()), "split": split, "logits": logits[name], "peak_memory_mib": mem.mib}
 
 
 def _first(batch):
@@ -295,7 +248,7 @@ def _loader(source, ids: Sequence[int], views: ViewGenerator, workers: int) -> d
     """Decode + views through DataLoader workers alone (no model), as `shiftlab run` loads images."""
     n = max(len(ids), 4 * max(workers, 1))
     loader_ids = [ids[i % len(ids)] for i in range(n)]
-    loader = DataLoader(ViewDataset(source, loader_ids, views), batch_size=1, num_workers=workers,
+    loader = DataLoader(ViewDataset(source, loader_ids, {DEFAULT_RECIPE: views}), batch_size=1, num_workers=workers,
                         collate_fn=_first, prefetch_factor=4 if workers > 0 else None)
     t0 = time.perf_counter()
     first = None
@@ -374,21 +327,34 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
     log(f"bench: {len(methods)} method(s), {n} image(s) (+{len(warm_ids)} warm-up), {config.views} views, "
         f"{len(classnames)} classes, device {device}")
     t0 = time.perf_counter()
-    ev = Evaluator(model, classnames, methods, config.method_config, config.precision)
+    timer = PhaseTimer(now, text=True)
+    ev = Evaluator(model, classnames, methods, config.method_config, config.precision, text_timer=timer)
+    try:
+        return _measure(ev, timer, model, classnames, config, methods, source, log, now, model_info, t0, ids,
+                        warm_ids, full, one, machine, n)
+    finally:
+        ev.close()
+
+
+def _measure(ev, timer, model, classnames, config, methods, source, log, now, model_info, t0, ids, warm_ids,
+             full, one, machine, n) -> dict:
+    device = model.device
     setup_seconds = time.perf_counter() - t0
     log(f"  setup (class heads, prompts): {setup_seconds:.1f} s")
     shared_views = full if ev.needs_views else one
 
     views_cache: dict[int, torch.Tensor] = {}
     if warm_ids:
-        _shared_pass(ev, source, warm_ids, shared_views, config.batch_size, now, keep=views_cache)
-        if not all(m.needs_views for m in ev.methods.values()):
-            with _views_needed(ev, False):
-                ev.contexts([one(decode_image(source.path(warm_ids[0])), warm_ids[0])], warm_ids[:1])
+        _shared_pass(ev, timer, source, warm_ids, shared_views, config.batch_size, keep=views_cache)
+        first_view_only = [name for name, m in ev.methods.items() if not m.needs_views]
+        if first_view_only:   # the one-view shape of the methods that run alone on view 0
+            runner = Runner(ev, source, {DEFAULT_RECIPE: one}, methods=first_view_only[:1], timer=timer)
+            runner.step(runner.load(warm_ids[:1]))
+            timer.take()
         log(f"  warm-up: {time.perf_counter() - t0 - setup_seconds:.1f} s")
 
     with PeakMemory(device) as mem:
-        shared = _shared_pass(ev, source, ids, shared_views, config.batch_size, now, keep=views_cache)
+        shared = _shared_pass(ev, timer, source, ids, shared_views, config.batch_size, keep=views_cache)
     shared_peak = mem.mib
     log(f"  all methods in one pass: {shared['seconds'] / n:.2f} s/image")
 
@@ -411,7 +377,7 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
     results: dict[str, dict] = {}
     for name in methods:
         method = ev.methods[name]
-        alone = _alone(ev, name, source, ids, full if method.needs_views else one, config.batch_size, now)
+        alone = _alone(ev, timer, name, source, ids, full if method.needs_views else one, config.batch_size)
         spi = alone["seconds"] / n
         results[name] = row = {
             "seconds_per_image": spi,

@@ -13,16 +13,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import results
+    from .. import records
+    from .. import summary as run_summary
     from ..published import published_for_run
     run_dir = args.run_dir
-    if not results.record_files(run_dir):
+    if not records.record_files(run_dir):
         print(f"shiftlab merge: {run_dir} holds no records.jsonl and no shards/*.jsonl")
         return 2
-    results.merge_records(run_dir)
-    old = run_dir / results.SUMMARY
+    records.merge_records(run_dir)
+    old = run_dir / run_summary.SUMMARY
     previous = json.loads(old.read_text()) if old.is_file() else {}
     config = previous.get("config", {})
-    summary = results.summarize(results.load_records(run_dir), config, previous.get("timings"))
-    print(results.write_summary(run_dir, summary, published_for_run(summary)))
+    summary = run_summary.summarize(records.load_records(run_dir), config, previous.get("timings"))
+    print(run_summary.write_summary(run_dir, summary, published_for_run(summary)))
     return 0

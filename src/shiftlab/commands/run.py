@@ -214,8 +214,8 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import distributed
     from ..engine import run as run_engine
+    from ..runtime import distributed
     from ..suites import SuiteError, resolve_suite, run_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None

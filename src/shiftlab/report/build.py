@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from shiftlab import suites
+from shiftlab.records import record_files
 from shiftlab.report import sections
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
 from shiftlab.report.stats import paired_compare, series_metrics
-from shiftlab.results import record_files
 
 __all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "expand_suites", "is_zeroshot",
            "resolve_method", "zeroshot_baseline"]

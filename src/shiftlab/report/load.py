@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from shiftlab.display import format_eps, run_label
-from shiftlab.results import record_files
+from shiftlab.records import Record, record_files, scan
 
 
 class ReportError(Exception):
@@ -108,38 +108,34 @@ def load_run(path: str | Path) -> Run:
     summary_eps = (summary.get("attack") or {}).get("eps")
 
     # (method, setting) -> {id: record}. The first record of a key wins, as in
-    # shiftlab.results.load_records (resume never rewrites a finished key).
+    # shiftlab.records.load_records (resume never rewrites a finished key).
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     error_keys: set = set()
     eps_of: dict[str, float | None] = {}
     for file in files:
-        with file.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    sid = int(rec["id"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    run.bad_lines += 1
-                    continue
-                setting = str(rec.get("setting") or "clean")
-                if "error" in rec:
-                    key = (sid, rec.get("method"), setting)
-                    run.duplicates += key in error_keys
-                    if key not in error_keys:
-                        error_keys.add(key)
-                        run.error_records.append(rec)
-                    continue
-                if rec.get("method") is None or "pred" not in rec or "label" not in rec:
-                    run.bad_lines += 1
-                    continue
-                if setting != "clean" and setting not in eps_of:
-                    eps = (rec.get("attack") or {}).get("eps", summary_eps)
-                    eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
-                bucket = groups.setdefault((str(rec["method"]), setting), {})
-                run.duplicates += sid in bucket
-                bucket.setdefault(sid, rec)
+        for line in scan(file, include_torn=True):
+            rec = line.record
+            if rec is None:          # garbage, a NUL-filled block, a killed writer's torn last line
+                run.bad_lines += 1
+                continue
+            sid = rec["id"]
+            setting = str(rec.get("setting") or "clean")
+            if "error" in rec:
+                key = (sid, rec.get("method"), setting)
+                run.duplicates += key in error_keys
+                if key not in error_keys:
+                    error_keys.add(key)
+                    run.error_records.append(rec)
+                continue
+            if not Record.from_dict(rec).is_prediction:
+                run.bad_lines += 1
+                continue
+            if setting != "clean" and setting not in eps_of:
+                eps = (rec.get("attack") or {}).get("eps", summary_eps)
+                eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
+            bucket = groups.setdefault((str(rec["method"]), setting), {})
+            run.duplicates += sid in bucket
+            bucket.setdefault(sid, rec)
 
     errors = Counter((r.get("method"), str(r.get("setting") or "clean")) for r in run.error_records)
     for (method, setting), by_id in sorted(groups.items()):

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from shiftlab import metrics
+from shiftlab.records import score
 from shiftlab.report.load import Series
 
 RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc",
@@ -28,19 +29,13 @@ def rendition_of(path: str) -> str:
 
 
 def series_metrics(s: Series) -> dict:
-    """top1/top5/ece (percent), nll (nats), n, errors, seconds_per_image for one series."""
-    has_conf = s.n and not np.isnan(s.confidence).any()
-    has_prob = s.n and not np.isnan(s.true_prob).any()
+    """top1/top5/ece (percent), nll (nats), n, errors, seconds_per_image for one series
+    (the scores are shiftlab.records.score, as in summary.json)."""
     seconds = s.run.seconds_per_image(s.method)
     if seconds is None and s.n and not np.isnan(s.seconds).all():
         seconds = float(np.nanmean(s.seconds))
     return {
-        "top1": metrics.top1(s.correct),
-        "top5": metrics.topk_from_lists(s.labels.tolist(), s.top5, k=5) if s.top5 is not None else math.nan,
-        "ece": metrics.ece(s.confidence, s.correct) if has_conf else math.nan,
-        "ece20": metrics.ece(s.confidence, s.correct, n_bins=20) if has_conf else math.nan,
-        "nll": metrics.nll(s.true_prob) if has_prob else math.nan,
-        "n": s.n,
+        **score(s.labels.tolist(), s.correct, s.top5, s.confidence, s.true_prob),
         "errors": s.errors,
         "seconds_per_image": math.nan if seconds is None else seconds,
     }

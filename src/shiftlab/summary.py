@@ -1,142 +1,25 @@
-"""Run directories: records.jsonl (append-only, resumable), summary.json, summary.md.
+"""A run's summary: summary.json (scores from the records, identity, timings) and summary.md.
 
-A record's key is (id, method, setting). Records are appended one sample at a time
-with a single write and a flush, so a process killed at any point leaves at most
-one partial last line, which readers ignore and writers cut off before appending.
-Under torchrun each rank appends to its own shard in `shards/`; `merge_records`
-folds shards into records.jsonl (deduplicated, sorted), and is idempotent.
+records.jsonl is the source of truth (shiftlab.records owns it and its scoring); the
+summary is rewritten from it at the end of every run and by `shiftlab merge`.
 """
 from __future__ import annotations
 
 import json
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from . import metrics
 from .display import attack_label, is_random_weights, model_label
+from .records import score_records
 
-RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
 SUMMARY_MD = "summary.md"
-SHARDS = "shards"
-
-
-def record_key(rec: dict) -> tuple:
-    return (rec["id"], rec.get("method"), rec.get("setting", "clean"))
-
-
-def iter_records(path: Path) -> Iterator[dict]:
-    """Complete JSON lines of a records file; a torn last line is skipped."""
-    if not path.is_file():
-        return
-    with open(path, "rb") as fh:
-        for line in fh:
-            if not line.endswith(b"\n"):
-                break  # torn write of a killed process
-            line = line.strip()
-            if line:
-                yield json.loads(line)
-
-
-def record_files(run_dir: Path) -> list[Path]:
-    run_dir = Path(run_dir)
-    files = [run_dir / RECORDS] if (run_dir / RECORDS).is_file() else []
-    shard_dir = run_dir / SHARDS
-    if shard_dir.is_dir():
-        files += sorted(shard_dir.glob("*.jsonl"))
-    return files
-
-
-def load_records(run_dir: Path) -> list[dict]:
-    """All records of a run (merged file and shards), first occurrence of each key wins."""
-    seen: set = set()
-    out = []
-    for path in record_files(run_dir):
-        for rec in iter_records(path):
-            key = record_key(rec)
-            if key not in seen:
-                seen.add(key)
-                out.append(rec)
-    return out
-
-
-def done_keys(records: Iterable[dict]) -> set[tuple]:
-    return {record_key(r) for r in records}
-
-
-def _sort_key(rec: dict) -> tuple:
-    return (rec["id"], rec.get("setting", "clean"), rec.get("method") or "")
-
-
-def merge_records(run_dir: Path) -> Path:
-    """Fold shards into records.jsonl, deduplicated and sorted by (id, setting, method)."""
-    run_dir = Path(run_dir)
-    records = sorted(load_records(run_dir), key=_sort_key)
-    target = run_dir / RECORDS
-    tmp = run_dir / (RECORDS + ".tmp")
-    with open(tmp, "w") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
-    shard_dir = run_dir / SHARDS
-    if shard_dir.is_dir():
-        for shard in shard_dir.glob("*.jsonl"):
-            shard.unlink()
-        shard_dir.rmdir() if not any(shard_dir.iterdir()) else None
-    return target
-
-
-class RecordWriter:
-    """Appends one sample's records per call with a single write + flush."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _cut_torn_tail(self.path)
-        self._fh = open(self.path, "a", encoding="utf-8")
-
-    def write(self, records: list[dict]) -> None:
-        if records:
-            self._fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-            self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _cut_torn_tail(path: Path) -> None:
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as fh:
-        data = fh.read()
-        if not data.endswith(b"\n"):
-            fh.truncate(data.rfind(b"\n") + 1)
 
 
 # -- summaries -------------------------------------------------------------------------
-
-def score_records(recs: list[dict]) -> dict[str, Any]:
-    return {
-        "top1": metrics.top1([r["correct"] for r in recs]),
-        "top5": metrics.topk_from_lists([r["label"] for r in recs], [r["top5"] for r in recs], 5),
-        "ece": metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs]),
-        # 20 bins: C-TPT's ECE_Loss(20), the bin count of the published ECEs it is compared with
-        "ece20": metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs], n_bins=20),
-        "nll": metrics.nll([r["true_prob"] for r in recs]),
-        "n": len(recs),
-    }
-
 
 def summarize(records: list[dict], config: dict, timings: dict[str, float] | None = None) -> dict:
     """summary.json content from records (the source of truth) and measured timings."""

@@ -1,0 +1,388 @@
+"""The record: one (sample, method, setting) outcome, and everything that reads, writes or scores it.
+
+This module owns the contract of `records.jsonl` (docs/ARCHITECTURE.md's schema is tested
+against `Record`): the typed record and its constructors, the append-only writer, the
+tolerant reader, the resume key and the one scoring function that summary.json and the
+report share.
+
+Records are appended one sample at a time with a single write and a flush, so a process
+killed at any point leaves at most one partial last line, which readers ignore and writers
+cut off before appending. A complete line that is not a valid record (garbage, a NUL-filled
+block after a crash of the filesystem) is skipped by readers and, when a run resumes,
+moved to `records.quarantine.jsonl` with its file and line number (`quarantine`), so the
+sample is redone. Under torchrun each rank appends to its own shard in `shards/`;
+`merge_records` folds shards into records.jsonl (deduplicated, sorted), and is idempotent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import metrics
+
+RECORDS = "records.jsonl"
+SHARDS = "shards"
+QUARANTINE = "records.quarantine.jsonl"
+
+Key = tuple  # (id, method or None, setting)
+
+
+class RunDirError(OSError):
+    """The run directory cannot be written (not a folder, read-only, disk full); the message names the path."""
+
+
+@dataclass
+class Record:
+    """One line of records.jsonl. Optional fields that are None are left out of the JSON.
+
+    A prediction record has pred/top5/confidence/true_prob/correct/seconds/extras; an error
+    record has `error` instead (`method` None: the sample failed before any method ran,
+    which covers every method of that setting). `attack` is set on attacked settings.
+    """
+    id: int                              # index in the dataset's sorted sample list
+    path: str = ""                       # sample path relative to the dataset root
+    label: int | None = None
+    setting: str = "clean"               # "clean" or the attack name
+    method: str | None = None
+    pred: int | None = None
+    top5: list[int] | None = None
+    confidence: float | None = None      # max softmax probability of the method's score vector
+    true_prob: float | None = None       # probability of the true class (for NLL)
+    correct: bool | None = None
+    seconds: float | None = None         # the method's seconds for this sample (batch mean)
+    extras: dict[str, Any] | None = None  # method-specific JSON scalars
+    attack: dict[str, Any] | None = None  # {"name", "eps", "steps", "flipped", "linf_255"}
+    error: str | None = None
+
+    # -- constructors ------------------------------------------------------------------------
+    @classmethod
+    def prediction(cls, *, id: int, path: str, label: int, setting: str, method: str, output,
+                   seconds: float, attack: dict | None = None) -> Record:
+        """From a MethodOutput (logits + extras)."""
+        probs = output.probabilities().detach().float().cpu()
+        pred = int(output.logits.detach().float().argmax())
+        return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, pred=pred,
+                   top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=float(probs.max()),
+                   true_prob=float(probs[label]), correct=pred == label, seconds=seconds, extras=output.extras,
+                   attack=attack)
+
+    @classmethod
+    def failure(cls, *, id: int, path: str, label: int, setting: str, method: str | None, error: str) -> Record:
+        """An error record: `method` None when the sample failed before any method (decoding)."""
+        return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, error=error)
+
+    def with_attack(self, info: dict | None) -> Record:
+        """This record with the attack's per-sample info merged in (attacked settings)."""
+        return self if info is None else dataclasses.replace(self, attack=dict(info))
+
+    # -- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.name in ("method", "setting"):
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Record:
+        """Validate a parsed line; raises ValueError when it is not a record."""
+        if not isinstance(data, Mapping):
+            raise ValueError("not a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            rec = cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise ValueError(f"missing field: {exc}") from None
+        if isinstance(rec.id, bool) or not isinstance(rec.id, int):
+            raise ValueError(f"id must be an integer, got {rec.id!r}")
+        if not isinstance(rec.setting, str) or not (rec.method is None or isinstance(rec.method, str)):
+            raise ValueError("setting and method must be strings")
+        return rec
+
+    @property
+    def is_prediction(self) -> bool:
+        """A scorable prediction (not an error record, not a fragment)."""
+        return (self.error is None and self.method is not None and isinstance(self.pred, int)
+                and isinstance(self.label, int) and not isinstance(self.pred, bool))
+
+    @property
+    def key(self) -> Key:
+        return (self.id, self.method, self.setting)
+
+
+def record_key(rec: Mapping[str, Any] | Record) -> Key:
+    """The resume key (id, method, setting); an error record with method None covers every method."""
+    if isinstance(rec, Record):
+        return rec.key
+    return (rec["id"], rec.get("method"), rec.get("setting", "clean"))
+
+
+def is_missing(sid: int, method: str, setting: str, done: set) -> bool:
+    return (sid, method, setting) not in done and (sid, None, setting) not in done
+
+
+def as_dict(rec: Mapping[str, Any] | Record) -> dict[str, Any]:
+    return rec.to_dict() if isinstance(rec, Record) else dict(rec)
+
+
+def dumps(rec: Mapping[str, Any] | Record) -> str:
+    return json.dumps(as_dict(rec), sort_keys=True) + "\n"
+
+
+# -- reading -------------------------------------------------------------------------------
+
+@dataclass
+class Line:
+    """One complete line of a records file: `record` is None when the line is not a valid record."""
+    number: int            # 1-based
+    raw: bytes
+    record: dict[str, Any] | None
+    problem: str = ""
+
+
+def scan(path: Path, include_torn: bool = False) -> Iterator[Line]:
+    """Every complete line of a records file, parsed and validated; a torn last line (a killed
+    writer's) is yielded as invalid only with `include_torn` (readers that count damage)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.endswith(b"\n"):
+                if include_torn and raw.strip():
+                    yield Line(number, raw, None, "incomplete last line")
+                break  # torn write of a killed process
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                data = json.loads(text)
+                Record.from_dict(data)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                yield Line(number, raw, None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            yield Line(number, raw, data)
+
+
+def iter_records(path: Path) -> Iterator[dict]:
+    """Valid records of a file as dicts (torn last line and invalid lines skipped)."""
+    for line in scan(path):
+        if line.record is not None:
+            yield line.record
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    run_dir = Path(run_dir)
+    files = [run_dir / RECORDS] if (run_dir / RECORDS).is_file() else []
+    shard_dir = run_dir / SHARDS
+    if shard_dir.is_dir():
+        files += sorted(shard_dir.glob("*.jsonl"))
+    return files
+
+
+def load_records(run_dir: Path) -> list[dict]:
+    """All records of a run (merged file and shards), first occurrence of each key wins."""
+    seen: set = set()
+    out = []
+    for path in record_files(run_dir):
+        for rec in iter_records(path):
+            key = record_key(rec)
+            if key not in seen:
+                seen.add(key)
+                out.append(rec)
+    return out
+
+
+def done_keys(records: Iterable[Mapping[str, Any] | Record]) -> set[Key]:
+    return {record_key(r) for r in records}
+
+
+def quarantine(run_dir: Path, warn=None) -> int:
+    """Move invalid complete lines of every records file to records.quarantine.jsonl; returns how many.
+
+    Each quarantined line is kept as {"file", "line", "problem", "text"} so nothing is lost, and
+    `warn` (default: print to stderr) gets one line per damaged line naming file and line number.
+    Called by a writer holding the run lock (resume, merge), never by readers.
+    """
+    import sys
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    run_dir = Path(run_dir)
+    moved = 0
+    for path in record_files(run_dir):
+        bad = [line for line in scan(path) if line.record is None]
+        if not bad:
+            continue
+        with open(run_dir / QUARANTINE, "a", encoding="utf-8") as fh:
+            for line in bad:
+                fh.write(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
+                                     "problem": line.problem,
+                                     "text": line.raw.decode("utf-8", "backslashreplace").rstrip("\n")}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        numbers = {line.number for line in bad}
+        tmp = path.with_name(path.name + ".tmp")
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            for number, raw in enumerate(src, start=1):
+                if number not in numbers:
+                    dst.write(raw)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, path)
+        for line in bad:
+            warn(f"shiftlab: {path}:{line.number}: damaged record ({line.problem}) moved to "
+                 f"{run_dir / QUARANTINE}; the sample is redone")
+        moved += len(bad)
+    return moved
+
+
+def _sort_key(rec: Mapping[str, Any]) -> tuple:
+    return (rec["id"], rec.get("setting", "clean"), rec.get("method") or "")
+
+
+def merge_records(run_dir: Path) -> Path:
+    """Fold shards into records.jsonl, deduplicated and sorted by (id, setting, method)."""
+    run_dir = Path(run_dir)
+    records = sorted(load_records(run_dir), key=_sort_key)
+    target = run_dir / RECORDS
+    tmp = run_dir / (RECORDS + ".tmp")
+    with open_for_writing(tmp, "w") as fh:
+        for rec in records:
+            fh.write(dumps(rec))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    shard_dir = run_dir / SHARDS
+    if shard_dir.is_dir():
+        for shard in shard_dir.glob("*.jsonl"):
+            shard.unlink()
+        shard_dir.rmdir() if not any(shard_dir.iterdir()) else None
+    return target
+
+
+# -- writing -------------------------------------------------------------------------------
+
+def run_dir_error(path: Path, exc: OSError) -> RunDirError:
+    """An OSError while creating or writing a run directory -> a RunDirError naming the path."""
+    path = Path(path)
+    if exc.errno == errno.ENOSPC:
+        why = "the disk is full"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = "it is not writable"
+    elif exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        why = "a file is in the way (a path component is a regular file, not a folder)"
+    else:
+        why = exc.strerror or str(exc)
+    err = RunDirError(exc.errno, f"cannot write {path}: {why}")
+    err.filename = str(path)
+    return err
+
+
+def ensure_run_dir(run_dir: Path) -> Path:
+    """Create the run directory; a RunDirError naming it when that is impossible."""
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise run_dir_error(run_dir, exc) from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise run_dir_error(run_dir, OSError(errno.EACCES, "Permission denied"))
+    return run_dir
+
+
+def open_for_writing(path: Path, mode: str):
+    try:
+        return open(path, mode, encoding="utf-8")
+    except OSError as exc:
+        raise run_dir_error(path, exc) from None
+
+
+class RecordWriter:
+    """Appends one sample's records per call with a single write + flush."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _cut_torn_tail(self.path)
+        except OSError as exc:
+            raise run_dir_error(self.path, exc) from None
+        self._fh = open_for_writing(self.path, "a")
+
+    def write(self, records: Sequence[Mapping[str, Any] | Record]) -> None:
+        if records:
+            try:
+                self._fh.write("".join(dumps(r) for r in records))
+                self._fh.flush()
+            except OSError as exc:
+                raise run_dir_error(self.path, exc) from None
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:
+            pass  # the write that failed has already raised
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cut_torn_tail(path: Path) -> None:
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
+
+
+# -- scoring -------------------------------------------------------------------------------
+
+def score(labels: Sequence[int], correct: Sequence[bool], top5: Sequence[Sequence[int]] | None,
+          confidence: Sequence[float], true_prob: Sequence[float]) -> dict[str, Any]:
+    """top1/top5/ece/ece20 (percent; 15 and 20 bins), nll (nats) and n of a set of predictions.
+
+    A metric whose inputs are incomplete (top5 None, a NaN confidence or true-class probability,
+    e.g. a record written by an older version) is NaN rather than computed on part of the set."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    prob = np.asarray(true_prob, dtype=np.float64)
+    n = len(correct)
+    return {
+        "top1": metrics.top1(correct),
+        "top5": metrics.topk_from_lists(list(labels), top5, 5) if top5 is not None else math.nan,
+        "ece": metrics.ece(conf, correct) if n and not np.isnan(conf).any() else math.nan,
+        # 20 bins: C-TPT's ECE_Loss(20), the bin count of the published ECEs it is compared with
+        "ece20": metrics.ece(conf, correct, n_bins=20) if n and not np.isnan(conf).any() else math.nan,
+        "nll": metrics.nll(prob) if n and not np.isnan(prob).any() else math.nan,
+        "n": n,
+    }
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def score_records(recs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`score` over prediction records (dicts as read from records.jsonl)."""
+    top5 = [r.get("top5") for r in recs]
+    return score([r["label"] for r in recs],
+                 [bool(r["correct"]) if "correct" in r else r["pred"] == r["label"] for r in recs],
+                 None if any(not isinstance(t, list) for t in top5) else top5,
+                 [_float(r.get("confidence")) for r in recs], [_float(r.get("true_prob")) for r in recs])
+
+
+def schema_fields() -> list[str]:
+    """The record's JSON keys, in declaration order (docs/ARCHITECTURE.md is tested against them)."""
+    return [f.name for f in dataclasses.fields(Record)]

@@ -1,0 +1,226 @@
+"""The engine step: a batch of decoded samples -> records, for every method and setting.
+
+    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: view_generator})
+    records = runner.step(runner.load(ids))       # or batches of BatchItem from a DataLoader
+
+A `BatchItem` carries its views keyed by view recipe; contexts (features of the views,
+encoded once) are built per recipe and shared by every method that uses that recipe.
+Today every method uses the run's one recipe (`DEFAULT_RECIPE`; methods that do not need
+augmented views use its view 0); `Runner.recipe_of` is where a method's own recipe plugs in.
+Every phase is reported to the runner's `PhaseTimer` (shiftlab.phases), which is how
+`shiftlab bench` measures the engine.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from .context import ClassHeads, SampleContext
+from .imageio import ImageDecodeError, decode_image
+from .methods import Method, create_method
+from .methods.base import MethodOutput
+from .models import ClipModel
+from .phases import PhaseTimer, text_tower_timer
+from .precision import resolve as resolve_precision
+from .records import Record, is_missing
+from .views import ViewGenerator
+
+DEFAULT_RECIPE = "default"
+
+
+@dataclass
+class BatchItem:
+    """One sample ready for the model: uint8 views (N,3,S,S) per recipe, or the reason it failed."""
+    sample_id: int
+    views: dict[str, torch.Tensor] = field(default_factory=dict)
+    error: str | None = None
+
+
+def load_item(dataset: Any, sid: int, recipes: Mapping[str, ViewGenerator]) -> BatchItem:
+    """Decode a sample once and generate each recipe's views; a failure becomes the item's error."""
+    try:
+        img = decode_image(dataset.path(sid))
+        return BatchItem(sid, {key: gen(img, sid) for key, gen in recipes.items()})
+    except ImageDecodeError as exc:
+        return BatchItem(sid, error=str(exc))
+    except Exception as exc:  # a view or resize failure must not stop the run
+        return BatchItem(sid, error=f"{type(exc).__name__}: {exc}")
+
+
+class ViewDataset(Dataset):
+    """Sample id -> BatchItem; runs in DataLoader workers."""
+
+    def __init__(self, dataset: Any, ids: Sequence[int], recipes: Mapping[str, ViewGenerator]):
+        self.dataset, self.ids, self.recipes = dataset, list(ids), dict(recipes)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> BatchItem:
+        return load_item(self.dataset, self.ids[i], self.recipes)
+
+
+def collate(batch: list[BatchItem]) -> list[BatchItem]:
+    return batch
+
+
+class Evaluator:
+    """Holds model, class heads and method instances; encodes views and runs methods.
+
+    With a `text_timer` (a PhaseTimer with `text=True`), every prompt-tuning method's text tower
+    is timed from construction on (before `prepare()`, so graphs built there are timed too) until
+    `close()`."""
+
+    def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
+                 method_config: dict[str, dict] | None = None, precision: str = "auto",
+                 text_timer: PhaseTimer | None = None):
+        self.model = model
+        self.classnames = list(classnames)
+        self.heads = ClassHeads(model, classnames)
+        self.precision = resolve_precision(precision, model.device)   # the image tower's
+        method_config = method_config or {}
+        self.methods: dict[str, Method] = {
+            n: create_method(n, model, classnames, heads=self.heads, run_precision=precision,
+                             **method_config.get(n, {}))
+            for n in method_names}
+        self.needs_views = any(m.needs_views for m in self.methods.values())
+        self._timers = contextlib.ExitStack()
+        if text_timer is not None and text_timer.text:
+            def sink(seconds: float) -> None:
+                text_timer.add(f"text:{text_timer.current_method}", seconds)
+            for method in self.methods.values():
+                self._timers.enter_context(text_tower_timer(method, text_timer.now, sink))
+        for method in self.methods.values():
+            method.prepare()
+
+    def close(self) -> None:
+        """Remove the text-tower timers (if any)."""
+        self._timers.close()
+
+    def contexts(self, views_u8: Sequence[torch.Tensor], ids: Sequence[int],
+                 all_views: bool | None = None) -> list[SampleContext]:
+        """Normalise on the device and encode all samples' views in one pass (view 0 only unless
+        `all_views`, default: whether any method needs augmented views)."""
+        all_views = self.needs_views if all_views is None else all_views
+        dev = self.model.device
+        stacked = torch.cat([v if all_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
+        x = self.model.normalize(stacked.float().div_(255))
+        feats = self.model.encode_views(x, self.precision)
+        n = x.shape[0] // len(views_u8)
+        return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
+                              sample_id=sid, precision=self.precision) for i, sid in enumerate(ids)]
+
+    def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        method = self.methods[name]
+        if method.episodic:
+            return method.predict_batch(list(ctxs))
+        return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
+
+
+class Runner:
+    """One engine step over a batch, for `methods` (default: all of the evaluator's) and `settings`.
+
+    `done` (resume keys) and `plan` (which rank owns which record) decide what is computed;
+    online methods (`episodic = False`) compute every sample at stream position >= `online_start`
+    (their state must see the whole stream; the caller drops records that already exist).
+    `on_outputs(method, setting, ids, outputs)` sees the raw outputs (the benchmark compares logits).
+    """
+
+    def __init__(self, evaluator: Evaluator, dataset: Any, recipes: Mapping[str, ViewGenerator], *,
+                 settings: Sequence[str] = ("clean",), attacker: Any = None, plan: Any = None,
+                 done: set | None = None, methods: Sequence[str] | None = None, timer: PhaseTimer | None = None,
+                 online_start: int = 0,
+                 on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None):
+        self.evaluator = evaluator
+        self.dataset = dataset
+        self.recipes = dict(recipes)
+        self.settings = list(settings)
+        self.attacker = attacker
+        self.plan = plan
+        self.done = done if done is not None else set()
+        self.methods = list(methods) if methods is not None else list(evaluator.methods)
+        self.timer = timer or PhaseTimer()
+        self.online_start = online_start
+        self.on_outputs = on_outputs
+
+    def recipe_of(self, method: str) -> str:
+        """The view recipe a method reads (one per run today)."""
+        return DEFAULT_RECIPE
+
+    def _all_views(self, recipe: str) -> bool:
+        return any(self.evaluator.methods[n].needs_views for n in self.methods if self.recipe_of(n) == recipe)
+
+    def load(self, ids: Sequence[int]) -> list[BatchItem]:
+        """Decode and generate views in this process (a run does this in DataLoader workers)."""
+        with self.timer.phase("decode_views"):
+            return [load_item(self.dataset, sid, self.recipes) for sid in ids]
+
+    def _base(self, sid: int, setting: str) -> dict[str, Any]:
+        return {"id": sid, "path": self.dataset.samples[sid][0], "label": self.dataset.label(sid), "setting": setting}
+
+    def _wanted(self, name: str, sid: int, setting: str) -> bool:
+        if self.plan is not None and not self.plan.owns(sid, name):
+            return False
+        if not self.evaluator.methods[name].episodic and self.plan is not None:
+            return self.plan.position[sid] >= self.online_start
+        return is_missing(sid, name, setting, self.done)
+
+    def step(self, batch: Sequence[BatchItem]) -> list[Record]:
+        """Records of a batch, grouped by sample in batch order."""
+        per_sample: dict[int, list[Record]] = {item.sample_id: [] for item in batch}
+        for item in batch:
+            if item.error is not None:
+                for setting in self.settings:
+                    per_sample[item.sample_id].append(
+                        Record.failure(**self._base(item.sample_id, setting), method=None, error=item.error))
+        good = [item for item in batch if item.error is None]
+        if good:
+            ids = [item.sample_id for item in good]
+            for setting in self.settings:
+                for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+                    self._step_recipe(good, ids, setting, recipe, per_sample)
+        return [rec for item in batch for rec in per_sample[item.sample_id]]
+
+    def _step_recipe(self, good: list[BatchItem], ids: list[int], setting: str, recipe: str,
+                     per_sample: dict[int, list[Record]]) -> None:
+        names = [n for n in self.methods if self.recipe_of(n) == recipe]
+        wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
+        if not any(wanted.values()):
+            return
+        views = [item.views[recipe] for item in good]
+        attack_info: dict[int, dict] = {}
+        if setting != "clean":
+            with self.timer.phase("attack"):
+                views, attack_info = self.attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
+                                                           self.recipes[recipe])
+        with self.timer.phase("encode"):
+            ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
+        for name in names:
+            todo = wanted[name]
+            if not todo:
+                continue
+            self.timer.current_method = name
+            t0 = self.timer.now()
+            try:
+                outs = self.evaluator.predict(name, [ctxs[i] for i in todo])
+            except Exception as exc:  # one method failing must not lose the others' records
+                for i in todo:
+                    per_sample[ids[i]].append(Record.failure(**self._base(ids[i], setting), method=name,
+                                                             error=f"{type(exc).__name__}: {exc}"))
+                continue
+            finally:
+                seconds = self.timer.now() - t0
+                self.timer.add(f"predict:{name}", seconds)
+                self.timer.current_method = None
+            secs = seconds / max(len(todo), 1)
+            for i, out in zip(todo, outs):
+                sid = ids[i]
+                rec = Record.prediction(**self._base(sid, setting), method=name, output=out, seconds=secs)
+                per_sample[sid].append(rec.with_attack(attack_info.get(sid)))
+            if self.on_outputs is not None:
+                self.on_outputs(name, setting, [ids[i] for i in todo], outs)
