@@ -94,9 +94,9 @@ def text_tower_timer(method: Any, now: Callable[[], float], sink: Callable[[floa
         if entered:
             add(now() - entered.pop())
 
-    def timed(ctx: torch.Tensor, *args, **kwargs):
+    def timed(ctx: torch.Tensor | None = None, *args, **kwargs):
         t0 = now()
-        if torch.is_grad_enabled() and ctx.requires_grad:
+        if ctx is not None and torch.is_grad_enabled() and ctx.requires_grad:
             out = _Mark.apply(features(_Mark.apply(ctx, grad_out), *args, **kwargs), grad_in)
         else:
             out = features(ctx, *args, **kwargs)
