@@ -61,12 +61,14 @@ def test_score_matches_the_metric_definitions():
     top5 = [[0, 1], [2, 0], [2, 1], [0, 1]]
     conf, prob = [0.9, 0.6, 0.7, 0.4], [0.9, 0.1, 0.7, 0.3]
     got = records.score(labels, correct, top5, conf, prob)
-    assert got == {"top1": 75.0, "top5": 75.0, "ece": metrics.ece(conf, correct), "nll": metrics.nll(prob), "n": 4}
+    assert got == {"top1": 75.0, "top5": 75.0, "ece": metrics.ece(conf, correct),
+                   "ece20": metrics.ece(conf, correct, n_bins=20), "nll": metrics.nll(prob), "n": 4}
     recs = [{"label": y, "pred": y if c else -1, "correct": c, "top5": t, "confidence": f, "true_prob": p}
             for y, c, t, f, p in zip(labels, correct, top5, conf, prob)]
     assert records.score_records(recs) == got
     partial = records.score(labels, correct, None, [0.9, np.nan, 0.7, 0.4], prob)
-    assert math.isnan(partial["top5"]) and math.isnan(partial["ece"]) and partial["nll"] == got["nll"]
+    assert math.isnan(partial["top5"]) and math.isnan(partial["ece"]) and math.isnan(partial["ece20"])
+    assert partial["nll"] == got["nll"]
 
 
 def test_writer_names_the_path_when_the_folder_is_a_file(tmp_path):
