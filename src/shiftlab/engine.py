@@ -11,6 +11,7 @@ sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OU
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from .methods import get_method_class, list_methods
 from .models import ClipModel
 from .phases import PhaseTimer
 from .records import Record
-from .runtime import distributed, planning
+from .runtime import distributed, identity, planning
+from .runtime.lock import acquire_for_job
 from .runtime.online_state import OnlineState
 from .step import DEFAULT_RECIPE, Evaluator, Runner, ViewDataset, collate
 from .views import ViewConfig, ViewGenerator
@@ -123,9 +125,12 @@ class RunHooks:
 
 
 def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: RunHooks | None = None) -> dict:
-    """Evaluate `config.methods` over the dataset; returns the summary dict."""
+    """Evaluate `config.methods` over the dataset; returns the summary dict.
+
+    Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
+    with other settings than the run directory's) and RunDirError (the directory cannot be written:
+    a file in the way, read-only, disk full); their messages name the path."""
     from .datasets import build_dataset
-    from .published import published_for_run
 
     hooks = hooks or RunHooks()
     dist = distributed.context()
@@ -144,23 +149,45 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: 
         from .models import load_run_model
         model = load_run_model(config, device)
     model = model.to(device)
-    run_dir = records.ensure_run_dir(Path(config.out))
-    done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
-
+    # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config, config.precision)
+    attacker = None
+    if config.attack.get("name", "none") != "none":
+        from .attacks import build_attack
+        attacker = build_attack(config.attack, evaluator)
+    run_dir = records.ensure_run_dir(Path(config.out))
+    lock = acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
+    try:
+        return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluator, attacker,
+                device: torch.device, dist, run_dir: Path, hooks: RunHooks) -> dict:
+    from . import __version__
+    from .published import published_for_run
+
     settings = config.settings()
     order = stream_order(len(dataset), config.order, config.seed)
     if config.limit is not None:
         order = order[:config.limit]
+    run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
+    # a directory with nothing to protect (a run that failed before its first record) is simply reused
+    has_work = bool(records.record_files(run_dir)) or (run_dir / OnlineState.FILE).is_file()
+    old_identity = identity.read(run_dir) if config.resume and has_work else None
+    resumed = _check_resume(run_dir, old_identity, run_identity, dist) if config.resume else None
+    if resumed is not None:
+        run_identity = resumed.identity
+    done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
+    if dist.rank == 0:
+        identity.write(run_dir, run_identity)
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 
     views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1, augmix=config.augmix),
                           seed=config.seed, preprocess=model.preprocess)
-    attacker = None
-    if config.attack.get("name", "none") != "none":
-        from .attacks import build_attack
-        attacker = build_attack(config.attack, evaluator)
     writer = records.RecordWriter(distributed.records_path(run_dir, dist))
     state = None
     online_start = 0
@@ -169,6 +196,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: 
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
             online_start = state.resume(order, writer, done, settings)
+    if resumed is not None and dist.rank == 0 and (done or old_identity):
+        _say_resuming(run_dir, resumed, order, config.methods, settings, done, state)
     pending = plan.pending(settings, done)
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
@@ -200,13 +229,44 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: 
     timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))
     if timings is None:  # not rank 0 (or rank 0 cannot see every shard: merge later)
         return {}
+    if config.resume:
+        timings = run_summary.combine_timings(run_summary.previous_timings(run_dir), timings)
     records.merge_records(run_dir)
-    cfg = _config_dict(config, model, dataset)
-    summary = run_summary.summarize(records.load_records(run_dir), cfg, timings)
+    cfg = _config_dict(config, model, dataset, run_identity)
+    summary = run_summary.summarize(records.load_records(run_dir), cfg, timings, run_identity)
     md = run_summary.write_summary(run_dir, summary, published_for_run(summary))
     if config.progress:
         print(md)
     return summary
+
+
+def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.Resume:
+    """identity.check_resume on every rank; all ranks raise together (before anything is touched)."""
+    resumed, problem = None, None
+    try:
+        resumed = identity.check_resume(run_dir, old, new)
+    except identity.RunIdentityError as exc:
+        problem = str(exc)
+    problems = [p for p in distributed.all_gather(dist, problem) if p]
+    if problems:
+        raise identity.RunIdentityError(problems[0])
+    return resumed
+
+
+def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int], methods: Sequence[str],
+                  settings: Sequence[str], done: set, state: OnlineState | None) -> None:
+    """One line on stderr: how much of the run was already done, and what this resume adds."""
+    counted = [n for n in methods if n not in resumed.added_methods] or list(methods)   # the run's own methods
+    complete = sum(1 for sid in order
+                   if all(not records.is_missing(sid, n, s, done) for n in counted for s in settings))
+    line = f"shiftlab: resuming {run_dir}: {complete} of {len(order)} samples already done"
+    if resumed.added_methods:
+        line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
+    if resumed.limit_raised:
+        line += f"; extending --limit {resumed.limit_raised[0]} -> {resumed.limit_raised[1] or 'all samples'}"
+    if state is not None and state.replayed:
+        line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
+    print(line, file=sys.stderr, flush=True)
 
 
 def _write_step(ids: list[int], recs: list[Record], writer: records.RecordWriter, state: OnlineState | None,
@@ -227,15 +287,15 @@ def _write_step(ids: list[int], recs: list[Record], writer: records.RecordWriter
         state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
 
 
-def _config_dict(config: RunConfig, model: ClipModel, dataset) -> dict:
+def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dict) -> dict:
     cfg = dataclasses.asdict(config)
     cfg["model"] = config.model
     cfg["model_resolved"] = model.name
     cfg["classnames"] = list(dataset.classnames)
     cfg["n_samples"] = len(dataset)
-    cfg["method_settings"] = {}
+    cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
-    return cfg
+    return identity.jsonable(cfg)
 
 
 class _Progress:

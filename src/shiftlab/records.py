@@ -37,7 +37,8 @@ Key = tuple  # (id, method or None, setting)
 
 
 class RunDirError(OSError):
-    """The run directory cannot be written (not a folder, read-only, disk full); the message names the path."""
+    """The run directory cannot be written (a file in the way, read-only, disk full): an OSError whose
+    `filename` is always the path concerned, so the CLI prints one line naming it."""
 
 
 @dataclass
@@ -272,19 +273,9 @@ def merge_records(run_dir: Path) -> Path:
 # -- writing -------------------------------------------------------------------------------
 
 def run_dir_error(path: Path, exc: OSError) -> RunDirError:
-    """An OSError while creating or writing a run directory -> a RunDirError naming the path."""
-    path = Path(path)
-    if exc.errno == errno.ENOSPC:
-        why = "the disk is full"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        why = "it is not writable"
-    elif exc.errno in (errno.ENOTDIR, errno.EEXIST):
-        why = "a file is in the way (a path component is a regular file, not a folder)"
-    else:
-        why = exc.strerror or str(exc)
-    err = RunDirError(exc.errno, f"cannot write {path}: {why}")
-    err.filename = str(path)
-    return err
+    """An OSError while creating or writing a run directory -> a RunDirError naming the path
+    (a failed write() on an open file carries no file name of its own)."""
+    return RunDirError(exc.errno, exc.strerror or str(exc), str(exc.filename or path))
 
 
 def ensure_run_dir(run_dir: Path) -> Path:
@@ -295,7 +286,7 @@ def ensure_run_dir(run_dir: Path) -> Path:
     except OSError as exc:
         raise run_dir_error(run_dir, exc) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise run_dir_error(run_dir, OSError(errno.EACCES, "Permission denied"))
+        raise RunDirError(errno.EACCES, "Permission denied (the folder is not writable)", str(run_dir))
     return run_dir
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import metrics
 from .display import attack_label, is_random_weights, model_label
-from .records import score_records
+from .records import run_dir_error, score_records
 
 SUMMARY = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -21,8 +21,33 @@ SUMMARY_MD = "summary.md"
 
 # -- summaries -------------------------------------------------------------------------
 
-def summarize(records: list[dict], config: dict, timings: dict[str, float] | None = None) -> dict:
-    """summary.json content from records (the source of truth) and measured timings."""
+def previous_timings(run_dir: Path) -> dict | None:
+    """The timings of the summary a run directory already has (None when it has none)."""
+    path = Path(run_dir) / SUMMARY
+    try:
+        timings = json.loads(path.read_text()).get("timings") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return timings if isinstance(timings, dict) and timings.get("images") else None
+
+
+def combine_timings(old: dict | None, new: dict) -> dict:
+    """Timings of a resumed run: the earlier sessions' plus this one's. A resume with nothing left
+    to do keeps the timings it had (its own would say 0 seconds per image)."""
+    if not old:
+        return new
+    if not new.get("images"):
+        return old
+    images = old["images"] + new["images"]
+    shared = (old.get("shared_seconds_per_image", 0.0) * old["images"]
+              + new.get("shared_seconds_per_image", 0.0) * new["images"]) / images
+    return {**new, "wall_seconds": old.get("wall_seconds", 0.0) + new.get("wall_seconds", 0.0), "images": images,
+            "shared_seconds_per_image": shared, "sessions": old.get("sessions", 1) + new.get("sessions", 1)}
+
+
+def summarize(records: list[dict], config: dict, timings: dict[str, float] | None = None,
+              identity: dict | None = None) -> dict:
+    """summary.json content from records (the source of truth), measured timings and the run's identity."""
     by: dict[tuple[str, str], list[dict]] = defaultdict(list)
     errors = 0
     for r in records:
@@ -48,6 +73,8 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
         entry["seconds_per_image"] = own + shared
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
+    if identity is not None:
+        summary["identity"] = identity
     if attack_setting is not None:
         # `flipped` is measured on the zero-shot model and is the same in every method's record of a
         # sample, so count each attacked sample once, whichever methods ran.
@@ -108,8 +135,11 @@ def _published_cell(row: dict | None) -> str:
 def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
     run_dir = Path(run_dir)
     tmp = run_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
-    os.replace(tmp, run_dir / SUMMARY)
     md = summary_markdown(summary, published)
-    (run_dir / SUMMARY_MD).write_text(md)
+    try:
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
+        os.replace(tmp, run_dir / SUMMARY)
+        (run_dir / SUMMARY_MD).write_text(md)
+    except OSError as exc:
+        raise run_dir_error(run_dir / SUMMARY, exc) from None
     return md

@@ -60,9 +60,26 @@ class Run:
     duplicates: int = 0
     warnings: list[str] = field(default_factory=list)
 
+    samples_tag: str = ""   # set by load_runs when runs of one dataset name saw different sample lists
+
     @property
     def dataset(self) -> str:
-        return str(self.config.get("dataset") or "unknown")
+        """The dataset's name; runs only share a dataset (and are paired by sample id) when they
+        saw the same sample list, so otherwise a tag from the sample-list fingerprint is added."""
+        name = str(self.config.get("dataset") or "unknown")
+        return f"{name} [{self.samples_tag}]" if self.samples_tag else name
+
+    @property
+    def samples_sha256(self) -> str | None:
+        """Fingerprint of the sample list the run saw (summary.json's identity, else run.json)."""
+        ident = self.summary.get("identity")
+        if not isinstance(ident, dict):
+            try:
+                ident = json.loads((self.path / "run.json").read_text())
+            except (OSError, ValueError):
+                ident = {}
+        value = (ident.get("shared") or {}).get("samples_sha256") if isinstance(ident, dict) else None
+        return str(value) if value else None
 
     @property
     def label(self) -> str:
@@ -193,10 +210,26 @@ def assign_keys(runs: list[Run]) -> None:
             s.key = f"{s.method} [{r.name}]" if several else s.method
 
 
+def tag_sample_lists(runs: list[Run]) -> None:
+    """Runs with one dataset name but different sample-list fingerprints (two `imagefolder` datasets,
+    another version of a dataset) get distinct dataset labels, so the report never pairs their samples
+    by id. A run without a fingerprint (older shiftlab) only matches others without one."""
+    by_name: dict[str, set] = {}
+    for r in runs:
+        by_name.setdefault(r.dataset, set()).add(r.samples_sha256)
+    for r in runs:
+        if len(by_name[r.dataset]) > 1:
+            fp = r.samples_sha256
+            r.samples_tag = f"samples {fp[:8]}" if fp else "samples unknown"
+            r.warnings.append(f"{r.path}: other runs of dataset {r.config.get('dataset')!r} saw a different "
+                              f"sample list; its samples are not paired with theirs")
+
+
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     if not paths:
         raise ReportError("no run directories given")
     runs = [load_run(p) for p in paths]
+    tag_sample_lists(runs)
     assign_keys(runs)
     if not any(r.series for r in runs):
         raise ReportError("none of the runs holds a prediction record: nothing to report")

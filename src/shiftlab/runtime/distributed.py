@@ -124,8 +124,13 @@ def prior_records(run_dir: Path, resume: bool, ctx: DistContext) -> set[tuple]:
 
     A collective under torchrun: every rank reads before any rank writes, and all
     ranks raise FileExistsError together when a fresh run (no --resume) would mix
-    with existing records.
+    with existing records. On resume, rank 0 (which holds the run lock) first moves
+    damaged lines to the quarantine file, so their samples count as not done.
     """
+    if resume:
+        if ctx.rank == 0:
+            records.quarantine(run_dir)
+        all_gather(ctx, None)   # the others read only after the quarantine
     files = records.record_files(run_dir)
     occupied = bool(files) and not resume
     done = records.done_keys(records.load_records(run_dir)) if resume else set()

@@ -18,6 +18,7 @@ the initial state (`start` 0); the records that exist are kept, never rewritten.
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..records import Record, RecordWriter, as_dict, record_key
+from ..records import Record, RecordWriter, as_dict, record_key, run_dir_error
 
 
 class OnlineState:
@@ -117,5 +118,12 @@ class OnlineState:
         blob = {"states": {n: m.state_dict() for n, m in self.methods.items()},
                 "processed": self.processed, "last_records": online_records}
         tmp = self.path.with_suffix(".tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, self.path)
+        try:
+            torch.save(blob, tmp)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise run_dir_error(self.path, exc) from None
+        except RuntimeError as exc:   # torch.save's zip writer reports a failed write as RuntimeError
+            if "write" not in str(exc).lower():
+                raise
+            raise run_dir_error(self.path, OSError(errno.EIO, f"write failed ({exc})")) from None

@@ -1,0 +1,334 @@
+"""A run directory says exactly what ran (issue 13, points 1, 3, 4): run identity and resume,
+one writer per directory, damaged records quarantined, clear errors for unwritable run directories.
+
+Each test named after a reproduction failed on the code before these changes."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import shiftlab
+from shiftlab import records
+from shiftlab.cli import main as cli_main
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, run, stream_order
+from shiftlab.records import RunDirError
+from shiftlab.runtime import identity
+from shiftlab.runtime.identity import RunIdentityError
+from shiftlab.runtime.lock import RunLock, RunLockedError
+from shiftlab.synthetic import make_imagenet_r, tiny_clip
+
+FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_imagenet_r(tmp_path_factory.mktemp("data"), classes=range(0, 200, 20), per_class=1, size=(72, 64))
+
+
+@pytest.fixture(scope="module")
+def dataset(data):
+    return build_dataset("imagenet-r", data)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_clip(0)
+
+
+def _cfg(out: Path, **kw) -> RunConfig:
+    # batches of one: a redone sample is encoded alone, as it was the first time (bit-identical records)
+    base = dict(methods=["zeroshot", "tpt"], views=8, workers=0, progress=False, batch_size=1, limit=6,
+                out=str(out), device="cpu", method_config={"tpt": {"steps": 1}})
+    return RunConfig(**{**base, **kw})
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _strip(recs) -> list[str]:
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
+
+
+# -- 1. run identity ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, model, dataset) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    torch.set_num_threads(1)   # as the tests that redo samples (module fixtures run before _one_thread)
+    run(_cfg(out), model=model, dataset=dataset)
+    return out
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"views": 16}, "views 8 -> 16"),
+    ({"seed": 1}, "seed 0 -> 1"),
+    ({"pretrained": "other.pt"}, 'pretrained "openai" -> "other.pt"'),
+    ({"limit": 3}, "limit 6 -> 3"),
+    ({"method_config": {"tpt": {"steps": 1, "lr": 0.01}}}, "tpt: lr 0.005 -> 0.01"),
+    ({"order": "sorted"}, 'order "shuffled" -> "sorted"'),
+], ids=["views", "seed", "pretrained", "limit-lower", "set-tpt-lr", "order"])
+def test_resume_with_other_settings_is_refused_and_changes_nothing(finished, tmp_path, model, dataset, change,
+                                                                   expected):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    with pytest.raises(RunIdentityError, match="cannot resume") as info:
+        run(_cfg(out, resume=True, **change), model=model, dataset=dataset)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    assert after == before
+
+
+def test_resume_refused_for_every_field_of_the_identity(model, dataset):
+    """The property: whatever field of the identity differs, a resume is refused and names it."""
+    methods = {n: shiftlab.create_method(n, model, dataset.classnames) for n in ("zeroshot", "tpt")}
+    old = identity.build(_cfg(Path("x")), model, dataset, methods, "0.1.0")
+    assert set(old["shared"]) >= {"dataset", "samples_sha256", "model", "checkpoint_sha256", "protocol", "views",
+                                  "seed", "order", "limit", "attack", "augmix", "precision"}
+    assert old["methods"]["tpt"] == identity.jsonable(dataclasses.asdict(methods["tpt"].config))
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    assert all(f"`{key}`" in docs for key in old["shared"]), "docs/ARCHITECTURE.md lists run.json's fields"
+    for key, value in old["shared"].items():
+        new = json.loads(json.dumps(old))
+        # an integer goes down (a higher limit is allowed, a lower one is not), anything else changes
+        new["shared"][key] = value - 1 if isinstance(value, int) and not isinstance(value, bool) else "changed"
+        with pytest.raises(RunIdentityError, match=f"{key} "):
+            identity.check_resume("RUN", old, new)
+    for name, cfg in old["methods"].items():
+        for field in cfg:
+            new = json.loads(json.dumps(old))
+            new["methods"][name][field] = ["changed"]
+            with pytest.raises(RunIdentityError, match=f"{name}: {field} "):
+                identity.check_resume("RUN", old, new)
+    # allowed: the same identity; another shiftlab version; more methods; a higher limit
+    new = json.loads(json.dumps(old))
+    new["shiftlab"] = "9.9"
+    new["methods"]["mta"] = {"steps": 5}
+    new["shared"]["limit"] = None
+    ok = identity.check_resume("RUN", old, new)
+    assert ok.added_methods == ["mta"] and ok.limit_raised == (6, None)
+    assert ok.identity["shared"]["limit"] is None and set(ok.identity["methods"]) == {"zeroshot", "tpt", "mta"}
+
+
+def test_adding_methods_and_nothing_left_to_do(finished, tmp_path, model, dataset, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    first = json.loads((out / "summary.json").read_text())
+    assert set(first["config"]["method_settings"]) == {"zeroshot", "tpt"}       # was {} before
+    assert first["config"]["method_settings"]["tpt"]["steps"] == 1
+    assert first["identity"]["shared"]["samples_sha256"] == identity.samples_fingerprint(dataset)
+
+    capsys.readouterr()
+    again = run(_cfg(out, resume=True), model=model, dataset=dataset)         # nothing left to do
+    assert "resuming" in (err := capsys.readouterr().err) and "6 of 6 samples already done" in err
+    assert again["timings"] == first["timings"] and again["timings"]["shared_seconds_per_image"] > 0
+    assert json.loads((out / "summary.json").read_text())["methods"] == first["methods"]
+
+    added = run(_cfg(out, resume=True, methods=["zeroshot", "tpt", "mta"]), model=model, dataset=dataset)
+    assert "adding method(s) mta (same samples and shared settings)" in capsys.readouterr().err
+    scores = ("top1", "top5", "ece", "nll", "n")
+    assert added["methods"]["mta"]["n"] == 6
+    assert {k: added["methods"]["tpt"][k] for k in scores} == {k: first["methods"]["tpt"][k] for k in scores}
+    assert set(added["config"]["method_settings"]) == {"zeroshot", "tpt", "mta"}
+    assert added["timings"]["images"] == first["timings"]["images"] + 6       # the earlier session's kept too
+
+
+def test_report_pairs_runs_only_on_the_same_sample_list(tmp_path, model):
+    from shiftlab.report.load import load_runs
+    outs = []
+    for i, classes in enumerate([range(0, 200, 40), range(5, 200, 40), range(0, 200, 40)]):
+        data = make_imagenet_r(tmp_path / f"data{i}", classes=classes, per_class=1, size=(64, 64))
+        ds = build_dataset("imagenet-r", data)
+        outs.append(tmp_path / f"run{i}")
+        run(_cfg(outs[-1], methods=["zeroshot"], limit=None), model=model, dataset=ds)
+    a, b, c = load_runs(outs)
+    assert a.dataset == c.dataset != b.dataset                 # same name, other images: not paired
+    assert any("different sample list" in w for w in b.warnings)
+
+
+# -- 3. one writer per run directory -----------------------------------------------------------
+
+def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
+    out = tmp_path / "run"
+    out.mkdir()
+    with RunLock(out):
+        with pytest.raises(RunLockedError, match=rf"pid {os.getpid()} on .*, started 20"):
+            run(_cfg(out), model=model, dataset=dataset)
+        assert not (out / "records.jsonl").exists()
+        assert cli_main(["merge", str(out)]) == 2                    # nothing to merge: said before locking
+        (out / "records.jsonl").write_text("")
+        assert cli_main(["merge", str(out)]) == 2                    # merge respects the lock too
+    run(_cfg(out, resume=True), model=model, dataset=dataset)        # released: the directory is usable
+
+
+_PACED = ("import functools, sys, time; import shiftlab.engine as E\n"
+          "class Paced(E.RunHooks):\n    def after_step(self, ids, recs): time.sleep(0.4)\n"
+          "E.run = functools.partial(E.run, hooks=Paced())\n"
+          "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.slow
+def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
+    ckpt = tmp_path / "tiny.pt"
+    torch.save(tiny_clip(0).clip.state_dict(), ckpt)
+    argv = ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(ckpt),
+            "--methods", "zeroshot,mta", "--views", "4", "--workers", "0", "--batch-size", "1", "--device", "cpu",
+            "--no-progress", "--allow-partial"]
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, "-c", _PACED, *argv, "--out", str(out)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "records.jsonl").is_file() or not (out / "records.jsonl").read_bytes().count(b"\n"):
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", "shiftlab", *argv, "--out", str(out), "--resume"],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"pid {first.pid} on" in second.stderr and "started" in second.stderr
+        refusal = [ln for ln in second.stderr.splitlines() if "in use by another shiftlab process" in ln]
+        assert len(refusal) == 1 and refusal[0].startswith("shiftlab run: ")
+        assert first.poll() is None, "the first run must still be running for this test to mean anything"
+        assert first.wait(timeout=180) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    recs = _lines(out / "records.jsonl")
+    assert len(recs) == 2 * 10 and len({records.record_key(r) for r in recs}) == 20
+
+
+# -- 4. damaged records are quarantined --------------------------------------------------------
+
+def test_damaged_lines_are_quarantined_and_redone(finished, tmp_path, model, dataset, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    path = out / "records.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lost = json.loads(lines[4])
+    damaged = lines[:4] + [b"\x00" * 60 + b"\n"] + lines[5:8] + [b"garbage {\n"] + lines[8:]
+    path.write_bytes(b"".join(damaged))
+    assert cli_main(["merge", str(out)]) == 0                                # merge does not crash on it
+    err = capsys.readouterr().err
+    assert f"{path}:5: damaged record" in err and f"{path}:9: damaged record" in err
+    quarantined = _lines(out / records.QUARANTINE)
+    assert [(q["file"], q["line"]) for q in quarantined] == [("records.jsonl", 5), ("records.jsonl", 9)]
+    assert quarantined[1]["text"] == "garbage {"
+    assert records.record_key(lost) not in {records.record_key(r) for r in _lines(path)}
+
+    run(_cfg(out, resume=True), model=model, dataset=dataset)                # the sample is redone
+    assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
+
+
+def test_resume_quarantines_and_names_file_and_line(finished, tmp_path, model, dataset, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    path = out / "records.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:2] + [b"{not json\n"] + lines[3:]))
+    capsys.readouterr()
+    run(_cfg(out, resume=True), model=model, dataset=dataset)
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "damaged record" in ln]
+    assert len(warnings) == 1 and f"{path}:3:" in warnings[0]
+    assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
+
+
+def test_online_record_deleted_mid_stream_is_redone_by_replaying_the_stream(tmp_path, model, dataset, capsys):
+    cfg = dict(methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=4, limit=None,
+               online_checkpoint_seconds=0)
+    whole = tmp_path / "whole"
+    run(_cfg(whole, **cfg), model=model, dataset=dataset)
+    out = tmp_path / "run"
+    shutil.copytree(whole, out)
+    order = stream_order(len(dataset), "shuffled", 0)
+    victim = order[4]
+    path = out / "records.jsonl"
+    kept = [r for r in _lines(path) if not (r["id"] == victim and r["method"] == "dmn_zs")]
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    capsys.readouterr()
+    run(_cfg(out, resume=True, **cfg), model=model, dataset=dataset)
+    assert "replay" in capsys.readouterr().err
+    assert _strip(_lines(path)) == _strip(_lines(whole / "records.jsonl"))   # as if never lost
+    state = torch.load(out / "online_state.pt", weights_only=True)
+    assert state["processed"] == order                                       # every sample entered once
+    want = torch.load(whole / "online_state.pt", weights_only=True)
+    for name in ("tda", "dmn_zs"):
+        _assert_equal(state["states"][name], want["states"][name])
+
+
+def _assert_equal(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+# -- unwritable run directories: clear errors naming the path ------------------------------------
+
+def test_out_under_a_regular_file_names_the_path(tmp_path, model, dataset):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RunDirError) as info:
+        run(_cfg(blocker / "run"), model=model, dataset=dataset)
+    assert info.value.errno == errno.ENOTDIR and info.value.filename == str(blocker / "run")
+
+
+def test_read_only_out_names_the_path(tmp_path, model, dataset, monkeypatch):
+    out = tmp_path / "ro"
+    out.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == out else real_access(p, mode, **kw))
+    with pytest.raises(RunDirError, match="not writable") as info:
+        run(_cfg(out), model=model, dataset=dataset)
+    assert info.value.errno == errno.EACCES and info.value.filename == str(out)
+
+
+def test_disk_full_names_the_file():
+    """A failed write() carries no file name of its own; the writer's error names the records file."""
+    writer = records.RecordWriter(Path("/dev/full"))
+    with pytest.raises(RunDirError) as info:
+        writer.write([{"id": 0, "method": "m", "setting": "clean"}])
+    assert info.value.errno == errno.ENOSPC and info.value.filename == "/dev/full"
+    writer.close()
+
+
+def test_bad_method_setting_leaves_no_run_directory(tmp_path, model, dataset):
+    out = tmp_path / "run"
+    with pytest.raises((TypeError, ValueError), match="nosuch"):
+        run(_cfg(out, method_config={"tpt": {"nosuch": 1}}), model=model, dataset=dataset)
+    assert not out.exists()
+
+
+def test_a_run_that_wrote_nothing_is_reused_with_other_settings(tmp_path, model, dataset):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"shared": {"views": 2}, "methods": {}}))   # failed before any record
+    summary = run(_cfg(out, resume=True), model=model, dataset=dataset)
+    assert summary["methods"]["tpt"]["n"] == 6
+    assert json.loads((out / "run.json").read_text())["shared"]["views"] == 8
