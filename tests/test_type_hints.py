@@ -50,8 +50,6 @@ def _missing_hints(func) -> list[str]:
 # shrink: an entry that is hinted (or gone) fails the test until it is deleted here.
 PENDING = {
     "shiftlab.bench.runner.run_bench: source",
-    "shiftlab.bench.runner.text_tower_timer: method, return",
-    "shiftlab.engine.ViewDataset.__init__: dataset",
     "shiftlab.engine.resolve_workers: dist",
     "shiftlab.engine.run: dataset",
 }

@@ -69,7 +69,8 @@ class _Mark(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def text_tower_timer(method: Any, now: Callable[[], float], sink: Callable[[float], None] | None = None):
+def text_tower_timer(method: Any, now: Callable[[], float],
+                     sink: Callable[[float], None] | None = None) -> Iterator[list[float]]:
     """Seconds in a prompt-tuning method's text tower: its `prompt.features` calls and the backward
     passes through them. Yields a one-element list that accumulates the seconds (each addition is
     also passed to `sink`); a method without a `prompt` yields [0.0]. Only the method's own prompt

@@ -20,14 +20,17 @@ import errno
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from . import metrics
+
+if TYPE_CHECKING:
+    from .methods.base import MethodOutput
 
 RECORDS = "records.jsonl"
 SHARDS = "shards"
@@ -66,7 +69,7 @@ class Record:
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
-    def prediction(cls, *, id: int, path: str, label: int, setting: str, method: str, output,
+    def prediction(cls, *, id: int, path: str, label: int, setting: str, method: str, output: MethodOutput,
                    seconds: float, attack: dict | None = None) -> Record:
         """From a MethodOutput (logits + extras)."""
         probs = output.probabilities().detach().float().cpu()
@@ -208,7 +211,7 @@ def done_keys(records: Iterable[Mapping[str, Any] | Record]) -> set[Key]:
     return {record_key(r) for r in records}
 
 
-def quarantine(run_dir: Path, warn=None) -> int:
+def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None) -> int:
     """Move invalid complete lines of every records file to records.quarantine.jsonl; returns how many.
 
     Each quarantined line is kept as {"file", "line", "problem", "text"} so nothing is lost, and
@@ -290,7 +293,7 @@ def ensure_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
-def open_for_writing(path: Path, mode: str):
+def open_for_writing(path: Path, mode: str) -> TextIO:
     try:
         return open(path, mode, encoding="utf-8")
     except OSError as exc:

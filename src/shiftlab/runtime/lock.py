@@ -21,8 +21,12 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..records import RunDirError, run_dir_error
+
+if TYPE_CHECKING:
+    from .distributed import DistContext
 
 LOCK_FILE = "run.lock"
 
@@ -91,7 +95,7 @@ def _read_holder(fd: int) -> str:
             f"started {info.get('started', '?')}")
 
 
-def acquire_for_job(run_dir: Path, ctx, purpose: str = "run") -> RunLock | None:
+def acquire_for_job(run_dir: Path, ctx: DistContext, purpose: str = "run") -> RunLock | None:
     """Rank 0 takes the lock; every rank raises RunLockedError together if it is refused.
 
     Returns the held lock on rank 0 (release it at the end of the run), None on other ranks."""
