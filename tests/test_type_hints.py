@@ -48,11 +48,7 @@ def _missing_hints(func) -> list[str]:
 
 # Being rewritten right now by the engine step (issue 12.2); hinted when that lands. This list may only
 # shrink: an entry that is hinted (or gone) fails the test until it is deleted here.
-PENDING = {
-    "shiftlab.bench.runner.run_bench: source",
-    "shiftlab.engine.resolve_workers: dist",
-    "shiftlab.engine.run: dataset",
-}
+PENDING: set[str] = set()
 
 
 def test_every_public_function_has_type_hints():

@@ -78,7 +78,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_workers(workers: int, device: torch.device, dist=None) -> int:
+def resolve_workers(workers: int, device: torch.device, dist: distributed.DistContext | None = None) -> int:
     """-1 -> on CUDA most of this process's share of the CPU cores (decoding and 64 crops per image
     must keep a GPU fed); on CPU one worker, leaving the cores to the model."""
     if workers >= 0:
@@ -124,7 +124,8 @@ class RunHooks:
         pass
 
 
-def run(config: RunConfig, model: ClipModel | None = None, dataset=None, hooks: RunHooks | None = None) -> dict:
+def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
+        hooks: RunHooks | None = None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict.
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`

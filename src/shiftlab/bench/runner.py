@@ -287,7 +287,7 @@ def _log_stderr(msg: str) -> None:
 
 # -- the benchmark ------------------------------------------------------------------------------
 
-def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig | None = None, source=None,
+def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig | None = None, source: Any = None,
               log: Callable[[str], None] | None = _log_stderr, model_info: dict | None = None) -> dict:
     """Measure `config.methods` on `model`; returns the JSON-able result (see docs/BENCHMARKS.md).
 
