@@ -64,7 +64,7 @@ def protocol_overrides(protocol: str, method: str) -> dict[str, Any]:
     return copy.deepcopy(_OVERRIDES[check_protocol(protocol)].get(method, {}))
 
 
-def _merge_views(lower: Any, upper: Any) -> Any:
+def merge_views(lower: Any, upper: Any) -> Any:
     """Two layers of `views` overrides: dicts merge field by field, a view count sets n_views,
     anything else (a ViewRecipe) replaces."""
     from .views import ViewRecipe
@@ -102,11 +102,11 @@ def method_overrides(protocol: str, method: str, user: Mapping[str, Any] | None 
     precision (the method then follows the run's)."""
     out = protocol_overrides(protocol, method)
     for key, value in dataset_overrides(protocol, method, dataset).items():
-        out[key] = _merge_views(out[key], value) if key == "views" and key in out else value
+        out[key] = merge_views(out[key], value) if key == "views" and key in out else value
     if run_precision != "auto":
         out.pop("precision", None)
     for key, value in dict(user or {}).items():
-        out[key] = _merge_views(out[key], value) if key == "views" and key in out else value
+        out[key] = merge_views(out[key], value) if key == "views" and key in out else value
     return out
 
 
