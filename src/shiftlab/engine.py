@@ -30,8 +30,7 @@ from .records import Record
 from .runtime import distributed, identity, planning
 from .runtime.lock import acquire_for_job
 from .runtime.online_state import OnlineState
-from .step import DEFAULT_RECIPE, Evaluator, Runner, ViewDataset, collate
-from .views import ViewConfig, ViewGenerator
+from .step import Evaluator, Runner, ViewDataset, collate, view_generators
 
 __all__ = ["Evaluator", "RunConfig", "RunHooks", "Runner", "expand_methods", "resolve_device",
            "resolve_workers", "run", "stream_order"]
@@ -48,8 +47,9 @@ class RunConfig:
     trust_checkpoint: bool = False
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    views: int = 64
-    augmix: bool = False
+    protocol: str = "leaderboard"    # each method's views, text head and precision (shiftlab.protocols)
+    views: int | None = None         # views per image for every view-reading method (None: each method's recipe)
+    augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
     seed: int = 0
     limit: int | None = None
     out: str = "runs/run"
@@ -151,7 +151,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         model = load_run_model(config, device)
     model = model.to(device)
     # every setting is checked (methods built, attack built) before the run directory is touched
-    evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config, config.precision)
+    run_views = ({"n_views": config.views} if config.views is not None else {}) | (
+        {"augmix": True} if config.augmix else {})
+    evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config, config.precision,
+                          protocol=config.protocol, run_views=run_views)
     attacker = None
     if config.attack.get("name", "none") != "none":
         from .attacks import build_attack
@@ -187,8 +190,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 
-    views = ViewGenerator(ViewConfig(n_views=config.views if evaluator.needs_views else 1, augmix=config.augmix),
-                          seed=config.seed, preprocess=model.preprocess)
+    views = view_generators(evaluator.methods, model.preprocess, config.seed)   # one per recipe family
     writer = records.RecordWriter(distributed.records_path(run_dir, dist))
     state = None
     online_start = 0
@@ -204,7 +206,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         wanted = set(order[online_start:]) | set(pending)
         pending = [sid for sid in plan.ids if sid in wanted]
     timer = PhaseTimer()
-    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: views}, settings=settings, attacker=attacker, plan=plan,
+    runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
                     done=done, timer=timer, online_start=online_start)
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes), batch_sampler=plan.batches(pending),

@@ -3,16 +3,18 @@
     runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: view_generator})
     records = runner.step(runner.load(ids))       # or batches of BatchItem from a DataLoader
 
-A `BatchItem` carries its views keyed by view recipe; contexts (features of the views,
-encoded once) are built per recipe and shared by every method that uses that recipe.
-Today every method uses the run's one recipe (`DEFAULT_RECIPE`; methods that do not need
-augmented views use its view 0); `Runner.recipe_of` is where a method's own recipe plugs in.
+A `BatchItem` carries its views keyed by view recipe family (`recipe_key`: recipes that differ
+only in their view count draw the same views, so a family is generated once, with the most views
+any of its methods reads: `view_generators`). Contexts (features of the views) are encoded once
+per family and precision, and every method gets the first `n_views` of them: methods sharing a
+recipe share the encodings, and only the views a method reads are encoded for it.
 Every phase is reported to the runner's `PhaseTimer` (shiftlab.phases), which is how
 `shiftlab bench` measures the engine.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,15 +24,41 @@ from torch.utils.data import Dataset
 
 from .context import ClassHeads, SampleContext
 from .imageio import ImageDecodeError, decode_image
-from .methods import Method, create_method
+from .methods import Method, create_method, get_method_class
 from .methods.base import MethodOutput
-from .models import ClipModel
+from .models import ClipModel, Preprocess
 from .phases import PhaseTimer, text_tower_timer
+from .precision import Precision
 from .precision import resolve as resolve_precision
+from .protocols import merge_views
 from .records import Record, is_missing
-from .views import ViewGenerator
+from .views import ViewConfig, ViewGenerator, ViewRecipe
 
 DEFAULT_RECIPE = "default"
+
+
+def recipe_key(recipe: ViewRecipe) -> str:
+    """The key of a recipe's family (everything but the view count), as stable text."""
+    return json.dumps(recipe.family.to_dict(), sort_keys=True)
+
+
+def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed: int) -> dict[str, ViewGenerator]:
+    """One generator per recipe family of `methods`, drawing the most views any of them reads."""
+    longest: dict[str, ViewRecipe] = {}
+    for method in methods.values():
+        recipe, key = method.view_recipe, recipe_key(method.view_recipe)
+        if key not in longest or recipe.n_views > longest[key].n_views:
+            longest[key] = recipe
+    return {key: ViewGenerator(ViewConfig.from_recipe(recipe), seed=seed, preprocess=preprocess)
+            for key, recipe in longest.items()}
+
+
+def first_views(ctx: SampleContext, n: int) -> SampleContext:
+    """The context of a sample's first `n` views, sharing the features already encoded."""
+    if n >= ctx.n_views:
+        return ctx
+    return SampleContext(ctx.model, ctx.heads, ctx.views[:n], image_features=ctx.image_features[:n],
+                         sample_id=ctx.sample_id)
 
 
 @dataclass
@@ -78,16 +106,20 @@ class Evaluator:
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
-                 text_timer: PhaseTimer | None = None):
+                 text_timer: PhaseTimer | None = None, protocol: str = "leaderboard",
+                 run_views: Mapping[str, Any] | None = None):
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
         self.precision = resolve_precision(precision, model.device)   # the image tower's
         method_config = method_config or {}
-        self.methods: dict[str, Method] = {
-            n: create_method(n, model, classnames, heads=self.heads, run_precision=precision,
-                             **method_config.get(n, {}))
-            for n in method_names}
+        self.methods: dict[str, Method] = {}
+        for n in method_names:
+            overrides = dict(method_config.get(n, {}))
+            if run_views and get_method_class(n).needs_views:   # the run's --views/--augmix, under --set
+                overrides["views"] = merge_views(dict(run_views), overrides.get("views", {}))
+            self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
+                                            protocol=protocol, **overrides)
         self.needs_views = any(m.needs_views for m in self.methods.values())
         self._timers = contextlib.ExitStack()
         if text_timer is not None and text_timer.text:
@@ -103,14 +135,16 @@ class Evaluator:
         self._timers.close()
 
     def contexts(self, views_u8: Sequence[torch.Tensor], ids: Sequence[int],
-                 all_views: bool | None = None) -> list[SampleContext]:
+                 all_views: bool | None = None, precision: Precision | None = None) -> list[SampleContext]:
         """Normalise on the device and encode all samples' views in one pass (view 0 only unless
-        `all_views`, default: whether any method needs augmented views)."""
+        `all_views`, default: whether any method needs augmented views), under `precision`
+        (default: the run's)."""
         all_views = self.needs_views if all_views is None else all_views
+        precision = precision or self.precision
         dev = self.model.device
         stacked = torch.cat([v if all_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
         x = self.model.normalize(stacked.float().div_(255))
-        feats = self.model.encode_views(x, self.precision)
+        feats = self.model.encode_views(x, precision)
         n = x.shape[0] // len(views_u8)
         return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
                               sample_id=sid, precision=self.precision) for i, sid in enumerate(ids)]
@@ -149,11 +183,40 @@ class Runner:
         self.on_outputs = on_outputs
 
     def recipe_of(self, method: str) -> str:
-        """The view recipe a method reads (one per run today)."""
-        return DEFAULT_RECIPE
+        """The key of the recipe family a method reads (DEFAULT_RECIPE when the runner was given
+        one generator for every method, as `shiftlab bench` does)."""
+        key = recipe_key(self.evaluator.methods[method].view_recipe)
+        return key if key in self.recipes else DEFAULT_RECIPE
 
     def _all_views(self, recipe: str) -> bool:
         return any(self.evaluator.methods[n].needs_views for n in self.methods if self.recipe_of(n) == recipe)
+
+    def _encode(self, names: list[str], wanted: dict[str, list[int]], views: list[torch.Tensor], ids: list[int],
+                recipe: str) -> dict[str, list[SampleContext]]:
+        """Each method's contexts: one encoding per precision of the family's views (as many as the
+        group's longest recipe), each method reading its first n_views of it."""
+        methods = self.evaluator.methods
+        if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
+            with self.timer.phase("encode"):   # one generator for every method (bench): the old behaviour
+                ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
+            return {n: ctxs for n in names}
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            if wanted[n]:
+                groups.setdefault(methods[n].precision.key, []).append(n)
+        out: dict[str, list[SampleContext]] = {}
+        for group in groups.values():
+            n_max = max(methods[n].view_recipe.n_views for n in group)
+            with self.timer.phase("encode"):
+                ctxs = self.evaluator.contexts([v[:n_max] for v in views], ids, all_views=True,
+                                               precision=methods[group[0]].precision)
+            by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
+            for n in group:
+                k = methods[n].view_recipe.n_views
+                if k not in by_count:
+                    by_count[k] = [first_views(c, k) for c in ctxs]
+                out[n] = by_count[k]
+        return out
 
     def load(self, ids: Sequence[int]) -> list[BatchItem]:
         """Decode and generate views in this process (a run does this in DataLoader workers)."""
@@ -198,12 +261,12 @@ class Runner:
             with self.timer.phase("attack"):
                 views, attack_info = self.attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
                                                            self.recipes[recipe])
-        with self.timer.phase("encode"):
-            ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
+        ctxs_of = self._encode(names, wanted, views, ids, recipe)
         for name in names:
             todo = wanted[name]
             if not todo:
                 continue
+            ctxs = ctxs_of[name]
             self.timer.current_method = name
             t0 = self.timer.now()
             try:

@@ -36,9 +36,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01 "
                    "(repeatable; the value must have the field's type, see `shiftlab methods`)")
-    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=64,
-                   help=f"views per image incl. the original, 1 to {checks.MAX_VIEWS} (default 64)")
-    p.add_argument("--augmix", action="store_true", help="AugMix on augmented views (C-TPT's --I_augmix)")
+    p.add_argument("--protocol", choices=["leaderboard", "paper"], default="leaderboard",
+                   help="leaderboard: every method on the seed table's 64 shared views; paper: each method's "
+                        "own authors' recipe (views, text head, precision); see `shiftlab methods`")
+    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=None,
+                   help=f"views per image incl. the original, 1 to {checks.MAX_VIEWS}, for every method "
+                        "(default: each method's recipe, 64 for most)")
+    p.add_argument("--augmix", action="store_true",
+                   help="AugMix on every method's augmented views (default: each method's recipe)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
@@ -99,7 +104,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
     return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
                      methods=list(methods), method_config=checks.method_config(args.method_config),
-                     views=args.views, augmix=args.augmix, seed=args.seed, limit=args.limit, out=str(args.out),
+                     views=args.views, augmix=args.augmix, protocol=args.protocol, seed=args.seed,
+                     limit=args.limit, out=str(args.out),
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
                      order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
