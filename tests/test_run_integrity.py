@@ -178,9 +178,12 @@ def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
     run(_cfg(out, resume=True), model=model, dataset=dataset)        # released: the directory is usable
 
 
-_PACED = ("import functools, sys, time; import shiftlab.engine as E\n"
-          "class Paced(E.RunHooks):\n    def after_step(self, ids, recs): time.sleep(0.4)\n"
-          "E.run = functools.partial(E.run, hooks=Paced())\n"
+# The first run holds after its first step while the gate file exists (no timing guesswork).
+_GATED = ("import functools, os, sys, time; import shiftlab.engine as E\n"
+          "class Gated(E.RunHooks):\n"
+          "    def after_step(self, ids, recs):\n"
+          "        while os.path.exists(os.environ['SHIFTLAB_TEST_GATE']): time.sleep(0.05)\n"
+          "E.run = functools.partial(E.run, hooks=Gated())\n"
           "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
@@ -192,8 +195,10 @@ def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
             "--methods", "zeroshot,mta", "--views", "4", "--workers", "0", "--batch-size", "1", "--device", "cpu",
             "--no-progress", "--allow-partial"]
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-c", _PACED, *argv, "--out", str(out)], env=env,
+    gate = tmp_path / "gate"
+    gate.write_text("")
+    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1", SHIFTLAB_TEST_GATE=str(gate))
+    first = subprocess.Popen([sys.executable, "-c", _GATED, *argv, "--out", str(out)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -207,6 +212,7 @@ def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
         refusal = [ln for ln in second.stderr.splitlines() if "in use by another shiftlab process" in ln]
         assert len(refusal) == 1 and refusal[0].startswith("shiftlab run: ")
         assert first.poll() is None, "the first run must still be running for this test to mean anything"
+        gate.unlink()
         assert first.wait(timeout=180) == 0
     finally:
         if first.poll() is None:
