@@ -13,7 +13,10 @@ For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it meas
 4. right after each method, its straightforward baseline (`shiftlab.bench.baseline`), one
    image at a time on the SAME views: seconds per image (with the same decode+views time
    added), the speed-up, top-1 agreement and the largest logit difference. Measuring the
-   pair back to back keeps a busy machine's load changes from favouring either side.
+   pair back to back keeps a busy machine's load changes from favouring either side;
+5. `repeats` interleaved rounds (`shiftlab.bench.rounds`) of the floor (the image tower over
+   the views alone), each method alone (+ its baseline), all methods together: medians with
+   their spread, the ratios to the floor, and the projected time of the full ImageNet-R.
 
 Peak memory is per phase: `torch.cuda.max_memory_allocated` on CUDA; on the CPU the
 process's resident set size, sampled every few milliseconds from /proc (the process-wide
@@ -48,9 +51,10 @@ from ..methods import list_methods
 from ..methods.base import MethodOutput
 from ..models import ClipModel
 from ..phases import PhaseTimer
-from ..step import DEFAULT_RECIPE, Evaluator, Runner, ViewDataset
+from ..step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner, ViewDataset
 from ..views import ViewConfig, ViewGenerator
 from .baseline import BASELINES, BaselineUnsupported, create_baseline
+from .rounds import measure_rounds, projection
 
 DEFAULT_METHODS = ("zeroshot", "prompt_ensemble", "view_ensemble", "tpt", "ctpt", "rtpt", "mta")
 MiB = 1024 * 1024
@@ -72,6 +76,7 @@ class BenchConfig:
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     image_size: tuple[int, int] = (320, 256)  # synthetic images, (width, height)
     threads: int | None = None                # torch intra-op threads for the run; None: leave as is
+    repeats: int = 3                          # interleaved rounds of floor / alone (+ baseline) / all; 0: none
 
 
 def default_methods() -> list[str]:
@@ -375,6 +380,7 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
     wanted = config.baseline_methods if config.baseline_methods is not None else methods
     base_warm = warm_ids if config.baseline_warmup is None else warm_ids[:config.baseline_warmup]
     results: dict[str, dict] = {}
+    kept_baselines: dict[str, Callable[[BatchItem], torch.Tensor]] = {}
     for name in methods:
         method = ev.methods[name]
         alone = _alone(ev, timer, name, source, ids, full if method.needs_views else one, config.batch_size)
@@ -396,8 +402,22 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
         if name not in BASELINES:
             row["baseline_skipped"] = "no baseline transcription for this method"
             continue
-        _baseline(row, name, model, classnames, method.config, config.precision, ids, base_warm, views_cache,
-                  alone, now, log)
+        base = _baseline(row, name, model, classnames, method.config, config.precision, ids, base_warm,
+                         views_cache, alone, now, log)
+        if base is not None:
+            kept_baselines[name] = lambda item, base=base: base.predict(
+                item.views[DEFAULT_RECIPE] if base.needs_views else item.views[DEFAULT_RECIPE][:1])
+
+    rounds = None
+    if config.repeats > 0:
+        items = [BatchItem(sid, {DEFAULT_RECIPE: views_cache[sid]}) for sid in ids]
+        log(f"  {config.repeats} interleaved round(s): floor, each method alone"
+            f"{' (+ baseline)' if kept_baselines else ''}, all methods")
+        rounds = measure_rounds(ev, source, items, methods, config.repeats, config.batch_size, timer,
+                                baselines=kept_baselines, log=log)
+        for name, r in rounds["methods"].items():
+            results[name]["ratio_to_floor"] = r["ratio_to_floor"]["median"]
+            results[name]["rounds_seconds_per_image"] = r["seconds_per_image"]["median"]
 
     total_alone = sum(r["seconds_per_image"] for r in results.values())
     all_spi = shared["seconds"] / n
@@ -420,11 +440,16 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
         "setup_seconds": setup_seconds,
         "loader": loader,
         "process_peak_rss_mib": process_peak_rss_mib(),
+        "floor_seconds_per_image": rounds["floor_seconds_per_image"]["median"] if rounds else None,
+        "all_methods_ratio_to_floor": rounds["all_methods_ratio_to_floor"]["median"] if rounds else None,
+        "rounds": rounds,
+        "projection": projection(rounds, loader["seconds_per_image"]) if rounds else None,
     }
 
 
 def _baseline(row: dict, name: str, model: ClipModel, classnames, method_config, precision: str, ids, warm_ids,
-              views_cache: dict[int, torch.Tensor], alone: dict, now, log) -> None:
+              views_cache: dict[int, torch.Tensor], alone: dict, now, log):
+    """Measure `name`'s baseline into `row`; returns the set-up baseline (None if unsupported)."""
     device = model.device
     base = create_baseline(name, model, classnames, method_config, precision=precision)
     t0 = time.perf_counter()
@@ -432,7 +457,7 @@ def _baseline(row: dict, name: str, model: ClipModel, classnames, method_config,
         base.setup()
     except BaselineUnsupported as exc:
         row["baseline_skipped"] = str(exc)
-        return
+        return None
     row["baseline_setup_seconds"] = time.perf_counter() - t0
 
     def views_of(sid: int) -> torch.Tensor:
@@ -461,6 +486,7 @@ def _baseline(row: dict, name: str, model: ClipModel, classnames, method_config,
     })
     log(f"  {name} baseline: {spi:.2f} s/image (x{row['speedup']:.1f}), top-1 agreement {agree:.0%}, "
         f"max |logit diff| {diff:.2e}")
+    return base
 
 
 # -- the human-readable report ------------------------------------------------------------------
@@ -501,6 +527,23 @@ def format_report(result: dict) -> str:
         f"peak memory: all methods {result['all_methods_peak_memory_mib']:.0f} MiB; process high-water mark "
         f"(incl. baselines) {result['process_peak_rss_mib']:.0f} MiB",
     ]
+    rounds = result.get("rounds")
+    if rounds:
+        lines += ["", f"medians over {rounds['rounds']} interleaved rounds (min-max), decode+views excluded:",
+                  f"{'':<16}{'s/img':>9}{'spread':>17}{'x floor':>9}{'speedup':>9}"]
+
+        def row(label: str, spi: dict, ratio: dict | None, speedup: dict | None = None) -> str:
+            span = f"{spi['min']:.3f}-{spi['max']:.3f}"
+            return (f"{label:<16}{spi['median']:>9.3f}{span:>17}"
+                    f"{_fmt(ratio and ratio['median'], '.2f'):>9}{_fmt(speedup and speedup['median'], '.1f'):>9}")
+        lines.append(row("floor", rounds["floor_seconds_per_image"], None))
+        for name, r in rounds["methods"].items():
+            lines.append(row(name, r["seconds_per_image"], r["ratio_to_floor"], r.get("speedup")))
+        lines.append(row("all methods", rounds["all_methods_seconds_per_image"], rounds["all_methods_ratio_to_floor"]))
+        pr = result["projection"]
+        lines.append(f"projected {pr['images']} images on this device: floor {pr['floor_seconds'] / 3600:.2f} h, "
+                     f"all methods {pr['all_methods_seconds'] / 3600:.2f} h "
+                     f"(loader alone {pr['loader_seconds'] / 3600:.2f} h)")
     ld = result["loader"]
     lines.append(
         f"loader ({ld['workers']} workers): {ld['seconds_per_image']:.3f} s/image "

@@ -49,6 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice); 1 gives steadier numbers on a busy CPU")
+    p.add_argument("--repeats", type=checks.int_in(0, 100), default=3,
+                   help="interleaved rounds of the floor (views encoded alone), each method alone (+ its "
+                        "baseline) and all methods: medians, spread, ratios to the floor, projection (0: none)")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                          baseline=args.baseline, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
                          method_config=checks.method_config(args.method_config), image_size=args.image_size,
-                         threads=args.threads, precision=args.precision)
+                         threads=args.threads, precision=args.precision, repeats=args.repeats)
     try:
         result = run_bench(model, classnames, config, source=source, model_info=info)
     except (KeyError, TypeError, ValueError) as exc:
