@@ -660,3 +660,35 @@ def test_weights_downloaded_into_cache_dir_are_found(empty_cache):
     (snap / "open_clip_model.safetensors").write_bytes(b"placeholder")
     assert _cached("RN50-quickgelu", "openai", None)[0] is None
     assert _cached("RN50-quickgelu", "openai", str(mine))[0] == str(snap / "open_clip_model.safetensors")
+
+
+def _hub_cache_file(hub: Path, repo: str, data: bytes, blob_name: str | None = None) -> Path:
+    """A Hugging Face cache entry as huggingface_hub writes it: snapshots/REV/FILE -> blobs/<sha256>."""
+    import hashlib
+    repo_dir = hub / ("models--" + repo.replace("/", "--"))
+    blob = repo_dir / "blobs" / (blob_name or hashlib.sha256(data).hexdigest())
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    snap = repo_dir / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    (snap / "open_clip_model.safetensors").symlink_to(Path("..", "..", "blobs", blob.name))
+    return snap / "open_clip_model.safetensors"
+
+
+def test_weights_source_is_the_hub_repo_only_for_a_blob_whose_content_matches_its_name(empty_cache, tmp_path):
+    from safetensors.torch import save
+    data = save({k: v.contiguous() for k, v in make_tiny_model(seed=44).clip.state_dict().items()})
+    hub = empty_cache / "hf" / "hub"
+    _hub_cache_file(hub, "someorg/tiny-clip", data)
+    model = shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/tiny-clip")
+    assert model.weights_source == "hf-hub:someorg/tiny-clip"
+    assert model.checkpoint_sha256 == hashlib.sha256(data).hexdigest()
+    # a blob whose name is not its content's SHA-256 proves nothing
+    _hub_cache_file(hub, "someorg/renamed", data, blob_name="0" * 64)
+    assert shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/renamed").weights_source is None
+    # the same bytes copied out of the cache: a plain file of unknown digest
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(data)
+    plain = shiftlab.load_model("shiftlab-tiny", str(copy))
+    assert plain.weights_source is None and plain.checkpoint_sha256 == model.checkpoint_sha256
+    assert shiftlab.load_model("shiftlab-tiny", None).weights_source is None   # random weights

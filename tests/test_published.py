@@ -72,3 +72,51 @@ def test_ece_is_recorded_with_15_and_20_bins_and_20_sits_beside_c_tpt_published_
     assert cols[-1] == "published ECE (20 bins)" and cells[-1] == "4.57"
     # a leaderboard run has no published ECE to compare with
     assert "published ECE" not in summary_markdown(_summary(), published_for_run(_summary()))
+
+
+def test_weights_read_content_verified_from_the_official_hub_repo_are_openai_weights(tmp_path):
+    """`make run` gets RN50 from open_clip's hub repo (a converted file whose SHA-256 is not OpenAI's):
+    the published column is shown when the file was a cache blob whose content matches its name."""
+    import hashlib
+    import os
+
+    import open_clip
+
+    from shiftlab.checkpoints import weights_source
+    repo = open_clip.get_pretrained_cfg("RN50", "openai")["hf_hub"].strip("/")
+    assert repo == "timm/resnet50_clip.openai"
+    data = b"a converted RN50 checkpoint stand-in"
+    sha = hashlib.sha256(data).hexdigest()
+    repo_dir = tmp_path / "hub" / ("models--" + repo.replace("/", "--"))
+
+    def cached(blob_name: str, rev: str) -> str:
+        blob = repo_dir / "blobs" / blob_name
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo_dir / "snapshots" / rev / "open_clip_model.safetensors"
+        link.parent.mkdir(parents=True)
+        link.symlink_to(os.path.join("..", "..", "blobs", blob_name))
+        return weights_source(link, sha)
+
+    verified = cached(sha, "rev1")
+    assert verified == f"hf-hub:{repo}"
+    summary = _summary(checkpoint_sha256=sha, weights_source=verified, protocol="leaderboard")
+    published = published_for_run(summary)
+    assert published["tpt"]["seed_leaderboard"] == 58.9
+    assert "58.9" in summary_markdown(summary, published)
+    # recorded in the run identity, as the engine writes it
+    ident = {"identity": {"shared": {"checkpoint_sha256": sha, "weights_source": verified}}}
+    assert published_for_run({**_summary(checkpoint_sha256=None), **ident})["tpt"]["seed_leaderboard"] == 58.9
+    # a blob whose name is not its content's digest, and the same bytes copied out of the cache: not shown
+    mismatched = cached("f" * 64, "rev2")
+    assert mismatched is None
+    assert published_for_run(_summary(checkpoint_sha256=sha, weights_source=mismatched)) == {}
+    copy = tmp_path / "elsewhere" / "open_clip_model.safetensors"
+    copy.parent.mkdir()
+    copy.write_bytes(data)
+    assert weights_source(copy, sha) is None
+    assert published_for_run(_summary(checkpoint_sha256=sha, weights_source=None)) == {}
+    # another repo's verified blob, or the RN50 repo claimed for ViT-B-16, is not OpenAI's RN50
+    assert published_for_run(_summary(checkpoint_sha256=sha, weights_source="hf-hub:someorg/rn50")) == {}
+    assert published_for_run(_summary(model="ViT-B-16", checkpoint_sha256=sha, weights_source=verified)) == {}
+    assert weights_source(copy, OPENAI_RN50_SHA256) == "openai-url"

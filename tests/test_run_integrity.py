@@ -338,3 +338,16 @@ def test_a_run_that_wrote_nothing_is_reused_with_other_settings(tmp_path, model,
     summary = run(_cfg(out, resume=True), model=model, dataset=dataset)
     assert summary["methods"]["tpt"]["n"] == 6
     assert json.loads((out / "run.json").read_text())["shared"]["views"] == 8
+
+
+def test_a_run_json_from_before_weights_source_resumes_and_records_it(model, dataset):
+    methods = {"zeroshot": shiftlab.create_method("zeroshot", model, dataset.classnames)}
+    new = identity.build(_cfg(Path("x")), model, dataset, methods, "0.1.0")
+    new["shared"]["weights_source"] = "hf-hub:timm/resnet50_clip.openai"
+    old = json.loads(json.dumps(new))
+    del old["shared"]["weights_source"]
+    resumed = identity.check_resume("RUN", old, new).identity
+    assert resumed["shared"]["weights_source"] == "hf-hub:timm/resnet50_clip.openai"
+    old["shared"]["weights_source"] = "openai-url"   # recorded and different: refused like any field
+    with pytest.raises(RunIdentityError, match="weights_source "):
+        identity.check_resume("RUN", old, new)

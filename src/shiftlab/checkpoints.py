@@ -7,6 +7,7 @@ trust it; a truncated or garbage file is called corrupt.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -155,6 +156,38 @@ def hf_snapshot_files(repo: str, names: tuple[str, ...], cache_dir: str | None =
 
 
 WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+@functools.cache
+def openai_url_digests() -> frozenset[str]:
+    """SHA-256 digests that are part of OpenAI's official download URLs (.../models/<sha256>/X.pt),
+    as open_clip's pretrained table holds them."""
+    import open_clip
+    urls = (open_clip.get_pretrained_cfg(m, "openai").get("url", "") for m in open_clip.list_models()
+            if "openai" in open_clip.list_pretrained_tags_by_model(m))
+    return frozenset(found.group(1) for url in urls if (found := re.search(r"/([0-9a-f]{64})/", url)))
+
+
+def weights_source(path: str | Path, sha256: str) -> str | None:
+    """Where a weights file with this SHA-256 verifiably came from, else None:
+    - "openai-url": its SHA-256 is the digest in one of OpenAI's official download URLs;
+    - "hf-hub:ORG/REPO": it was read from a snapshot of that repository in a Hugging Face cache
+      (models--ORG--REPO/snapshots/REV/FILE, a link to models--ORG--REPO/blobs/<sha256>) and its
+      SHA-256 equals its blob name, the content address the hub verified on download.
+    A copy elsewhere, or a blob whose content does not match its name, has no known source."""
+    sha256 = sha256.lower()
+    if sha256 in openai_url_digests():
+        return "openai-url"
+    path = Path(os.path.abspath(path))
+    parts = path.parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith("models--") and "--" in parts[i - 1][8:]:
+            repo_dir = Path(*parts[:i])
+            blob = Path(os.path.realpath(path))
+            if blob.name == sha256 and blob.parent == Path(os.path.realpath(repo_dir / "blobs")):
+                return "hf-hub:" + parts[i - 1][len("models--"):].replace("--", "/", 1)
+            return None
+    return None
 
 
 def cached_tag_file(pretrained_cfg: dict, cache_dir: str | None) -> tuple[Path | None, str]:

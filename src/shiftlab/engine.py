@@ -298,6 +298,7 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     cfg["n_samples"] = len(dataset)
     cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
+    cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from
     return identity.jsonable(cfg)
 
 

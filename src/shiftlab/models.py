@@ -35,7 +35,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpoints import OPENAI_SCALARS, ModelLoadError, cached_tag_file, read_checkpoint, require_network, sha256_file
+from .checkpoints import (
+    OPENAI_SCALARS,
+    ModelLoadError,
+    cached_tag_file,
+    read_checkpoint,
+    require_network,
+    sha256_file,
+    weights_source,
+)
 from .precision import Precision
 
 __all__ = ["ClipModel", "ModelLoadError", "Preprocess", "load_model", "load_run_model", "register_architecture",
@@ -82,10 +90,12 @@ class ClipModel(nn.Module):
       chunked, no gradient, under the precision policy's autocast, float32 features.
     - `logit_scale`: the learned temperature (100 for OpenAI CLIP) as a float.
     - `checkpoint_sha256`: SHA-256 of the weights file read (None for random weights).
+    - `weights_source`: where that file verifiably came from ("openai-url", "hf-hub:ORG/REPO" or None;
+      `shiftlab.checkpoints.weights_source`), what published numbers are shown by.
     """
 
     def __init__(self, clip: nn.Module, name: str, pretrained: str | None, preprocess: Preprocess,
-                 checkpoint_sha256: str | None = None):
+                 checkpoint_sha256: str | None = None, weights_source: str | None = None):
         super().__init__()
         self.clip = clip.eval()
         for p in self.clip.parameters():
@@ -94,6 +104,7 @@ class ClipModel(nn.Module):
         self.pretrained = pretrained
         self.preprocess = preprocess
         self.checkpoint_sha256 = checkpoint_sha256
+        self.weights_source = weights_source
         self.register_buffer("mean", torch.tensor(preprocess.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess.std).view(1, 3, 1, 1), persistent=False)
         # Convolutional towers (ResNets) run in channels_last: ~1.2x faster on the CPU in fp32 (interleaved
@@ -415,15 +426,17 @@ def _load_file(name: str, path: Path, trust_checkpoint: bool, preprocess: dict[s
     clip.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=False)
     if preprocess is None:
         preprocess = OPENAI_PREPROCESS if openai_release else model_preprocess(arch)
-    return _finish(clip, arch, label, preprocess, sha256_file(path), device)
+    sha = sha256_file(path)
+    return _finish(clip, arch, label, preprocess, sha, device, weights_source(path, sha))
 
 
 def _finish(clip: nn.Module, name: str, label: str | None, preprocess: dict[str, Any], sha: str | None,
-            device: str | torch.device) -> ClipModel:
+            device: str | torch.device, source: str | None = None) -> ClipModel:
     clip = clip.float()
     size = clip.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
-    model = ClipModel(clip, name, label, Preprocess.from_open_clip(preprocess, int(size)), checkpoint_sha256=sha)
+    model = ClipModel(clip, name, label, Preprocess.from_open_clip(preprocess, int(size)), checkpoint_sha256=sha,
+                      weights_source=source)
     return model.to(device).eval()
 
 

@@ -71,9 +71,27 @@ def _is_imagenet_r(dataset: str | None) -> bool:
 # Weights the published numbers were obtained with, by SHA-256 of the checkpoint file. OpenAI's
 # RN50.pt: the checksum is part of its official download URL (openaipublic.azureedge.net/clip/
 # models/<sha256>/RN50.pt, also in open_clip's pretrained table). Another file holding the same
-# weights (e.g. a Hugging Face copy) is comparable too: add its SHA-256 here once verified.
+# weights is comparable too: add its SHA-256 here once verified, or load it from the official
+# open_clip hub repository (see `is_openai_weights`).
 OPENAI_RN50_SHA256 = "afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762"
 REFERENCE_WEIGHTS: dict[str, str] = {OPENAI_RN50_SHA256: "OpenAI CLIP RN50 (RN50.pt)"}
+
+
+def is_openai_weights(model: str, weights_sha256: str | None, weights_source: str | None = None) -> bool:
+    """Whether a checkpoint holds OpenAI's weights for open_clip model `model` (the one rule for
+    every published table): its SHA-256 is the digest in OpenAI's official URL, or it was read,
+    content-verified, from the Hugging Face repository that
+    open_clip names for `model`'s `openai` tag (`weights_source` "hf-hub:ORG/REPO", which
+    `shiftlab.checkpoints.weights_source` gives only to a cached blob whose SHA-256 is its name).
+    A file of unknown digest from anywhere else is not."""
+    import open_clip
+    cfg = open_clip.get_pretrained_cfg(model, "openai") or {}
+    sha = str(weights_sha256 or "").lower()
+    if sha and f"/{sha}/" in cfg.get("url", ""):
+        return True
+    hub = (cfg.get("hf_hub") or "").strip("/")
+    return bool(sha and hub and weights_source == f"hf-hub:{hub}")
+
 
 # The protocol each column was published with: the seed table ran every method on the same
 # views (`leaderboard`); each paper ran its own recipe (`paper`). C-TPT's ECEs (and the top-1
@@ -86,18 +104,20 @@ PUBLISHED_ECE_BINS = 20
 
 
 def published_rows(dataset: str | None, model: str | None, pretrained: str | None = None, *,
-                   weights_sha256: str | None = None, protocol: str | None = None) -> dict[str, dict]:
+                   weights_sha256: str | None = None, protocol: str | None = None,
+                   weights_source: str | None = None) -> dict[str, dict]:
     """Published rows {canonical method: row} a run can be compared with, else {}.
 
-    Only ImageNet-R with an RN50 architecture ("RN50" or "RN50-quickgelu") whose checkpoint's
-    SHA-256 is one of REFERENCE_WEIGHTS has published numbers: random weights, other weights
+    Only ImageNet-R with an RN50 architecture ("RN50" or "RN50-quickgelu") whose checkpoint holds
+    OpenAI's weights (`is_openai_weights`) has published numbers: random weights, other weights
     and weights of unknown origin get none. With `protocol`, only the columns published with
     that protocol keep their values (the others are None). `pretrained` is not evidence either
     way (a tag or a path says nothing about the bytes); it is accepted for old callers. Copies.
     """
     if not _is_imagenet_r(dataset) or str(model or "") not in RN50_MODELS:
         return {}
-    if weights_sha256 is None or str(weights_sha256).lower() not in REFERENCE_WEIGHTS:
+    if (str(weights_sha256 or "").lower() not in REFERENCE_WEIGHTS
+            and not is_openai_weights(str(model), weights_sha256, weights_source)):
         return {}
     rows = {k: dict(v) for k, v in PUBLISHED_RN50_IMAGENET_R.items()}
     if protocol is not None:
@@ -111,24 +131,28 @@ def published_rows(dataset: str | None, model: str | None, pretrained: str | Non
 
 
 def published_for(method: str, dataset: str | None, model: str | None, pretrained: str | None = None, *,
-                  weights_sha256: str | None = None, protocol: str | None = None) -> dict | None:
+                  weights_sha256: str | None = None, protocol: str | None = None,
+                  weights_source: str | None = None) -> dict | None:
     """The published row for one of our method names, or None."""
     key = canonical_method(method)
-    rows = published_rows(dataset, model, pretrained, weights_sha256=weights_sha256, protocol=protocol)
+    rows = published_rows(dataset, model, pretrained, weights_sha256=weights_sha256, protocol=protocol,
+                          weights_source=weights_source)
     return rows.get(key) if key else None
 
 
 def published_for_run(summary_or_config: Mapping[str, Any]) -> dict[str, dict]:
     """The published rows comparable with a run, from its summary.json (or its `config`): dataset
-    and model from the config, the checkpoint's SHA-256 and the protocol from the run's identity
+    and model from the config, the checkpoint's SHA-256, its source and the protocol from the run's identity
     (or the config). A run that recorded no protocol ran before protocols existed: `leaderboard`."""
     config = summary_or_config.get("config", summary_or_config)
     shared = {**summary_or_config.get("identity", {}).get("shared", {}),
               **config.get("identity", {}).get("shared", {})}
     sha = shared.get("checkpoint_sha256", config.get("checkpoint_sha256"))
+    source = shared.get("weights_source", config.get("weights_source"))
     protocol = shared.get("protocol") or config.get("protocol") or "leaderboard"
     model = next((m for m in (config.get("model"), config.get("model_resolved")) if str(m) in RN50_MODELS),
                  config.get("model"))
     return published_rows(config.get("dataset"), model, config.get("pretrained"),
-                          weights_sha256=sha, protocol=protocol if protocol in PROTOCOL_COLUMNS else None)
+                          weights_sha256=sha, protocol=protocol if protocol in PROTOCOL_COLUMNS else None,
+                          weights_source=source)
 

@@ -2,8 +2,9 @@
 
 Each row cites the source its numbers were read from. A row is shown beside a suite run only
 when the run is comparable, by the rule of shiftlab.published (issue 14.5): the same backbone,
-weights identified by checksum as OpenAI's (the SHA-256 is part of OpenAI's official download
-URL, which open_clip's pretrained table holds), and the `paper` protocol, since every number
+weights identified as OpenAI's (`shiftlab.published.is_openai_weights`: by the SHA-256 in OpenAI's
+official download URL, or read content-verified from open_clip's official Hugging Face repository
+for the backbone), and the `paper` protocol, since every number
 here was produced by its authors' own recipe. Random weights, weights of unknown origin (no
 checksum recorded) and other protocols get no published rows.
 """
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from .published import RN50_MODELS
+from .published import RN50_MODELS, is_openai_weights
 
 # backbone as the papers name it -> (open_clip model names, open_clip model holding the OpenAI file)
 BACKBONES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -49,7 +50,8 @@ def backbone_of(model: str | None) -> str | None:
     return next((b for b, (models, _) in BACKBONES.items() if str(model or "") in models), None)
 
 
-def suite_rows(suite: str, model: str | None, *, weights_sha256: str | None, protocol: str | None) -> list[dict]:
+def suite_rows(suite: str, model: str | None, *, weights_sha256: str | None, protocol: str | None,
+               weights_source: str | None = None) -> list[dict]:
     """Published rows of a suite table comparable with a run, else [].
 
     Each row: suite, backbone, method (canonical name or None), label, source_id, source (full
@@ -57,7 +59,7 @@ def suite_rows(suite: str, model: str | None, *, weights_sha256: str | None, pro
     backbone = backbone_of(model)
     if backbone is None or protocol != PUBLISHED_PROTOCOL:
         return []
-    if weights_sha256 is None or str(weights_sha256).lower() != openai_sha256(backbone):
+    if not is_openai_weights(BACKBONES[backbone][1], weights_sha256, weights_source):
         return []
     return table_rows(suite, backbone)
 
@@ -71,7 +73,7 @@ def table_rows(suite: str, backbone: str) -> list[dict]:
 
 
 def run_identity(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """model, pretrained, weights_sha256 and protocol of a run from its summary.json, wherever the
+    """model, pretrained, weights_sha256, weights_source and protocol of a run from its summary.json, wherever the
     run recorded them (its config, or the run identity); no protocol recorded = `leaderboard`,
     the only protocol that existed before protocols were recorded."""
     config = summary.get("config", summary) or {}
@@ -80,4 +82,5 @@ def run_identity(summary: Mapping[str, Any]) -> dict[str, Any]:
                  config.get("model"))
     return {"model": model, "pretrained": config.get("pretrained"),
             "weights_sha256": shared.get("checkpoint_sha256", config.get("checkpoint_sha256")),
+            "weights_source": shared.get("weights_source", config.get("weights_source")),
             "protocol": shared.get("protocol") or config.get("protocol") or "leaderboard"}

@@ -182,7 +182,8 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
     return {"suite": suite.name, "title": suite.title, "datasets": list(suite.datasets), "ood": list(suite.ood),
             "methods": methods, "model": identity.get("model", config.get("model")),
             "pretrained": identity.get("pretrained", config.get("pretrained")),
-            "weights_sha256": identity.get("weights_sha256"), "protocol": identity.get("protocol"),
+            "weights_sha256": identity.get("weights_sha256"), "weights_source": identity.get("weights_source"),
+            "protocol": identity.get("protocol"),
             "top1": top1, "n": counts, "missing": missing,
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
@@ -206,11 +207,11 @@ def _cell(v: float | None) -> str:
 
 
 def published_suite_rows(table: dict) -> list[dict]:
-    """The papers' rows comparable with this suite's run: backbone, weights by checksum, protocol
-    (see shiftlab.published_suites)."""
+    """The papers' rows comparable with this suite's run: backbone, weights by checksum or verified hub
+    source, protocol (see shiftlab.published_suites)."""
     from .published_suites import suite_rows
     return suite_rows(table["suite"], table.get("model"), weights_sha256=table.get("weights_sha256"),
-                      protocol=table.get("protocol"))
+                      protocol=table.get("protocol"), weights_source=table.get("weights_source"))
 
 
 def table_markdown(table: dict) -> str:

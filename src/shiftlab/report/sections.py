@@ -93,8 +93,10 @@ def suite_section(data: ReportData) -> Section | None:
             notes += [f"{row['label']}: {row['note']}" for row in published if row.get("note")]
         else:
             notes.append("No published row is comparable with this run: the papers' numbers are shown only for "
-                         "CLIP RN50 / ViT-B/16 whose checkpoint's SHA-256 is OpenAI's, run with the `paper` "
+                         "CLIP RN50 / ViT-B/16 whose checkpoint's SHA-256 is OpenAI's or that was read, "
+                         "content-verified, from open_clip's official Hugging Face repository, run with the `paper` "
                          "protocol (this run: " + f"weights sha256 {t.get('weights_sha256') or 'not recorded'}, "
+                         f"source {t.get('weights_source') or 'unknown'}, "
                          f"protocol {t.get('protocol') or 'not recorded'}). No ViT-B/16 number has been "
                          "verified yet (see shiftlab/data/published_suites.json).")
         body += "".join(f"<p class=meta>{esc(n)}</p>" for n in notes)
@@ -253,7 +255,8 @@ def published_section(data: ReportData) -> Section | None:
                                     "original paper / README": paper},
                              data.out / "published.png", "Ours vs. published (CLIP RN50, ImageNet-R)")
     return ("published", "Ours vs. published numbers",
-            "<p>Published top-1 for CLIP RN50 (OpenAI weights, identified by the checkpoint's SHA-256) on "
+            "<p>Published top-1 for CLIP RN50 (OpenAI weights, identified by the checkpoint's SHA-256 or its "
+            "verified Hugging Face hub source) on "
             "ImageNet-R, each beside runs of the protocol it was published with. The numbers ship with "
             "shiftlab as data (<code>shiftlab/published.py</code>, <code>shiftlab.published.published_rows</code>): "
             "the seed leaderboard is the R-TPT paper's table (Sheng et al., CVPR 2025), the paper / README "

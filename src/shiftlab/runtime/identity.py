@@ -1,7 +1,7 @@
 """A run's identity: everything that decides its records, kept in `RUN_DIR/run.json`.
 
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
-                "pretrained", "checkpoint_sha256", "protocol", "views", "augmix", "seed",
+                "pretrained", "checkpoint_sha256", "weights_source", "protocol", "views", "augmix", "seed",
                 "order", "limit", "attack", "precision", "image_size"},
      "methods": {name: effective config (dataclasses.asdict(method.config))},
      "shiftlab": version}
@@ -12,7 +12,8 @@ existing record valid: adding methods (the new ones get the same samples and sha
 settings) and raising `--limit` (a limited run is a prefix of the stream). The shiftlab
 version is recorded but not compared (a fix release must be able to finish a run). The
 sample-list fingerprint is what the report uses to decide whether two runs saw the same
-images.
+images. A run made before `weights_source` (where the checkpoint verifiably came from) was
+recorded takes it from the resuming run: the checkpoint's SHA-256 already pins the weights.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..records import run_dir_error
 
 IDENTITY_FILE = "run.json"
 STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset")   # a change means another stream of samples
+ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 
 
 class RunIdentityError(ValueError):
@@ -99,6 +101,7 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "model": getattr(model, "name", config.model),
         "pretrained": config.pretrained,
         "checkpoint_sha256": checkpoint_sha256(model, config.pretrained),
+        "weights_source": getattr(model, "weights_source", None),
         "protocol": jsonable(getattr(config, "protocol", None)),
         "views": config.views,
         "augmix": config.augmix,
@@ -159,6 +162,9 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
     for key in sorted(set(old_shared) | set(new_shared)):
         a, b = old_shared.get(key), new_shared.get(key)
         if a == b:
+            continue
+        if key in ADDED_LATER and key not in old_shared:
+            old_shared[key] = b
             continue
         if key == "limit" and a is not None and (b is None or b > a):
             limit_raised = (a, b)
