@@ -11,13 +11,15 @@ entropies and probabilities 1e-5; labels, counts and orders exactly.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import shiftlab
-from _golden import TIP_TEMPLATES, online_fixture, stream_views
+from _golden import online_fixture, stream_views
 from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.text import encode_texts
+from shiftlab.methods.online_common import text_head
 
 LOGITS, FEATURES, FINE = 2e-4, 1e-5, 1e-5
 
@@ -30,7 +32,6 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def golden_model(golden_dir):
     torch.set_num_threads(1)
-    import json
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
     return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
 
@@ -95,27 +96,18 @@ def test_tda_matches_the_authors_code_sample_by_sample(golden_model, golden_dir,
 
 # -- DMN-ZS -------------------------------------------------------------------------------------
 
-def _tip_cupl_head(model, classnames, descriptions) -> torch.Tensor:
-    """DMN's `tip_cupl` head: per class, the mean of the normalised features of the 7 templates and
-    the class's descriptions, normalised."""
-    rows = []
-    for name in (c.replace("_", " ") for c in classnames):
-        prompts = [t.format(name) for t in TIP_TEMPLATES] + descriptions[name]
-        rows.append(torch.nn.functional.normalize(encode_texts(model, prompts).mean(0), dim=-1))
-    return torch.stack(rows)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name,memory_size", [("dmn", 50), ("dmn_small", 2)])
-def test_dmn_zs_matches_the_authors_code_sample_by_sample(golden_model, golden_dir, name, memory_size):
+def test_dmn_zs_matches_the_authors_code_sample_by_sample(golden_model, golden_dir, tmp_path, name, memory_size):
     model, classnames = golden_model
     want, info = online_fixture(golden_dir, name)
     assert info["memory_size"] == memory_size and info["text_prompt"] == "tip_cupl"
-    head = _tip_cupl_head(model, classnames, info["descriptions"])
-    _close(head, want["text_features"], FEATURES, "tip_cupl text features")
+    cupl_file = tmp_path / "cupl.json"          # the stand-in descriptions, as a user would supply CuPL's file
+    cupl_file.write_text(json.dumps(info["descriptions"]))
     heads = ClassHeads(model, classnames)
-    heads._cache["ensemble"] = head            # the authors' head (its recipe is checked just above)
-    dmn = shiftlab.create_method("dmn_zs", model, classnames, heads=heads, memory_size=memory_size)
+    dmn = shiftlab.create_method("dmn_zs", model, classnames, heads=heads, memory_size=memory_size,
+                                 text_head="tip_cupl", cupl_file=str(cupl_file))
+    _close(text_head(dmn), want["text_features"], FEATURES, "tip_cupl text features")
     assert (dmn.config.beta, dmn.config.view_ratio) == (info["beta"], info["selection_p"])
     assert dmn.config.views.n_views == info["n_views"]
     w = dmn.config.dynamic_weight

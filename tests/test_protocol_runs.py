@@ -29,6 +29,16 @@ def data(tmp_path_factory):
         build_dataset("imagenet-r", str(root))
 
 
+@pytest.fixture(scope="module")
+def cupl(data, tmp_path_factory) -> dict[str, dict[str, str]]:
+    """Stand-in CuPL descriptions for the dataset's classes (the paper protocol's DMN-ZS head needs them)."""
+    _, dataset = data
+    path = tmp_path_factory.mktemp("cupl") / "cupl.json"
+    path.write_text(json.dumps({c.replace("_", " "): [f"A {c} seen from afar.", f"Some {c}, drawn."]
+                                for c in dataset.classnames}))
+    return {"dmn_zs": {"cupl_file": str(path)}}
+
+
 def _takes_allow_partial() -> bool:
     import inspect
     return "allow_partial" in inspect.signature(build_dataset).parameters
@@ -61,8 +71,9 @@ def _run(data, out, protocol, monkeypatch, **extra):
 
 
 @pytest.mark.parametrize("protocol", ["leaderboard", "paper"])
-def test_views_per_method_as_declared_and_shared_encodings(data, tmp_path, protocol, monkeypatch):
-    summary, rows, seen, model = _run(data, tmp_path / protocol, protocol, monkeypatch)
+def test_views_per_method_as_declared_and_shared_encodings(data, cupl, tmp_path, protocol, monkeypatch):
+    summary, rows, seen, model = _run(data, tmp_path / protocol, protocol, monkeypatch,
+                                      method_config=cupl if protocol == "paper" else {})
     _, dataset = data
     assert sum(rows) == ROWS[protocol] * N_SAMPLES
     settings = summary["config"]["method_settings"]
@@ -81,11 +92,22 @@ def test_views_per_method_as_declared_and_shared_encodings(data, tmp_path, proto
     if protocol == "paper":
         assert settings["dmn_zs"]["views"]["scale"] == [0.5, 1.0] and settings["ctpt"]["views"]["augmix"]
         assert settings["tda"]["views"]["augmix"] and settings["ctpt"]["precision"] == "fp16"
+        assert settings["dmn_zs"]["text_head"] == "tip_cupl"
+        assert settings["dmn_zs"]["cupl_file"] == cupl["dmn_zs"]["cupl_file"]
+
+
+def test_paper_protocol_refuses_dmn_zs_without_cupl_descriptions(data, tmp_path, monkeypatch):
+    with pytest.raises(ValueError) as err:
+        _run(data, tmp_path / "run", "paper", monkeypatch)
+    assert str(err.value) == (
+        "dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON file, class name -> "
+        "sentences, not shipped): pass --set dmn_zs.cupl_file=PATH (or --set dmn_zs.text_head=ensemble)")
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 @pytest.mark.slow
-def test_recorded_config_reruns_identically(data, tmp_path, monkeypatch):
-    first, _, _, _ = _run(data, tmp_path / "a", "paper", monkeypatch)
+def test_recorded_config_reruns_identically(data, cupl, tmp_path, monkeypatch):
+    first, _, _, _ = _run(data, tmp_path / "a", "paper", monkeypatch, method_config=cupl)
     settings = first["config"]["method_settings"]
     again, _, _, _ = _run(data, tmp_path / "b", "paper", monkeypatch, method_config=json.loads(json.dumps(settings)))
     assert again["config"]["method_settings"] == settings

@@ -1,6 +1,8 @@
 """Protocols (shiftlab.protocols): each method's effective config, view recipe and precision per protocol."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -12,7 +14,16 @@ NAMES = ["cat", "dog", "hen"]
 LEADERBOARD_VIEWS = ViewRecipe(n_views=64)     # view 0 + 63 RandomResizedCrop(0.08-1) + flip, no AugMix
 
 
-def _method(tiny_model, name, **kw):
+@pytest.fixture(scope="module")
+def cupl_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("cupl") / "cupl.json"
+    path.write_text(json.dumps({n: [f"A {n} in the grass."] for n in NAMES}))
+    return str(path)
+
+
+def _method(tiny_model, name, cupl_file=None, **kw):
+    if name == "dmn_zs" and kw.get("protocol") == "paper":
+        kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 
 
@@ -28,8 +39,8 @@ def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
             assert m.view_recipe == LEADERBOARD_VIEWS, name
 
 
-def test_paper_recipes_are_the_authors(tiny_model):
-    paper = {n: _method(tiny_model, n, protocol="paper") for n in shiftlab.list_methods()}
+def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
+    paper = {n: _method(tiny_model, n, cupl_file, protocol="paper") for n in shiftlab.list_methods()}
     assert paper["ctpt"].view_recipe == ViewRecipe(n_views=64, augmix=True)
     assert paper["ctpt"].config.lambda_atfd == 20.0 and paper["ctpt"].config.precision == "fp16"
     assert paper["tpt"].view_recipe == LEADERBOARD_VIEWS and paper["tpt"].config.precision == "fp16"
@@ -42,14 +53,15 @@ def test_paper_recipes_are_the_authors(tiny_model):
     assert paper["dmn_zs"].view_recipe == ViewRecipe(n_views=32, scale=(0.5, 1.0))
     assert paper["dmn_zs"].config.precision == "fp32"
     assert (paper["dmn_zs"].config.memory_size, paper["dmn_zs"].config.beta) == (50, 5.5)
+    assert paper["dmn_zs"].config.text_head == "tip_cupl"
     # on the CPU every policy computes in float32
     assert all(m.precision.amp_dtype is None for m in paper.values())
 
 
-def test_set_overrides_merge_onto_the_protocol(tiny_model):
+def test_set_overrides_merge_onto_the_protocol(tiny_model, cupl_file):
     # --set dmn_zs.views={'n_views': 16} keeps the paper's crop scale; a bare count does too
     for views in ({"n_views": 16}, 16):
-        m = _method(tiny_model, "dmn_zs", protocol="paper", views=views)
+        m = _method(tiny_model, "dmn_zs", cupl_file, protocol="paper", views=views)
         assert m.view_recipe == ViewRecipe(n_views=16, scale=(0.5, 1.0))
     m = _method(tiny_model, "tpt", views={"augmix": True, "augmix_severity": 3})
     assert m.view_recipe == ViewRecipe(n_views=64, augmix=True, augmix_severity=3)
@@ -72,7 +84,7 @@ def test_unknown_protocol_is_one_clear_error(tiny_model):
         _method(tiny_model, "tpt", protocol="papers")
 
 
-def test_predict_encodes_only_the_views_the_method_reads(tiny_model, monkeypatch):
+def test_predict_encodes_only_the_views_the_method_reads(tiny_model, cupl_file, monkeypatch):
     encoded = []
     original = tiny_model.encode_normalized
 
@@ -86,7 +98,7 @@ def test_predict_encodes_only_the_views_the_method_reads(tiny_model, monkeypatch
     for name, protocol, n in [("dmn_zs", "leaderboard", 32), ("dmn_zs", "paper", 32), ("mta", "leaderboard", 64),
                               ("zeroshot", "leaderboard", 1), ("tda", "leaderboard", 64)]:
         encoded.clear()
-        m = _method(tiny_model, name, protocol=protocol)
+        m = _method(tiny_model, name, cupl_file, protocol=protocol)
         m.prepare()
         assert torch.isfinite(m.predict(views)).all()
         assert sum(encoded) == n, (name, protocol, encoded)

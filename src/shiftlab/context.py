@@ -8,7 +8,7 @@ import torch
 
 from .models import ClipModel
 from .precision import Precision
-from .text import DEFAULT_TEMPLATE, class_head
+from .text import DEFAULT_TEMPLATE, class_head, load_descriptions, tip_cupl_head
 
 
 class ClassHeads:
@@ -38,6 +38,14 @@ class ClassHeads:
                 templates = load_templates()
             self._cache["ensemble"] = class_head(self.model, self.classnames, templates)
         return self._cache["ensemble"]
+
+    def tip_cupl(self, cupl_file: str, field: str = "cupl_file") -> torch.Tensor:
+        """(C, D) DMN's `tip_cupl` head: 7 Tip-Adapter templates + the CuPL descriptions in `cupl_file`."""
+        key = f"tip_cupl:{cupl_file}"
+        if key not in self._cache:
+            descriptions = load_descriptions(cupl_file, self.classnames, field)
+            self._cache[key] = tip_cupl_head(self.model, self.classnames, descriptions)
+        return self._cache[key]
 
 
 class SampleContext:

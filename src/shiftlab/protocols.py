@@ -45,10 +45,11 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         "tda": {"precision": "fp16", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
                 "logit_scale": 100.0},
         # DMN-ZS (YBZh/DMN scripts/run.sh, data/datautils.py): 32 views of RandomResizedCrop(224,
-        # scale=(0.5, 1)) + flip, float32, memory 50, beta 5.5.
-        # TODO(golden): "text_head": "tip_cupl" (7 Tip-Adapter templates + CuPL) once dmn.py has it.
+        # scale=(0.5, 1)) + flip, float32, memory 50, beta 5.5, --text_prompt tip_cupl (7 Tip-Adapter
+        # templates + CuPL descriptions). The descriptions are not shipped (no licence): the run refuses
+        # until the user passes --set dmn_zs.cupl_file=PATH (or picks another head with --set).
         "dmn_zs": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
-                   "memory_size": 50, "beta": 5.5},
+                   "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"},
     },
 }
 

@@ -22,6 +22,10 @@ import torch.nn.functional as F
 from .models import ClipModel
 
 DEFAULT_TEMPLATE = "a photo of a {}."
+# Tip-Adapter's 7 ImageNet templates: the template half of DMN's `tip_cupl` head
+# (in DMN's order, which sets the summation order of the mean)
+TIP_TEMPLATES = ("a bad photo of the {}.", "a {} in a video game.", "a origami {}.", "a photo of the small {}.",
+                 "art of the {}.", "a photo of the large {}.", "itap of a {}.")
 
 
 def tokenize(texts: Sequence[str], context_length: int = 77) -> torch.Tensor:
@@ -72,6 +76,46 @@ def class_head(model: ClipModel, classnames: Sequence[str],
     names = [c.replace("_", " ") for c in classnames]  # as ContextPrompt does, so both heads read alike
     per_template = torch.stack([encode_texts(model, [f(c) for c in names]) for f in formatters])
     return F.normalize(per_template.mean(dim=0), dim=-1)
+
+
+def pooled_class_head(model: ClipModel, prompts_per_class: Sequence[Sequence[str]]) -> torch.Tensor:
+    """Class embeddings (C, D) from a list of sentences per class (any number each):
+    normalise(mean of the normalised embeddings of the class's sentences)."""
+    flat = [p for prompts in prompts_per_class for p in prompts]
+    feats = encode_texts(model, flat)
+    sizes = [len(prompts) for prompts in prompts_per_class]
+    return F.normalize(torch.stack([f.mean(0) for f in feats.split(sizes)]), dim=-1)
+
+
+def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_file") -> list[list[str]]:
+    """Per class, its sentences from a CuPL-format JSON file ({class name: [sentence, ...]}), looked up
+    by the name with "_" read as " " (as DMN does); a one-line ValueError naming `field` otherwise."""
+    import json
+    import os
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{field}: cannot read {path!r} ({getattr(err, 'strerror', None) or err})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{field}: {path!r} is not JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(v, list) and all(isinstance(s, str) for s in v) for v in data.values()):
+        raise ValueError(f"{field}: {path!r} must map each class name to a list of sentences (CuPL's format)")
+    names = [c.replace("_", " ") for c in classnames]
+    missing = [n for n in names if n not in data]
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(f"{field}: {path!r} has no sentences for {len(missing)} of {len(names)} classes: {shown}")
+    return [list(data[n]) for n in names]
+
+
+def tip_cupl_head(model: ClipModel, classnames: Sequence[str], descriptions: Sequence[Sequence[str]]) -> torch.Tensor:
+    """DMN's `tip_cupl` head (YBZh/DMN `get_text_features`): per class, the 7 Tip-Adapter templates and
+    the class's descriptions pooled into one set of sentences, normalised embeddings averaged, renormalised."""
+    names = [c.replace("_", " ") for c in classnames]
+    return pooled_class_head(model, [[t.format(n) for t in TIP_TEMPLATES] + list(d)
+                                     for n, d in zip(names, descriptions)])
 
 
 class ContextPrompt(nn.Module):

@@ -16,7 +16,8 @@ from ..context import SampleContext
 from ..views import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
-from .online_common import STATE_VERSION, check_state, first_views, text_head
+from ..text import load_descriptions
+from .online_common import STATE_VERSION, check_cupl_file, check_state, first_views, text_head
 
 
 class DynamicMemory:
@@ -123,14 +124,17 @@ class DMNConfig(ViewMethodConfig):
     view_ratio: float = 0.1            # share of views (lowest entropy) giving the pseudo-label
     views: ViewRecipe = ViewRecipe(n_views=32)   # the first 32 of the shared views (authors: 32 views, scale 0.5-1)
     dynamic_weight: float = 0.3        # w in p_zs + w * p_dynamic (authors: searched on test labels)
-    text_head: str = "ensemble"        # authors: 7 Tip-Adapter templates + CuPL prompts (not shipped)
+    text_head: str = "ensemble"        # "ensemble": 80 templates; "tip_cupl" (the authors'): 7 Tip-Adapter
+    #                                    templates + CuPL descriptions, read from cupl_file; "zeroshot": one template
+    cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl"
 
 
 @register_method("dmn_zs")
 class DMNZeroShot(Method):
     """DMN-ZS: zero-shot Dual Memory Network (dynamic memory only), online.
 
-    Per sample: softmax of every view's zero-shot logits (80-template head); the 10%
+    Per sample: softmax of every view's zero-shot logits (the `text_head`: 80 templates, or the
+    authors' `tip_cupl`); the 10%
     lowest-entropy views' mean probability gives the pseudo-label and the entropy; the
     original view's feature is written into the pseudo-label's memory (replacing the
     highest-entropy slot of a full class when more confident). Then, with the updated
@@ -148,6 +152,8 @@ class DMNZeroShot(Method):
             raise ValueError(f"dmn_zs: view_ratio must be in (0, 1], got {cfg.view_ratio}")
         if cfg.dynamic_weight < 0:
             raise ValueError(f"dmn_zs: dynamic_weight must be >= 0, got {cfg.dynamic_weight}")
+        if cfg.text_head == "tip_cupl":    # refuse a missing or incomplete file now, not at the first sample
+            load_descriptions(check_cupl_file(self), self.classnames, f"{self.name}.cupl_file")
         self.reset()
 
     def prepare(self) -> None:

@@ -22,7 +22,20 @@ def text_head(method: Method) -> torch.Tensor:
         return method.heads.ensemble
     if head == "zeroshot":
         return method.heads.zeroshot
-    raise ValueError(f"{method.name}: text_head must be 'ensemble' or 'zeroshot', got {head!r}")
+    if head == "tip_cupl" and hasattr(method.config, "cupl_file"):
+        return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file")
+    allowed = "'ensemble', 'zeroshot'" + (" or 'tip_cupl'" if hasattr(method.config, "cupl_file") else "")
+    raise ValueError(f"{method.name}: text_head must be {allowed}, got {head!r}")
+
+
+def check_cupl_file(method: Method) -> str:
+    """The method's `cupl_file` when its text head needs one (one-line ValueError when it is not set)."""
+    path = method.config.cupl_file
+    if not path:
+        raise ValueError(f"{method.name}.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON "
+                         f"file, class name -> sentences, not shipped): pass --set {method.name}.cupl_file=PATH "
+                         f"(or --set {method.name}.text_head=ensemble)")
+    return path
 
 
 def first_views(ctx: SampleContext, n_views: int | None) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""DMN-ZS's `tip_cupl` text head (7 Tip-Adapter templates + the user's CuPL descriptions) and its errors."""
+from __future__ import annotations
+
+import json
+
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from conftest import make_tiny_model
+from shiftlab.methods.online_common import text_head
+from shiftlab.text import TIP_TEMPLATES, tip_cupl_head
+
+NAMES = ["great_white_shark", "cat", "hot dog"]
+# unequal numbers of descriptions per class (none for one): pooling all sentences differs from
+# averaging the template mean with the description mean
+DESCRIPTIONS = {"great white shark": ["A large grey fish with many teeth.", "Sharks swim in the ocean.",
+                                      "A shark's fin cuts the water."],
+                "cat": ["A small furry pet that purrs."],
+                "hot dog": []}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model() -> shiftlab.ClipModel:
+    return make_tiny_model(seed=2)
+
+
+@pytest.fixture
+def cupl_file(tmp_path) -> str:
+    path = tmp_path / "cupl.json"
+    path.write_text(json.dumps({**DESCRIPTIONS, "unused class": ["Not in this run."]}))
+    return str(path)
+
+
+def _encode(model: shiftlab.ClipModel, texts: list[str]) -> torch.Tensor:
+    """open_clip's full 77-token encode_text, normalised."""
+    with torch.no_grad():
+        return model.clip.encode_text(open_clip.tokenize(texts), normalize=True).float()
+
+
+def _want(model: shiftlab.ClipModel) -> torch.Tensor:
+    rows = []
+    for name in NAMES:
+        spaced = name.replace("_", " ")
+        sentences = [t.format(spaced) for t in TIP_TEMPLATES] + DESCRIPTIONS[spaced]
+        rows.append(F.normalize(_encode(model, sentences).mean(0), dim=-1))
+    return torch.stack(rows)
+
+
+def test_tip_cupl_head_pools_templates_and_descriptions(model, cupl_file):
+    want = _want(model)
+    got = tip_cupl_head(model, NAMES, [DESCRIPTIONS[n.replace("_", " ")] for n in NAMES])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # pooled, not the mean of the template half and the description half
+    shark = [t.format("great white shark") for t in TIP_TEMPLATES]
+    halves = F.normalize(_encode(model, shark).mean(0) + _encode(model, DESCRIPTIONS["great white shark"]).mean(0),
+                         dim=-1)
+    assert (got[0] - halves).abs().max() > 1e-4
+    # through the method: dmn_zs reads the file named by cupl_file
+    dmn = shiftlab.create_method("dmn_zs", model, NAMES, text_head="tip_cupl", cupl_file=cupl_file)
+    torch.testing.assert_close(text_head(dmn), want, rtol=0, atol=1e-5)
+    views = model.normalize(torch.rand(32, 3, model.image_size, model.image_size, generator=torch.Generator()
+                                       .manual_seed(0)))
+    assert torch.isfinite(dmn.predict(views)).all()
+
+
+def test_tip_cupl_errors_are_one_line_and_name_the_field(model, tmp_path):
+    def refused(**kw) -> str:
+        with pytest.raises(ValueError) as err:
+            shiftlab.create_method("dmn_zs", model, NAMES, text_head="tip_cupl", **kw)
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    assert refused() == ("dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON file, "
+                         "class name -> sentences, not shipped): pass --set dmn_zs.cupl_file=PATH "
+                         "(or --set dmn_zs.text_head=ensemble)")
+    missing = str(tmp_path / "nope.json")
+    assert refused(cupl_file=missing) == f"dmn_zs.cupl_file: cannot read {missing!r} (No such file or directory)"
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"cat": ["A cat."]}))
+    assert refused(cupl_file=str(partial)) == (
+        f"dmn_zs.cupl_file: {str(partial)!r} has no sentences for 2 of 3 classes: 'great white shark', 'hot dog'")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert refused(cupl_file=str(bad)).startswith(f"dmn_zs.cupl_file: {str(bad)!r} is not JSON (")
+    bad.write_text(json.dumps(["a list"]))
+    assert refused(cupl_file=str(bad)) == (
+        f"dmn_zs.cupl_file: {str(bad)!r} must map each class name to a list of sentences (CuPL's format)")
+    with pytest.raises(ValueError, match=r"^dmn_zs: text_head must be 'ensemble', 'zeroshot' or 'tip_cupl', "
+                                         r"got 'cupl'$"):
+        shiftlab.create_method("dmn_zs", model, NAMES, text_head="cupl").prepare()
+
+
+def test_paper_protocol_needs_the_cupl_file(model, cupl_file):
+    with pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .* pass --set dmn_zs\.cupl_file=PATH"):
+        shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper")
+    dmn = shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper", cupl_file=cupl_file)
+    assert dmn.config.text_head == "tip_cupl"
+    torch.testing.assert_close(text_head(dmn), _want(model), rtol=0, atol=1e-5)
+    # the leaderboard protocol keeps the 80-template head and needs no file
+    assert shiftlab.create_method("dmn_zs", model, NAMES).config.text_head == "ensemble"
