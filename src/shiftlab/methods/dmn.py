@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
+from ..text import load_descriptions
 from ..views import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
-from ..text import load_descriptions
 from .online_common import STATE_VERSION, check_cupl_file, check_state, first_views, text_head
 
 
