@@ -47,6 +47,14 @@ class ClassHeads:
             self._cache[key] = tip_cupl_head(self.model, self.classnames, descriptions)
         return self._cache[key]
 
+    def templated(self, templates: Sequence[str]) -> torch.Tensor:
+        """(C, D) features of `templates` averaged per class (e.g. a dataset's own prompt templates,
+        shiftlab.datasets.templates), computed once per distinct list."""
+        key = "templates:" + "\x1f".join(templates)
+        if key not in self._cache:
+            self._cache[key] = class_head(self.model, self.classnames, list(templates))
+        return self._cache[key]
+
 
 class SampleContext:
     """One sample: its normalised views and lazily computed, shared quantities.

@@ -154,7 +154,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     run_views = ({"n_views": config.views} if config.views is not None else {}) | (
         {"augmix": True} if config.augmix else {})
     evaluator = Evaluator(model, dataset.classnames, config.methods, config.method_config, config.precision,
-                          protocol=config.protocol, run_views=run_views)
+                          protocol=config.protocol, run_views=run_views, dataset=_canonical(config.dataset))
     attacker = None
     if config.attack.get("name", "none") != "none":
         from .attacks import build_attack
@@ -288,6 +288,12 @@ def _write_step(ids: list[int], recs: list[Record], writer: records.RecordWriter
         progress.step()
     if state is not None:
         state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
+
+
+def _canonical(dataset: str) -> str | None:
+    """The registry's name for `dataset` (the key of its per-dataset method settings); None if unknown."""
+    from .datasets import DATASETS
+    return DATASETS.canonical(dataset) if dataset in DATASETS else None
 
 
 def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dict) -> dict:

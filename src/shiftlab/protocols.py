@@ -14,7 +14,10 @@ last word. The effective config (with its view recipe) is what a run records.
 - `leaderboard` (the seed table, the R-TPT paper's): every method on the same 64 views
   (view 0 + 63 RandomResizedCrop + flip, no AugMix), "a photo of a {}." for the tuned and
   training-free methods of the seed table.
-- `paper`: each method as its authors' code runs ImageNet-R (sources in the comments).
+- `paper`: each method as its authors' code runs ImageNet-R (sources in the comments); with a
+  dataset (the engine passes the run's), also what the code sets for that dataset
+  (`dataset_overrides`: C-TPT's lambda, TDA's configs/<set>.yaml, DMN's weight, TPT's AugMix on
+  the fine-grained sets, TDA's and DMN's per-dataset prompt templates).
 """
 from __future__ import annotations
 
@@ -94,7 +97,24 @@ def dataset_overrides(protocol: str, method: str, dataset: str | None) -> dict[s
     views = view_settings(dataset, method)
     if views:
         out["views"] = views
+    out.update(_dataset_templates(method, dataset))
     return out
+
+
+def _dataset_templates(method: str, dataset: str) -> dict[str, Any]:
+    """`{"templates": [...]}` for a method whose text head takes templates (a `templates` config
+    field: TDA, DMN-ZS) and whose code uses others than CLIP's 80 on `dataset`; {} otherwise. The
+    TPT family builds its prompt from `ctx_init` ("a photo of a", TPT's scripts, every set)."""
+    import dataclasses
+
+    from .datasets import templates
+    from .datasets.classes import load_templates
+    from .methods import get_method_class
+    fields = {f.name for f in dataclasses.fields(get_method_class(method).config_class)}
+    if "templates" not in fields:
+        return {}
+    chosen = templates(dataset, method)
+    return {} if chosen == load_templates() else {"templates": tuple(chosen)}
 
 
 def method_overrides(protocol: str, method: str, user: Mapping[str, Any] | None = None,

@@ -102,12 +102,12 @@ class Evaluator:
 
     With a `text_timer` (a PhaseTimer with `text=True`), every prompt-tuning method's text tower
     is timed from construction on (before `prepare()`, so graphs built there are timed too) until
-    `close()`."""
+    `close()`. `dataset` (a canonical name) gives `--protocol paper` its per-dataset values."""
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
                  text_timer: PhaseTimer | None = None, protocol: str = "leaderboard",
-                 run_views: Mapping[str, Any] | None = None):
+                 run_views: Mapping[str, Any] | None = None, dataset: str | None = None):
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
@@ -119,7 +119,7 @@ class Evaluator:
             if run_views and get_method_class(n).needs_views:   # the run's --views/--augmix, under --set
                 overrides["views"] = merge_views(dict(run_views), overrides.get("views", {}))
             self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
-                                            protocol=protocol, **overrides)
+                                            protocol=protocol, dataset=dataset, **overrides)
         self.needs_views = any(m.needs_views for m in self.methods.values())
         self._timers = contextlib.ExitStack()
         if text_timer is not None and text_timer.text:

@@ -172,11 +172,13 @@ def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
-                  run_precision: str = "auto", protocol: str = "leaderboard", **config: Any) -> Method:
+                  run_precision: str = "auto", protocol: str = "leaderboard", dataset: str | None = None,
+                  **config: Any) -> Method:
     """Build a registered method as `protocol` runs it (shiftlab.protocols: "leaderboard", the
-    defaults, or "paper", the authors' own recipe), overridden by `config`; `run_precision` is the
-    run's precision setting, used where the method's own `precision` is "auto"."""
+    defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
+    overridden by `config`; `run_precision` is the run's precision setting, used where the
+    method's own `precision` is "auto"."""
     from ..protocols import method_overrides
     cls = get_method_class(name)
-    overrides = method_overrides(protocol, name, config, run_precision)
+    overrides = method_overrides(protocol, name, config, run_precision, dataset=dataset)
     return cls(model, classnames, make_config(cls, **overrides), heads=heads, run_precision=run_precision)

@@ -16,10 +16,12 @@ STATE_VERSION = 1
 
 
 def text_head(method: Method) -> torch.Tensor:
-    """The (C, D) class head named by the method's `text_head` config field."""
+    """The (C, D) class head named by the method's `text_head` config field; "ensemble" with the
+    config's `templates` set (the dataset's own, `--protocol paper`) averages those instead of CLIP's 80."""
     head = method.config.text_head
     if head == "ensemble":
-        return method.heads.ensemble
+        templates = getattr(method.config, "templates", None)
+        return method.heads.templated(templates) if templates else method.heads.ensemble
     if head == "zeroshot":
         return method.heads.zeroshot
     if head == "tip_cupl" and hasattr(method.config, "cupl_file"):

@@ -97,6 +97,8 @@ class TDAConfig(ViewMethodConfig):
     neg_mask_upper: float = 1.0
     view_ratio: float = 0.1            # share of views (lowest entropy) averaged; at least one
     text_head: str = "ensemble"        # "ensemble": 80 templates (the authors'); "zeroshot": one template
+    # the "ensemble" head's templates; None: CLIP's 80 (`--protocol paper` sets the dataset's, datasets/*.py)
+    templates: tuple[str, ...] | None = None
     entropy_norm: str = "log2"         # H_norm = H (nats) / log2(C) as the authors' code; "ln": / ln(C)
     # None: the model's exp(logit_scale); the authors' code multiplies by the literal 100.0
     # (`get_clip_logits`), which differs from a checkpoint's exp(logit_scale) in the last digits
