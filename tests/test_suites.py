@@ -194,7 +194,7 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
 
 @pytest.mark.slow
 def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
-    from shiftlab.models import _build_from_openai_state_dict, _is_openai_state_dict, load_model
+    from shiftlab.models import _is_openai_state_dict, load_model
 
     data = make_image_folder(tmp_path / "data", ["cat", "dog"], per_class=1, size=(96, 80), image_format="jpg")
     out = tmp_path / "vit"
@@ -212,10 +212,14 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
     assert model.image_size == 224
     sd = model.clip.state_dict()
     assert _is_openai_state_dict(sd)
-    rebuilt = _build_from_openai_state_dict(sd).eval()
+    path = tmp_path / "ViT-B-16-openai-layout.pt"
+    torch.save(sd, path)
+    del sd
+    rebuilt = load_model("ViT-B-16", str(path))
+    assert rebuilt.name == "ViT-B-16-quickgelu" and rebuilt.image_size == 224
     x = torch.rand(1, 3, 224, 224)
     with torch.no_grad():
-        assert torch.allclose(rebuilt.encode_image(x), model.clip.encode_image(x), atol=1e-5)
+        assert torch.allclose(rebuilt.clip.encode_image(x), model.clip.encode_image(x), atol=1e-5)
 
 
 def test_every_suite_dataset_is_a_canonical_registered_name():

@@ -202,10 +202,14 @@ class Runner:
             return {n: ctxs for n in names}
         groups: dict[str, list[str]] = {}
         for n in names:
-            if wanted[n]:
-                groups.setdefault(methods[n].precision.key, []).append(n)
+            groups.setdefault(methods[n].precision.key, []).append(n)
         out: dict[str, list[SampleContext]] = {}
         for group in groups.values():
+            if not any(wanted[n] for n in group):
+                continue
+            # The view count comes from every method of the group, not only those with records
+            # missing: the tower's batch shape (and so its rounding) must not depend on what a
+            # resume still has to do.
             n_max = max(methods[n].view_recipe.n_views for n in group)
             with self.timer.phase("encode"):
                 ctxs = self.evaluator.contexts([v[:n_max] for v in views], ids, all_views=True,

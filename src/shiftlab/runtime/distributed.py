@@ -41,10 +41,6 @@ class DistContext:
     local_rank: int = 0
     local_world_size: int = 1
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 def context() -> DistContext:
     """Rank and world size from torchrun's environment; sets up the process once.
