@@ -39,6 +39,14 @@ def golden_dir(tmp_path_factory) -> Path:
     return materialize(tmp_path_factory.mktemp("golden"))
 
 
+@pytest.fixture(scope="session")
+def golden_model(golden_dir) -> tuple[shiftlab.ClipModel, list[str]]:
+    """The golden tiny CLIP (frozen) and its 200 class names, loaded once for the golden tests."""
+    import json
+    classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
+    return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     # The golden values were produced with one thread; thread count changes float rounding.

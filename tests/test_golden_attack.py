@@ -10,8 +10,6 @@ in another implementation and move that pixel by 2 alpha); logits 2e-4.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -30,10 +28,8 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def attack_golden(golden_dir):
-    torch.set_num_threads(1)
-    classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
+def attack_golden(golden_dir, golden_model):
+    model, classnames = golden_model
     want, info = online_fixture(golden_dir, "rtpt_attack")
     stream = torch.load(golden_dir / "online" / "stream.pt", weights_only=True)
     return model, classnames, want, info, stream

@@ -29,13 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def golden_model(golden_dir):
-    torch.set_num_threads(1)
-    classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
-
-
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> float:
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
