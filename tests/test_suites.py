@@ -104,9 +104,12 @@ def test_suite_table_averages_and_published_rows(tmp_path):
 
 def test_published_suite_numbers_are_sourced_and_add_up():
     cited = sources()
-    for suite, model in [("natural-shift", "RN50"), ("cross-dataset", "RN50-quickgelu")]:
-        rows = suite_rows(suite, model, weights_sha256=openai_sha256("RN50"), protocol="paper")
-        assert rows and rows == table_rows(suite, "RN50")
+    for suite, model, backbone in [("natural-shift", "RN50", "RN50"), ("cross-dataset", "RN50-quickgelu", "RN50"),
+                                   ("natural-shift", "ViT-B-16", "ViT-B/16"),
+                                   ("cross-dataset", "ViT-B-16-quickgelu", "ViT-B/16")]:
+        rows = suite_rows(suite, model, weights_sha256=openai_sha256(backbone), protocol="paper")
+        assert rows and rows == table_rows(suite, backbone)
+        assert all(row["backbone"] == backbone for row in rows)
         datasets = suites.SUITES[suite].datasets
         for row in rows:
             assert row["source"] == cited[row["source_id"]] and set(row["values"]) <= set(datasets)
@@ -121,8 +124,23 @@ def test_published_suite_numbers_are_sourced_and_add_up():
     assert openai_sha256("RN50") == "afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762"
     assert openai_sha256("ViT-B/16") == "5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f"
     vit = openai_sha256("ViT-B/16")
-    assert table_rows("natural-shift", "ViT-B/16") == []                                 # none verified yet
-    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256=vit, protocol="paper") == []
+    # ViT-B/16 rows: only for a ViT-B/16 architecture holding OpenAI's ViT-B/16 file (by checksum or its
+    # verified hub source), under the paper protocol; never for RN50's file, other weights or other backbones.
+    vit_rows = suite_rows("natural-shift", "ViT-B-16", weights_sha256=vit, protocol="paper")
+    assert {r["method"] for r in vit_rows} >= {"zeroshot", "tpt", "zero", "dmn_zs"}
+    assert next(r for r in vit_rows if r["method"] == "tpt")["values"]["imagenet-a"] == 54.77
+    assert next(r for r in table_rows("cross-dataset", "ViT-B/16")
+                if r["method"] == "dmn_zs")["values"]["flowers102"] == 74.49
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256=vit, protocol="paper",
+                      weights_source="hf-hub:timm/vit_base_patch16_clip_224.openai") == vit_rows
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256="0" * 64, protocol="paper",
+                      weights_source="hf-hub:timm/vit_base_patch16_clip_224.openai") == vit_rows  # verified hub blob
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256="0" * 64, protocol="paper") == []  # unknown origin
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256=None, protocol="paper") == []
+    assert suite_rows("natural-shift", "ViT-B-16", weights_sha256=openai_sha256("RN50"), protocol="paper") == []
+    assert suite_rows("cross-dataset", "ViT-B-16", weights_sha256=vit, protocol="leaderboard") == []
+    assert suite_rows("cross-dataset", "ViT-B-32", weights_sha256=vit, protocol="paper") == []
+    assert suite_rows("cross-dataset", "ViT-L-14", weights_sha256=vit, protocol="paper") == []
     assert suite_rows("natural-shift", "RN50", weights_sha256=vit, protocol="paper") == []   # wrong file
     assert suite_rows("natural-shift", "RN50", weights_sha256=None, protocol="paper") == []  # unknown origin
     assert suite_rows("natural-shift", "convnext_base", weights_sha256=vit, protocol="paper") == []

@@ -97,8 +97,7 @@ def suite_section(data: ReportData) -> Section | None:
                          "content-verified, from open_clip's official Hugging Face repository, run with the `paper` "
                          "protocol (this run: " + f"weights sha256 {t.get('weights_sha256') or 'not recorded'}, "
                          f"source {t.get('weights_source') or 'unknown'}, "
-                         f"protocol {t.get('protocol') or 'not recorded'}). No ViT-B/16 number has been "
-                         "verified yet (see shiftlab/data/published_suites.json).")
+                         f"protocol {t.get('protocol') or 'not recorded'}); see shiftlab/data/published_suites.json.")
         body += "".join(f"<p class=meta>{esc(n)}</p>" for n in notes)
     return ("suite", "Suite tables", "<p>Top-1 accuracy (%) on clean images per dataset, recomputed from each "
             "dataset's records.jsonl.</p>" + body)
