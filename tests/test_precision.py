@@ -34,7 +34,7 @@ def test_method_setting_wins_over_the_run_unless_auto():
 
 @pytest.mark.parametrize("bad", ["fp8", "FP32", "", "half"])
 def test_unknown_precision_is_one_clear_error(bad):
-    with pytest.raises(ValueError, match=r"precision must be one of auto, fp32, fp16, bf16, got "):
+    with pytest.raises(ValueError, match=r"precision must be one of auto, fp32, fp16, bf16, fp16-pure, got "):
         resolve(bad, "cpu")
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve("auto", "cpu", run=bad)

@@ -88,7 +88,7 @@ def test_one_image_encoder_under_the_precision_policy(tiny_model):
     assert low.dtype == torch.float32 and torch.equal(low, want) and (low - full).abs().max() > 0
     # chunking does not change the features beyond float noise
     torch.testing.assert_close(tiny_model.encode_views(x, chunk_size=2), full, rtol=0, atol=1e-6)
-    # predict encodes with the run precision it was created with, like the engine's tower
+    # predict encodes with the method's precision ("auto": the run's), as the engine encodes its views
     method = shiftlab.create_method("view_ensemble", tiny_model, CLASSES)
     assert method.run_precision == "auto"
     ctx = SampleContext(tiny_model, method.heads, x, precision=resolve_precision("auto", tiny_model.device))

@@ -48,7 +48,7 @@ def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
     assert paper["mta"].view_recipe == LEADERBOARD_VIEWS
     assert paper["zero"].config.precision == "fp16"
     assert paper["tda"].view_recipe == ViewRecipe(n_views=64, augmix=True)
-    assert paper["tda"].config.text_head == "ensemble" and paper["tda"].config.precision == "fp16"
+    assert paper["tda"].config.text_head == "ensemble" and paper["tda"].config.precision == "fp16-pure"
     assert paper["tda"].config.logit_scale == 100.0 and _method(tiny_model, "tda").config.logit_scale is None
     assert paper["dmn_zs"].view_recipe == ViewRecipe(n_views=32, scale=(0.5, 1.0))
     assert paper["dmn_zs"].config.precision == "fp32"

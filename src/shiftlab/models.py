@@ -88,6 +88,7 @@ class ClipModel(nn.Module):
     - `encode_normalized(x)`: normalised images -> L2-normalised features (with gradient).
     - `encode_views(x, precision)`: the image encoder of the engine and of `Method.predict`:
       chunked, no gradient, under the precision policy's autocast, float32 features.
+    - `cast(dtype)`: this model with half-precision weights (the `fp16-pure` precision, shiftlab.precision).
     - `logit_scale`: the learned temperature (100 for OpenAI CLIP) as a float.
     - `checkpoint_sha256`: SHA-256 of the weights file read (None for random weights).
     - `weights_source`: where that file verifiably came from ("openai-url", "hf-hub:ORG/REPO" or None;
@@ -114,6 +115,26 @@ class ClipModel(nn.Module):
                                  for m in self.clip.visual.modules())
         if self.channels_last:
             self.clip.visual.to(memory_format=torch.channels_last)
+        self.input_dtype = torch.float32   # what the image tower reads (float16 in a `cast` copy)
+
+    def cast(self, dtype: torch.dtype) -> ClipModel:
+        """A copy with its weights in `dtype` as the authors' half-precision CLIP holds them (open_clip's
+        `convert_weights_to_lp`, the counterpart of OpenAI's `convert_weights` that their `clip.load`
+        applies on CUDA: convolution, linear, attention and projection weights cast, normalisation
+        layers' parameters kept float32). Made once and kept outside the module tree (its state_dict
+        and `.to()` do not see it)."""
+        import copy
+
+        import open_clip
+        copies = self.__dict__.setdefault("_cast_copies", {})
+        if dtype not in copies:
+            clip = copy.deepcopy(self.clip)
+            open_clip.model.convert_weights_to_lp(clip, dtype)
+            half = ClipModel(clip, self.name, self.pretrained, self.preprocess, self.checkpoint_sha256,
+                             self.weights_source)
+            half.input_dtype = dtype
+            copies[dtype] = half
+        return copies[dtype]
 
     def train(self, mode: bool = True) -> ClipModel:
         # BatchNorm must keep its running statistics: the model is never put in train mode.
@@ -137,7 +158,7 @@ class ClipModel(nn.Module):
     def encode_normalized(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return F.normalize(self.clip.encode_image(x), dim=-1)
+        return F.normalize(self.clip.encode_image(x.to(self.input_dtype)), dim=-1)
 
     def encode_pixels(self, x01: torch.Tensor) -> torch.Tensor:
         return self.encode_normalized(self.normalize(x01))
@@ -149,7 +170,10 @@ class ClipModel(nn.Module):
         `precision` is the image tower's policy (`shiftlab.precision`; None: float32); the engine
         and `Method.predict` both encode through here, so they agree. Inference mode (faster than
         no_grad in the interleaved A/B, benchmarks/image_tower_ab.py); the result is cloned out of it
-        so that methods may use it in autograd graphs (prompt tuning's loss)."""
+        so that methods may use it in autograd graphs (prompt tuning's loss). A policy with a
+        `model_dtype` ("fp16-pure" on CUDA) encodes with the `cast` copy, as the authors' half model."""
+        if precision is not None and precision.model_dtype is not None:
+            return self.cast(precision.model_dtype).encode_views(x, None, chunk_size)
         with torch.inference_mode(), (precision.autocast() if precision is not None else contextlib.nullcontext()):
             feats = torch.cat([self.encode_normalized(x[i:i + chunk_size])
                                for i in range(0, x.shape[0], chunk_size)]).float()

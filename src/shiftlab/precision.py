@@ -7,10 +7,16 @@ the bench baselines cannot drift apart:
   numbers are comparable with CPU ones;
 - "fp16" / "bf16": autocast to that dtype on CUDA (fp16 with loss scaling where a method
   takes gradient steps, as the authors' GradScaler does);
+- "fp16-pure": the model itself in float16, no autocast: what TDA's authors run (their
+  `clip.load` on CUDA casts the convolution, linear, attention and projection weights to fp16
+  and keeps the normalisation layers' parameters in float32; `model_dtype`, and
+  `ClipModel.cast` makes that copy). A method setting only (`--set tda.precision=fp16-pure`);
+  methods that support it say so (`Method.supports_pure_fp16`);
 - "auto": the run's setting; a run's "auto" is fp16 autocast on CUDA.
 
 On the CPU everything runs in float32 whatever is asked (the authors ran on GPUs; CPU
-autocast would only change numbers, not reproduce theirs).
+autocast or CPU half kernels would only change numbers, not reproduce theirs, and CPU half
+convolutions are 4-5x slower than float32 ones).
 
 A method's config may name its own precision (the paper protocol does, per method); the
 run's precision is handed to methods as a run setting and applies where the method says
@@ -24,29 +30,49 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+RUN_PRECISIONS = ("auto", "fp32", "fp16", "bf16")     # a run's --precision
+PURE_FP16 = "fp16-pure"
+PRECISIONS = (*RUN_PRECISIONS, PURE_FP16)             # a method's `precision` field
 
 
 def check(name: str) -> str:
-    """`name` if it is a known precision, else a one-line ValueError."""
+    """`name` if it is a known (method) precision, else a one-line ValueError."""
     if name not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
     return name
 
 
+def check_run(name: str) -> str:
+    """`name` if it is a known run precision, else a one-line ValueError ("fp16-pure" is per method)."""
+    if name == PURE_FP16:
+        raise ValueError(f"precision {PURE_FP16!r} is a method setting (the authors' half-precision model, e.g. "
+                         f"--set tda.precision={PURE_FP16}), not a run's; "
+                         f"a run's is one of {', '.join(RUN_PRECISIONS)}")
+    if name not in RUN_PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(RUN_PRECISIONS)}, got {name!r}")
+    return name
+
+
 @dataclass(frozen=True)
 class Precision:
-    """A resolved policy: `name` is what was asked ("fp32", "fp16", "bf16"; "auto" only as a
-    run's own default), `device_type` where it runs."""
+    """A resolved policy: `name` is what was asked ("fp32", "fp16", "bf16", "fp16-pure"; "auto" only
+    as a run's own default), `device_type` where it runs."""
     name: str
     device_type: str
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
         """Autocast dtype, or None for float32 (always None off CUDA)."""
-        if self.device_type != "cuda" or self.name == "fp32":
+        if self.device_type != "cuda" or self.name in ("fp32", PURE_FP16):
             return None
         return torch.bfloat16 if self.name == "bf16" else torch.float16
+
+    @property
+    def model_dtype(self) -> torch.dtype | None:
+        """The dtype the model's weights are cast to ("fp16-pure" on CUDA: float16, with the
+        normalisation layers' parameters kept in float32, as the authors' `clip.load`), or None: the
+        model as loaded (float32)."""
+        return torch.float16 if self.device_type == "cuda" and self.name == PURE_FP16 else None
 
     @property
     def loss_scaling(self) -> bool:
@@ -55,7 +81,10 @@ class Precision:
 
     @property
     def key(self) -> str:
-        """What the computation actually does here: "fp32", "fp16" or "bf16" (for sharing results)."""
+        """What the computation actually does here: "fp32", "fp16", "bf16" or "fp16-pure" (for sharing
+        results: image features are shared between methods with equal keys)."""
+        if self.model_dtype is not None:
+            return PURE_FP16
         dtype = self.amp_dtype
         return "fp32" if dtype is None else ("bf16" if dtype == torch.bfloat16 else "fp16")
 
@@ -87,6 +116,6 @@ def resolve(name: str, device: torch.device | str, run: str = "auto") -> Precisi
     """The policy for a computation asking for `name` in a run whose setting is `run`:
     `name` wins unless it is "auto"; a run's "auto" is fp16 autocast on CUDA, fp32 elsewhere."""
     check(name)
-    check(run)
+    check_run(run)
     chosen = run if name == "auto" else name
     return Precision(chosen, torch.device(device).type)

@@ -111,7 +111,7 @@ class Evaluator:
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
-        self.precision = resolve_precision(precision, model.device)   # the image tower's
+        self.precision = resolve_precision("auto", model.device, run=precision)   # the image tower's: the run's
         method_config = method_config or {}
         self.methods: dict[str, Method] = {}
         for n in method_names:
@@ -147,7 +147,7 @@ class Evaluator:
         feats = self.model.encode_views(x, precision)
         n = x.shape[0] // len(views_u8)
         return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
-                              sample_id=sid, precision=self.precision) for i, sid in enumerate(ids)]
+                              sample_id=sid, precision=precision) for i, sid in enumerate(ids)]
 
     def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         method = self.methods[name]

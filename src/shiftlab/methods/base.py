@@ -15,7 +15,7 @@ import torch
 
 from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
-from ..precision import Precision
+from ..precision import PURE_FP16, Precision
 from ..precision import resolve as resolve_precision
 from ..registry import Registry
 from ..views import ViewRecipe
@@ -41,7 +41,8 @@ class MethodConfig:
     """Base of every method's config dataclass (the papers' defaults live in subclasses).
 
     `precision`: "auto" follows the run's setting (shiftlab.precision); "fp32", "fp16" or
-    "bf16" fix this method's own."""
+    "bf16" fix this method's own; "fp16-pure" (the model itself in float16, on CUDA) only where the
+    method supports it (`Method.supports_pure_fp16`)."""
     precision: str = "auto"
 
 
@@ -59,6 +60,7 @@ class Method:
     episodic: bool = True       # reset to the initial state before every sample
     needs_views: bool = True    # uses the augmented views (False: view 0 only)
     summary: str = ""           # one line for `shiftlab methods`
+    supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto"):
@@ -70,6 +72,10 @@ class Method:
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
+        if self.precision.name == PURE_FP16 and not self.supports_pure_fp16:
+            supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
+            raise ValueError(f"{self.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
+                             f"for {supported} only; use fp16 (autocast) or fp32")
 
     @property
     def view_recipe(self) -> ViewRecipe:
@@ -83,13 +89,12 @@ class Method:
 
         Views from `ViewGenerator` are uint8: pass `model.normalize(views.float() / 255)`. Only the
         first `view_recipe.n_views` views are read (and encoded). The image tower runs under the
-        run precision the method was created with (`run_precision`, as the engine's image tower),
-        through the engine's encoder, so `predict` gives what a run gives.
+        method's precision (its own, or the run's where it says "auto"), through the engine's encoder,
+        as a run encodes each method's views, so `predict` gives what a run gives.
         """
         check_views(views, self.model)
         views = views[:self.view_recipe.n_views].to(self.model.device)
-        tower = resolve_precision(self.run_precision, self.model.device)
-        ctx = SampleContext(self.model, self.heads, views, precision=tower)
+        ctx = SampleContext(self.model, self.heads, views, precision=self.precision)
         return self.predict_context(ctx).logits
 
     # -- engine use -------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..context import SampleContext
+from ..context import ClassHeads, SampleContext
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
 from .online_common import STATE_VERSION, check_state, first_views, text_head
@@ -84,6 +84,9 @@ class TDAConfig(ViewMethodConfig):
     entropy, mean of their features and logits) and the entropy normalisation are those of
     `get_clip_logits` / `get_entropy` in the repository's `utils.py`; the classifier is
     `clip_classifier` over the 80 CLIP ImageNet templates (`datasets/imagenet_r.py`).
+    Their model is the half-precision CLIP of `clip.load` on CUDA: `precision="fp16-pure"` (the
+    `paper` protocol's) encodes the views and the text head with that model; the arithmetic after
+    the encoders (logits, entropies, cache affinities) stays float32 here, fp16 in theirs.
     """
     pos_capacity: int = 3              # positive cache: entries per class
     pos_alpha: float = 1.0
@@ -130,6 +133,7 @@ class TDA(Method):
     """
     config_class = TDAConfig
     episodic = False
+    supports_pure_fp16 = True   # --set tda.precision=fp16-pure: the authors' half model (on CUDA)
     summary = "TDA: online positive/negative feature caches over confident views (training-free)"
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -139,6 +143,10 @@ class TDA(Method):
             raise ValueError(f"tda: entropy_norm must be 'log2' or 'ln', got {cfg.entropy_norm!r}")
         if not 0 < cfg.view_ratio <= 1:
             raise ValueError(f"tda: view_ratio must be in (0, 1], got {cfg.view_ratio}")
+        if self.precision.model_dtype is not None:
+            # The authors' classifier comes from their half model's text tower too (`clip_classifier`);
+            # the engine encodes the views with the same cast copy (ClipModel.cast, by precision key).
+            self.heads = ClassHeads(self.model.cast(self.precision.model_dtype), self.classnames)
         self.reset()
 
     def prepare(self) -> None:
