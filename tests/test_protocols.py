@@ -115,3 +115,37 @@ def test_methods_command_prints_both_protocols(capsys):
     assert "paper:        32 views: original + 31 x RandomResizedCrop(scale 0.5-1) + flip; precision fp32" in dmn
     ctpt = out[out.index("ctpt"):]
     assert "+ AugMix(severity 1, width 3); precision fp16" in ctpt.split("dmn_zs")[0]
+
+
+def test_methods_command_prints_each_protocols_text_head(capsys):
+    from shiftlab.cli import main
+    assert main(["methods"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+
+    def recipe(method: str, protocol: str) -> str:
+        start = next(i for i, line in enumerate(lines) if line.split(" ")[0] == method)
+        return next(line for line in lines[start:] if line.startswith(protocol + ":"))
+
+    views32 = "32 views: original + 31 x RandomResizedCrop(scale {}) + flip"
+    assert recipe("dmn_zs", "leaderboard") == ("leaderboard:  " + views32.format("0.08-1") +
+                                               "; precision auto; text CLIP's 80 templates")
+    tip_cupl = "text tip_cupl: 7 Tip-Adapter templates + CuPL descriptions (cupl_file)"
+    assert recipe("dmn_zs", "paper") == ("paper:        " + views32.format("0.5-1") + "; precision fp32; "
+                                         + tip_cupl + ", memory_size=50, beta=5.5")
+    assert recipe("tda", "paper").endswith("+ AugMix(severity 1, width 3); precision fp16-pure; "
+                                           "text CLIP's 80 templates, logit_scale=100.0")
+    tuned = "; text 4 tuned context tokens from 'a photo of a' + '{}.'"
+    assert recipe("tpt", "leaderboard").endswith("; precision auto" + tuned)
+    assert recipe("ctpt", "paper").endswith("; precision fp16" + tuned + ", lambda_atfd=20.0")
+    for protocol in PROTOCOLS:
+        assert recipe("zeroshot", protocol).endswith("view 0 only (resize + centre crop); precision auto; "
+                                                      "text 'a photo of a {}.'")
+        assert recipe("prompt_ensemble", protocol).endswith("; text CLIP's 80 templates")
+        assert recipe("zero", protocol).endswith("; text 'a photo of a {}.'")
+    assert recipe("mta", "paper").endswith("; precision fp16; text 'a photo of a {}.'")
+    capsys.readouterr()
+    assert main(["methods", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["dmn_zs"]["protocols"]["leaderboard"]["text_head"] == "CLIP's 80 templates"
+    assert rows["dmn_zs"]["protocols"]["paper"]["text_head"].startswith("tip_cupl")
+    assert rows["tda"]["protocols"]["paper"]["precision"] == "fp16-pure"

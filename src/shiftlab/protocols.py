@@ -39,6 +39,8 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         "ctpt": {"precision": "fp16", "views": {"augmix": True}, "lambda_atfd": 20.0},
         # R-TPT (rtpt.py): no autocast, no GradScaler: float32 throughout.
         "rtpt": {"precision": "fp32"},
+        # MTA (MaxZanella/MTA mta.py, solve_mta): the features under fp16 autocast.
+        "mta": {"precision": "fp16"},
         # ZERO (FarinaMatteo/zero): the zero-shot forward under fp16 autocast.
         "zero": {"precision": "fp16"},
         # TDA (kdiAAA/TDA): 63 AugMix views + the original, 80 templates (configs/imagenet_r.yaml).

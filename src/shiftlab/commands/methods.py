@@ -12,9 +12,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def text_head_text(cls: type, fields: dict) -> str:
+    """The class head a method reads under an effective config (`fields`), in words."""
+    head = fields.get("text_head")
+    if head == "ensemble":
+        templates = fields.get("templates")
+        return f"{len(templates)} templates of the dataset" if templates else "CLIP's 80 templates"
+    if head == "zeroshot":
+        return "'a photo of a {}.'"
+    if head == "tip_cupl":
+        return "tip_cupl: 7 Tip-Adapter templates + CuPL descriptions (cupl_file)"
+    if "ctx_init" in fields:
+        if fields.get("ctx_checkpoint"):
+            return f"{fields['n_ctx']} tuned context tokens from {fields['ctx_checkpoint']} + '{{}}.'"
+        init = fields["ctx_init"]
+        return f"{fields['n_ctx']} tuned context tokens from " + (f"'{init}'" if init else "random") + " + '{}.'"
+    return "CLIP's 80 templates" if cls.fixed_text_head == "ensemble" else "'a photo of a {}.'"
+
+
 def method_table() -> list[dict]:
-    """One row per method: kind, summary, config defaults and, per protocol, views, precision and the
-    fields the protocol sets."""
+    """One row per method: kind, summary, config defaults and, per protocol, views, precision, text
+    head and the fields the protocol sets."""
     from ..methods import get_method_class, list_methods
     from ..protocols import PROTOCOLS, describe, protocol_overrides
     from ..views import ViewRecipe
@@ -31,7 +49,8 @@ def method_table() -> list[dict]:
                 "views": effective["views"],
                 "views_text": ViewRecipe.coerce(effective["views"]).describe(),
                 "precision": effective["precision"],
-                "sets": {k: v for k, v in sets.items() if k not in ("views", "precision")},
+                "text_head": text_head_text(cls, effective["config"]),
+                "sets": {k: v for k, v in sets.items() if k not in ("views", "precision", "text_head")},
             }
         rows.append({"name": name, "episodic": cls.episodic, "uses_views": cls.needs_views,
                      "summary": cls.summary, "defaults": defaults, "protocols": protocols})
@@ -51,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             print(" " * 27 + ", ".join(f"{k}={v}" for k, v in defaults.items()))
         for protocol, p in r["protocols"].items():
             extra = "".join(f", {k}={v}" for k, v in p["sets"].items())
-            print(" " * 27 + f"{protocol + ':':<13} {p['views_text']}; precision {p['precision']}{extra}")
-    print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU).")
+            print(" " * 27 + f"{protocol + ':':<13} {p['views_text']}; precision {p['precision']}; "
+                  f"text {p['text_head']}{extra}")
+    print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "
+          "'fp16-pure' is the model itself in float16 on CUDA (the authors' clip.load), float32 on CPU.")
     return 0

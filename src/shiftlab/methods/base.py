@@ -61,6 +61,9 @@ class Method:
     needs_views: bool = True    # uses the augmented views (False: view 0 only)
     summary: str = ""           # one line for `shiftlab methods`
     supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
+    # the class head of a method without a `text_head` or `ctx_init` config field ("zeroshot": "a photo of a
+    # {}.", "ensemble": CLIP's 80 templates); `shiftlab methods` prints it
+    fixed_text_head: str = "zeroshot"
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto"):

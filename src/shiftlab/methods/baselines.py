@@ -26,6 +26,7 @@ class PromptEnsemble(Method):
     """CLIP's 80 ImageNet templates averaged per class (normalised mean of normalised embeddings), view 0."""
     needs_views = False
     summary = "CLIP's 80-template prompt ensemble, view 0"
+    fixed_text_head = "ensemble"
 
     def prepare(self) -> None:
         _ = self.heads.ensemble
