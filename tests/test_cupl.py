@@ -106,3 +106,47 @@ def test_paper_protocol_needs_the_cupl_file(model, cupl_file):
     torch.testing.assert_close(text_head(dmn), _want(model), rtol=0, atol=1e-5)
     # the leaderboard protocol keeps the 80-template head and needs no file
     assert shiftlab.create_method("dmn_zs", model, NAMES).config.text_head == "ensemble"
+
+
+FLOWERS = ["pink_primrose", "hard-leaved pocket orchid", "canterbury bells"]
+FLOWER_DESCRIPTIONS = {"pink primrose": ["A pale pink flower with five petals.", "A primrose in spring."],
+                       "hard-leaved pocket orchid": ["An orchid with a pouch."],
+                       "canterbury bells": []}
+
+
+def _pooled(model: shiftlab.ClipModel, names: list[str], templates, descriptions: dict) -> torch.Tensor:
+    """Per class: its templates and descriptions as one list of sentences, normalised mean (open_clip)."""
+    rows = []
+    for name in names:
+        spaced = name.replace("_", " ")
+        sentences = [t.format(spaced) for t in templates] + descriptions[spaced]
+        rows.append(F.normalize(_encode(model, sentences).mean(0), dim=-1))
+    return torch.stack(rows)
+
+
+def test_paper_protocol_pairs_each_dataset_with_its_own_templates(model, tmp_path):
+    """DMN's `reset_classnames`: on a fine-grained set, `ID_to_prompts[set]` + that set's CuPL sentences;
+    on the ImageNet family (and Caltech101 / SUN397), the 7 Tip-Adapter templates."""
+    path = tmp_path / "CuPL_prompts_flowers102.json"
+    path.write_text(json.dumps(FLOWER_DESCRIPTIONS))
+    dmn = shiftlab.create_method("dmn_zs", model, FLOWERS, protocol="paper", dataset="flowers102",
+                                 cupl_file=str(path))
+    assert dmn.config.templates == ("a photo of a {}, a type of flower.",)
+    want = _pooled(model, FLOWERS, ["a photo of a {}, a type of flower."], FLOWER_DESCRIPTIONS)
+    torch.testing.assert_close(text_head(dmn), want, rtol=0, atol=1e-5)
+    tip = _pooled(model, FLOWERS, TIP_TEMPLATES, FLOWER_DESCRIPTIONS)
+    assert (want - tip).abs().max() > 1e-3                      # the templates do change the head
+    for dataset in ("caltech101", "imagenet-r", None):           # None: no dataset known -> the default
+        other = shiftlab.create_method("dmn_zs", model, FLOWERS, protocol="paper", dataset=dataset,
+                                       cupl_file=str(path))
+        assert other.config.templates in (tuple(TIP_TEMPLATES), None)
+        torch.testing.assert_close(text_head(other), tip, rtol=0, atol=1e-5)
+    # the leaderboard protocol ignores the dataset; --set wins over the dataset's templates
+    plain = shiftlab.create_method("dmn_zs", model, FLOWERS, protocol="leaderboard", dataset="flowers102",
+                                   text_head="tip_cupl", cupl_file=str(path))
+    assert plain.config.templates is None
+    torch.testing.assert_close(text_head(plain), tip, rtol=0, atol=1e-5)
+    mine = shiftlab.create_method("dmn_zs", model, FLOWERS, protocol="paper", dataset="flowers102",
+                                  cupl_file=str(path), templates=("itap of a {}.",))
+    torch.testing.assert_close(text_head(mine), _pooled(model, FLOWERS, ["itap of a {}."], FLOWER_DESCRIPTIONS),
+                               rtol=0, atol=1e-5)

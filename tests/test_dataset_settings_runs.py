@@ -12,6 +12,7 @@ from shiftlab.datasets import build_dataset, method_settings
 from shiftlab.datasets.classes import load_templates
 from shiftlab.engine import RunConfig, run
 from shiftlab.synthetic import tiny_clip
+from shiftlab.text import TIP_TEMPLATES
 
 METHODS = ["ctpt", "tda", "dmn_zs"]
 # --set views=4: fast, and must not touch the rest; DMN's paper head (tip_cupl) needs a CuPL file
@@ -47,6 +48,7 @@ def test_paper_runs_the_fine_grained_settings_and_templates(flowers, tmp_path):
     assert {k: tda[k] for k in method_settings("flowers102", "tda")} == method_settings("flowers102", "tda")
     assert list(tda["templates"]) == ["a photo of a {}, a type of flower."]
     assert dmn["dynamic_weight"] == 10.0
+    assert list(dmn["templates"]) == ["a photo of a {}, a type of flower."]   # DMN's ID_to_prompts['flower102']
     assert settings["ctpt"]["views"]["n_views"] == 4   # --set still wins over the dataset's values
 
 
@@ -54,7 +56,7 @@ def test_leaderboard_ignores_the_dataset(flowers, tmp_path):
     settings = _run(flowers, "flowers102", tmp_path / "lb", "leaderboard")
     ctpt, tda, dmn = (_config(settings, m) for m in METHODS)
     assert ctpt["lambda_atfd"] != 50.0
-    assert tda["templates"] is None
+    assert tda["templates"] is None and dmn["templates"] is None
     assert (tda["pos_alpha"], tda["pos_beta"], dmn["dynamic_weight"]) == (1.0, 8.0, 0.3)
 
 
@@ -65,6 +67,7 @@ def test_paper_on_imagenet_r_runs_its_own_values(tmp_path):
     assert ctpt["lambda_atfd"] == 20.0
     assert tda["templates"] is None                     # CLIP's 80 (configs/imagenet_r.yaml's classifier)
     assert dmn["dynamic_weight"] == 0.3
+    assert tuple(dmn["templates"]) == TIP_TEMPLATES           # DMN's tip_imagenet_templates on ImageNet-R
 
 
 def test_the_dataset_templates_are_the_head_the_method_uses():

@@ -8,7 +8,7 @@ import torch
 
 from .models import ClipModel
 from .precision import Precision
-from .text import DEFAULT_TEMPLATE, class_head, load_descriptions, tip_cupl_head
+from .text import DEFAULT_TEMPLATE, TIP_TEMPLATES, class_head, load_descriptions, tip_cupl_head
 
 
 class ClassHeads:
@@ -39,12 +39,14 @@ class ClassHeads:
             self._cache["ensemble"] = class_head(self.model, self.classnames, templates)
         return self._cache["ensemble"]
 
-    def tip_cupl(self, cupl_file: str, field: str = "cupl_file") -> torch.Tensor:
-        """(C, D) DMN's `tip_cupl` head: 7 Tip-Adapter templates + the CuPL descriptions in `cupl_file`."""
-        key = f"tip_cupl:{cupl_file}"
+    def tip_cupl(self, cupl_file: str, field: str = "cupl_file",
+                 templates: Sequence[str] | None = None) -> torch.Tensor:
+        """(C, D) DMN's `tip_cupl` head: `templates` (None: the 7 Tip-Adapter ones) + the CuPL
+        descriptions in `cupl_file`."""
+        key = f"tip_cupl:{cupl_file}:" + "\x1f".join(templates or ())
         if key not in self._cache:
             descriptions = load_descriptions(cupl_file, self.classnames, field)
-            self._cache[key] = tip_cupl_head(self.model, self.classnames, descriptions)
+            self._cache[key] = tip_cupl_head(self.model, self.classnames, descriptions, templates or TIP_TEMPLATES)
         return self._cache[key]
 
     def templated(self, templates: Sequence[str]) -> torch.Tensor:

@@ -110,11 +110,13 @@ def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_f
     return [list(data[n]) for n in names]
 
 
-def tip_cupl_head(model: ClipModel, classnames: Sequence[str], descriptions: Sequence[Sequence[str]]) -> torch.Tensor:
-    """DMN's `tip_cupl` head (YBZh/DMN `get_text_features`): per class, the 7 Tip-Adapter templates and
-    the class's descriptions pooled into one set of sentences, normalised embeddings averaged, renormalised."""
+def tip_cupl_head(model: ClipModel, classnames: Sequence[str], descriptions: Sequence[Sequence[str]],
+                  templates: Sequence[str] = TIP_TEMPLATES) -> torch.Tensor:
+    """DMN's `tip_cupl` head (YBZh/DMN `get_text_features`): per class, the templates (the 7 Tip-Adapter
+    ones on ImageNet; a fine-grained set's own, `ID_to_prompts`) and the class's descriptions pooled into
+    one set of sentences, normalised embeddings averaged, renormalised."""
     names = [c.replace("_", " ") for c in classnames]
-    return pooled_class_head(model, [[t.format(n) for t in TIP_TEMPLATES] + list(d)
+    return pooled_class_head(model, [[t.format(n) for t in templates] + list(d)
                                      for n, d in zip(names, descriptions)])
 
 

@@ -63,8 +63,9 @@ def setting_source(dataset: str, method: str) -> str | None:
 def templates(dataset: str, method: str | None = None) -> list[str]:
     """The prompt templates (each with one ``{}``) ``method``'s code uses on ``dataset``.
 
-    ``method=None`` or a method without its own table: CoOp's per-dataset template (the one the
-    zero-shot baselines of these papers use). ``tpt``/``ctpt``/``rtpt``: TPT's "a photo of a {}.".
+    ``method=None`` or a method without its own table: CoOp's per-dataset template (CoOp's
+    zero-shot CLIP; TPT's, C-TPT's and ZERO's zero-shot baselines use "a photo of a {}." on every set,
+    as shiftlab's ``zeroshot`` does). ``tpt``/``ctpt``/``rtpt``: TPT's "a photo of a {}.".
     A dataset without any entry (``imagefolder``) gets ``["a photo of a {}."]``.
     """
     source = _TEMPLATES_OF.get(method, method)

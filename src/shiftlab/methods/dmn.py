@@ -127,6 +127,9 @@ class DMNConfig(ViewMethodConfig):
     text_head: str = "ensemble"        # "ensemble": 80 templates; "tip_cupl" (the authors'): 7 Tip-Adapter
     #                                    templates + CuPL descriptions, read from cupl_file; "zeroshot": one template
     cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl"
+    # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
+    # sets the dataset's (data/method_settings.json: DMN's `ID_to_prompts` on the fine-grained sets)
+    templates: tuple[str, ...] | None = None
 
 
 @register_method("dmn_zs")

@@ -16,8 +16,9 @@ STATE_VERSION = 1
 
 
 def text_head(method: Method) -> torch.Tensor:
-    """The (C, D) class head named by the method's `text_head` config field; "ensemble" with the
-    config's `templates` set (the dataset's own, `--protocol paper`) averages those instead of CLIP's 80."""
+    """The (C, D) class head named by the method's `text_head` config field; the config's `templates`,
+    when set (the dataset's own, `--protocol paper`), replace CLIP's 80 in "ensemble" and the 7
+    Tip-Adapter templates in "tip_cupl"."""
     head = method.config.text_head
     if head == "ensemble":
         templates = getattr(method.config, "templates", None)
@@ -25,7 +26,8 @@ def text_head(method: Method) -> torch.Tensor:
     if head == "zeroshot":
         return method.heads.zeroshot
     if head == "tip_cupl" and hasattr(method.config, "cupl_file"):
-        return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file")
+        return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file",
+                                     getattr(method.config, "templates", None))
     allowed = "'ensemble', 'zeroshot'" + (" or 'tip_cupl'" if hasattr(method.config, "cupl_file") else "")
     raise ValueError(f"{method.name}: text_head must be {allowed}, got {head!r}")
 
