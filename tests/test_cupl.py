@@ -150,3 +150,135 @@ def test_paper_protocol_pairs_each_dataset_with_its_own_templates(model, tmp_pat
                                   cupl_file=str(path), templates=("itap of a {}.",))
     torch.testing.assert_close(text_head(mine), _pooled(model, FLOWERS, ["itap of a {}."], FLOWER_DESCRIPTIONS),
                                rtol=0, atol=1e-5)
+
+
+# ------------------------------------------- a directory of CuPL's per-dataset files
+
+def _cupl_dir(tmp_path, files: dict[str, dict]) -> str:
+    folder = tmp_path / "gpt3_prompts"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_text(json.dumps(data))
+    return str(folder)
+
+
+TEXTURES = ["banded", "blotchy", "braided"]
+TEXTURE_DESCRIPTIONS = {"banded": ["Stripes of colour in bands."], "blotchy": ["Irregular patches and blots."],
+                        "braided": ["Strands woven over each other.", "A plaited pattern."]}
+
+
+def test_a_cupl_directory_gives_each_dataset_its_own_file(model, tmp_path):
+    """DMN's file names (ID_to_gptprompts_path; CuPL_prompts_imagenet.json on the ImageNet family), under
+    every protocol, recorded in the config as the chosen file."""
+    folder = _cupl_dir(tmp_path, {"CuPL_prompts_flowers102.json": FLOWER_DESCRIPTIONS,
+                                  "CuPL_prompts_dtd.json": TEXTURE_DESCRIPTIONS,
+                                  "CuPL_prompts_imagenet.json": DESCRIPTIONS})
+    for alias in ("flowers102", "flower102"):
+        dmn = shiftlab.create_method("dmn_zs", model, FLOWERS, protocol="paper", dataset=alias, cupl_file=folder)
+        assert dmn.config.cupl_file == f"{folder}/CuPL_prompts_flowers102.json"
+        torch.testing.assert_close(text_head(dmn), _pooled(model, FLOWERS, ["a photo of a {}, a type of flower."],
+                                                           FLOWER_DESCRIPTIONS), rtol=0, atol=1e-5)
+    dtd = shiftlab.create_method("dmn_zs", model, TEXTURES, protocol="paper", dataset="dtd", cupl_file=folder)
+    assert dtd.config.cupl_file == f"{folder}/CuPL_prompts_dtd.json"
+    torch.testing.assert_close(text_head(dtd), _pooled(model, TEXTURES, ["{} texture."], TEXTURE_DESCRIPTIONS),
+                               rtol=0, atol=1e-5)
+    for dataset in ("imagenet-r", "K"):
+        net = shiftlab.create_method("dmn_zs", model, NAMES, protocol="leaderboard", dataset=dataset,
+                                     text_head="tip_cupl", cupl_file=folder)
+        assert net.config.cupl_file == f"{folder}/CuPL_prompts_imagenet.json"
+        torch.testing.assert_close(text_head(net), _want(model), rtol=0, atol=1e-5)
+    # a head that reads no descriptions leaves the directory alone (and needs no file for the set)
+    plain = shiftlab.create_method("dmn_zs", model, NAMES, dataset="eurosat", cupl_file=folder)
+    assert plain.config.text_head == "ensemble" and plain.config.cupl_file == folder
+
+
+def test_a_cupl_directory_without_the_datasets_file_is_a_one_line_error(model, tmp_path):
+    folder = _cupl_dir(tmp_path, {"CuPL_prompts_flowers102.json": FLOWER_DESCRIPTIONS})
+
+    def refused(**kw) -> str:
+        with pytest.raises(ValueError) as err:
+            shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper", cupl_file=folder, **kw)
+        return str(err.value)
+
+    assert refused(dataset="oxford-pets") == (f"dmn_zs.cupl_file: directory {folder!r} has no CuPL file for "
+                                              "dataset 'oxford-pets' (expected CuPL_prompts_oxfordpets.json)")
+    assert refused(dataset="fgvc-aircraft").endswith("(expected CuPL_prompts_fgvcaircraft.json)")
+    assert refused(dataset="imagefolder") == (f"dmn_zs.cupl_file: {folder!r} is a directory of CuPL files, but DMN "
+                                              "names none for dataset 'imagefolder': pass the file itself "
+                                              "(class name -> sentences)")
+    assert refused() == (f"dmn_zs.cupl_file: {folder!r} is a directory; the run's dataset picks the file in it "
+                         "(shiftlab run --dataset/--suite), without one pass the file itself")
+
+
+def test_a_single_cupl_file_is_used_on_every_dataset(model, cupl_file):
+    for dataset in ("imagenet-r", "dtd", "imagefolder", None):
+        dmn = shiftlab.create_method("dmn_zs", model, NAMES, dataset=dataset, text_head="tip_cupl",
+                                     cupl_file=cupl_file)
+        assert dmn.config.cupl_file == cupl_file
+        torch.testing.assert_close(text_head(dmn), _want(model), rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------- a suite on the tiny model
+
+def _sentences(dataset: str, classnames: list[str]) -> dict[str, list[str]]:
+    """Made-up CuPL-style sentences, different per dataset and class (one or two each)."""
+    return {c.replace("_", " "): [f"A {dataset} picture of {c}."] + [f"Another {c}."] * (k % 2)
+            for k, c in enumerate(classnames)}
+
+
+def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monkeypatch):
+    from _synthetic import make_split_dataset
+    from shiftlab import suites
+    from shiftlab.context import ClassHeads
+    from shiftlab.datasets import build_dataset, templates
+    from shiftlab.engine import RunConfig
+    from shiftlab.synthetic import tiny_clip
+
+    root = tmp_path / "data"
+    names = ("flowers102", "dtd")
+    datasets = {}
+    for name in names:
+        make_split_dataset(root, name, with_images=[0, 1], real_images=True)
+        datasets[name] = build_dataset(name, str(root))
+    files = {"flowers102": "CuPL_prompts_flowers102.json", "dtd": "CuPL_prompts_dtd.json"}
+    sentences = {n: _sentences(n, datasets[n].classnames) for n in names}
+    folder = _cupl_dir(tmp_path, {files[n]: sentences[n] for n in names})   # each file: its own classes only
+    used = []
+    original = ClassHeads.tip_cupl
+
+    def spy(self, cupl_file, field="cupl_file", templates=None):
+        head = original(self, cupl_file, field, templates)
+        if not used or used[-1][1] != cupl_file:   # prepare() and every sample ask; the head is cached
+            used.append((list(self.classnames), cupl_file, head))
+        return head
+
+    monkeypatch.setattr(ClassHeads, "tip_cupl", spy)
+    suite = suites.resolve_suite(None, ",".join(names))
+    model = tiny_clip(0)
+
+    def config(out, cupl=folder) -> RunConfig:
+        return RunConfig(dataset=names[0], data=str(root), methods=["dmn_zs"], protocol="paper", limit=1,
+                         order="sorted", workers=0, progress=False, out=str(out),
+                         method_config={"dmn_zs": {"views": 4, "cupl_file": cupl}})
+
+    suites.run_suite(config(tmp_path / "suite"), suite, model=model, datasets=datasets)
+    assert [u[1] for u in used] == [f"{folder}/{files[n]}" for n in names]
+    for name, (classnames, _, head) in zip(names, used):
+        assert classnames == datasets[name].classnames
+        summary = json.loads((tmp_path / "suite" / name / "summary.json").read_text())
+        assert summary["config"]["method_settings"]["dmn_zs"]["cupl_file"] == f"{folder}/{files[name]}"
+        want = _pooled(model, classnames, templates(name, "dmn_zs"), sentences[name])
+        torch.testing.assert_close(head, want, rtol=0, atol=1e-5)
+    # the second dataset's file missing: the suite stops before its first dataset runs
+    (tmp_path / "gpt3_prompts" / files["dtd"]).unlink()
+    with pytest.raises(ValueError) as err:
+        suites.run_suite(config(tmp_path / "broken"), suite, model=model, datasets=datasets)
+    assert str(err.value) == (f"dmn_zs.cupl_file: directory {folder!r} has no CuPL file for dataset 'dtd' "
+                              "(expected CuPL_prompts_dtd.json)")
+    assert not (tmp_path / "broken").exists()
+    # one file for both sets: the first set to lack sentences stops the suite, also before any work
+    with pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .*CuPL_prompts_flowers102\.json' has no sentences "
+                                         r"for 47 of 47 classes: 'banded', "):
+        suites.run_suite(config(tmp_path / "single", f"{folder}/{files['flowers102']}"), suite, model=model,
+                         datasets=datasets)
+    assert not (tmp_path / "single").exists()

@@ -1,7 +1,9 @@
 """Class table and folder dataset builders (offline, synthetic data)."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -462,6 +464,21 @@ def test_every_setting_is_a_config_field_of_its_method_and_cites_a_source():
     for per_dataset in table["templates"].values():
         for dataset, entry in per_dataset.items():
             assert dataset in list_datasets() and entry["source"].startswith("github.com/")
+    for method, per_dataset in table["cupl_files"].items():   # DMN's CuPL file per set: all 15, named as theirs
+        assert "cupl_file" in {f.name for f in dataclasses.fields(get_method_class(method).config_class)}
+        assert set(per_dataset) == set(list_datasets()) - {"imagefolder"}
+        for entry in per_dataset.values():
+            assert re.fullmatch(r"CuPL_prompts_[a-z0-9]+\.json", entry["file"]) and "YBZh/DMN" in entry["source"]
+
+
+def test_cupl_file_names_follow_dmns_table():
+    from shiftlab.datasets import cupl_file_name
+    assert cupl_file_name("pets") == "CuPL_prompts_oxfordpets.json" == cupl_file_name("oxford-pets")
+    assert cupl_file_name("flower102") == "CuPL_prompts_flowers102.json"
+    assert cupl_file_name("aircraft") == "CuPL_prompts_fgvcaircraft.json"
+    assert cupl_file_name("stanford-cars") == "CuPL_prompts_stanfordcars.json"
+    assert {cupl_file_name(d) for d in ("I", "A", "V", "R", "K")} == {"CuPL_prompts_imagenet.json"}
+    assert cupl_file_name("imagefolder") is None
 
 
 def test_templates_per_dataset_and_method():

@@ -130,6 +130,19 @@ def method_overrides(protocol: str, method: str, user: Mapping[str, Any] | None 
         out.pop("precision", None)
     for key, value in dict(user or {}).items():
         out[key] = merge_views(out[key], value) if key == "views" and key in out else value
+    return _dataset_cupl_file(method, out, dataset)
+
+
+def _dataset_cupl_file(method: str, out: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """Under every protocol: a `cupl_file` naming a directory of CuPL's per-dataset files becomes the
+    dataset's file (DMN's names, shiftlab.methods.online_common.dataset_cupl_file) when the method's
+    head reads it, so a suite runs each dataset with its own descriptions and the run records the file."""
+    if dataset is None or not out.get("cupl_file"):
+        return out
+    from .methods import get_method_class
+    from .methods.online_common import dataset_cupl_file
+    if out.get("text_head", getattr(get_method_class(method).config_class, "text_head", None)) == "tip_cupl":
+        out["cupl_file"] = dataset_cupl_file(out["cupl_file"], dataset, f"{method}.cupl_file")
     return out
 
 

@@ -119,6 +119,7 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
 
     config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
     suite_dir = Path(config.out)
+    check_suite_settings(config, suite, datasets)
     rank0 = distributed.context().rank == 0
     if rank0:
         write_manifest(suite_dir, suite, {k: v for k, v in dataclasses.asdict(config).items()
@@ -136,6 +137,24 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     if config.progress:
         print(table_markdown(table))
     return table
+
+
+def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None = None) -> None:
+    """Build every dataset's method configs before the first dataset runs, so a setting that cannot work
+    on a later dataset stops the suite now with its one-line error, not hours in: an unknown field, DMN-ZS's
+    CuPL file missing from a `cupl_file` directory or lacking one of the dataset's classes (when
+    `datasets` holds the built dataset)."""
+    from .methods import get_method_class
+    from .methods.base import make_config
+    from .methods.online_common import check_descriptions
+    from .protocols import method_overrides
+
+    for name in suite.datasets:
+        classnames = getattr((datasets or {}).get(name), "classnames", None)
+        for method in config.methods:
+            overrides = method_overrides(config.protocol, method, (config.method_config or {}).get(method),
+                                         config.precision, dataset=name)
+            check_descriptions(method, make_config(get_method_class(method), **overrides), classnames)
 
 
 # ------------------------------------------------------------------ the table

@@ -10,6 +10,7 @@ from. Every entry names its source file in the authors' repository::
     templates("flowers102", "tda")      -> ["a photo of a {}, a type of flower."]
     templates("dtd")                    -> CoOp's per-dataset template, ["{} texture."]
     setting_source("R", "tda")          -> "github.com/kdiAAA/TDA configs/imagenet_r.yaml"
+    cupl_file_name("pets")              -> "CuPL_prompts_oxfordpets.json"  (DMN's CuPL file for the set)
 
 A method or dataset without an entry gets ``{}`` (its config's defaults); dataset names may be any
 alias (``R``, ``imagenet_r``, ``flower102`` ...).
@@ -25,7 +26,7 @@ from typing import Any
 from .classes import load_templates
 from .folders import DATASETS
 
-__all__ = ["method_settings", "view_settings", "templates", "setting_source", "TEMPLATE_SOURCES"]
+__all__ = ["method_settings", "view_settings", "templates", "setting_source", "cupl_file_name", "TEMPLATE_SOURCES"]
 
 _FILE = "method_settings.json"
 # Methods that build their classifier the way another method's code does.
@@ -75,3 +76,11 @@ def templates(dataset: str, method: str | None = None) -> list[str]:
     if entry is None:
         return ["a photo of a {}."]
     return load_templates() if entry["templates"] == "clip80" else list(entry["templates"])
+
+
+def cupl_file_name(dataset: str, method: str = "dmn_zs") -> str | None:
+    """The name of the CuPL description file (class name -> sentences) ``method``'s code reads on
+    ``dataset`` (DMN's ``ID_to_gptprompts_path``; ``CuPL_prompts_imagenet.json`` on the ImageNet
+    family); None for a dataset it names none for (``imagefolder``)."""
+    entry = _entry("cupl_files", dataset, method)
+    return entry["file"] if entry else None

@@ -13,11 +13,10 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
-from ..text import load_descriptions
 from ..views import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
-from .online_common import STATE_VERSION, check_cupl_file, check_state, first_views, text_head
+from .online_common import STATE_VERSION, check_descriptions, check_state, first_views, text_head
 
 
 class DynamicMemory:
@@ -126,7 +125,8 @@ class DMNConfig(ViewMethodConfig):
     dynamic_weight: float = 0.3        # w in p_zs + w * p_dynamic (authors: searched on test labels)
     text_head: str = "ensemble"        # "ensemble": 80 templates; "tip_cupl" (the authors'): 7 Tip-Adapter
     #                                    templates + CuPL descriptions, read from cupl_file; "zeroshot": one template
-    cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl"
+    cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl", or a
+    #                                    directory of CuPL's per-dataset files: the run's dataset picks its own
     # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
     # sets the dataset's (data/method_settings.json: DMN's `ID_to_prompts` on the fine-grained sets)
     templates: tuple[str, ...] | None = None
@@ -155,8 +155,7 @@ class DMNZeroShot(Method):
             raise ValueError(f"dmn_zs: view_ratio must be in (0, 1], got {cfg.view_ratio}")
         if cfg.dynamic_weight < 0:
             raise ValueError(f"dmn_zs: dynamic_weight must be >= 0, got {cfg.dynamic_weight}")
-        if cfg.text_head == "tip_cupl":    # refuse a missing or incomplete file now, not at the first sample
-            load_descriptions(check_cupl_file(self), self.classnames, f"{self.name}.cupl_file")
+        check_descriptions(self.name, cfg, self.classnames)   # a missing or incomplete CuPL file: now
         self.reset()
 
     def prepare(self) -> None:
