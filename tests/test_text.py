@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
 import open_clip
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from conftest import make_tiny_model
+from shiftlab.prefix_tower import length_buckets, supports_prefix_sharing
 from shiftlab.text import ContextPrompt, class_head, encode_texts, tokenize
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "data" / "imagenet_classes.tsv"
@@ -212,3 +214,80 @@ def test_truncation_is_exact_on_rn50_architecture():
     torch.testing.assert_close(feats, want, rtol=0, atol=1e-5)
     # QuickGELU architecture
     assert isinstance(model.clip.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
+
+
+# -- the shared-prefix tower (prefix_tower.py) --------------------------------------------------------
+
+def _padded_cost(buckets: list[list[int]], lengths: list[int]) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) for b in buckets)
+
+
+def _partitions(values: list[int], k: int):
+    """Every split of the sorted distinct values into at most k contiguous runs."""
+    n = len(values)
+    for parts in range(1, min(k, n) + 1):
+        for cuts in itertools.combinations(range(1, n), parts - 1):
+            bounds = (0, *cuts, n)
+            yield [values[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_buckets_minimise_padding(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 12, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen).tolist()
+    for k in (1, 2, 3, 4):
+        buckets = length_buckets(lengths, k)
+        assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))   # each class once
+        assert len(buckets) <= k
+        brute = min(sum(sum(lengths.count(v) for v in run) * run[-1] for run in split)
+                    for split in _partitions(sorted(set(lengths)), k))
+        assert _padded_cost(buckets, lengths) == brute
+    assert length_buckets([5, 3, 5, 3, 9], 1) == [[0, 1, 2, 3, 4]]
+    assert length_buckets([5, 3, 5, 3, 9], 3) == [[1, 3], [0, 2], [4]]
+
+
+def _c_fc_rows(model: shiftlab.ClipModel, fn) -> int:
+    """Token rows through the first block's MLP while fn() runs."""
+    rows = []
+    hook = model.clip.transformer.resblocks[0].mlp.c_fc.register_forward_hook(
+        lambda mod, inp, out: rows.append(inp[0].shape[:-1].numel()))
+    try:
+        fn()
+    finally:
+        hook.remove()
+    return sum(rows)
+
+
+def test_shared_prefix_equals_whole_prompts_with_gradients(model):
+    shared, whole = ContextPrompt(model, NAMES), ContextPrompt(model, NAMES, share_prefix=False)
+    assert shared.share_prefix and not whole.share_prefix
+    gen = torch.Generator().manual_seed(3)
+    ctx = (shared.init_ctx + 0.05 * torch.randn(2, *shared.init_ctx.shape, generator=gen)).requires_grad_(True)
+    weights = torch.randn(2, len(NAMES), 32, generator=gen)
+    got = shared.features(ctx)
+    (got_grad,) = torch.autograd.grad((got * weights).sum(), ctx)
+    want = whole.features(ctx)
+    (want_grad,) = torch.autograd.grad((want * weights).sum(), ctx)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert (got_grad - want_grad).abs().max() <= 1e-5 * want_grad.abs().max()
+    # the saving: the prefix (SOT + 4 context tokens) runs once per context, tails padded per bucket
+    tails = (shared.eot - 5 + 1).tolist()
+    expected_rows = 2 * 5 + 2 * _padded_cost(length_buckets(tails, 4), tails)
+    with torch.no_grad():
+        assert _c_fc_rows(model, lambda: shared.features(ctx)) == expected_rows
+        assert _c_fc_rows(model, lambda: whole.features(ctx)) == 2 * len(NAMES) * whole.length
+    assert expected_rows < 0.7 * 2 * len(NAMES) * whole.length
+
+
+def test_towers_without_a_causal_mask_use_whole_prompts():
+    tiny = make_tiny_model(seed=2)
+    tiny.clip.attn_mask = None       # e.g. a text tower built with no_causal_mask
+    assert not supports_prefix_sharing(tiny.clip)
+    prompt = ContextPrompt(tiny, NAMES)
+    assert not prompt.share_prefix
+    with torch.no_grad():
+        feats = prompt.features()
+    tokens = open_clip.tokenize([f"a photo of a {n.replace('_', ' ')}." for n in NAMES])
+    with torch.no_grad():
+        want = F.normalize(tiny.clip.encode_text(tokens), dim=-1)
+    torch.testing.assert_close(feats, want, rtol=0, atol=1e-5)

@@ -8,7 +8,9 @@ Two kinds:
 Both run the text transformer only over the positions up to the longest prompt's
 end-of-text token. The tower is causal, so positions after a sequence's EOT never
 influence the EOT feature: the truncation is exact (tested against the full
-77-token `encode_text`).
+77-token `encode_text`); a tower without a causal mask runs all positions.
+`ContextPrompt` also runs the "[SOT] context" prefix, which every class shares, only
+once per context (`prefix_tower`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .models import ClipModel
+from .prefix_tower import prefix_text_features, supports_prefix_sharing
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 # Tip-Adapter's 7 ImageNet templates: the template half of DMN's `tip_cupl` head
@@ -35,6 +38,11 @@ def tokenize(texts: Sequence[str], context_length: int = 77) -> torch.Tensor:
 def _eot_positions(tokens: torch.Tensor) -> torch.Tensor:
     # CLIP's BPE gives end-of-text the largest id, so argmax finds it (as open_clip does).
     return tokens.argmax(dim=-1)
+
+
+def _tower_length(clip: nn.Module, eot: torch.Tensor) -> int:
+    """Positions the tower must run: up to the longest EOT when it is causal, else all of them."""
+    return int(eot.max()) + 1 if clip.attn_mask is not None else clip.context_length
 
 
 def run_text_tower(clip: nn.Module, embeddings: torch.Tensor, eot: torch.Tensor) -> torch.Tensor:
@@ -56,7 +64,7 @@ def encode_texts(model: ClipModel, texts: Sequence[str], batch_size: int = 256) 
     clip = model.clip
     tokens = tokenize(texts, clip.context_length).to(model.device)
     eot = _eot_positions(tokens)
-    length = int(eot.max()) + 1
+    length = _tower_length(clip, eot)
     out = []
     for start in range(0, len(texts), batch_size):
         tok = tokens[start:start + batch_size, :length]
@@ -129,10 +137,14 @@ class ContextPrompt(nn.Module):
     """
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], n_ctx: int = 4,
-                 ctx_init: str | torch.Tensor | None = "a photo of a", seed: int = 0):
+                 ctx_init: str | torch.Tensor | None = "a photo of a", seed: int = 0,
+                 share_prefix: bool = True):
         super().__init__()
         clip = model.clip
         self.clip = clip
+        # True: run [SOT] + context once per context, not once per class, where the tower allows it
+        # (prefix_tower: same math, another evaluation order); False: the whole prompt per class
+        self.share_prefix = share_prefix and supports_prefix_sharing(clip)
         width = clip.token_embedding.weight.shape[1]
         names = [c.replace("_", " ") for c in classnames]
         if isinstance(ctx_init, torch.Tensor):
@@ -151,7 +163,7 @@ class ContextPrompt(nn.Module):
             prefix = " ".join(["X"] * n_ctx)
         tokens = tokenize([f"{prefix} {name}." for name in names], clip.context_length).to(model.device)
         eot = _eot_positions(tokens)
-        self.length = int(eot.max()) + 1
+        self.length = _tower_length(clip, eot)
         with torch.no_grad():
             embedding = clip.token_embedding(tokens[:, :self.length]).float()
         if isinstance(ctx_init, str):
@@ -190,9 +202,13 @@ class ContextPrompt(nn.Module):
         ctx = self.ctx if ctx is None else ctx
         single = ctx.dim() == 2
         batch = ctx.unsqueeze(0) if single else ctx
-        eot = self.eot.repeat(batch.shape[0])
-        feats = run_text_tower(self.clip, self.embeddings(batch), eot)
-        feats = feats.view(batch.shape[0], self.n_classes, -1).float()
+        if self.share_prefix:
+            prefix = torch.cat([self.prefix[0].expand(batch.shape[0], 1, -1), batch.to(self.prefix.dtype)], dim=1)
+            feats = prefix_text_features(self.clip, prefix, self.suffix, self.eot - prefix.shape[1]).float()
+        else:
+            eot = self.eot.repeat(batch.shape[0])
+            feats = run_text_tower(self.clip, self.embeddings(batch), eot)
+            feats = feats.view(batch.shape[0], self.n_classes, -1).float()
         if normalize:
             feats = F.normalize(feats, dim=-1)
         return feats[0] if single else feats

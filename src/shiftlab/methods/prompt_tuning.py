@@ -67,6 +67,9 @@ class PromptTuningConfig(ViewMethodConfig):
     ctx_checkpoint: str | None = None    # a CoOp checkpoint holding a `ctx` tensor
     loss_scale: float = 1000.0          # GradScaler(init_scale=1000) of the authors' code
     batch_size: int = 0                 # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
+    # the shared "[SOT] context" prefix is run once, not once per class (exact up to float rounding,
+    # ~2.5x less text-tower work on ImageNet-R); False: each class's whole prompt, as the authors' code
+    share_prefix: bool = True
 
 
 class PromptTuning(Method):
@@ -81,7 +84,8 @@ class PromptTuning(Method):
             state = torch.load(cfg.ctx_checkpoint, map_location="cpu", weights_only=True)
             state = state.get("state_dict", state)
             init = next(v for k, v in state.items() if k.endswith("ctx"))
-        self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init)
+        self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init,
+                                    share_prefix=cfg.share_prefix)
         self.prompt.ctx.requires_grad_(False)
 
     def prepare(self) -> None:
@@ -96,7 +100,8 @@ class PromptTuning(Method):
         the same computation each time; TPT, C-TPT and R-TPT of one run share it too (same prompt,
         same precision). Each image then costs one backward through this retained graph."""
         cfg = self.config
-        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self.precision.key)
+        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self.prompt.share_prefix,
+               self.precision.key)
         shared = self.heads.shared
         if key not in shared:
             ctx0 = torch.nn.Parameter(self.prompt.init_ctx.clone())
