@@ -246,10 +246,10 @@ def test_length_buckets_minimise_padding(seed):
     assert length_buckets([5, 3, 5, 3, 9], 3) == [[1, 3], [0, 2], [4]]
 
 
-def _c_fc_rows(model: shiftlab.ClipModel, fn) -> int:
-    """Token rows through the first block's MLP while fn() runs."""
+def _c_fc_rows(model: shiftlab.ClipModel, fn, block: int = 0) -> int:
+    """Token rows through a block's MLP while fn() runs."""
     rows = []
-    hook = model.clip.transformer.resblocks[0].mlp.c_fc.register_forward_hook(
+    hook = model.clip.transformer.resblocks[block].mlp.c_fc.register_forward_hook(
         lambda mod, inp, out: rows.append(inp[0].shape[:-1].numel()))
     try:
         fn()
@@ -276,6 +276,8 @@ def test_shared_prefix_equals_whole_prompts_with_gradients(model):
     with torch.no_grad():
         assert _c_fc_rows(model, lambda: shared.features(ctx)) == expected_rows
         assert _c_fc_rows(model, lambda: whole.features(ctx)) == 2 * len(NAMES) * whole.length
+        # the last block's MLP runs on the prefix and on each class's EOT row only
+        assert _c_fc_rows(model, lambda: shared.features(ctx), block=-1) == 2 * 5 + 2 * len(NAMES)
     assert expected_rows < 0.7 * 2 * len(NAMES) * whole.length
 
 

@@ -87,6 +87,14 @@ def _finish_block(block: ResidualAttentionBlock, x: torch.Tensor, attended: torc
     return x + block.ls_2(block.mlp(block.ln_2(x)))
 
 
+def _after_prefix(prefix_part: torch.Tensor, tail_part: torch.Tensor, classes: int) -> torch.Tensor:
+    """Keys or values: each context's prefix (B, heads, P, hd), repeated for its classes, then the tails
+    (B * classes, heads, S, hd) -> (B * classes, heads, P + S, hd)."""
+    b, heads, p, hd = prefix_part.shape
+    repeated = prefix_part.unsqueeze(1).expand(b, classes, heads, p, hd).reshape(b * classes, heads, p, hd)
+    return torch.cat([repeated, tail_part], dim=2)
+
+
 def prefix_text_features(clip: nn.Module, prefix: torch.Tensor, tails: torch.Tensor,
                          tail_eot: torch.Tensor, max_buckets: int = 4) -> torch.Tensor:
     """Unnormalised text features (B, C, D) of the prompts cat(prefix[b], tails[c]).
@@ -119,14 +127,22 @@ def prefix_text_features(clip: nn.Module, prefix: torch.Tensor, tails: torch.Ten
         # tail position i sees the whole prefix and tail positions <= i
         mask = torch.cat([torch.ones(s, p, dtype=torch.bool, device=x.device),
                           torch.ones(s, s, dtype=torch.bool, device=x.device).tril()], dim=1)
-        for block, (pk, pv) in zip(blocks, prefix_kv):
+        *body, (last, (pk, pv)) = zip(blocks, prefix_kv)
+        for block, (bpk, bpv) in body:
             q, k, v = _qkv(block, x)
-            heads, hd = pk.shape[1], pk.shape[-1]
-            keys = torch.cat([pk.unsqueeze(1).expand(b, c, heads, p, hd).reshape(b * c, heads, p, hd), k], dim=2)
-            values = torch.cat([pv.unsqueeze(1).expand(b, c, heads, p, hd).reshape(b * c, heads, p, hd), v], dim=2)
-            x = _finish_block(block, x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
-        eot = tail_eot[idx].repeat(b)
-        x = clip.ln_final(x[torch.arange(b * c, device=x.device), eot])
+            x = _finish_block(block, x, F.scaled_dot_product_attention(
+                q, _after_prefix(bpk, k, c), _after_prefix(bpv, v, c), attn_mask=mask))
+        # The last block's output is read at the EOT rows only: they alone get a query, the attention
+        # output and the MLP (the other rows still give keys and values).
+        rows, eot = torch.arange(b * c, device=x.device), tail_eot[idx].repeat(b)
+        attn, width = last.attn, x.shape[-1]
+        a = last.ln_1(x)
+        q = F.linear(a[rows, eot].unsqueeze(1), attn.in_proj_weight[:width], attn.in_proj_bias[:width])
+        k, v = F.linear(a, attn.in_proj_weight[width:], attn.in_proj_bias[width:]).chunk(2, dim=-1)
+        q, k, v = (_split_heads(t, attn.num_heads) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, _after_prefix(pk, k, c), _after_prefix(pv, v, c),
+                                                  attn_mask=mask[eot][:, None, None])
+        x = clip.ln_final(_finish_block(last, x[rows, eot].unsqueeze(1), attended)[:, 0])
         proj = clip.text_projection
         feats = proj(x) if isinstance(proj, nn.Linear) else x @ proj
         pieces.append((idx, feats.view(b, c, -1)))
