@@ -23,6 +23,12 @@ PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout "${GPU_CHECK_TIMEOUT:-5
 model_ips=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(1/((r.get('rounds') or {}).get('all_methods_seconds_per_image', {}).get('median') or r['all_methods_seconds_per_image']))" "$json")
 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/view_throughput.py --images 8 --reps 2 \
     --model-ips "$model_ips" | tee "$out_dir/gpu_check_views.txt"
+# the image tower's execution choices on this device (issue 15.1): the engine's chunk of 256 views vs one
+# call and 128, and torch.compile, interleaved, fp16 autocast, with top-1 agreement against the first
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout "${AB_TIMEOUT:-240}" "$PY" benchmarks/image_tower_ab.py \
+    --device "${DEVICE:-cuda}" --precision "${AB_PRECISION:-fp16}" --views "${AB_VIEWS:-512}" \
+    --variants "${AB_VARIANTS:-cl-c256,cl,cl-c128,compile}" --reps "${AB_REPS:-5}" --json \
+    > "$out_dir/image_tower_ab.json" || echo "image tower A/B did not finish (see $out_dir/image_tower_ab.json)"
 "$PY" - "$json" <<'PYEOF'
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -13,6 +13,7 @@ Variants (name = memory format / gradient mode / chunk of views per tower call):
   plain      contiguous, torch.no_grad, one call for all views (the encoder before issue 15)
   cl         channels_last weights and input, torch.inference_mode, one call
   cl-c16/32  as cl, chunks of 16/32 views per call
+  cl-c128/256  as cl, chunks of 128/256 views (256: shiftlab's ENCODE_CHUNK, the engine's choice)
   nograd-cl  channels_last under torch.no_grad (isolates inference_mode's share)
   compile    as cl, the visual tower wrapped in torch.compile (compile time is reported, not timed)
 Weights are random (`RN50-quickgelu`, the architecture of OpenAI's RN50 weights); the cost does
@@ -40,6 +41,8 @@ VARIANTS = {
     "cl": (True, True, 0, False),
     "cl-c16": (True, True, 16, False),
     "cl-c32": (True, True, 32, False),
+    "cl-c128": (True, True, 128, False),
+    "cl-c256": (True, True, 256, False),
     "nograd-cl": (True, False, 0, False),
     "compile": (True, True, 0, True),
 }
