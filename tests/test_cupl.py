@@ -46,12 +46,7 @@ def _encode(model: shiftlab.ClipModel, texts: list[str]) -> torch.Tensor:
 
 
 def _want(model: shiftlab.ClipModel) -> torch.Tensor:
-    rows = []
-    for name in NAMES:
-        spaced = name.replace("_", " ")
-        sentences = [t.format(spaced) for t in TIP_TEMPLATES] + DESCRIPTIONS[spaced]
-        rows.append(F.normalize(_encode(model, sentences).mean(0), dim=-1))
-    return torch.stack(rows)
+    return _pooled(model, NAMES, TIP_TEMPLATES, DESCRIPTIONS)
 
 
 def test_tip_cupl_head_pools_templates_and_descriptions(model, cupl_file):
