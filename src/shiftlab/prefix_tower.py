@@ -95,13 +95,21 @@ def _after_prefix(prefix_part: torch.Tensor, tail_part: torch.Tensor, classes: i
     return torch.cat([repeated, tail_part], dim=2)
 
 
-def prefix_text_features(clip: nn.Module, prefix: torch.Tensor, tails: torch.Tensor,
-                         tail_eot: torch.Tensor, max_buckets: int = 4) -> torch.Tensor:
+def tail_buckets(tail_eot: torch.Tensor, max_buckets: int = 4) -> list[tuple[torch.Tensor, int]]:
+    """The tails' buckets, once per prompt set: (class indices on tail_eot's device, padded length)."""
+    lengths = (tail_eot + 1).tolist()
+    return [(torch.tensor(index, device=tail_eot.device), max(lengths[i] for i in index))
+            for index in length_buckets(lengths, max_buckets)]
+
+
+def prefix_text_features(clip: nn.Module, prefix: torch.Tensor, tails: torch.Tensor, tail_eot: torch.Tensor,
+                         buckets: list[tuple[torch.Tensor, int]] | None = None) -> torch.Tensor:
     """Unnormalised text features (B, C, D) of the prompts cat(prefix[b], tails[c]).
 
     prefix: (B, P, W) token embeddings shared by every class of context b (SOT + context);
     tails: (C, S, W) token embeddings after the prefix (class name, ".", EOT, padding);
-    tail_eot: (C,) position of each tail's EOT token within the tail.
+    tail_eot: (C,) position of each tail's EOT token within the tail;
+    buckets: `tail_buckets(tail_eot)`, which callers with fixed tails compute once.
     """
     blocks = clip.transformer.resblocks
     cast_dtype = clip.transformer.get_cast_dtype()
@@ -117,12 +125,9 @@ def prefix_text_features(clip: nn.Module, prefix: torch.Tensor, tails: torch.Ten
         prefix_kv.append((k, v))
         h = _finish_block(block, h, F.scaled_dot_product_attention(q, k, v, attn_mask=causal))
 
-    lengths = (tail_eot + 1).tolist()
     pieces = []
-    for index in length_buckets(lengths, max_buckets):
-        idx = torch.tensor(index, device=tails.device)
-        s = max(lengths[i] for i in index)
-        c = len(index)
+    for idx, s in (tail_buckets(tail_eot) if buckets is None else buckets):
+        c = len(idx)
         x = (tails[idx, :s].to(cast_dtype) + pos[p:p + s]).unsqueeze(0).expand(b, c, s, -1).reshape(b * c, s, -1)
         # tail position i sees the whole prefix and tail positions <= i
         mask = torch.cat([torch.ones(s, p, dtype=torch.bool, device=x.device),

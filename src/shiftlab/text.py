@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .models import ClipModel
-from .prefix_tower import prefix_text_features, supports_prefix_sharing
+from .prefix_tower import prefix_text_features, supports_prefix_sharing, tail_buckets
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 # Tip-Adapter's 7 ImageNet templates: the template half of DMN's `tip_cupl` head
@@ -176,6 +176,9 @@ class ContextPrompt(nn.Module):
         self.n_ctx = n_ctx
         self.register_buffer("tokens", tokens, persistent=False)
         self.register_buffer("eot", eot, persistent=False)
+        # the class tails after "[SOT] context" and their length buckets: fixed, so planned once here
+        self.register_buffer("tail_eot", eot - (1 + n_ctx), persistent=False)
+        self.tail_buckets = tail_buckets(self.tail_eot) if self.share_prefix else None
         self.register_buffer("prefix", embedding[:, :1].clone(), persistent=False)
         self.register_buffer("suffix", embedding[:, 1 + n_ctx:].clone(), persistent=False)
         self.register_buffer("init_ctx", init.clone(), persistent=False)
@@ -204,7 +207,7 @@ class ContextPrompt(nn.Module):
         batch = ctx.unsqueeze(0) if single else ctx
         if self.share_prefix:
             prefix = torch.cat([self.prefix[0].expand(batch.shape[0], 1, -1), batch.to(self.prefix.dtype)], dim=1)
-            feats = prefix_text_features(self.clip, prefix, self.suffix, self.eot - prefix.shape[1]).float()
+            feats = prefix_text_features(self.clip, prefix, self.suffix, self.tail_eot, self.tail_buckets).float()
         else:
             eot = self.eot.repeat(batch.shape[0])
             feats = run_text_tower(self.clip, self.embeddings(batch), eot)
