@@ -236,3 +236,9 @@ def test_lazy_package_attributes():
     assert set(shiftlab.__all__) <= set(dir(shiftlab))
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         shiftlab.nosuch  # noqa: B018
+
+
+def test_version_flag_prints_the_package_version():
+    import shiftlab
+    proc = subprocess.run([sys.executable, "-m", "shiftlab", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"shiftlab {shiftlab.__version__}"

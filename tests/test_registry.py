@@ -123,3 +123,13 @@ def test_registry_aliases_filters_and_duplicates():
     class K:
         pass
     assert reg.get("k") is K and K.name == "k"
+
+
+def test_unknown_names_suggest_the_closest_registered_name():
+    from shiftlab.datasets import DatasetError, build_dataset
+    with pytest.raises(DatasetError, match=r"^unknown dataset 'imagenet-rr' \(did you mean 'imagenet-r'\?\); known: "):
+        build_dataset("imagenet-rr", ".")
+    with pytest.raises(KeyError, match=r"unknown method 'TDAA' \(did you mean 'tda'\?\)"):
+        get_method_class("TDAA")
+    with pytest.raises(KeyError, match=r"^unknown method 'xyz'; known: "):   # nothing close: no guess
+        get_method_class("xyz")

@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="shiftlab", description=(
         "Test-time adaptation of CLIP models under distribution shift: accuracy, robust accuracy and "
         "calibration of TPT, C-TPT, R-TPT, MTA, ZERO, TDA, ... in one run."))
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"shiftlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")

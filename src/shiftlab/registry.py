@@ -13,6 +13,7 @@ case-folding) lookups compare normalised names, so ``R`` and ``r`` are the same 
 """
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -67,8 +68,15 @@ class Registry(Generic[T]):
         key = self._normalize(str(name))
         if key not in self._aliases:
             known = ", ".join([*self._also_known, *self.names()])
-            raise self.error(f"unknown {self.kind} {str(name)!r}; known: {known}")
+            raise self.error(f"unknown {self.kind} {str(name)!r}{self.suggest(str(name))}; known: {known}")
         return self._aliases[key]
+
+    def suggest(self, name: str) -> str:
+        """' (did you mean 'x'?)' for the closest registered name or alias (case-insensitive), else ''."""
+        keys = {k.lower(): v for k, v in self._aliases.items()}
+        keys.update({a.lower(): a for a in self._also_known})
+        close = difflib.get_close_matches(name.lower(), list(keys), n=1, cutoff=0.75)
+        return f" (did you mean {keys[close[0]]!r}?)" if close else ""
 
     def get(self, name: str) -> T:
         """The entry registered as ``name`` (or one of its aliases)."""
