@@ -1,4 +1,4 @@
-"""Robust accuracy: PGD via torchattacks, 8-bit quantisation within the eps-ball, determinism, end to end."""
+"""Robust accuracy: PGD (checked against torchattacks), 8-bit quantisation in the eps-ball, determinism, end to end."""
 from __future__ import annotations
 
 import json
@@ -165,6 +165,28 @@ def test_pgd_on_tiny_clip_raises_the_true_class_loss(evaluator, samples):
         after_q = F.cross_entropy(clf(q), y, reduction="none")
     assert (after > before).all() and (after_q > before).all()
     assert not model.training
+
+
+@pytest.mark.parametrize("random_start", [False, True])
+def test_pgd_is_torchattacks_pgd_bit_for_bit(evaluator, samples, random_start):
+    # the authors' code (R-TPT) runs torchattacks.PGD; shiftlab's own PGD must give its images exactly,
+    # on the same process and seed (both draw the random start from the global RNG the same way)
+    torchattacks = pytest.importorskip("torchattacks")
+    ids, views, labels, _ = samples
+    model = evaluator.model
+    clf = ZeroShotClassifier(model, evaluator.heads.zeroshot, model.logit_scale)
+    x = torch.stack([v[0] for v in views]).float() / 255
+    y = torch.tensor(labels)
+    eps = 4 / 255
+    torch.manual_seed(5)
+    ours = pgd(clf, x, y, eps=eps, alpha=eps / 4, steps=3, random_start=random_start)
+    torch.manual_seed(5)
+    ref = torchattacks.PGD(clf, eps=eps, alpha=eps / 4, steps=3, random_start=random_start)
+    ref.set_device(x.device)
+    with torch.enable_grad():
+        theirs = ref(x, y).detach()
+    assert torch.equal(ours, theirs)
+    assert not torch.equal(ours, x) and not model.training
 
 
 # -- perturb: bounds, views, determinism ----------------------------------------------------

@@ -7,7 +7,7 @@ same per-sample seed as the clean run; every method then scores those views::
     attacker = build_attack({"name": "pgd", "eps": 1/255}, evaluator)
     adv_views, info = attacker.perturb(ids, views_list, labels, view_generator)
 
-PGD itself is torchattacks.PGD (untargeted cross-entropy on the true label, random
+PGD itself is torchattacks.PGD's update, written on torch (`pgd`; untargeted cross-entropy on the true label, random
 start, step alpha, projection on the eps-ball and [0, 1]) against zero-shot CLIP
 with the INITIAL prompt, with normalisation inside the attacked model. The result
 is quantised to 8 bits (rounding, or the authors' truncation) and clipped to the
@@ -110,16 +110,35 @@ class ZeroShotClassifier(nn.Module):
 
 def pgd(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, eps: float, alpha: float,
         steps: int, random_start: bool = True) -> torch.Tensor:
-    """torchattacks' untargeted L-inf PGD on `classifier` (images in [0, 1]) -> float images in [0, 1].
+    """Untargeted L-inf PGD on `classifier` (images in [0, 1]) -> float images in [0, 1].
 
-    The random start draws from the global RNG of the images' device: seed it (and fork it)
-    around the call for reproducible results.
+    The update of torchattacks.PGD (3.5), the attack R-TPT's code runs, op for op: a uniform start
+    in the eps-ball clamped to [0, 1], then `steps` times x + alpha * sign(grad of the cross-entropy
+    on the true label), projected on the eps-ball and [0, 1]. Written on torch so that the library
+    does not depend on torchattacks (whose requests~=2.25 pin drags 2020 versions into every
+    install); tests/test_attacks.py checks it against torchattacks where that is installed. The
+    random start draws from the global RNG of the images' device: seed it (and fork it) around the
+    call for reproducible results.
     """
-    import torchattacks
-    attack = torchattacks.PGD(classifier, eps=eps, alpha=alpha, steps=steps, random_start=random_start)
-    attack.set_device(images.device)
-    with torch.enable_grad():
-        return attack(images, labels).detach()
+    was_training = classifier.training
+    classifier.eval()
+    images = images.clone().detach()
+    labels = labels.clone().detach()
+    adv = images.clone().detach()
+    if random_start:
+        adv = torch.clamp(adv + torch.empty_like(adv).uniform_(-eps, eps), min=0, max=1).detach()
+    try:
+        with torch.enable_grad():
+            for _ in range(steps):
+                adv.requires_grad = True
+                cost = nn.functional.cross_entropy(classifier(adv), labels)
+                grad = torch.autograd.grad(cost, adv, retain_graph=False, create_graph=False)[0]
+                adv = adv.detach() + alpha * grad.sign()
+                delta = torch.clamp(adv - images, min=-eps, max=eps)
+                adv = torch.clamp(images + delta, min=0, max=1).detach()
+    finally:
+        classifier.train(was_training)
+    return adv
 
 
 class Attack:
