@@ -93,3 +93,87 @@ def test_one_image_encoder_under_the_precision_policy(tiny_model):
     assert method.run_precision == "auto"
     ctx = SampleContext(tiny_model, method.heads, x, precision=resolve_precision("auto", tiny_model.device))
     torch.testing.assert_close(method.predict(x), method.predict_context(ctx).logits, rtol=0, atol=0)
+
+
+# -- one call on an image ---------------------------------------------------------------------------
+
+def _image_file(tmp_path, name="cat.jpg"):
+    path = tmp_path / name
+    random_image((90, 70), seed=4).save(path)
+    return path
+
+
+@pytest.mark.parametrize("method", ["zeroshot", "zero", "tda"])
+def test_predict_image_is_the_method_on_its_own_views(tiny_model, tmp_path, method):
+    # the one-call path equals drawing the method's recipe by hand and calling predict
+    import numpy as np
+    from PIL import Image
+    path = _image_file(tmp_path)
+    m = shiftlab.create_method(method, tiny_model, CLASSES)
+    by_path = m.predict_image(path, seed=3)
+    m = shiftlab.create_method(method, tiny_model, CLASSES)
+    gen = ViewGenerator(ViewConfig.from_recipe(m.view_recipe), 3, preprocess=tiny_model.preprocess)
+    views = gen(Image.open(path).convert("RGB"), 0)
+    assert views.shape[0] == m.view_recipe.n_views
+    logits = m.predict(tiny_model.normalize(views.float() / 255))
+    torch.testing.assert_close(by_path.logits, logits, rtol=0, atol=1e-6)
+    assert by_path.index == int(by_path.probs.argmax()) and by_path.name == CLASSES[by_path.index]
+    assert abs(float(by_path.probs.sum()) - 1) < 1e-5
+    for other in (Image.open(path), np.asarray(Image.open(path).convert("RGB")), str(path)):
+        again = shiftlab.create_method(method, tiny_model, CLASSES).predict_image(other, seed=3)
+        torch.testing.assert_close(again.probs, by_path.probs, rtol=0, atol=0)
+    top = by_path.top(5)
+    assert len(top) == 3 and top[0] == (by_path.name, pytest.approx(by_path.confidence))
+    assert [p for _, p in top] == sorted((p for _, p in top), reverse=True)
+
+
+def test_shiftlab_predict_with_a_dataset_name(tiny_model, tmp_path):
+    from shiftlab.datasets import classnames_for_wnids, crossdataset_classnames, imagenet_r_wnids
+    names = shiftlab.classnames("imagenet-r")
+    assert names == classnames_for_wnids(imagenet_r_wnids()) and len(names) == 200
+    assert shiftlab.classnames("R") == names
+    assert shiftlab.classnames("flowers102") == crossdataset_classnames("flowers102")
+    assert len(shiftlab.classnames("imagenet-v2")) == 1000
+    with pytest.raises(ValueError, match="imagefolder: its class names come from its folders"):
+        shiftlab.classnames("imagefolder")
+    pred = shiftlab.predict(_image_file(tmp_path), method="zeroshot", model=tiny_model, classes="imagenet-r")
+    assert pred.probs.shape == (200,) and pred.name == names[pred.index]
+    same = shiftlab.create_method("zeroshot", tiny_model, names).predict_image(_image_file(tmp_path))
+    torch.testing.assert_close(pred.logits, same.logits, rtol=0, atol=0)
+
+
+def test_transform_is_the_runs_view_zero(tiny_model):
+    from PIL import Image
+    img = random_image((120, 80), seed=2)
+    x = tiny_model.transform(img)
+    view0 = ViewGenerator(ViewConfig(n_views=1), 0, preprocess=tiny_model.preprocess)(img, 0)[0]
+    assert x.shape == (3, 64, 64) and x.dtype == torch.float32
+    torch.testing.assert_close(x, tiny_model.normalize(view0.float().div(255).unsqueeze(0))[0], rtol=0, atol=0)
+    assert isinstance(img, Image.Image)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (3.5, "image must be a path, a PIL image, a uint8 array or a uint8 tensor, got float"),
+    ("nope.jpg", "file not found"),
+])
+def test_predict_image_refuses_what_is_not_an_image(tiny_model, bad, message):
+    from shiftlab.imageio import ImageDecodeError
+    m = shiftlab.create_method("zeroshot", tiny_model, CLASSES)
+    with pytest.raises((ValueError, ImageDecodeError), match=message):
+        m.predict_image(bad)
+    import numpy as np
+    with pytest.raises(ValueError, match=r"image array must be uint8"):
+        m.predict_image(np.zeros((8, 8, 3), dtype=np.float32))
+
+
+def test_readme_library_section_runs_as_written(tiny_model, tmp_path, monkeypatch):
+    # the README's library snippet, executed: only the weights are the tiny random CLIP's
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Library use"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    _image_file(tmp_path)
+    monkeypatch.setattr(shiftlab, "load_model", lambda *a, **k: tiny_model)
+    exec(compile(code, "README.md", "exec"), {})

@@ -16,16 +16,21 @@ _EXPORTS = {
     "load_model": "models",
     "create_method": "methods",
     "list_methods": "methods",
+    "predict": "methods",
+    "Prediction": "prediction",
+    "classnames": "datasets",
     "ClassHeads": "context",
     "SampleContext": "context",
 }
-__all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "ClassHeads",
-           "SampleContext", "__version__"]
+__all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "predict", "Prediction",
+           "classnames", "ClassHeads", "SampleContext", "__version__"]
 
 if TYPE_CHECKING:
     from .context import ClassHeads, SampleContext
-    from .methods import create_method, list_methods
+    from .datasets import classnames
+    from .methods import create_method, list_methods, predict
     from .models import ClipModel, ModelLoadError, load_model
+    from .prediction import Prediction
 
 
 def __getattr__(name: str) -> Any:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from PIL import Image
 
 from .checkpoints import (
     OPENAI_SCALARS,
@@ -45,6 +46,7 @@ from .checkpoints import (
     weights_source,
 )
 from .precision import Precision
+from .views import base_view, to_uint8_tensor
 
 __all__ = ["ClipModel", "ModelLoadError", "Preprocess", "load_model", "load_run_model", "register_architecture",
            "model_preprocess", "OPENAI_MEAN", "OPENAI_STD"]
@@ -178,6 +180,12 @@ class ClipModel(nn.Module):
             feats = torch.cat([self.encode_normalized(x[i:i + chunk_size])
                                for i in range(0, x.shape[0], chunk_size)]).float()
         return feats.clone()
+
+    def transform(self, image: Image.Image) -> torch.Tensor:
+        """A PIL image -> (3, S, S) float32 normalised input, like open_clip's eval preprocess: the
+        run's view 0 (this model's resize, centre crop and interpolation) in 8 bits, then normalised."""
+        x = to_uint8_tensor(base_view(image.convert("RGB"), self.image_size, self.preprocess))
+        return self.normalize(x.float().div(255).unsqueeze(0))[0]
 
     def forward(self, x01: torch.Tensor) -> torch.Tensor:
         return self.encode_pixels(x01)

@@ -21,10 +21,11 @@ from .folders import (
                       find_dataset_dir,
                       list_datasets,
 )
+from .names import classnames
 from .settings import cupl_file_name, method_settings, setting_source, templates, view_settings
 
 __all__ = [
-    "cupl_file_name", "method_settings", "setting_source", "templates", "view_settings",
+    "classnames", "cupl_file_name", "method_settings", "setting_source", "templates", "view_settings",
     "CROSS_DATASETS", "SplitFileMissing", "crossdataset_classnames",
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",

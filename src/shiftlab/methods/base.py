@@ -17,8 +17,9 @@ from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
 from ..precision import PURE_FP16, Precision
 from ..precision import resolve as resolve_precision
+from ..prediction import Prediction, load_image, make_prediction
 from ..registry import Registry
-from ..views import ViewRecipe
+from ..views import ViewConfig, ViewGenerator, ViewRecipe
 
 _REGISTRY: Registry[type[Method]] = Registry("method")
 METHOD_KINDS = ("episodic", "online")
@@ -95,10 +96,22 @@ class Method:
         method's precision (its own, or the run's where it says "auto"), through the engine's encoder,
         as a run encodes each method's views, so `predict` gives what a run gives.
         """
+        return self._predict_views(views).logits
+
+    def predict_image(self, image: Any, seed: int = 0, sample_id: int = 0) -> Prediction:
+        """One image (a path, a PIL image, a uint8 array) -> `Prediction` (class index and name,
+        probabilities, logits, `top(k)`), with this method's own views: its view recipe drawn as a
+        run draws them for sample `sample_id` of a run seeded `seed`."""
+        config = ViewConfig.from_recipe(self.view_recipe)
+        views_u8 = ViewGenerator(config, seed, preprocess=self.model.preprocess)(load_image(image), sample_id)
+        out = self._predict_views(self.model.normalize(views_u8.float() / 255))
+        return make_prediction(out.logits, out.probabilities(), self.classnames)
+
+    def _predict_views(self, views: torch.Tensor) -> MethodOutput:
         check_views(views, self.model)
         views = views[:self.view_recipe.n_views].to(self.model.device)
         ctx = SampleContext(self.model, self.heads, views, precision=self.precision)
-        return self.predict_context(ctx).logits
+        return self.predict_context(ctx)
 
     # -- engine use -------------------------------------------------------------
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
