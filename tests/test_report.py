@@ -173,7 +173,7 @@ def test_report_files_and_pngs(built):
     assert (out / "report.html").is_file() and (out / "metrics.csv").is_file() and (out / "paired.csv").is_file()
     pngs = sorted(out.glob("*.png"))
     names = {p.name for p in pngs}
-    assert {"accuracy_vs_time.png", "clean_vs_robust.png", "published.png",
+    assert {"accuracy_vs_time_imagenet_r.png", "clean_vs_robust.png", "published.png",
             "reliability_imagenet_r_clean.png", "renditions_imagenet_r.png",
             "renditions_delta_imagenet_r.png"} <= names
     for p in pngs:
@@ -257,7 +257,7 @@ def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
                   patterns={"tpt": PATTERNS["tpt"], "mta": {"clean": (lambda i: i % 3 != 0, 0.8)}})
     out = tmp_path / "out"
     assert _cli(["report", str(a), str(b), "--out", str(out), "--compare", "mta,zeroshot",
-                 "--bootstrap", "200", "--pairs", "zeroshot"]) == 0
+                 "--bootstrap", "200", "--pairs", "reference"]) == 0
     keys = {r["method_key"] for r in read_csv(out / "metrics.csv")}
     # Several runs: every key names its run, not only the keys two runs share (#16).
     assert keys == {"tpt [rn50run]", "tpt [vitrun]", "zeroshot [rn50run]", "mta [vitrun]"}
@@ -396,3 +396,96 @@ def test_report_modules_import_no_cycle():
         return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph.get(start, ()))
     cycles = [m for m in graph if m != "__init__" and reaches(m, m)]
     assert not cycles, cycles
+
+
+# ------------------------------------------------------------------ ten methods, five datasets
+
+def test_holm_adjustment_by_hand():
+    from shiftlab.report.stats import holm
+    # sorted: 0.005 x4 = 0.02, 0.01 x3 = 0.03, 0.03 x2 = 0.06, 0.04 x1 = 0.04 -> kept at the running max 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []
+
+
+def write_many(run_dir: Path, dataset: str, methods: list[str], n: int = 60, n_classes: int = 30) -> Path:
+    """A run of `methods` on `dataset`: method k is right on sample i when (i * (k + 3)) % 7 > k % 4."""
+    run_dir.mkdir(parents=True)
+    lines = []
+    for i in range(n):
+        y = i % n_classes
+        for k, method in enumerate(methods):
+            ok = (i * (k + 3)) % 7 > k % 4
+            pred = y if ok else (y + 1) % n_classes
+            lines.append(json.dumps({"id": i, "path": f"c{y}/{i}.jpg", "label": y, "method": method,
+                                     "setting": "clean", "pred": pred, "top5": [pred], "confidence": 0.6,
+                                     "true_prob": 0.6 if ok else 0.01, "correct": ok, "seconds": 0.1}))
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
+    summary = {"config": {"model": "RN50", "pretrained": "openai", "dataset": dataset,
+                          "classnames": [f"class {c}" for c in range(n_classes)]},
+               "methods": {m: {"seconds_per_image": 0.1 * (1 + k % 3)} for k, m in enumerate(methods)},
+               "errors": 0}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+TEN = ["zeroshot", "prompt_ensemble", "view_ensemble", "tpt", "ctpt", "rtpt", "mta", "zero", "tda", "dmn_zs"]
+FIVE = ["imagenet-r", "imagenet-a", "imagenet-v2", "imagenet-sketch", "imagenet"]
+
+
+@pytest.fixture(scope="module")
+def big_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("big")
+    runs = [write_many(root / ds, ds, TEN) for ds in FIVE]
+    html = build_report(runs, root / "out", n_resamples=200, seed=0).read_text()
+    return root, runs, html
+
+
+@pytest.mark.slow
+def test_ten_methods_five_datasets_compare_with_one_reference_holm_corrected(big_report):
+    root, runs, html = big_report
+    rows = read_csv(root / "out" / "paired.csv")
+    assert len(rows) == 9 * 5 and {r["b"].split(" ")[0] for r in rows} == {"zeroshot"}   # not 225 rows of all pairs
+    from shiftlab.report.stats import holm
+    for ds in FIVE:
+        family = [r for r in rows if r["dataset"] == ds]
+        want = holm([float(r["p_value"]) for r in family])
+        assert [float(r["p_holm"]) for r in family] == pytest.approx(want)
+    assert "Holm" in html and len(table_rows(html, "paired-table")) == 45
+    build_report(runs[:1], root / "all", n_resamples=50, pairs="all")
+    assert len(read_csv(root / "all" / "paired.csv")) == 45                 # C(10, 2) on request
+    build_report(runs[:1], root / "mta", n_resamples=50, reference="mta")
+    assert {r["b"] for r in read_csv(root / "mta" / "paired.csv")} == {"mta"}   # one run: plain keys
+    from shiftlab.report.load import ReportError
+    with pytest.raises(ReportError, match="--reference: no method 'nope'"):
+        build_report(runs[:1], root / "x", reference="nope")
+
+
+@pytest.mark.slow
+def test_ten_methods_get_ten_colours_and_one_cost_figure_per_dataset(big_report):
+    from matplotlib.colors import to_hex
+
+    from shiftlab.report.plots import accuracy_vs_time_figure, distinct_colors
+    root, _, html = big_report
+    assert {f"accuracy_vs_time_{ds.replace('-', '_')}.png" for ds in FIVE} <= {p.name for p in (root / "out").iterdir()}
+    for n in (3, 10, 14, 37):
+        assert len({to_hex(c) for c in distinct_colors(n)}) == n
+    points = [(m, 0.1 * (1 + k % 3), 50.0 + k, "run") for k, m in enumerate(TEN)]
+    fig = accuracy_vs_time_figure(points)
+    colours = [to_hex(c.get_facecolor()[0]) for c in fig.axes[0].collections]
+    assert len(set(colours)) == 10
+    # coincident points share one label listing their numbers
+    fig = accuracy_vs_time_figure([("a", 1.0, 50.0, "r"), ("b", 1.0, 50.0, "r"), ("c", 2.0, 60.0, "r")])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1,2", "3"]
+
+
+@pytest.mark.slow
+def test_per_class_tables_show_the_worst_and_best_classes_and_the_csv_all(big_report):
+    root, _, html = big_report
+    shown = table_rows(html, "per-class-imagenet_r")
+    assert len(shown) == 20 and "10 worst and 10 best of 30 classes" in html
+    full = read_csv(root / "out" / "per_class_imagenet_r.csv")
+    cols = [f"{m} [imagenet-r] %" for m in TEN]
+    assert len(full) == 30 and set(full[0]) == {"class", "name", "n", *cols}
+    means = sorted((np.mean([float(r[c]) for c in cols]), int(r["class"])) for r in full)
+    worst = means[0][1]
+    assert f">class {worst}<" in shown[0]

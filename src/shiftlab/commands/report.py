@@ -16,9 +16,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--compare", action="append", default=[], metavar="A,B",
                    help="also compare method A with B on paired samples (repeatable); a name is a "
                         "method key as shown in the report, or a method name")
-    p.add_argument("--pairs", choices=("auto", "all", "zeroshot"), default="auto",
-                   help="which method pairs to compare: all pairs, each vs. zeroshot, or auto "
-                        "(all pairs up to 6 methods per setting, else vs. zeroshot); default auto")
+    p.add_argument("--pairs", choices=("reference", "all"), default="reference",
+                   help="which method pairs to compare per dataset and setting: each method against "
+                        "--reference (default), or all pairs; p-values are Holm-corrected per dataset and setting")
+    p.add_argument("--reference", default="zeroshot", metavar="METHOD",
+                   help="the method every other one is compared with (default zeroshot)")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N",
                    help="paired bootstrap resamples for the 95%% interval (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --bootstrap must be at least 1", file=sys.stderr)
         return 2
     try:
-        path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs,
+        path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs, reference=args.reference,
                             n_resamples=args.bootstrap, seed=args.seed, title=args.title)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,15 +14,10 @@ from shiftlab.report import sections
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
-from shiftlab.report.stats import paired_compare, series_metrics
+from shiftlab.report.stats import PairedResult, holm, paired_compare, series_metrics
 
 __all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "expand_suites", "is_zeroshot",
            "resolve_method", "zeroshot_baseline"]
-
-# With more methods than this in one (dataset, setting), all pairs would swamp
-# the table, so "auto" compares each method with zero-shot only.
-AUTO_ALL_PAIRS_MAX = 6
-
 
 def resolve_method(name: str, runs: list[Run]) -> list[str]:
     """Display keys a user-given name means: an exact key, else every key of that method."""
@@ -35,10 +30,25 @@ def resolve_method(name: str, runs: list[Run]) -> list[str]:
     return by_method
 
 
-def choose_pairs(runs: list[Run], mode: str = "auto", compare: Iterable[str] = ()) -> list[tuple[Series, Series]]:
-    """Pairs (A, B) to compare, zero-shot always on the B (baseline) side."""
-    if mode not in ("auto", "all", "zeroshot"):
-        raise ReportError(f"unknown pairs mode {mode!r} (auto, all, zeroshot)")
+PAIR_MODES = ("reference", "all")
+
+
+def reference_series(s: Series, group: list[Series], reference: str) -> Series | None:
+    """The series of method `reference` to compare s with (zero-shot: any zero-shot variant), from s's
+    own run when it has one."""
+    if reference == "zeroshot":
+        return zeroshot_baseline(s, group)
+    candidates = [r for r in group if r.method == reference and r is not s]
+    same_run = [r for r in candidates if r.run is s.run]
+    return (same_run or candidates or [None])[0]
+
+
+def choose_pairs(runs: list[Run], mode: str = "reference", compare: Iterable[str] = (),
+                 reference: str = "zeroshot") -> list[tuple[Series, Series]]:
+    """Pairs (A, B) to compare within each (dataset, setting): every method against the `reference`
+    method (B side) by default, every pair with mode "all", plus the user's `compare` pairs."""
+    if mode not in PAIR_MODES:
+        raise ReportError(f"unknown pairs mode {mode!r} ({', '.join(PAIR_MODES)})")
     pairs: list[tuple[Series, Series]] = []
     wanted = []
     for spec in compare:
@@ -46,15 +56,19 @@ def choose_pairs(runs: list[Run], mode: str = "auto", compare: Iterable[str] = (
         if len(parts) != 2 or not all(parts):
             raise ReportError(f"--compare expects two method names as A,B, got {spec!r}")
         wanted.append((resolve_method(parts[0], runs), resolve_method(parts[1], runs)))
+    methods = {s.method for r in runs for s in r.series}
+    if mode == "reference" and reference != "zeroshot" and reference not in methods:
+        raise ReportError(f"--reference: no method {reference!r} in these runs; known: {', '.join(sorted(methods))}")
+    is_reference = is_zeroshot if reference == "zeroshot" else (lambda x: x.method == reference)
     for group in comparable_groups(runs).values():
         found: list[tuple[Series, Series]] = []
-        if mode == "all" or (mode == "auto" and len(group) <= AUTO_ALL_PAIRS_MAX):
+        if mode == "all":
             for a, b in itertools.combinations(group, 2):
-                found.append((b, a) if is_zeroshot(a) and not is_zeroshot(b) else (a, b))
+                found.append((b, a) if is_reference(a) and not is_reference(b) else (a, b))
         else:
             for s in group:
-                base = zeroshot_baseline(s, group)
-                if base is not None and not is_zeroshot(s):
+                base = reference_series(s, group, reference)
+                if base is not None and not is_reference(s):
                     found.append((s, base))
         by_key = {s.key: s for s in group}
         for keys_a, keys_b in wanted:
@@ -65,6 +79,19 @@ def choose_pairs(runs: list[Run], mode: str = "auto", compare: Iterable[str] = (
                     found.append((by_key[ka], by_key[kb]))
         pairs.extend(found)
     return pairs
+
+
+def paired_results(runs: list[Run], pairs: list[tuple[Series, Series]], n_resamples: int,
+                   seed: int) -> list[PairedResult]:
+    """McNemar + bootstrap for every pair, p-values Holm-adjusted within each (dataset, setting)."""
+    results = [paired_compare(a, b, n_resamples, seed) for a, b in pairs]
+    families: dict[tuple[str, str], list[int]] = {}
+    for i, (a, _) in enumerate(pairs):
+        families.setdefault((a.run.dataset, a.setting_label), []).append(i)
+    for members in families.values():
+        for i, adjusted in zip(members, holm([results[i].p_value for i in members])):
+            results[i].p_holm = adjusted
+    return results
 
 
 def _csv_value(v):
@@ -87,7 +114,7 @@ METRIC_COLUMNS = ["run", "run_dir", "run_label", "model", "pretrained", "dataset
                   "setting", "setting_label", "attack_eps", "top1", "top5", "ece", "nll", "n", "errors",
                   "seconds_per_image"]
 PAIRED_COLUMNS = ["dataset", "setting", "a", "b", "n", "acc_a", "acc_b", "diff", "ci_low", "ci_high",
-                  "a_only", "b_only", "p_value", "test", "verdict", "bootstrap_resamples", "seed"]
+                  "a_only", "b_only", "p_value", "p_holm", "test", "verdict", "bootstrap_resamples", "seed"]
 
 
 def metric_rows(data: ReportData) -> list[dict]:
@@ -124,15 +151,15 @@ def expand_suites(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
 
 
 def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str] = (),
-                 pairs: str = "auto", n_resamples: int = 2000,
-                 seed: int = 0, title: str | None = None) -> Path:
+                 pairs: str = "reference", n_resamples: int = 2000,
+                 seed: int = 0, title: str | None = None, reference: str = "zeroshot") -> Path:
     """Write the report for the given run directories into out_dir; returns report.html's path."""
     run_dirs, suite_dirs = expand_suites(run_dirs)
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
-    paired = [paired_compare(a, b, n_resamples, seed) for a, b in choose_pairs(runs, pairs, compare)]
+    paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
     tables = [suites.suite_table(d) for d in suite_dirs]
     data = ReportData(runs, metrics, paired, out, n_resamples, seed, tables)
     for d, table in zip(suite_dirs, tables):

@@ -27,6 +27,18 @@ def _short(label: str, width: int = 28) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
+def distinct_colors(n: int) -> list[tuple[float, float, float]]:
+    """n colours no two of which are equal: matplotlib's tab10 / tab20 while they suffice, else hues
+    spaced evenly around the HSV circle at alternating lightness (adjacent entries stay apart)."""
+    import matplotlib
+    from matplotlib.colors import hsv_to_rgb
+    if n <= 10:
+        return [tuple(c) for c in matplotlib.colormaps["tab10"].colors[:n]]
+    if n <= 20:
+        return [tuple(c) for c in matplotlib.colormaps["tab20"].colors[:n]]
+    return [tuple(hsv_to_rgb((i / n, 0.75, 0.95 if i % 2 else 0.6))) for i in range(n)]
+
+
 def reliability_figure(panels: list[tuple[str, np.ndarray, np.ndarray, float]]) -> Figure | None:
     """One reliability diagram per (title, confidences, correct, ece %) panel, each with a strip
     below it giving the number of samples in every confidence bin (a bar over 3 samples and one
@@ -88,23 +100,31 @@ def log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
     return ticks
 
 
-def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]]) -> Figure | None:
+def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: str = "Accuracy vs. cost",
+                             colors: dict[str, tuple] | None = None) -> Figure | None:
     """Top-1 against seconds per image (log x), one numbered point per (name, seconds, top1, run).
 
     Points are labelled by number and named in a legend beside the axes: names written next to
-    points overlap into illegible text as soon as two methods cost about the same. One marker
-    shape per run, so methods of different backbones stay apart."""
+    points overlap into illegible text as soon as two methods cost about the same, and points that
+    coincide get one label listing their numbers ("2,5"). One marker shape per run, so methods of
+    different backbones stay apart; `colors` (name -> colour) keeps a method's colour the same in
+    every figure, else every point gets its own (`distinct_colors`)."""
     points = [p for p in points if p[1] and p[1] > 0 and not math.isnan(p[1]) and not math.isnan(p[2])]
     if not points:
         return None
     fig = Figure(figsize=(9, 4.8))
     ax = fig.subplots()
     runs = list(dict.fromkeys(p[3] for p in points))
-    colors = [f"C{i % 10}" for i in range(len(points))]
+    own = distinct_colors(len(points))
+    spots: dict[tuple[float, float], list[int]] = {}
     for i, (name, sec, acc, run) in enumerate(points, start=1):
-        ax.scatter(sec, acc, s=45, marker="osD^vP*X"[runs.index(run) % 8], color=colors[i - 1],
+        color = colors.get(name, own[i - 1]) if colors else own[i - 1]
+        ax.scatter(sec, acc, s=45, marker="osD^vP*X"[runs.index(run) % 8], color=color,
                    label=f"{i}  {_short(name, 40)}")
-        ax.annotate(str(i), (sec, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        spots.setdefault((round(math.log10(sec), 2), round(acc, 1)), []).append(i)
+    for numbers in spots.values():
+        _, sec, acc, _ = points[numbers[0] - 1]
+        ax.annotate(",".join(map(str, numbers)), (sec, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
     seconds = [p[1] for p in points]
     lo, hi = min(seconds) / 1.5, max(seconds) * 1.5
     ax.set_xscale("log")
@@ -115,8 +135,7 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]]) -> Figu
     accs = [p[2] for p in points]
     pad = max(1.0, 0.08 * (max(accs) - min(accs)))
     ax.set_ylim(max(-2.0, min(accs) - pad), min(102.0, max(accs) + pad))
-    ax.set(xlabel="seconds per image (log scale)", ylabel="top-1 accuracy (%)",
-           title="Accuracy vs. cost (clean images)")
+    ax.set(xlabel="seconds per image (log scale)", ylabel="top-1 accuracy (%)", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
               ncol=max(1, math.ceil(len(points) / 24)))
@@ -124,8 +143,9 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]]) -> Figu
     return fig
 
 
-def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path) -> Path | None:
-    fig = accuracy_vs_time_figure(points)
+def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path, title: str = "Accuracy vs. cost",
+                     colors: dict[str, tuple] | None = None) -> Path | None:
+    fig = accuracy_vs_time_figure(points, title, colors)
     return None if fig is None else _save(fig, path)
 
 
@@ -164,9 +184,11 @@ def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: P
     ax = fig.subplots()
     width = 0.8 / len(series)
     x = np.arange(len(group_names))
+    palette = distinct_colors(len(series))
     for k, (name, values) in enumerate(series.items()):
         vals = np.array(values, dtype=float)
-        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, np.nan_to_num(vals), width, label=name)
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, np.nan_to_num(vals), width, label=name,
+                      color=palette[k])
         for rect, v in zip(bars, vals):
             if np.isfinite(v):
                 ax.annotate(f"{v:.1f}", (rect.get_x() + rect.get_width() / 2, v), ha="center",

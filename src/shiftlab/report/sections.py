@@ -1,6 +1,7 @@
 """The report's sections, in page order. Each returns (anchor, heading, HTML) or None to skip."""
 from __future__ import annotations
 
+import csv
 import re
 from collections import Counter
 
@@ -109,8 +110,12 @@ B wrong; <b>B fixes</b>: the reverse. Only these discordant images carry informa
 method is better. The <b>McNemar p-value</b> is the chance of a split at least this uneven if both
 methods were equally good (exact binomial test below 25 discordant images, chi-square with
 continuity correction, "cc", from 25 on). The <b>95% interval</b> of A&minus;B comes from a paired bootstrap
-({n} resamples, seed {seed}). Read a gap as real only when the interval excludes 0 and p &lt; 0.05;
-otherwise the methods are not distinguishable on this data, however large the gap looks.</p>"""
+({n} resamples, seed {seed}). Many comparisons on one dataset make some small p-values likely by
+chance, so the p-values of one dataset and setting are <b>Holm-corrected</b> together (family-wise
+error rate 5%; "Holm p"). Read a gap as real only when the interval excludes 0 and the Holm p &lt; 0.05;
+otherwise the methods are not distinguishable on this data, however large the gap looks. Every
+method is compared with one reference (zero-shot unless <code>--reference</code> says otherwise);
+<code>--pairs all</code> compares every pair.</p>"""
 
 
 def paired_section(data: ReportData) -> Section | None:
@@ -122,25 +127,35 @@ def paired_section(data: ReportData) -> Section | None:
         verdict_cls = "good" if p.verdict.endswith("better") else ""
         rows.append([p.a, p.b, p.setting, num(p.n, 0), num(p.acc_a), num(p.acc_b), signed(p.diff),
                      Cell(f"[{fmt(p.ci_low)}, {fmt(p.ci_high)}]", repr(p.ci_low)), num(p.a_only, 0),
-                     num(p.b_only, 0), Cell(fmt_p(p.p_value), repr(p.p_value)), p.test,
+                     num(p.b_only, 0), Cell(fmt_p(p.p_value), repr(p.p_value)),
+                     Cell(fmt_p(p.p_adjusted), repr(p.p_adjusted)), p.test,
                      Cell(p.verdict, cls=verdict_cls)])
     return ("paired", "Paired comparison",
             PAIRED_HELP.format(n=data.n_resamples, seed=data.seed) + table(
                 ["A", "B", "setting", "n paired", "A top-1 %", "B top-1 %", "A − B (points)",
-                 "95% CI of A − B", "A fixes", "B fixes", "McNemar p", "test", "reading"],
+                 "95% CI of A − B", "A fixes", "B fixes", "McNemar p", "Holm p", "test", "reading"],
                 rows, text_cols=3, id_="paired-table"))
 
 
 def cost_section(data: ReportData) -> Section | None:
-    points = [(s.key, data.m(s)["seconds_per_image"], data.m(s)["top1"], s.run.name)
-              for s in data.series if s.setting == "clean"]
-    png = plots.accuracy_vs_time(points, data.out / "accuracy_vs_time.png")
-    if png is None:
+    clean = _clean_by_dataset(data)
+    # a method keeps its colour in every figure; its runs (backbones) differ by marker shape
+    methods = sorted({s.method for group in clean.values() for s in group})
+    by_method = dict(zip(methods, plots.distinct_colors(len(methods))))
+    colors = {s.key: by_method[s.method] for group in clean.values() for s in group}
+    body = ""
+    for dataset, group in clean.items():
+        points = [(s.key, data.m(s)["seconds_per_image"], data.m(s)["top1"], s.run.name) for s in group]
+        png = plots.accuracy_vs_time(points, data.out / f"accuracy_vs_time_{_slug(dataset)}.png",
+                                     f"Accuracy vs. cost on {dataset} (clean images)", colors)
+        if png is not None:
+            body += f"<h3>{esc(dataset)}</h3>" + image(png, f"accuracy vs seconds per image on {dataset}")
+    if not body:
         return None
-    return ("cost", "Accuracy vs. cost", "<p>Up and to the left is better. Seconds per image "
-            "from summary.json (mean of the records' timings when it is missing). Each point is "
-            "numbered and named in the legend; one marker shape per run.</p>"
-            + image(png, "accuracy vs seconds per image"))
+    return ("cost", "Accuracy vs. cost", "<p>One figure per dataset (accuracies of different datasets are "
+            "not on one scale). Up and to the left is better. Seconds per image from summary.json (mean of "
+            "the records' timings when it is missing). Each point is numbered and named in the legend; one "
+            "marker shape per run, one colour per method in every figure.</p>" + body)
 
 
 def calibration_section(data: ReportData) -> Section | None:
@@ -266,21 +281,44 @@ def published_section(data: ReportData) -> Section | None:
                 rows, text_cols=2, id_="published-table"))
 
 
+PER_CLASS_SHOWN = 10   # worst and best classes shown per dataset; the CSV holds every class
+
+
+def per_class_rows(group, n_classes: int, name) -> tuple[list[str], list[list]]:
+    """Header and one row per class with a sample: index, name, n, each series' accuracy (%)."""
+    per = [per_class_accuracy(s, n_classes) for s in group]
+    counts = np.max([c for c, _ in per], axis=0)
+    rows = [[i, name(i), int(counts[i]), *[float(acc[i]) for _, acc in per]] for i in range(n_classes) if counts[i] > 0]
+    return ["class", "name", "n", *[f"{s.key} %" for s in group]], rows
+
+
 def per_class_section(data: ReportData) -> Section | None:
     body = ""
     for dataset, group in _clean_by_dataset(data).items():
-        n_classes = _n_classes(group)
-        name = _class_namer(group)
-        per = [per_class_accuracy(s, n_classes) for s in group]
-        counts = np.max([c for c, _ in per], axis=0)
-        rows = [[num(i, 0), name(i), num(counts[i], 0), *[num(acc[i]) for _, acc in per]]
-                for i in range(n_classes) if counts[i] > 0]
-        body += (f"<h3>{esc(dataset)}</h3><div class=scroll>"
-                 + table(["class", "name", "n", *[f"{s.key} %" for s in group]], rows, text_cols=2,
-                         id_=f"per-class-{_slug(dataset)}") + "</div>")
+        header, rows = per_class_rows(group, _n_classes(group), _class_namer(group))
+        csv_name = f"per_class_{_slug(dataset)}.csv"
+        write_rows_csv(data.out / csv_name, header, rows)
+        note = ""
+        if len(rows) > 2 * PER_CLASS_SHOWN:
+            # ranked by the mean accuracy over the series, so that the worst and best classes are the same for all
+            ranked = sorted(rows, key=lambda r: (float(np.nanmean(r[3:])), r[0]))
+            rows = ranked[:PER_CLASS_SHOWN] + ranked[-PER_CLASS_SHOWN:]
+            note = (f"<p class=meta>The {PER_CLASS_SHOWN} worst and {PER_CLASS_SHOWN} best of "
+                    f"{len(ranked)} classes by mean accuracy over the methods; every class in "
+                    f'<a href="{esc(csv_name)}">{esc(csv_name)}</a>.</p>')
+        cells = [[num(r[0], 0), r[1], num(r[2], 0), *[num(v) for v in r[3:]]] for r in rows]
+        body += (f"<h3>{esc(dataset)}</h3>" + note + "<div class=scroll>"
+                 + table(header, cells, text_cols=2, id_=f"per-class-{_slug(dataset)}") + "</div>")
     return ("per-class", "Per-class accuracy (clean)",
             "<p>Click a header to sort (e.g. by a method's accuracy to find its worst classes).</p>"
             + body) if body else None
+
+
+def write_rows_csv(path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 def confusions_section(data: ReportData) -> Section | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,11 @@ class PairedResult:
     test: str
     ci_low: float
     ci_high: float
+    p_holm: float | None = None   # Holm-adjusted over the comparisons of one (dataset, setting); None: alone
+
+    @property
+    def p_adjusted(self) -> float:
+        return self.p_value if self.p_holm is None else self.p_holm
 
     @property
     def diff(self) -> float:
@@ -108,7 +114,7 @@ class PairedResult:
         """A plain reading: a winner only when the test and the interval both say so."""
         if self.n == 0:
             return "no shared samples"
-        if self.p_value < 0.05 and (self.ci_low > 0 or self.ci_high < 0):
+        if self.p_adjusted < 0.05 and (self.ci_low > 0 or self.ci_high < 0):
             return f"{self.a if self.diff > 0 else self.b} better"
         return "no clear difference"
 
@@ -116,8 +122,20 @@ class PairedResult:
         return {"a": self.a, "b": self.b, "setting": self.setting, "n": self.n,
                 "acc_a": self.acc_a, "acc_b": self.acc_b, "diff": self.diff,
                 "ci_low": self.ci_low, "ci_high": self.ci_high, "a_only": self.a_only,
-                "b_only": self.b_only, "p_value": self.p_value, "test": self.test,
+                "b_only": self.b_only, "p_value": self.p_value, "p_holm": self.p_adjusted, "test": self.test,
                 "verdict": self.verdict}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of m p-values (family-wise error rate): the i-th smallest becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)), in the input's order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def paired_compare(a: Series, b: Series, n_resamples: int = 2000, seed: int = 0) -> PairedResult:
