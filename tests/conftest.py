@@ -32,6 +32,22 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_head_cache(tmp_path_factory):
+    # Class heads read from ~/.cache would make a test depend on what an earlier run left there (and on
+    # the thread count it built them with); tests/test_head_cache.py turns the cache on where it is tested.
+    import os
+    old = {k: os.environ.get(k) for k in ("SHIFTLAB_HEAD_CACHE", "SHIFTLAB_CACHE")}
+    os.environ["SHIFTLAB_HEAD_CACHE"] = "0"
+    os.environ["SHIFTLAB_CACHE"] = str(tmp_path_factory.mktemp("shiftlab-cache"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def golden_dir(tmp_path_factory) -> Path:
     """The golden fixtures (tests/fixtures/golden, stored compactly) in the format the tests read."""

@@ -21,7 +21,9 @@ import open_clip
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from .head_cache import MIN_PROMPTS, cached_head
 from .models import ClipModel
 from .prefix_tower import prefix_text_features, supports_prefix_sharing, tail_buckets
 
@@ -135,8 +137,16 @@ def class_head(model: ClipModel, classnames: Sequence[str],
     """Class embeddings (C, D): normalise(mean over templates of normalised embeddings)."""
     formatters = [_as_formatter(t) for t in templates]
     names = [c.replace("_", " ") for c in classnames]  # as ContextPrompt does, so both heads read alike
-    per_template = torch.stack([encode_texts(model, [f(c) for c in names]) for f in formatters])
-    return F.normalize(per_template.mean(dim=0), dim=-1)
+    prompts = [[f(c) for c in names] for f in formatters]
+
+    def build() -> torch.Tensor:
+        many = len(prompts) * len(names) >= MIN_PROMPTS
+        rows = tqdm(prompts, desc=f"text head: {len(prompts)} templates x {len(names)} classes", unit="template",
+                    leave=False, disable=not many or None)
+        per_template = torch.stack([encode_texts(model, texts) for texts in rows])
+        return F.normalize(per_template.mean(dim=0), dim=-1)
+
+    return cached_head(model.clip, model.device, [p for texts in prompts for p in texts], build)
 
 
 def pooled_class_head(model: ClipModel, prompts_per_class: Sequence[Sequence[str]]) -> torch.Tensor:
