@@ -242,3 +242,16 @@ def test_version_flag_prints_the_package_version():
     import shiftlab
     proc = subprocess.run([sys.executable, "-m", "shiftlab", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"shiftlab {shiftlab.__version__}"
+
+
+@pytest.mark.parametrize("dataset, hint", [
+    ("imagenet-r", "run `shiftlab download imagenet-r --root"),
+    ("imagenet", "cannot be downloaded automatically"),
+    ("imagenet-sketch", "cannot be downloaded automatically"),
+])
+def test_missing_dataset_hints_the_download_only_where_it_can_help(tmp_path, capsys, tiny_checkpoint, dataset, hint):
+    code = cli_main(["run", "--dataset", dataset, "--data", str(tmp_path / "nothing"), "--model", "shiftlab-tiny",
+                     "--pretrained", str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and hint in err
+    assert ("shiftlab download" in err) == (dataset == "imagenet-r")

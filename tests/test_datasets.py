@@ -521,3 +521,13 @@ def test_paper_protocol_layers_the_per_dataset_settings():
     assert method_overrides("paper", "tpt", dataset="imagenet-r")["views"] == {"augmix": False}  # len(set_id)==1
     assert method_overrides("leaderboard", "ctpt", dataset="flowers102") == {}    # the leaderboard is one recipe
     assert method_overrides("paper", "ctpt") == method_overrides("paper", "ctpt", dataset="imagefolder")
+
+
+def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
+    from shiftlab.datasets import DatasetError, build_dataset
+    root = tmp_path / "imagenet-val"
+    root.mkdir()
+    for i in range(1, 4):
+        (root / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(b"x")
+    with pytest.raises(DatasetError, match=r"raw ILSVRC2012 validation layout, sort the images into one folder"):
+        build_dataset("imagenet", tmp_path)

@@ -211,7 +211,7 @@ def cached_tag_file(pretrained_cfg: dict, cache_dir: str | None) -> tuple[Path |
             return c, ""
     where = []
     if hf_repo:
-        where.append(f"the Hugging Face repository {hf_repo} (`huggingface-cli download {hf_repo}` "
+        where.append(f"the Hugging Face repository {hf_repo} (`hf download {hf_repo}` "
                      f"puts it in the HF cache, {hf_hub_cache()})")
     if url:
         where.append(f"{url} -> {url_target}")

@@ -400,7 +400,7 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
                             lambda: download_pretrained_from_hf(repo, cache_dir=cache_dir))
     else:
         raise ModelLoadError(f"weights hf-hub:{repo} are not in the Hugging Face cache and downloading was not "
-                             f"requested; run with --download, or `huggingface-cli download {repo}`")
+                             f"requested; run with --download, or `hf download {repo}`")
     config_file = weights.parent / "open_clip_config.json"
     cfg = json.loads(config_file.read_text()) if config_file.is_file() else {}
     return weights, cfg.get("preprocess_cfg", {})

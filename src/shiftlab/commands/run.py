@@ -171,6 +171,18 @@ def dataset_names(args: argparse.Namespace) -> list[str]:
     return [args.dataset]
 
 
+def download_hint(name: str, root: str, exc: Exception) -> str:
+    """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
+    dataset with a download URL whose images (not only a split file) are missing."""
+    from ..datasets import DATASETS, SplitFileMissing
+    if name not in DATASETS or isinstance(exc, SplitFileMissing):
+        return ""
+    spec = DATASETS.get(name)
+    if not spec.url:
+        return " (it cannot be downloaded automatically: see docs/DATA.md)" if spec.manual else ""
+    return f" -> run `shiftlab download {spec.name} --root {root}` (or pass --download), see docs/DATA.md"
+
+
 def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, FolderDataset]]:
     """Check data and weights before any heavy work, downloading them when asked.
 
@@ -196,8 +208,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
                 except (DownloadError, DatasetError, OSError) as dl_exc:
                     problems.append(f"dataset {name}: {one_line(dl_exc)}")
             else:
-                problems.append(f"dataset {name}: {one_line(exc)} -> run `shiftlab download {name} --root "
-                                f"{cfg.data}` (or pass --download), see docs/DATA.md")
+                problems.append(f"dataset {name}: {one_line(exc)}{download_hint(name, cfg.data, exc)}")
     try:
         model = load_run_model(cfg, resolve_device(cfg.device))
     except ModelLoadError as exc:

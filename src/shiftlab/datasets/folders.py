@@ -211,6 +211,20 @@ def _download_hint(name: str, root: Path) -> str:
     return hint + ")"
 
 
+def _raw_ilsvrc_hint(directory: Path) -> str:
+    """A hint when `directory` holds ImageNet's validation images as distributed: one flat folder of
+    ILSVRC2012_val_*.JPEG files, not yet sorted into a folder per class."""
+    try:
+        with os.scandir(directory) as it:
+            flat = sum(1 for e, _ in zip(it, range(2000)) if e.name.startswith("ILSVRC2012_val_"))
+    except OSError:
+        return ""
+    if not flat:
+        return ""
+    return ("; it holds ILSVRC2012_val_*.JPEG files directly: that is the raw ILSVRC2012 validation "
+            "layout, sort the images into one folder per wnid first (e.g. with valprep.sh, see docs/DATA.md)")
+
+
 def format_listing(items: Sequence[Any]) -> str:
     """The first few items, and how many there are: 'a, b, c (3)' or 'a, ..., j, ... (25 in total)'."""
     shown = ", ".join(str(item) for item in items[:_MAX_LISTED])
@@ -334,7 +348,8 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
         if missing and len(missing) == len(folders):
             raise DatasetError(
                 f"{name}: none of the {len(folders)} expected class folders is in {directory} "
-                f"(expected e.g. {directory / folders[0]}/)" + _download_hint(name, Path(root).expanduser()))
+                f"(expected e.g. {directory / folders[0]}/)" + (_raw_ilsvrc_hint(directory) or
+                                                                 _download_hint(name, Path(root).expanduser())))
         if missing:
             raise DatasetError(
                 f"{name}: {directory} lacks {len(missing)} of {len(folders)} class folders: {format_listing(missing)}")
