@@ -692,3 +692,9 @@ def test_weights_source_is_the_hub_repo_only_for_a_blob_whose_content_matches_it
     plain = shiftlab.load_model("shiftlab-tiny", str(copy))
     assert plain.weights_source is None and plain.checkpoint_sha256 == model.checkpoint_sha256
     assert shiftlab.load_model("shiftlab-tiny", None).weights_source is None   # random weights
+
+
+def test_unknown_model_name_suggests_the_closest():
+    from shiftlab.models import ModelLoadError, load_model
+    with pytest.raises(ModelLoadError, match=r"unknown model 'RN5O' \(did you mean 'RN50'\?\)"):
+        load_model("RN5O", pretrained=None)

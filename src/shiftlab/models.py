@@ -346,7 +346,11 @@ def _known_model(name: str, checkpoint: tuple[Path, dict] | None = None) -> None
     import open_clip
     if open_clip.get_model_config(name) is not None:
         return
-    msg = f"unknown model {name!r} (see `open_clip.list_models()`, or register_architecture)"
+    import difflib
+    known = {m.lower(): m for m in open_clip.list_models()}
+    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
+    guess = f" (did you mean {known[close[0]]!r}?)" if close else ""
+    msg = f"unknown model {name!r}{guess} (see `open_clip.list_models()`, or register_architecture)"
     if checkpoint is not None:
         path, sd = checkpoint
         sig = _signature_of_state_dict(sd)
