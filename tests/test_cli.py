@@ -255,3 +255,27 @@ def test_missing_dataset_hints_the_download_only_where_it_can_help(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and hint in err
     assert ("shiftlab download" in err) == (dataset == "imagenet-r")
+
+
+def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_path, capsys):
+    import json as _json
+    (tmp_path / "oxford_flowers").mkdir()
+    (tmp_path / "imagenet-rendition" / "imagenet-r").mkdir(parents=True)
+    assert cli_main(["datasets", "--data", str(tmp_path), "--json"]) == 0
+    rows = {r["name"]: r for r in _json.loads(capsys.readouterr().out)}
+    from shiftlab.datasets import list_datasets
+    assert set(rows) == set(list_datasets())
+    assert rows["flowers102"]["found"] == str(tmp_path / "oxford_flowers")
+    assert "flowers" in rows["flowers102"]["aliases"]
+    assert rows["imagenet-r"]["found"] == str(tmp_path / "imagenet-rendition" / "imagenet-r")
+    assert rows["imagenet-a"]["found"] is None
+    assert rows["imagenet-r"]["download"] == "shiftlab download" and rows["imagenet"]["download"].startswith("by hand")
+    assert cli_main(["datasets"]) == 0
+    assert "imagenet-r" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_is_not_an_error():
+    # `shiftlab datasets | head -1`: head leaves early; no "error: Broken pipe" line
+    proc = subprocess.run(f"{sys.executable} -m shiftlab datasets | head -1", shell=True, capture_output=True,
+                          text=True)
+    assert proc.stdout.startswith("caltech101") and "error" not in proc.stderr

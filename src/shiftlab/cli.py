@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import pkgutil
 import sys
 from typing import NoReturn
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
         print(f"shiftlab {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 1

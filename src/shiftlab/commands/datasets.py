@@ -1,0 +1,62 @@
+"""`shiftlab datasets [--data ROOT]`: every dataset name, its aliases and layout, whether `shiftlab
+download` can fetch it, and what is found under ROOT."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+LAYOUTS = {
+    "wnid": "one folder per class named by wnid: <wnid>/*.JPEG",
+    "index": "one folder per class named 0..999: <index>/*.jpeg",
+    "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",
+    "any": "one folder per class (names sorted; --classnames FILE for CLIP names)",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("datasets", help="list dataset names, aliases, layouts, downloads and what --data holds")
+    p.add_argument("--data", metavar="ROOT", help="a data root to look in (as `shiftlab run --data` reads it)")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.set_defaults(func=run)
+
+
+def found_under(name: str, root: Path) -> str | None:
+    """The folder `shiftlab run --dataset name --data root` would read, when one of its names is there."""
+    from ..datasets import DATASETS
+    for dirname in sorted(DATASETS.get(name).dirnames, key=lambda d: -d.count("/")):
+        if (root / dirname).is_dir():
+            return str(root / dirname)
+    return None
+
+
+def dataset_rows(root: str | None) -> list[dict]:
+    from ..datasets import DATASETS
+    rows = []
+    for name in DATASETS.names():
+        spec = DATASETS.get(name)
+        rows.append({
+            "name": name, "aliases": DATASETS.aliases(name)[1:], "classes": spec.num_classes,
+            "layout": LAYOUTS[spec.layout], "folders": list(spec.dirnames),
+            "download": "shiftlab download" if spec.url else ("by hand (docs/DATA.md)" if spec.manual else "-"),
+            **({"found": found_under(name, Path(root).expanduser())} if root else {}),
+        })
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = dataset_rows(args.data)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        line = f"{r['name']:<16} {str(r['classes'] or '-'):>5} classes  download: {r['download']}"
+        if args.data:
+            line += f"  found: {r['found'] or 'no'}"
+        print(line)
+        print(f"{'':16} layout: {r['layout']}")
+        if r["aliases"]:
+            print(f"{'':16} aliases: {', '.join(r['aliases'])}")
+        if r["folders"]:
+            print(f"{'':16} folder names under --data: {', '.join(r['folders'])}")
+    return 0
