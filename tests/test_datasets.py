@@ -531,3 +531,17 @@ def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
         (root / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(b"x")
     with pytest.raises(DatasetError, match=r"raw ILSVRC2012 validation layout, sort the images into one folder"):
         build_dataset("imagenet", tmp_path)
+
+
+def test_dataset_root_template_is_expanded_per_dataset(tmp_path):
+    # CLIP_benchmark's --dataset_root 'DIR/{dataset}': the dataset's own name, an alias, or '_' for '-'
+    from shiftlab.datasets import build_dataset
+    from shiftlab.datasets.folders import expand_root
+    from shiftlab.synthetic import make_imagenet_r
+    folder = make_imagenet_r(tmp_path / "imagenet_r", classes=[0, 1])    # DIR/imagenet_r/imagenet-r/<wnid>
+    ds = build_dataset("imagenet-r", str(tmp_path / "{dataset}"))
+    assert ds.root == folder and len(ds) == 2
+    (tmp_path / "imagenet_sketch").mkdir()
+    assert expand_root(str(tmp_path / "{dataset}"), "imagenet-sketch") == tmp_path / "imagenet_sketch"
+    assert expand_root(str(tmp_path / "{dataset}"), "imagenet-a") == tmp_path / "imagenet-a"   # none there
+    assert expand_root(tmp_path, "imagenet-a") == tmp_path

@@ -25,7 +25,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
     p.add_argument("--datasets", default=None, metavar="A,B,...",
                    help="like --suite, for your own comma-separated list of datasets")
-    p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it")
+    p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
+                   "(CLIP_benchmark's --dataset_root) is expanded per dataset")
     p.add_argument("--model", default="RN50",
                    help="open_clip architecture (RN50 + openai weights uses QuickGELU); a checkpoint must fit it")
     p.add_argument("--pretrained", default="openai",
@@ -138,6 +139,8 @@ def _missing_dirs(path: Path) -> list[Path]:
 def _download_dataset(name: str, root: str, classnames: list[str] | None) -> FolderDataset:
     """Download then build a dataset; a failed download leaves no empty folders behind."""
     from ..datasets import build_dataset, download_dataset
+    from ..datasets.folders import expand_root
+    root = str(expand_root(root, name))
     created = _missing_dirs(Path(root).expanduser())
     try:
         download_dataset(name, root)

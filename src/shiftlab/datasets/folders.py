@@ -310,6 +310,21 @@ def _read_classnames_file(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def expand_root(root: str | os.PathLike, name: str) -> Path:
+    """`root` with "{dataset}" replaced by the dataset's folder name (CLIP_benchmark's `--dataset_root
+    'DIR/{dataset}'`): the first of its names and aliases, as given or with '_' for '-'
+    (imagenet_sketch), that is a folder; the canonical name when none is."""
+    text = os.fspath(root)
+    if "{dataset}" not in text:
+        return Path(text)
+    names = [n for alias in DATASETS.aliases(name) for n in dict.fromkeys((alias, alias.replace("-", "_")))]
+    for candidate in names:
+        path = Path(text.replace("{dataset}", candidate)).expanduser()
+        if path.is_dir():
+            return path
+    return Path(text.replace("{dataset}", name)).expanduser()
+
+
 def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] | None = None) -> FolderDataset:
     """List and validate dataset ``name`` under ``root``; raise ``DatasetError`` on a bad layout.
 
@@ -318,6 +333,7 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     exists, else the folder names with ``_`` replaced by spaces.
     """
     spec = _spec(name)
+    root = expand_root(root, spec.name)
     if spec.layout == "split":
         from .crossdataset import build_split_dataset
         return build_split_dataset(spec, root, classnames)
