@@ -23,6 +23,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["ImageDecodeError", "decode_image", "DEFAULT_MAX_PIXELS"]
+__all__ = ["ImageDecodeError", "decode_image", "decode_image_bytes", "DEFAULT_MAX_PIXELS"]
 
 # Same default as Pillow's Image.MAX_IMAGE_PIXELS (~89 Mpx, ~256 MiB as RGB). ImageNet-R's largest
 # images are far below it; anything above is almost certainly a bomb or a scan we must downscale.
@@ -65,9 +66,20 @@ def decode_image(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_P
         raise ImageDecodeError(path, f"cannot read file ({exc.strerror or exc})") from exc
     if nbytes == 0:
         raise ImageDecodeError(path, "empty file (0 bytes)")
+    return _decode(path, path, max_pixels)
 
+
+def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """``decode_image`` for an encoded image held in memory (a member of a tar shard, a parquet cell);
+    ``name`` is where it came from, for the error message."""
+    if not data:
+        raise ImageDecodeError(name, "empty file (0 bytes)")
+    return _decode(io.BytesIO(data), Path(name), max_pixels)
+
+
+def _decode(source: Path | io.BytesIO, path: Path, max_pixels: int | None) -> Image.Image:
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             fmt = im.format or "unknown format"
             _limit_size(im, path, max_pixels)
             im.load()  # decode every pixel now, so truncation/corruption surfaces here

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .context import ClassHeads, SampleContext
-from .imageio import ImageDecodeError, decode_image
+from .imageio import ImageDecodeError
 from .methods import Method, create_method, get_method_class
 from .methods.base import MethodOutput
 from .models import ClipModel, Preprocess
@@ -72,7 +72,7 @@ class BatchItem:
 def load_item(dataset: Any, sid: int, recipes: Mapping[str, ViewGenerator]) -> BatchItem:
     """Decode a sample once and generate each recipe's views; a failure becomes the item's error."""
     try:
-        img = decode_image(dataset.path(sid))
+        img = dataset.image(sid)
         return BatchItem(sid, {key: gen(img, sid) for key, gen in recipes.items()})
     except ImageDecodeError as exc:
         return BatchItem(sid, error=str(exc))

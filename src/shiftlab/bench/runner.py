@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from ..engine import expand_methods, resolve_workers
+from ..imageio import decode_image
 from ..methods import list_methods
 from ..methods.base import MethodOutput
 from ..models import ClipModel
@@ -110,6 +112,9 @@ class SyntheticImages:
 
     def path(self, i: int) -> Path:
         return self.paths[i]
+
+    def image(self, i: int) -> Image.Image:
+        return decode_image(self.paths[i])
 
     def label(self, i: int) -> int:
         return 0
@@ -296,7 +301,7 @@ def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig |
               log: Callable[[str], None] | None = _log_stderr, model_info: dict | None = None) -> dict:
     """Measure `config.methods` on `model`; returns the JSON-able result (see docs/BENCHMARKS.md).
 
-    `source` has `path(i)` and `len()` (a dataset); None: `images + warmup` synthetic JPEGs.
+    `source` has `image(i)` and `len()` (a dataset); None: `images + warmup` synthetic JPEGs.
     """
     config = config or BenchConfig()
     log = log or (lambda msg: None)

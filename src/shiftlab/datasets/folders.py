@@ -29,8 +29,12 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..imageio import decode_image
+
+if TYPE_CHECKING:
+    from PIL import Image
 from ..registry import Registry
 from .classes import classnames_for_wnids, imagenet_a_wnids, imagenet_r_wnids, imagenet_wnids
 
@@ -159,6 +163,10 @@ class FolderDataset:
     def path(self, i: int) -> Path:
         return self.root / self.samples[i][0]
 
+    def image(self, i: int) -> Image.Image:
+        """Sample i decoded to RGB (shiftlab.imageio: an undecodable file raises ImageDecodeError)."""
+        return decode_image(self.path(i))
+
     def label(self, i: int) -> int:
         return self.samples[i][1]
 
@@ -198,6 +206,10 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
     for dirname in sorted(_spec(name).dirnames, key=lambda d: -d.count("/")):  # nested layouts first
         if (root / dirname).is_dir():
             return root / dirname
+    for alias in DATASETS.aliases(name):   # the hub's CLIP_benchmark shards: wds_imagenet-r, wds_imagenet_sketch
+        for dirname in dict.fromkeys((f"wds_{alias}", f"wds_{alias.replace('-', '_')}")):
+            if (root / dirname).is_dir():
+                return root / dirname
     return root
 
 
@@ -339,6 +351,11 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
         return build_split_dataset(spec, root, classnames)
     name = spec.name  # the canonical name for an alias
     directory = find_dataset_dir(name, root)
+    from .shards import build_shard_dataset, shard_dir
+    if shard_dir(directory) is not None:   # CLIP_benchmark's webdataset layout (the hub's wds_<name>)
+        wnids = spec.wnids()
+        return build_shard_dataset(spec, directory, classnames_for_wnids(wnids) if wnids else None,
+                                   list(classnames) if classnames is not None else None)
     found = _subdirs(directory)
 
     if spec.layout == "any":

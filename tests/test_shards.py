@@ -1,0 +1,88 @@
+"""CLIP_benchmark's webdataset layout (the hub's wds_<name>): tar shards of <key>.<ext> + <key>.cls."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shiftlab
+from shiftlab.datasets import DatasetError, build_dataset
+from shiftlab.synthetic import random_image
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_wds(root: Path, labels_per_shard: list[list[int]], names: list[str], fmt: str = "png") -> Path:
+    """CLIP_benchmark's convert_dataset layout: classnames.txt, test/<n>.tar with s%07d.<fmt> + .cls."""
+    (root / "test").mkdir(parents=True)
+    (root / "classnames.txt").write_text("\n".join(names) + "\n")
+    index = 0
+    for shard, labels in enumerate(labels_per_shard):
+        with tarfile.open(root / "test" / f"{shard}.tar", "w") as tar:
+            for label in labels:
+                buf = io.BytesIO()
+                random_image((48, 40), seed=index).save(buf, format=fmt.upper())
+                _add(tar, f"s{index:07d}.{fmt}", buf.getvalue())
+                _add(tar, f"s{index:07d}.cls", str(label).encode())
+                index += 1
+    (root / "test" / "nshards.txt").write_text(f"{len(labels_per_shard)}\n")
+    return root
+
+
+def test_shards_are_indexed_in_order_and_read_back_exactly(tmp_path):
+    names = shiftlab.classnames("imagenet-r")
+    root = write_wds(tmp_path / "wds_imagenet-r", [[3, 0, 7], [199, 3]], names)
+    ds = build_dataset("imagenet-r", tmp_path)                   # found under the hub's folder name
+    assert ds.root == root and len(ds) == 5 and ds.classnames == names
+    assert [label for _, label in ds.samples] == [3, 0, 7, 199, 3]
+    assert ds.samples[3][0] == "test/1.tar/s0000003.png"
+    for i in range(5):
+        want = np.asarray(random_image((48, 40), seed=i).convert("RGB"))
+        assert np.array_equal(np.asarray(ds.image(i)), want)
+    assert len(ds.empty_classes) == 196
+
+
+def test_a_class_list_that_is_not_shiftlabs_is_refused(tmp_path):
+    names = shiftlab.classnames("imagenet-r")
+    swapped = [names[1], names[0], *names[2:]]
+    write_wds(tmp_path / "wds", [[0, 1]], swapped)
+    with pytest.raises(DatasetError, match=r"not shiftlab's 200 imagenet-r classes in order "
+                                           r"\(0: 'great white shark' != 'goldfish'"):
+        build_dataset("imagenet-r", tmp_path / "wds")
+
+
+def test_imagefolder_takes_the_shards_own_names_and_bad_labels_are_refused(tmp_path):
+    ds = build_dataset("imagefolder", write_wds(tmp_path / "a", [[0, 1, 1]], ["cat", "dog"]))
+    assert ds.classnames == ["cat", "dog"] and ds.labels == [0, 1, 1]
+    write_wds(tmp_path / "b", [[0, 5]], ["cat", "dog"])
+    with pytest.raises(DatasetError, match=r"s0000001.cls holds label 5, outside 0..1"):
+        build_dataset("imagefolder", tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_writes_records_and_a_damaged_image_is_an_error_record(tmp_path, tiny_checkpoint):
+    from shiftlab.cli import main as cli_main
+    names = shiftlab.classnames("imagenet-r")
+    root = write_wds(tmp_path / "wds_imagenet-r", [[0, 1, 2], [3]], names)
+    with tarfile.open(root / "test" / "1.tar", "a") as tar:          # a corrupt image in the second shard
+        _add(tar, "s0000009.png", b"\x89PNG garbage")
+        _add(tar, "s0000009.cls", b"4")
+    out = tmp_path / "run"
+    argv = ["run", "--dataset", "imagenet-r", "--data", str(tmp_path), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint), "--device", "cpu", "--methods", "zeroshot", "--views", "2", "--out", str(out),
+            "--no-progress", "--allow-partial"]
+    assert cli_main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 5 and [r["id"] for r in sorted(records, key=lambda r: r["id"])] == [0, 1, 2, 3, 4]
+    bad = next(r for r in records if r.get("error"))
+    assert bad["path"] == "test/1.tar/s0000009.png" and "not a recognised image format" in bad["error"]
+    assert cli_main(argv + ["--resume"]) == 0                     # nothing left: same records
+    assert len((out / "records.jsonl").read_text().splitlines()) == 5
