@@ -352,10 +352,13 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     name = spec.name  # the canonical name for an alias
     directory = find_dataset_dir(name, root)
     from .shards import build_shard_dataset, shard_dir
-    if shard_dir(directory) is not None:   # CLIP_benchmark's webdataset layout (the hub's wds_<name>)
+    from .tables import build_table_dataset, table_files
+    # the hub's layouts: CLIP_benchmark's webdataset shards, a parquet or save_to_disk dataset
+    hub = build_shard_dataset if shard_dir(directory) else build_table_dataset if table_files(directory) else None
+    if hub is not None:
         wnids = spec.wnids()
-        return build_shard_dataset(spec, directory, classnames_for_wnids(wnids) if wnids else None,
-                                   list(classnames) if classnames is not None else None)
+        return hub(spec, directory, classnames_for_wnids(wnids) if wnids else None,
+                   list(classnames) if classnames is not None else None)
     found = _subdirs(directory)
 
     if spec.layout == "any":
