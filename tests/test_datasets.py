@@ -356,7 +356,8 @@ def test_split_file_problems_are_one_clear_error(tmp_path):
         build_dataset("flowers102", tmp_path / "b")
 
 
-@pytest.mark.parametrize("entry", ["../../outside.jpg", "c001/../../../outside.jpg", "ABSOLUTE", "link/outside.jpg"])
+@pytest.mark.parametrize("entry", ["../../outside.jpg", "c001/../../../outside.jpg", "ABSOLUTE", "link/outside.jpg",
+                                   "c003/evil.jpg", "link/../../outside.jpg"])
 def test_split_file_entries_outside_the_image_folder_are_refused(tmp_path, entry):
     """A split file names images relative to the set's image folder; like the folder scan, it may
     not lead out of it (.., an absolute path, a symlink): one line naming the file and the entry."""
@@ -365,6 +366,8 @@ def test_split_file_entries_outside_the_image_folder_are_refused(tmp_path, entry
     outside = tmp_path / "outside.jpg"
     outside.write_bytes(b"x")
     (image_dir / "link").symlink_to(tmp_path, target_is_directory=True)
+    (image_dir / "c003").mkdir(exist_ok=True)
+    (image_dir / "c003" / "evil.jpg").symlink_to(outside)          # a file link leading out
     entry = str(outside) if entry == "ABSOLUTE" else entry
     split_file = image_dir.parent / "split_zhou_EuroSAT.json"
     split = json.loads(split_file.read_text())
