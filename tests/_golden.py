@@ -10,6 +10,7 @@ tokens no fixture uses, the views as float32 k/255.
 """
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -115,3 +116,127 @@ def stream_views(golden_dir: Path, n_views: int) -> list[torch.Tensor]:
     """The online fixtures' stream: per sample, (n_views, 3, 64, 64) float views in [0, 1]."""
     stream = torch.load(golden_dir / "online" / "stream.pt", weights_only=True)
     return [crop_views(base, n_views).float() / 255 for base in stream["base_u8"]]
+
+
+# -- tolerances: comparisons with fixtures made on another machine ------------------------------
+#
+# float32 kernels (BLAS, oneDNN, the vectorised exp) choose their summation order and
+# instruction set per CPU, so a float32 result is reproducible to its last bits only on the
+# machine that made it: another x86-64 machine (AVX-512, MKL) gave the golden text features
+# with max |diff| 1.1e-6, 96% of the values differing. Every float compared with a fixture uses
+# one of these absolute tolerances; exact comparisons are for discrete values (tokens, indices,
+# uint8 pixels, labels, counts), and a discrete result derived from floats (selected views,
+# votes, argmax, cache labels) is compared exactly only after a margin check below has shown
+# that no value within the tolerance could change it.
+
+FEATURES = 1e-5
+"""Unit-norm float32 features, cosine similarities and anything of that scale (text and image
+features, R-TPT's similarity matrix and its top-k scores, MTA's mode). float32 spacing near 1 is
+6e-8; a 64..1024-term dot product re-associated by another kernel moves a value by ~1e-6
+(measured: 1.1e-6 across two x86 CPUs; 6.4e-7 between the authors' one-query attention pool and
+open_clip's). 1e-5 is ~10x the largest seen, and a 100x smaller error than any real mistake
+(a wrong normalisation, a missing QuickGELU, a dropped token) makes."""
+
+LOGITS = 2e-4
+"""Logits = logit_scale (100) x cosine: FEATURES-sized noise scaled by 100 (measured 1.1e-4
+between the authors' code and shiftlab); golden/README.md recommends the same."""
+
+PARAMS = 1e-6
+"""The learnable prompt context (values ~1e-2): the initial context is a copy of fp16 token rows
+(exact), and one AdamW step moves each entry by lr x m/(sqrt(v) + eps), which is lr x sign(grad)
+on the first step whatever the gradient's last bits, so the result is far steadier than the
+gradient itself (golden/README.md: 1e-6)."""
+
+LOSS = 1e-5
+"""Scalars of order 1 built from softmaxes of LOGITS-noisy logits and averaged (entropies,
+losses, ATFD, reliability weights, MTA inlierness and bandwidth, probabilities): the average
+damps the logits' noise; golden/README.md recommends 1e-5."""
+
+GRAD_RTOL = 5e-4
+"""Gradients, relative to the largest entry: a gradient is a difference of nearly equal terms,
+so its absolute error has no fixed scale (golden/README.md)."""
+
+PIXELS = 1e-6
+"""Attacked pixels in [0, 1]: k/255 plus a sum of +-alpha steps, clipped, all elementwise and
+correctly rounded (float32 spacing below 1 is 6e-8), so equal wherever the gradients' signs
+agree; a test allows for the pixels where a near-zero gradient takes the other sign."""
+
+RATIOS = 1e-6
+"""Ratios of small integers (vote shares): a correctly rounded division is the same on every IEEE
+machine, so this only allows for a normalisation on the way (a softmax of log-counts)."""
+
+FLOAT32_UNDERFLOW_LOG = math.log(2.0 ** -150)
+"""ln of half the smallest float32 subnormal: exp() of anything below rounds to exactly 0 (IEEE
+float32 with subnormals, the default of x86-64 and arm64 unless flush-to-zero is turned on)."""
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> float:
+    """|got - want| <= atol everywhere (same shape); returns the largest difference."""
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=lambda m: f"{what}: {m}")
+    return float((got - want).abs().max()) if got.numel() else 0.0
+
+
+def check_margin(gap: float, tol: float, what: str) -> None:
+    """A discrete result is portable when the values deciding it are more than 2 x their
+    tolerance apart: then no two machines within the tolerance can order them differently."""
+    if not gap > 2 * tol:
+        raise AssertionError(f"{what}: margin too small: gap {gap:.3g} <= 2 x tolerance {tol:.3g}; "
+                             "another machine could decide this the other way, so it cannot be "
+                             "compared exactly")
+
+
+def entropy_tolerance(logits: torch.Tensor, logit_tol: float = LOGITS) -> torch.Tensor:
+    """(..., C) logits -> (...) the largest change of each row's entropy when every logit moves
+    by at most logit_tol: dH = -sum_j p_j (log p_j + H) dz_j, so |dH| <= logit_tol x
+    sum_j p_j |log p_j + H| (first order; the second order is ~logit_tol^2)."""
+    logp = logits.float().log_softmax(-1)
+    p = logp.exp()
+    h = -(p * logp).sum(-1, keepdim=True)
+    return logit_tol * (p * (logp + h).abs()).sum(-1)
+
+
+def assert_selection_margin(scores: torch.Tensor, k: int, tol: torch.Tensor | float, what: str) -> None:
+    """The k lowest of `scores` (N,) form the same SET within `tol` (a scalar or (N,) per-entry
+    bounds): the k-th and (k+1)-th lowest finite scores are more than the sum of their
+    tolerances apart. Non-finite scores sort last (the authors' NaN entropies); whether a score is
+    finite is checked separately (assert_underflow_margin)."""
+    tol = torch.as_tensor(tol, dtype=torch.float32).expand(scores.shape)
+    finite = torch.isfinite(scores)
+    order = torch.argsort(torch.where(finite, scores, torch.inf), stable=True)
+    if k >= int(finite.sum()):
+        return
+    a, b = order[k - 1], order[k]
+    check_margin(float(scores[b] - scores[a]), float(tol[a] + tol[b]) / 2, f"{what} (views {int(a)} | {int(b)})")
+
+
+def assert_top1_margin(logits: torch.Tensor, tol: float, what: str) -> None:
+    """Each row's argmax is the same within `tol` on every logit: top-1 and top-2 more than 2 tol apart."""
+    top2 = logits.float().reshape(-1, logits.shape[-1]).topk(2, dim=-1).values
+    gaps = top2[:, 0] - top2[:, 1]
+    row = int(gaps.argmin())
+    check_margin(float(gaps[row]), tol, f"{what} (row {row}: top-1 vs top-2)")
+
+
+def assert_underflow_margin(logits: torch.Tensor, tol: float, what: str) -> None:
+    """Whether softmax(logits) holds an exact 0 (which makes the authors' -sum p log p NaN) is the
+    same within `tol` on every logit. softmax stores exp(d) / S per class (d = z - max z, S the
+    row's sum of exp(d)): the smallest exp(d) rounds to m = round(exp(d) / 2^-149) subnormal
+    steps, and m / S steps round to 0 below 1/2. So the answer changes where exp(d) / 2^-149
+    crosses k - 1/2 with k = ceil(S / 2) (for S < 2: FLOAT32_UNDERFLOW_LOG) or where S crosses 2m.
+    A shift of the logits by tol moves d and ln S by <= 2 tol, so both log-distances must exceed
+    4 tol (check_margin with 2 tol)."""
+    z = logits.double().reshape(-1, logits.shape[-1])
+    d = z.min(-1).values - z.max(-1).values
+    log_s = torch.logsumexp(z - z.max(-1, keepdim=True).values, -1)
+    for row in range(z.shape[0]):
+        log_m = float(d[row]) + 149 * math.log(2.0)       # ln(exp(d) / 2^-149)
+        if log_m > math.log(1e4):                          # S <= C classes: far from any 0
+            continue
+        s = math.exp(float(log_s[row]))
+        gap = abs(log_m - math.log(math.ceil(s / 2) - 0.5))
+        m = round(math.exp(log_m))
+        if m >= 1:
+            gap = min(gap, abs(math.log(2 * m) - float(log_s[row])))
+        check_margin(gap, 2 * tol, f"{what} (row {row}: smallest probability vs float32 underflow)")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import shiftlab
+from _golden import LOGITS, assert_close
 from shiftlab.bench import BenchConfig, bench_classnames, run_bench
 from shiftlab.bench.baseline import BASELINES, create_baseline
 from shiftlab.bench.runner import DEFAULT_METHODS, PeakMemory
@@ -82,7 +83,7 @@ def test_baseline_matches_reference_code(golden, name, key, overrides):
     baseline = create_baseline(name, model, classnames, config)
     baseline.setup()
     for i, sample in enumerate(views):
-        torch.testing.assert_close(baseline.predict(sample), expected[key.format(i=i)], rtol=0, atol=2e-4)
+        assert_close(baseline.predict(sample), expected[key.format(i=i)], LOGITS, f"{name} sample {i}")
 
 
 @pytest.mark.slow
@@ -93,7 +94,7 @@ def test_view_ensemble_baseline_matches_reference_view_logits(golden):
     baseline.setup()
     for i, sample in enumerate(views):
         want = expected[f"zeroshot/{i}/view_logits"].double().softmax(-1).mean(0).log().float()
-        torch.testing.assert_close(baseline.predict(sample), want, rtol=0, atol=2e-4)
+        assert_close(baseline.predict(sample), want, LOGITS, f"view ensemble sample {i}")
 
 
 # -- the runner and the command -------------------------------------------------------------------

@@ -14,12 +14,12 @@ from shiftlab.methods.online_common import text_head
 from shiftlab.text import TIP_TEMPLATES, tip_cupl_head
 
 NAMES = ["great_white_shark", "cat", "hot dog"]
-# unequal numbers of descriptions per class (none for one): pooling all sentences differs from
-# averaging the template mean with the description mean
+# unequal numbers of descriptions per class (3, 1, 2): pooling all sentences differs from averaging
+# the template mean with the description mean (a class with none is refused, see below)
 DESCRIPTIONS = {"great white shark": ["A large grey fish with many teeth.", "Sharks swim in the ocean.",
                                       "A shark's fin cuts the water."],
                 "cat": ["A small furry pet that purrs."],
-                "hot dog": []}
+                "hot dog": ["A sausage in a bun.", "Street food with mustard."]}
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +82,15 @@ def test_tip_cupl_errors_are_one_line_and_name_the_field(model, tmp_path):
     partial.write_text(json.dumps({"cat": ["A cat."]}))
     assert refused(cupl_file=str(partial)) == (
         f"dmn_zs.cupl_file: {str(partial)!r} has no sentences for 2 of 3 classes: 'great white shark', 'hot dog'")
+    # every class present but mapped to no sentence: refused like missing classes
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({n.replace("_", " "): [] for n in NAMES}))
+    assert refused(cupl_file=str(empty)) == (
+        f"dmn_zs.cupl_file: {str(empty)!r} has no sentences for 3 of 3 classes: 'great white shark', 'cat', "
+        "'hot dog'")
+    empty.write_text(json.dumps({"cat": ["A cat."], "great white shark": [" ", ""], "hot dog": []}))
+    assert refused(cupl_file=str(empty)) == (
+        f"dmn_zs.cupl_file: {str(empty)!r} has no sentences for 2 of 3 classes: 'great white shark', 'hot dog'")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert refused(cupl_file=str(bad)).startswith(f"dmn_zs.cupl_file: {str(bad)!r} is not JSON (")
@@ -106,7 +115,7 @@ def test_paper_protocol_needs_the_cupl_file(model, cupl_file):
 FLOWERS = ["pink_primrose", "hard-leaved pocket orchid", "canterbury bells"]
 FLOWER_DESCRIPTIONS = {"pink primrose": ["A pale pink flower with five petals.", "A primrose in spring."],
                        "hard-leaved pocket orchid": ["An orchid with a pouch."],
-                       "canterbury bells": []}
+                       "canterbury bells": ["Blue bell-shaped flowers on a tall stem."]}
 
 
 def _pooled(model: shiftlab.ClipModel, names: list[str], templates, descriptions: dict) -> torch.Tensor:

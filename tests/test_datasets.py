@@ -356,6 +356,44 @@ def test_split_file_problems_are_one_clear_error(tmp_path):
         build_dataset("flowers102", tmp_path / "b")
 
 
+@pytest.mark.parametrize("entry", ["../../outside.jpg", "c001/../../../outside.jpg", "ABSOLUTE", "link/outside.jpg",
+                                   "c003/evil.jpg", "link/../../outside.jpg"])
+def test_split_file_entries_outside_the_image_folder_are_refused(tmp_path, entry):
+    """A split file names images relative to the set's image folder; like the folder scan, it may
+    not lead out of it (.., an absolute path, a symlink): one line naming the file and the entry."""
+    import json
+    image_dir, listed = make_split_dataset(tmp_path / "data", "eurosat")
+    outside = tmp_path / "outside.jpg"
+    outside.write_bytes(b"x")
+    (image_dir / "link").symlink_to(tmp_path, target_is_directory=True)
+    (image_dir / "c003").mkdir(exist_ok=True)
+    (image_dir / "c003" / "evil.jpg").symlink_to(outside)          # a file link leading out
+    entry = str(outside) if entry == "ABSOLUTE" else entry
+    split_file = image_dir.parent / "split_zhou_EuroSAT.json"
+    split = json.loads(split_file.read_text())
+    split["test"][5][0] = entry                    # one bad entry among 8100 good ones
+    split_file.write_text(json.dumps(split))
+    with pytest.raises(DatasetError) as info:
+        build_dataset("eurosat", tmp_path / "data")
+    message = str(info.value)
+    assert "\n" not in message and str(split_file) in message and repr(entry) in message
+    assert "outside the image folder" in message
+    # the same entry pointing inside the folder (through .., or a link within it) is read
+    split["test"][5][0] = f"c001/../{listed[1][0]}"
+    split_file.write_text(json.dumps(split))
+    assert build_dataset("eurosat", tmp_path / "data").num_classes == 10
+
+
+def test_fgvc_aircraft_test_list_cannot_lead_out_of_the_folder(tmp_path):
+    image_dir, _ = make_split_dataset(tmp_path, "fgvc-aircraft")
+    listing = image_dir / "images_variant_test.txt"
+    lines = listing.read_text().splitlines()
+    lines[3] = "../../../etc/passwd " + lines[3].split(" ", 1)[1]
+    listing.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError, match=r"images_variant_test.txt lists 'images/\.\./\.\./\.\./etc/passwd\.jpg'"):
+        build_dataset("fgvc-aircraft", tmp_path)
+
+
 def test_split_file_found_through_shiftlab_splits(tmp_path, monkeypatch):
     make_split_dataset(tmp_path / "data", "dtd", layout="tpt", split_dir="../splits_elsewhere")
     monkeypatch.setenv("SHIFTLAB_SPLITS", str(tmp_path / "splits_elsewhere"))

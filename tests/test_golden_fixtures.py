@@ -7,7 +7,7 @@ import json
 import open_clip
 import torch
 
-from _golden import FIXTURES, INDEX_KEY, MODEL_FILE, TIP_TEMPLATES, TOKEN_KEY, tensor_sha256
+from _golden import FEATURES, FIXTURES, INDEX_KEY, MODEL_FILE, TIP_TEMPLATES, TOKEN_KEY, assert_close, tensor_sha256
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
 
@@ -47,13 +47,17 @@ def test_every_prompt_token_of_the_fixtures_is_kept(golden_dir):
     assert torch.isin(tokens.unique(), index).all()
 
 
-def test_rebuilt_model_reproduces_the_reference_text_features_exactly(golden_dir):
+def test_rebuilt_model_reproduces_the_reference_text_features(golden_dir):
+    """The rebuilt model is the reference's (its tensors are bit-checked above); its float32
+    features are the reference's within FEATURES, not bit for bit: another CPU's kernels sum
+    in another order (measured 1.1e-6 on an AVX-512 machine)."""
     torch.set_num_threads(1)
     expected = torch.load(golden_dir / "expected.pt", weights_only=True)
     model = open_clip.load_openai_model(str(golden_dir / MODEL_FILE), device="cpu").float().eval()
     with torch.no_grad():
         features = model.encode_text(expected["init/tokenized_prompts"])
-    assert torch.equal(torch.nn.functional.normalize(features, dim=-1), expected["zeroshot/text_features"])
+    got = torch.nn.functional.normalize(features, dim=-1)
+    assert_close(got, expected["zeroshot/text_features"], FEATURES, "text features")
 
 
 def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):

@@ -1,8 +1,11 @@
 """TPT, C-TPT (lambda 20 and 50) and R-TPT against the authors' own code (tests/fixtures/golden).
 
 Every key of expected.pt under tpt/, ctpt20/, ctpt50/, rtpt/ and init/ is compared with the
-tolerances of golden/README.md; a key this file does not know makes the test fail, so none is
-skipped silently.
+tolerances of tests/_golden.py (golden/README.md's, features widened to FEATURES so that the
+suite holds on any CPU); a key this file does not know makes the test fail, so none is skipped
+silently. The selected views are compared as a set (their order changes nothing downstream, and
+the fixture's within-set entropy gaps, down to 4.7e-4, are too close for LOGITS-sized noise),
+after a check that the set's boundary gap is wide enough.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import shiftlab
+from _golden import FEATURES, GRAD_RTOL, LOGITS, LOSS, PARAMS, assert_close, assert_selection_margin, entropy_tolerance
 from shiftlab import ClassHeads, SampleContext
+from shiftlab.methods.confidence import entropy
 from shiftlab.methods.prompt_tuning import reliability_weights
 from shiftlab.text import ContextPrompt
 
@@ -23,11 +28,12 @@ METHODS = {"tpt": ("tpt", {}), "ctpt20": ("ctpt", {"lambda_atfd": 20.0}),
            "ctpt50": ("ctpt", {"lambda_atfd": 50.0}), "rtpt": ("rtpt", {})}
 SAMPLES = range(4)
 
-EXACT, LOGITS, FINE, LOSS, GRAD = "exact", 2e-4, 1e-6, 1e-5, "grad"
+# self_masked and n_masked_offdiag are rebuilt from the reference's own sim (same bits everywhere)
+EXACT, SELECTION, GRAD = "exact", "selection", "grad"
 TOLERANCE = {
-    "selected": EXACT, "self_masked": EXACT, "n_masked_offdiag": EXACT,
+    "selected": SELECTION, "self_masked": EXACT, "n_masked_offdiag": EXACT,
     "logits": LOGITS, "tuned_view_logits": LOGITS, "zeroshot_logits": LOGITS, "logits_all_self_masked": LOGITS,
-    "ctx": FINE, "image_features": FINE, "sim": FINE, "score": FINE,
+    "ctx": PARAMS, "image_features": FEATURES, "sim": FEATURES, "score": FEATURES,
     "loss": LOSS, "entropy_loss": LOSS, "atfd": LOSS, "atfd_after": LOSS, "weights": LOSS,
     "weights_all_self_masked": LOSS,
     "ctx_grad": GRAD,
@@ -124,17 +130,23 @@ def _compute(golden_dir):
             "heads": heads}
 
 
-def _compare(key: str, got: torch.Tensor, want: torch.Tensor, tol) -> None:
+def _compare(key: str, got: torch.Tensor, want: torch.Tensor, tol, expected=None) -> None:
     got = got.detach().cpu()
     assert got.shape == want.shape, f"{key}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     if tol == EXACT:
         assert torch.equal(got.to(want.dtype), want), f"{key}: {got.tolist()} != {want.tolist()}"
+    elif tol == SELECTION:
+        # the views were chosen on the zero-shot view logits (the initial prompt is zero-shot's)
+        sample = key.split("/")[1]
+        view_logits = expected[f"zeroshot/{sample}/view_logits"]
+        assert_selection_margin(entropy(view_logits), len(want), entropy_tolerance(view_logits, LOGITS), key)
+        assert sorted(got.tolist()) == sorted(want.tolist()), f"{key}: {got.tolist()} != {want.tolist()}"
     elif tol == GRAD:
         err = float((got - want).abs().max())
         scale = float(want.abs().max())
-        assert err <= 5e-4 * scale, f"{key}: max error {err:.3g} vs max|want| {scale:.3g}"
+        assert err <= GRAD_RTOL * scale, f"{key}: max error {err:.3g} vs max|want| {scale:.3g}"
     else:
-        torch.testing.assert_close(got.to(want.dtype), want, rtol=0, atol=tol, msg=lambda m: f"{key}: {m}")
+        assert_close(got, want.float(), tol, key)
 
 
 @pytest.mark.parametrize("label", list(METHODS))
@@ -152,7 +164,7 @@ def test_every_golden_key(golden, label, sample):
         if name == "logits" and label == "rtpt":
             continue   # the reference's mask depends on rounding; checked in test_rtpt_reference_mask
         try:
-            _compare(key, got[key], expected[key], TOLERANCE[name])
+            _compare(key, got[key], expected[key], TOLERANCE[name], expected)
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0] if str(exc) else key)
     assert not failures, "\n".join(failures)
@@ -191,13 +203,13 @@ def test_rtpt_threshold_mode_is_wired(golden):
     got = golden["got"]
     assert out.extras["selected"] == got["rtpt/0/selected"].tolist()
     _, weights = _reference_mask_weights(sim, torch.diagonal(sim) >= 1.0)
-    torch.testing.assert_close(out.logits, weights @ got["rtpt/0/tuned_view_logits"], rtol=0, atol=2e-4)
+    assert_close(out.logits, weights @ got["rtpt/0/tuned_view_logits"], LOGITS, "threshold-mode logits")
     assert (out.logits - got["rtpt/0/logits_all_self_masked"]).abs().max() > 1e-3
 
 
 def test_initial_prompt(golden):
     expected, got = golden["expected"], golden["got"]
-    _compare("init/ctx", got["init/ctx"], expected["init/ctx"], FINE)
+    _compare("init/ctx", got["init/ctx"], expected["init/ctx"], PARAMS)
     _compare("init/tokenized_prompts", got["init/tokenized_prompts"], expected["init/tokenized_prompts"], EXACT)
     prompts = [f"a photo of a {c.replace('_', ' ')}." for c in golden["info"]["classnames"]]
     assert torch.equal(open_clip.tokenize(prompts), expected["init/tokenized_prompts"])
@@ -206,11 +218,11 @@ def test_initial_prompt(golden):
     whole = ContextPrompt(golden["methods"]["tpt"].model, golden["info"]["classnames"], share_prefix=False)
     with torch.no_grad():
         # each class's whole prompt, as the authors' code evaluates it
-        _compare("zeroshot/text_features", whole.features(), expected["zeroshot/text_features"], FINE)
+        _compare("zeroshot/text_features", whole.features(), expected["zeroshot/text_features"], FEATURES)
         # The shared-prefix tower is the same math summed in another order: measured 1.01e-6 from the
         # reference (mean 1.5e-7) on this 64-wide model, 9.7e-8 from the whole prompts on RN50. Every
         # value downstream of it (ctx, gradients, losses, logits) is held to the golden tolerances above.
-        _compare("zeroshot/text_features", prompt.features(), expected["zeroshot/text_features"], 2 * FINE)
+        _compare("zeroshot/text_features", prompt.features(), expected["zeroshot/text_features"], FEATURES)
 
 
 def test_lambdas_are_told_apart(golden):

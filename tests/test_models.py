@@ -625,6 +625,47 @@ def test_trust_advice_only_for_a_valid_pickle_of_python_objects(tmp_path):
     assert "--trust-checkpoint" in msg and "argparse.Namespace" in msg and "corrupt" not in msg and "\n" not in msg
 
 
+class _Payload:
+    """Unpickling this runs os.system: what a hostile checkpoint would hold."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy", "plain_pickle"])
+def test_a_malicious_pickle_is_untrusted_not_corrupt_and_never_run(tmp_path, layout):
+    import pickle
+    marker = tmp_path / "pwned"
+    _, sd = _tiny_openai_state_dict(seed=47)
+    path = tmp_path / f"{layout}.pt"
+    payload = {"state_dict": sd, "extra": _Payload(marker)}
+    if layout == "plain_pickle":
+        path.write_bytes(pickle.dumps(payload, protocol=4))
+    else:
+        torch.save(payload, path, _use_new_zipfile_serialization=layout == "zip")
+    with pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("shiftlab-tiny", str(path))
+    msg = str(info.value)
+    assert not marker.exists(), "the payload ran"
+    assert "untrusted pickle" in msg and "pass --trust-checkpoint" in msg and "if you trust this file" in msg
+    assert "corrupt" not in msg and "download it again" not in msg and "\n" not in msg and str(path) in msg
+    assert "system" in msg                      # the refused object is named (posix.system / nt.system)
+
+
+def test_a_truncated_malicious_pickle_is_corrupt_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "cut.pt"
+    torch.save({"w": torch.zeros(3), "extra": _Payload(marker)}, path)
+    cut = tmp_path / "cut_half.pt"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    msg = _assert_one_line_corrupt(cut)
+    assert "download it again" in msg and not marker.exists()
+
+
 def test_offline_hint_names_the_hugging_face_repository(empty_cache):
     with pytest.raises(ModelLoadError) as info:
         shiftlab.load_model("RN50", "openai")

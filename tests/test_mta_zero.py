@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import shiftlab
+from _golden import FEATURES, LOGITS, LOSS, assert_close
 from shiftlab.context import SampleContext
 from shiftlab.methods.mta import kernel_density, mode_step
 from shiftlab.methods.zero import zero_vote
@@ -36,27 +37,26 @@ def test_mta_matches_golden(golden):
         ctx = SampleContext(model, mta.heads, sample_views)
         got = mta.solve(ctx.image_features, ctx.zeroshot_view_logits, mta.heads.zeroshot)
         want = lambda name: expected[f"mta/{i}/{name}"]  # noqa: E731, B023 (used in this iteration only)
-        torch.testing.assert_close(got.logits, want("logits"), rtol=0, atol=2e-4)
-        torch.testing.assert_close(got.inlierness, want("inlierness"), rtol=0, atol=1e-5)
-        torch.testing.assert_close(got.bandwidth, want("bandwidth"), rtol=0, atol=1e-5)
-        torch.testing.assert_close(got.mode, want("mode"), rtol=0, atol=1e-6)
+        assert_close(got.logits, want("logits"), LOGITS, f"mta {i} logits")
+        assert_close(got.inlierness, want("inlierness"), LOSS, f"mta {i} inlierness")
+        assert_close(got.bandwidth, want("bandwidth"), LOSS, f"mta {i} bandwidth")
+        assert_close(got.mode, want("mode"), FEATURES, f"mta {i} mode")
         assert got.outer_iterations == int(want("outer_iterations"))
-        torch.testing.assert_close(mta.predict_context(ctx).logits, want("logits"), rtol=0, atol=2e-4)
+        assert_close(mta.predict_context(ctx).logits, want("logits"), LOGITS, f"mta {i} predict")
 
 
 def test_zeroshot_matches_golden(golden):
     torch.set_num_threads(1)
     model, classnames, views, expected = golden
     zeroshot = shiftlab.create_method("zeroshot", model, classnames)
-    torch.testing.assert_close(zeroshot.heads.zeroshot, expected["zeroshot/text_features"], rtol=0, atol=1e-6)
+    assert_close(zeroshot.heads.zeroshot, expected["zeroshot/text_features"], FEATURES, "text features")
     for i, sample_views in enumerate(views):
-        torch.testing.assert_close(zeroshot.predict(sample_views), expected[f"zeroshot/{i}/logits"],
-                                   rtol=0, atol=2e-4)
+        assert_close(zeroshot.predict(sample_views), expected[f"zeroshot/{i}/logits"], LOGITS, f"{i} logits")
         ctx = SampleContext(model, zeroshot.heads, sample_views)
-        torch.testing.assert_close(ctx.zeroshot_view_logits, expected[f"zeroshot/{i}/view_logits"],
-                                   rtol=0, atol=2e-4)
-        torch.testing.assert_close(ctx.image_features, expected[f"zeroshot/{i}/image_features"],
-                                   rtol=0, atol=1e-6)
+        assert_close(ctx.zeroshot_view_logits, expected[f"zeroshot/{i}/view_logits"], LOGITS,
+                     f"{i} view logits")
+        assert_close(ctx.image_features, expected[f"zeroshot/{i}/image_features"], FEATURES,
+                     f"{i} image features")
 
 
 # -- MTA properties on the tiny random CLIP -----------------------------------------------

@@ -274,6 +274,37 @@ def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
     assert any("tpt [rn50run]" in r and ">26.00<" in r for r in robust)
 
 
+def test_a_report_folder_holds_only_the_current_reports_files(tmp_path):
+    """A report written into a folder that holds an earlier report removes the earlier report's
+    files it does not write again (plots of settings no longer there), never a user's file."""
+    out = tmp_path / "out"
+    build_report([write_run(tmp_path / "attacked")], out, n_resamples=200)
+    first = {p.name for p in out.iterdir()}
+    assert "clean_vs_robust.png" in first and ".shiftlab_report.json" in first
+    (out / "notes.txt").write_text("mine")
+    (out / "my_plot.png").write_bytes(b"mine")
+    clean_only = write_run(tmp_path / "clean_only", attack=False)
+    build_report([clean_only], out, n_resamples=200)
+    now = {p.name for p in out.iterdir()}
+    listed = set(json.loads((out / ".shiftlab_report.json").read_text())["files"])
+    assert "clean_vs_robust.png" not in now and not any("robust" in n or "eps" in n for n in now)
+    assert {"notes.txt", "my_plot.png"} <= now and (out / "notes.txt").read_text() == "mine"
+    assert now == listed | {"notes.txt", "my_plot.png", ".shiftlab_report.json"}
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == len([n for n in listed if n.endswith(".png")])
+    # a folder written before the manifest existed: the report's own file names only
+    (out / ".shiftlab_report.json").unlink()
+    (out / "reliability_imagenet_r_old.png").write_bytes(b"stale")
+    build_report([clean_only], out, n_resamples=200)
+    now = {p.name for p in out.iterdir()}
+    assert "reliability_imagenet_r_old.png" not in now and {"notes.txt", "my_plot.png"} <= now
+    # a damaged manifest cannot reach outside the folder
+    (tmp_path / "outside.txt").write_text("keep")
+    (out / ".shiftlab_report.json").write_text(json.dumps({"files": ["../outside.txt", "/etc/hostname"]}))
+    build_report([clean_only], out, n_resamples=200)
+    assert (tmp_path / "outside.txt").read_text() == "keep"
+
+
 def test_missing_records_is_a_clear_error(tmp_path, capsys):
     empty = tmp_path / "not_a_run"
     empty.mkdir()

@@ -246,3 +246,65 @@ def test_every_suite_dataset_is_a_canonical_registered_name():
     for suite in suites.SUITES.values():
         assert all(d in DATASETS and DATASETS.canonical(d) == d for d in suite.datasets), suite.name
         assert set(suite.ood) <= set(suite.datasets) and all(d in suites.SHORT_NAMES for d in suite.datasets)
+
+
+# ------------------------------------------------ a suite continued with fewer datasets
+
+@pytest.mark.slow
+def test_a_suite_continued_with_fewer_datasets_keeps_the_other_rows_and_says_so(tmp_path, tiny_checkpoint, capsys):
+    """Nothing lost: a command naming a subset of a suite directory's datasets rewrites their rows
+    and keeps the others (records on disk, same configuration), saying which; nothing mixed: rows
+    of another configuration are left out of the table, named, and never deleted."""
+    data = tmp_path / "data"
+    make_imagenet_r(data, classes=range(0, 200, 40), size=(72, 64))            # 5 images
+    make_imagenet_a(data, 6)
+    suite_dir = tmp_path / "suite"
+    args = ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(tiny_checkpoint),
+            "--views", "2", "--workers", "0", "--methods", "zeroshot", "--no-progress", "--out", str(suite_dir),
+            "--allow-partial"]
+    assert cli_main(args + ["--datasets", "imagenet-r,imagenet-a"]) == 0
+    first = (suite_dir / "suite.md").read_text()
+    a_acc = top1_from_records(suite_dir / "imagenet-a", "zeroshot")
+    capsys.readouterr()
+
+    assert cli_main(args + ["--datasets", "imagenet-r", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "suite: this command runs imagenet-r; the table keeps imagenet-a from earlier runs (not re-run)" in err
+    manifest = json.loads((suite_dir / "suite.json").read_text())
+    assert manifest["datasets"] == ["imagenet-r", "imagenet-a"]
+    assert (manifest["rewrote"], manifest["kept"]) == (["imagenet-r"], ["imagenet-a"])
+    md = (suite_dir / "suite.md").read_text()
+    assert md.split("\n\n")[2].strip() == first.split("\n\n")[2].strip()     # the same table rows
+    assert "last written by a run of imagenet-r; imagenet-a kept from earlier runs of the same configuration" in md
+    rows = [r for r in csv.DictReader((suite_dir / "suite.csv").open()) if r["dataset"] == "imagenet-a"]
+    assert [float(r["top1"]) for r in rows] == [pytest.approx(a_acc)]
+
+    # the earlier datasets were run with another model: left out and named, their records kept
+    manifest["config"]["model"] = "RN50"
+    (suite_dir / "suite.json").write_text(json.dumps(manifest))
+    assert cli_main(args + ["--datasets", "imagenet-r", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "leaves out imagenet-a (run with another model; their folders stay on disk)" in err
+    assert json.loads((suite_dir / "suite.json").read_text())["datasets"] == ["imagenet-r"]
+    assert "-A" not in (suite_dir / "suite.md").read_text().splitlines()[4]
+    assert (suite_dir / "imagenet-a" / "records.jsonl").is_file()
+
+
+def test_merge_with_previous_keeps_rows_of_the_same_configuration_only(tmp_path):
+    config = {"model": "RN50", "pretrained": "openai", "protocol": "paper", "methods": ["tpt"], "limit": None}
+    suites.write_manifest(tmp_path, suites.SUITES["natural-shift"], config)
+    for name in ("imagenet", "imagenet-a", "imagenet-r"):
+        write_records(tmp_path / name, name, "RN50", {"tpt": [True, False]})
+    subset = suites.resolve_suite(None, "imagenet-r")
+    # other methods or another limit change no result: the other datasets with records are kept
+    merge = suites.merge_with_previous(tmp_path, subset, {**config, "methods": ["zeroshot"], "limit": 5})
+    assert merge.suite == suites.SUITES["natural-shift"]       # all five again: the suite keeps its OOD column
+    assert merge.ran == ("imagenet-r",) and merge.kept == ("imagenet", "imagenet-a") and not merge.dropped
+    assert merge.message() == ("suite: this command runs imagenet-r; the table keeps imagenet, imagenet-a from "
+                               "earlier runs (not re-run)")
+    merge = suites.merge_with_previous(tmp_path, subset, {**config, "protocol": "leaderboard"})
+    assert merge.suite == subset and merge.kept == () and merge.dropped == ("imagenet", "imagenet-a")
+    assert "leaves out imagenet, imagenet-a (run with another protocol;" in merge.message()
+    # the same datasets again, or a directory without suite.json: nothing to say
+    assert suites.merge_with_previous(tmp_path, suites.SUITES["natural-shift"], config).message() is None
+    assert suites.merge_with_previous(tmp_path / "new", subset, config).message() is None

@@ -2,8 +2,9 @@
 
 Every failure is a `ModelLoadError` with a one-line message that says what the file is
 (missing, corrupt, a pickle holding Python objects, the wrong architecture) and what to do.
-Only a file that is a valid pickle holding non-tensor objects is met with the advice to
-trust it; a truncated or garbage file is called corrupt.
+Only a file that is a valid pickle holding non-tensor objects is "untrusted" and met with
+the advice to pass --trust-checkpoint; a truncated or garbage file is "corrupt" (download it
+again). Nothing in a refused file is ever run to tell the two apart: its pickle is parsed.
 """
 from __future__ import annotations
 
@@ -49,8 +50,50 @@ def _is_torchscript(zf: zipfile.ZipFile) -> bool:
 
 
 def _unsafe_globals(exc: BaseException) -> list[str]:
-    """The Python objects torch's weights-only unpickler refused, if that is why it failed."""
-    return re.findall(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    """The Python objects torch's weights-only unpickler refused, if that is why it failed
+    ("Unsupported global: GLOBAL x", "Trying to load unsupported GLOBAL x whose module ... is
+    blocked", by torch version)."""
+    return re.findall(r"GLOBAL ([\w.]+)", str(exc))
+
+
+_OBJECT_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
+_SAFE_MODULES = ("torch.", "collections.OrderedDict", "builtins.set", "builtins.frozenset")
+
+
+def _pickle_stream(path: Path) -> bytes | None:
+    """The pickle holding the checkpoint's object: data.pkl of a zip checkpoint, else the file."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.endswith("data.pkl")]
+            return zf.read(names[0]) if names else None
+    return path.read_bytes()
+
+
+def _pickled_objects(path: Path) -> list[str] | None:
+    """Parse (never run) the checkpoint's pickle: None if it is not a well-formed pickle (a
+    corrupt file), else the non-tensor globals it names (an empty list: it builds objects by
+    other instructions). A legacy checkpoint's first pickle is its magic number; a plain
+    pickle's is the object itself."""
+    import io
+    import pickletools
+    try:
+        data = _pickle_stream(path)
+        if data is None:
+            return None
+        names, strings, objects = [], [], False
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name == "GLOBAL":
+                names.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(f"{strings[-2]}.{strings[-1]}")
+            elif isinstance(arg, str):
+                strings.append(arg)
+            objects |= op.name in _OBJECT_OPS
+    except Exception:   # ValueError from genops on bytes that are not a pickle, zip errors, ...
+        return None
+    if not objects:
+        return None
+    return sorted({n for n in names if not n.startswith(_SAFE_MODULES)})
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -71,18 +114,28 @@ def _read_torchscript(path: Path) -> dict[str, torch.Tensor]:
         raise _corrupt(path, "damaged TorchScript archive", exc) from exc
 
 
+def _untrusted(path: Path, objects: list[str]) -> ModelLoadError:
+    held = f" ({', '.join(objects)})" if objects else ""
+    return ModelLoadError(
+        f"{path}: untrusted pickle: the checkpoint holds Python objects beyond plain tensors{held}, and "
+        "loading them could run code from the file; pass --trust-checkpoint (trust_checkpoint=True) "
+        "if you trust this file")
+
+
 def _read_pickle(path: Path, trust_checkpoint: bool) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        objects = _unsafe_globals(exc)
-        if not objects:   # the weights-only unpickler met bytes it cannot parse: not a pickle of tensors
-            raise _corrupt(path, "not a readable PyTorch checkpoint", exc) from exc
+        # torch's weights-only unpickler refuses both what it must not run and bytes it cannot
+        # parse: a refused global, or a pickle that parses (without running it), is untrusted
+        objects = sorted(set(_unsafe_globals(exc)))
+        if not objects:
+            parsed = _pickled_objects(path)
+            if parsed is None:
+                raise _corrupt(path, "not a readable PyTorch checkpoint", exc) from exc
+            objects = parsed
         if not trust_checkpoint:
-            raise ModelLoadError(
-                f"{path}: the checkpoint holds pickled Python objects beyond plain tensors "
-                f"({', '.join(sorted(set(objects)))}). Loading it could run code from the file; "
-                "pass --trust-checkpoint (trust_checkpoint=True) only if you trust its source.") from exc
+            raise _untrusted(path, objects) from exc
     except Exception as exc:  # RuntimeError (damaged zip), EOFError, KeyError... from a truncated or garbage file
         raise _corrupt(path, "not a readable PyTorch checkpoint (truncated or garbage)", exc) from exc
     try:

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +85,69 @@ def dataset_dir(suite_dir: str | Path, dataset: str) -> Path:
     return Path(suite_dir) / dataset
 
 
-def write_manifest(suite_dir: Path, suite: Suite, config: dict) -> None:
+def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequence[str] | None = None,
+                   kept: Sequence[str] = ()) -> None:
+    """suite.json: the suite, its config, and which datasets the last command ran (`rewrote`)
+    and which rows it kept from earlier commands (`kept`)."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
-                "title": suite.title, "config": config}
+                "title": suite.title, "config": config,
+                "rewrote": list(suite.datasets if rewrote is None else rewrote), "kept": list(kept)}
     (suite_dir / SUITE_FILE).write_text(json.dumps(manifest, indent=2))
+
+
+# RunConfig fields that do not change a result: a dataset run with other values of these (and the
+# method list, compared per method in the table) can share a table with one run now
+_NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
+                          "download", "data", "online_checkpoint_seconds", "trust_checkpoint"})
+
+
+@dataclass(frozen=True)
+class SuiteMerge:
+    """What a command that runs `ran` into an existing suite directory does with the other rows."""
+
+    suite: Suite                     # the suite the table covers
+    ran: tuple[str, ...]             # the datasets this command runs (their rows are rewritten)
+    kept: tuple[str, ...]            # earlier datasets whose rows stay (records on disk, same config)
+    # earlier datasets with records that are left out of the table (another configuration), and why
+    dropped: tuple[str, ...] = ()
+    reason: str = ""
+
+    def message(self) -> str | None:
+        if not self.kept and not self.dropped:
+            return None
+        words = [f"suite: this command runs {', '.join(self.ran)}"]
+        if self.kept:
+            words.append(f"the table keeps {', '.join(self.kept)} from earlier runs (not re-run)")
+        if self.dropped:
+            words.append(f"and leaves out {', '.join(self.dropped)} ({self.reason}; their folders stay on disk)")
+        return "; ".join(words)
+
+
+def merge_with_previous(suite_dir: str | Path, suite: Suite, config: dict) -> SuiteMerge:
+    """A command given fewer (or other) datasets than the suite directory's suite.json: the table
+    keeps the earlier datasets that have records and were run with the same configuration, in
+    their order, then the new ones (nothing lost); earlier datasets run otherwise are left out
+    of the table and named (nothing mixed)."""
+    from .records import record_files
+    previous = read_manifest(suite_dir)
+    earlier = [d for d in (previous or {}).get("datasets", []) if isinstance(d, str) and d not in suite.datasets]
+    started = [d for d in earlier if record_files(dataset_dir(suite_dir, d))]
+    if not started:
+        return SuiteMerge(suite, suite.datasets, ())
+
+    def results(c: dict) -> dict:
+        return {k: v for k, v in json.loads(json.dumps(c)).items() if k not in _NOT_RESULTS}
+    old, new = results(previous.get("config") or {}), results(config)
+    differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if differ:
+        return SuiteMerge(suite, suite.datasets, (), tuple(started), f"run with another {', '.join(differ)}")
+    # the earlier suite's datasets (not started ones too: the table shows them as missing), then the new
+    order = [d for d in previous["datasets"] if d in earlier or d in suite.datasets]
+    order += [d for d in suite.datasets if d not in order]
+    known = next((k for k in SUITES.values() if set(k.datasets) == set(order)), None)
+    merged = known or Suite("custom", tuple(order), title="Datasets " + ", ".join(order))
+    return SuiteMerge(merged, suite.datasets, tuple(d for d in merged.datasets if d in started))
 
 
 def read_manifest(suite_dir: str | Path) -> dict | None:
@@ -121,9 +180,12 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     suite_dir = Path(config.out)
     check_suite_settings(config, suite, datasets)
     rank0 = distributed.context().rank == 0
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("dataset", "out", "classnames")}
+    merge = merge_with_previous(suite_dir, suite, settings)
     if rank0:
-        write_manifest(suite_dir, suite, {k: v for k, v in dataclasses.asdict(config).items()
-                                          if k not in ("dataset", "out", "classnames")})
+        write_manifest(suite_dir, merge.suite, settings, rewrote=merge.ran, kept=merge.kept)
+        if merge.message():
+            print(merge.message(), file=sys.stderr)
     for name in suite.datasets:
         if config.progress and rank0:
             print(f"== {suite.name}: {name} -> {dataset_dir(suite_dir, name)}")
@@ -204,6 +266,7 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             "weights_sha256": identity.get("weights_sha256"), "weights_source": identity.get("weights_source"),
             "protocol": identity.get("protocol"),
             "top1": top1, "n": counts, "missing": missing,
+            "rewrote": list(manifest.get("rewrote") or suite.datasets), "kept": list(manifest.get("kept") or []),
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
 
@@ -248,6 +311,9 @@ def table_markdown(table: dict) -> str:
     notes = []
     if table["missing"]:
         notes.append("no records yet for: " + ", ".join(table["missing"]))
+    if table.get("kept"):
+        notes.append(f"last written by a run of {', '.join(table['rewrote'])}; {', '.join(table['kept'])} "
+                     "kept from earlier runs of the same configuration")
     if published:
         lines += ["", "Published (same backbone, OpenAI weights by checksum, `paper` protocol; — = not "
                   "published or not verified from a primary source):", "",

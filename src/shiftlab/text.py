@@ -160,7 +160,8 @@ def pooled_class_head(model: ClipModel, prompts_per_class: Sequence[Sequence[str
 
 def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_file") -> list[list[str]]:
     """Per class, its sentences from a CuPL-format JSON file ({class name: [sentence, ...]}), looked up
-    by the name with "_" read as " " (as DMN does); a one-line ValueError naming `field` otherwise."""
+    by the name with "_" read as " " (as DMN does). A class missing from the file, or mapped to no
+    sentence (`[]`, or only blank strings), is refused: a one-line ValueError naming `field`."""
     import json
     import os
     try:
@@ -174,7 +175,8 @@ def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_f
             isinstance(v, list) and all(isinstance(s, str) for s in v) for v in data.values()):
         raise ValueError(f"{field}: {path!r} must map each class name to a list of sentences (CuPL's format)")
     names = [c.replace("_", " ") for c in classnames]
-    missing = [n for n in names if n not in data]
+    # a class that is absent, or listed with no sentence (or only blank ones), has no description
+    missing = [n for n in names if not any(s.strip() for s in data.get(n, []))]
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise ValueError(f"{field}: {path!r} has no sentences for {len(missing)} of {len(names)} classes: {shown}")

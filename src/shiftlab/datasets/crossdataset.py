@@ -24,12 +24,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
-from .folders import DATASETS, DatasetError, DatasetSpec, FolderDataset, format_listing
+from .folders import DATASETS, DatasetError, DatasetSpec, FolderDataset, format_listing, is_inside
 
 __all__ = ["SplitLayout", "SplitFileMissing", "CROSS_DATASETS", "build_split_dataset", "crossdataset_classnames"]
 
@@ -208,6 +209,32 @@ def _check_test_split(spec: DatasetSpec, samples: list[tuple[str, int]], path: P
                            f"{spec.split.test_size}; is it the right file?")
 
 
+def _refuse_outside(spec: DatasetSpec, split_path: Path, listed: list[tuple[str, int]],
+                    image_dir: Path | None) -> None:
+    """A split file may only name images inside the image folder, resolved (the folder scan's
+    rule, ``is_inside``): no absolute path, no ``..`` out of it, no symlink leading out. With
+    ``image_dir`` None the names alone are checked, before any is looked up on disk."""
+    base = os.path.realpath(image_dir) if image_dir is not None else None
+    parents: dict[str, str] = {}          # each folder resolved once (30,000 entries share ~100)
+    for rel, _ in listed:
+        name = rel.replace("\\", "/")
+        norm = posixpath.normpath(name)
+        bad = posixpath.isabs(name) or PureWindowsPath(rel).drive != "" or norm == ".." or norm.startswith("../")
+        if bad or base is None:
+            pass
+        elif ".." in name.split("/"):     # '..' after a symlink: only the OS's resolution is right
+            bad = not is_inside(base, os.path.realpath(os.path.join(base, name)))
+        else:
+            folder, leaf = posixpath.split(norm)
+            if folder not in parents:
+                parents[folder] = os.path.realpath(os.path.join(base, folder))
+            target = os.path.join(parents[folder], leaf)
+            bad = not is_inside(base, os.path.realpath(target) if os.path.islink(target) else target)
+        if bad:
+            raise DatasetError(f"{spec.name}: {split_path} lists {rel!r}, which is outside the image folder "
+                               f"{image_dir or 'of the dataset'}; refusing to read it")
+
+
 def _find_image_dir(spec: DatasetSpec, root: Path, probe: str, what: str) -> Path:
     tried = []
     for base in dataset_dirs(spec, root):
@@ -231,10 +258,14 @@ def build_split_dataset(spec: DatasetSpec, root: str | os.PathLike, classnames: 
     default_names = crossdataset_classnames(spec.name)
     if spec.split.split_file is None:  # FGVCAircraft: its own test list, next to images/
         image_dir = _find_image_dir(spec, root, "images_variant_test.txt", "FGVCAircraft's test list")
+        split_path = image_dir / "images_variant_test.txt"
         listed = _read_aircraft_split(image_dir, spec, _class_table()[spec.name])
     else:
-        listed = _read_split(_find_split_file(spec, root, split_places), spec)
+        split_path = _find_split_file(spec, root, split_places)
+        listed = _read_split(split_path, spec)
+        _refuse_outside(spec, split_path, listed, None)
         image_dir = _find_image_dir(spec, root, listed[0][0], "the split's first test image")
+    _refuse_outside(spec, split_path, listed, image_dir)
 
     classnames = list(default_names if classnames is None else classnames)
     if len(classnames) != spec.num_classes:

@@ -255,6 +255,12 @@ def _subdirs(directory: Path) -> list[str]:
     return sorted(names)
 
 
+def is_inside(root_real: str, path_real: str) -> bool:
+    """Whether ``path_real`` is ``root_real`` or below it (both already ``os.path.realpath``'d):
+    the one rule for what a dataset may read, used by the folder scan and by split files."""
+    return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
 @dataclass
 class _Scan:
     """What a scan of class folders skipped, for the warnings. Symlinks are followed only while they
@@ -267,7 +273,7 @@ class _Scan:
     loops: int = 0
 
     def inside(self, path: str) -> bool:
-        return path == self.root or path.startswith(self.root.rstrip(os.sep) + os.sep)
+        return is_inside(self.root, path)
 
     def warnings(self, directory: Path) -> list[str]:
         out = []

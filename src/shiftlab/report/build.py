@@ -150,10 +150,45 @@ def expand_suites(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     return runs, suite_dirs
 
 
+# The files a report folder holds, listed after each build so that the next build into the same
+# folder removes what it does not write again (a plot of a dataset no longer in the report) and
+# nothing else: a file the report did not write is never touched.
+MANIFEST = ".shiftlab_report.json"
+# what a report folder written before the manifest existed can hold (used only beside its report.html)
+_OWN_PATTERNS = ("report.html", "metrics.csv", "paired.csv", "suite_*.csv", "per_class_*.csv",
+                 "accuracy_vs_time*.png", "reliability_*.png", "clean_vs_robust.png", "renditions_*.png",
+                 "published.png")
+
+
+def _previous_report_files(out: Path) -> list[Path]:
+    """The files the last report written into ``out`` wrote (its manifest's list; without one,
+    the report's own file names, if a report.html shows that a report was written there)."""
+    import json
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        try:
+            names = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            names = []
+        # a name is a plain file name inside out: a damaged manifest cannot reach elsewhere
+        return [out / n for n in names if isinstance(n, str) and n == Path(n).name and n not in (".", "..")]
+    if not (out / "report.html").is_file():
+        return []
+    return sorted({p for pattern in _OWN_PATTERNS for p in out.glob(pattern)})
+
+
+def _write_manifest(out: Path, before: set[str]) -> None:
+    import json
+    written = sorted(p.name for p in out.iterdir() if p.is_file() and p.name not in before and p.name != MANIFEST)
+    (out / MANIFEST).write_text(json.dumps({"files": written}, indent=1) + "\n", encoding="utf-8")
+
+
 def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str] = (),
                  pairs: str = "reference", n_resamples: int = 2000,
                  seed: int = 0, title: str | None = None, reference: str = "zeroshot") -> Path:
-    """Write the report for the given run directories into out_dir; returns report.html's path."""
+    """Write the report for the given run directories into out_dir; returns report.html's path.
+    The folder then holds this report's files only: what the previous report written there
+    wrote is removed first (files the report did not write stay)."""
     run_dirs, suite_dirs = expand_suites(run_dirs)
     runs = load_runs(run_dirs)
     out = Path(out_dir)
@@ -162,6 +197,9 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
     tables = [suites.suite_table(d) for d in suite_dirs]
     data = ReportData(runs, metrics, paired, out, n_resamples, seed, tables)
+    for stale in _previous_report_files(out):
+        stale.unlink(missing_ok=True)
+    before = {p.name for p in out.iterdir()}
     for d, table in zip(suite_dirs, tables):
         suites.write_suite_csv(out / f"suite_{Path(d).resolve().name}.csv", table)
 
@@ -180,4 +218,5 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     parts = [build(data) for build in sections.ALL]
     html_path = out / "report.html"
     html_path.write_text(page(title, meta, [p for p in parts if p]), encoding="utf-8")
+    _write_manifest(out, before)
     return html_path
