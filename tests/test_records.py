@@ -45,9 +45,15 @@ def test_prediction_record_from_an_output():
         "id": 1, "path": "p", "label": 0, "setting": "clean", "method": None, "error": "bad"}
 
 
+def _good(sid: int = 0, **kw) -> dict:
+    """A complete prediction record (what Record.prediction writes)."""
+    return {"id": sid, "path": f"c/{sid}.jpg", "label": 1, "setting": "clean", "method": "m", "pred": 1,
+            "top5": [1, 0], "confidence": 0.75, "true_prob": 0.75, "correct": True, "seconds": 0.5, **kw}
+
+
 def test_reader_skips_damage_and_counts_it_when_asked(tmp_path):
     path = tmp_path / "records.jsonl"
-    good = {"id": 0, "method": "m", "setting": "clean", "label": 1, "pred": 1}
+    good = _good()
     path.write_bytes((json.dumps(good) + "\n").encode() + b"garbage\n" + b"\0" * 40 + b"\n"
                      + b'{"id": "x"}\n' + (json.dumps({**good, "id": 2}) + "\n").encode() + b'{"id": 3, "me')
     assert [r["id"] for r in records.iter_records(path)] == [0, 2]
