@@ -306,6 +306,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)   # one decoder: json.loads(**kw) builds one per call
+
+
 # -- reading -------------------------------------------------------------------------------
 
 @dataclass
@@ -335,7 +338,7 @@ def scan(path: Path, include_torn: bool = False, schema: RecordSchema | None = N
             if not text:
                 continue
             try:
-                data = json.loads(text, parse_constant=_no_constant)
+                data = _STRICT.decode(text.decode("utf-8"))
                 schema.check(data)
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 yield Line(number, raw, None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)

@@ -72,13 +72,15 @@ def run_config(ident: dict, previous: dict | None = None) -> dict:
     return {**cfg, "methods": list(methods), "method_settings": methods} if methods else cfg
 
 
-def run_schema(ident: dict | None, **known: Any) -> run_records.RecordSchema:
+def run_schema(ident: dict | None, stream: bool = True, **known: Any) -> run_records.RecordSchema:
     """The records' schema of the run whose run.json holds `ident`: its methods, settings and samples
-    (the stream its seed, order and --limit make), and its classes when run.json's config lists them."""
+    (with `stream`, the stream its seed, order and --limit make; this imports torch, which the report
+    does without: a finished run's records were checked against it by `finish_run`), and its classes
+    when run.json's config lists them."""
     ident = ident if isinstance(ident, dict) else {}
     shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
     n, limit = shared.get("n_samples"), shared.get("limit")
-    if "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
+    if stream and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
             limit is None or isinstance(limit, int)):
         from .engine import stream_order
         try:

@@ -133,7 +133,7 @@ def load_run(path: str | Path) -> Run:
     config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
     run = Run(path=path, name=path.resolve().name, config=dict(config or run_config(ident)),
               summary=summary, warnings=warnings)
-    schema = run_schema(ident)
+    schema = run_schema(ident, stream=False)
     problems: list[str] = []
     summary_eps = (summary.get("attack") or {}).get("eps")
 
