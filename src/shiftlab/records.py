@@ -292,9 +292,10 @@ class RecordSchema:
         with what else the reader knows (`ids`, `samples`, `n_classes`)."""
         if not isinstance(identity, Mapping):
             return cls(**known)
-        shared = identity.get("shared") or {}
+        shared = identity.get("shared") if isinstance(identity.get("shared"), Mapping) else {}
+        methods = identity.get("methods") if isinstance(identity.get("methods"), Mapping) else {}
         n = shared.get("n_samples")
-        return cls(methods=frozenset(identity.get("methods") or {}),
+        return cls(methods=frozenset(methods),
                    settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")))),
                    n_samples=n if _is_int(n) else None, **known)
 
