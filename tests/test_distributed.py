@@ -165,7 +165,12 @@ def test_threads_split_per_rank(monkeypatch):
 # -- records across world sizes ---------------------------------------------------------
 
 def _rec(sid, method="a", setting="clean", **extra):
-    return {"id": sid, "method": method, "setting": setting, "label": 0, "pred": 0, **extra}
+    """A complete record (a prediction, or an error record with `error=`)."""
+    base = {"id": sid, "path": f"c/{sid}.jpg", "method": method, "setting": setting, "label": 0}
+    if "error" in extra:
+        return {**base, **extra}
+    return {**base, "pred": 0, "top5": [0], "confidence": 1.0, "true_prob": 1.0, "correct": True, "seconds": 0.1,
+            **extra}
 
 
 def _write(path: Path, recs, torn: str = ""):

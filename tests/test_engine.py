@@ -125,12 +125,16 @@ def test_stream_order_is_seeded_permutation():
     assert stream_order(50, "shuffled", 1) != a and stream_order(5, "sorted", 0) == [0, 1, 2, 3, 4]
 
 
+def _error_record(sid: int) -> dict:
+    return {"id": sid, "path": f"c/{sid}.jpg", "label": 0, "method": "zeroshot", "setting": "clean", "error": "x"}
+
+
 def test_torn_last_line_is_ignored_and_cut(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text('{"id": 0, "method": "zeroshot", "setting": "clean"}\n{"id": 1, "meth')
+    path.write_text(json.dumps(_error_record(0)) + '\n{"id": 1, "meth')
     assert [r["id"] for r in records.iter_records(path)] == [0]
     with records.RecordWriter(path) as w:
-        w.write([{"id": 1, "method": "zeroshot", "setting": "clean"}])
+        w.write([_error_record(1)])
     assert [r["id"] for r in records.iter_records(path)] == [0, 1]
 
 

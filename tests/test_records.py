@@ -45,9 +45,15 @@ def test_prediction_record_from_an_output():
         "id": 1, "path": "p", "label": 0, "setting": "clean", "method": None, "error": "bad"}
 
 
+def _good(sid: int = 0, **kw) -> dict:
+    """A complete prediction record (what Record.prediction writes)."""
+    return {"id": sid, "path": f"c/{sid}.jpg", "label": 1, "setting": "clean", "method": "m", "pred": 1,
+            "top5": [1, 0], "confidence": 0.75, "true_prob": 0.75, "correct": True, "seconds": 0.5, **kw}
+
+
 def test_reader_skips_damage_and_counts_it_when_asked(tmp_path):
     path = tmp_path / "records.jsonl"
-    good = {"id": 0, "method": "m", "setting": "clean", "label": 1, "pred": 1}
+    good = _good()
     path.write_bytes((json.dumps(good) + "\n").encode() + b"garbage\n" + b"\0" * 40 + b"\n"
                      + b'{"id": "x"}\n' + (json.dumps({**good, "id": 2}) + "\n").encode() + b'{"id": 3, "me')
     assert [r["id"] for r in records.iter_records(path)] == [0, 2]
@@ -76,3 +82,94 @@ def test_writer_names_the_path_when_the_folder_is_a_file(tmp_path):
     blocker.write_text("x")
     with pytest.raises(records.RunDirError, match=re.escape(str(blocker / "run"))):
         records.ensure_run_dir(blocker / "run")
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"label": None}, "label must be an integer >= 0"),
+    ({"id": True}, "id must be an integer >= 0"),
+    ({"id": -1}, "id must be an integer >= 0"),
+    ({"path": 3}, "path must be a string"),
+    ({"method": None}, "method must be a method name"),
+    ({"setting": ""}, "setting must be a non-empty string"),
+    ({"pred": 1.0}, "pred must be an integer"),
+    ({"top5": []}, "top5 must be a non-empty list"),
+    ({"top5": [1, "2"]}, "top5 must be a non-empty list"),
+    ({"confidence": 1.5}, "confidence must be a probability"),
+    ({"true_prob": -0.1}, "true_prob must be a probability"),
+    ({"correct": False}, "correct must be pred == label"),
+    ({"correct": 1}, "correct must be pred == label"),
+    ({"seconds": -1}, "seconds must be a number of seconds >= 0"),
+    ({"extras": [1]}, "extras must be an object"),
+    ({"extras": {"loss": float("inf")}}, "extras holds a non-finite number"),
+    ({"colour": "red"}, "unknown field(s): colour"),
+    ({"error": "boom"}, "an error record has no pred, top5"),
+], ids=lambda v: str(v)[:30])
+def test_schema_refuses_each_broken_field(change, reason):
+    Record.from_dict(_good())                                  # the unbroken record is one
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        Record.from_dict({**_good(), **change})
+
+
+def test_schema_requires_every_field_of_each_kind():
+    for name in records.BASE_FIELDS + records.PREDICTION_FIELDS:
+        with pytest.raises(ValueError, match=f"missing field.*{name}"):
+            records.check_record({k: v for k, v in _good().items() if k != name})
+    error = {"id": 1, "path": "p", "label": 0, "setting": "clean", "method": None, "error": "bad"}
+    assert records.check_record(error).error == "bad"
+    for name in records.BASE_FIELDS:
+        with pytest.raises(ValueError, match=f"missing field.*{name}"):
+            records.check_record({k: v for k, v in error.items() if k != name})
+    with pytest.raises(ValueError, match="missing field.*label"):     # issue 20's {"id": 5, "method": "tda"}
+        records.check_record({"id": 5, "method": "tda"})
+
+
+def test_the_run_schema_refuses_other_runs_records():
+    schema = records.RecordSchema(methods=frozenset({"m"}), settings=frozenset({"clean"}), n_samples=4,
+                                  ids=frozenset({0, 2}), n_classes=3)
+    assert schema.check(_good(2)).id == 2
+    for change, reason in [({"method": "tda"}, "method 'tda' is not one of the run's methods"),
+                           ({"setting": "pgd"}, "setting 'pgd' is not one of the run's (clean)"),
+                           ({"id": 4}, "id 4 is not one of the run's 4 samples"),
+                           ({"id": 1}, "sample 1 is not in the run's stream"),
+                           ({"top5": [1, 3]}, "class 3 is not one of the run's 3 classes")]:
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            schema.check({**_good(2), **change})
+    with_samples = records.RecordSchema(samples=[("c/0.jpg", 1), ("c/1.jpg", 0)])
+    assert with_samples.check(_good(0)).path == "c/0.jpg"
+    with pytest.raises(ValueError, match="are not sample 1's"):
+        with_samples.check(_good(1))                            # sample 1's label is 0
+    with pytest.raises(ValueError, match="id 2 is not one of the run's 2 samples"):
+        with_samples.check(_good(2))
+    error = {"id": 0, "path": "c/0.jpg", "label": 1, "setting": "clean", "method": None, "error": "decode"}
+    assert schema.check(error).method is None                   # a decode error covers every method
+
+
+def test_reader_refuses_nan_and_infinity_literals(tmp_path):
+    path = tmp_path / "records.jsonl"
+    good = json.dumps(_good())
+    path.write_text("\n".join([good, good.replace("0.75,", "NaN,", 1), good.replace("0.5", "Infinity"),
+                               good.replace("0.5", "-Infinity"), good.replace("0.5", "1e400"), ""]))
+    lines = list(records.scan(path))
+    assert [ln.record is None for ln in lines] == [False, True, True, True, True]
+    assert [ln.problem for ln in lines[1:4]] == ["NaN is not JSON", "Infinity is not JSON", "-Infinity is not JSON"]
+    assert "seconds must be" in lines[4].problem
+
+
+def test_non_finite_scores_are_an_error_record_and_never_written_as_nan():
+    logits = torch.tensor([0.0, float("nan"), 1.0])
+    rec = Record.prediction(id=4, path="a/b.jpg", label=2, setting="pgd", method="tpt",
+                            output=MethodOutput(logits), seconds=0.5, attack={"name": "pgd", "flipped": False})
+    assert rec.error == "non-finite scores from tpt: 1 NaN of 3 logits" and rec.pred is None
+    assert rec.attack == {"name": "pgd", "flipped": False}
+    assert Record.from_dict(json.loads(records.dumps(rec))) == rec
+    inf = Record.prediction(id=4, path="a/b.jpg", label=2, setting="clean", method="tpt",
+                            output=MethodOutput(torch.tensor([0.0, float("inf"), -float("inf")])), seconds=0.5)
+    assert inf.error == "non-finite scores from tpt: 1 +inf of 3 logits"
+    ruled_out = Record.prediction(id=4, path="a/b.jpg", label=0, setting="clean", method="m",
+                                  output=MethodOutput(torch.tensor([0.0, -float("inf")])), seconds=0.5)
+    assert ruled_out.error is None and ruled_out.pred == 0      # a class ruled out (-inf) is a score
+    extras = Record.prediction(id=4, path="a/b.jpg", label=0, setting="clean", method="m",
+                               output=MethodOutput(torch.zeros(2), extras={"loss": math.nan}), seconds=0.5)
+    assert extras.error == "non-finite scores from m: non-finite extras (loss)"
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        records.dumps({**_good(), "confidence": math.nan})

@@ -66,10 +66,7 @@ class RunConfig:
     online_checkpoint_seconds: float = 60.0   # online state + records checkpoint interval (0: every batch)
 
     def settings(self) -> list[str]:
-        name = self.attack.get("name", "none")
-        if name == "none":
-            return ["clean"]
-        return ["clean", name] if self.clean_and_robust else [name]
+        return records.run_settings(self.attack, self.clean_and_robust)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -171,7 +168,6 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
 def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluator, attacker,
                 device: torch.device, dist, run_dir: Path, hooks: RunHooks) -> dict:
     from . import __version__
-    from .published import published_for_run
 
     settings = config.settings()
     order = stream_order(len(dataset), config.order, config.seed)
@@ -184,9 +180,13 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     resumed = _check_resume(run_dir, old_identity, run_identity, dist) if config.resume else None
     if resumed is not None:
         run_identity = resumed.identity
-    done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
-    if dist.rank == 0:
-        identity.write(run_dir, run_identity)
+    # the records already there must be this run's: its samples, settings and the methods run.json listed
+    schema = run_summary.run_schema(old_identity or run_identity, ids=frozenset(order), samples=dataset.samples,
+                                    n_classes=len(dataset.classnames))
+    done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
+    if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
+        identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
+                                                                                   run_identity)})
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 
@@ -194,13 +194,14 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     writer = records.RecordWriter(distributed.records_path(run_dir, dist))
     state = None
     online_start = 0
+    in_files = set(done)   # before any held-back online record is restored from the checkpoint
     if online:
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
-            online_start = state.resume(order, writer, done, settings)
+            online_start = state.resume(order, writer, done, settings, schema)
     if resumed is not None and dist.rank == 0 and (done or old_identity):
-        _say_resuming(run_dir, resumed, order, config.methods, settings, done, state)
+        _say_resuming(run_dir, resumed, order, config.methods, settings, in_files, done, state)
     pending = plan.pending(settings, done)
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
@@ -234,10 +235,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         return {}
     if config.resume:
         timings = run_summary.combine_timings(run_summary.previous_timings(run_dir), timings)
-    records.merge_records(run_dir)
-    cfg = _config_dict(config, model, dataset, run_identity)
-    summary = run_summary.summarize(records.load_records(run_dir), cfg, timings, run_identity)
-    md = run_summary.write_summary(run_dir, summary, published_for_run(summary))
+    summary, md = run_summary.finish_run(run_dir, timings)   # as `shiftlab merge` does
     if config.progress:
         print(md)
     return summary
@@ -257,12 +255,23 @@ def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.
 
 
 def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int], methods: Sequence[str],
-                  settings: Sequence[str], done: set, state: OnlineState | None) -> None:
-    """One line on stderr: how much of the run was already done, and what this resume adds."""
+                  settings: Sequence[str], in_files: set, done: set, state: OnlineState | None) -> None:
+    """One line on stderr: how much of the run was already done, and what this resume adds.
+
+    A sample is done when every (method, setting) record it needs is in the records files and valid
+    (`in_files`: the keys read after the quarantine); records restored from the online checkpoint
+    (`done` has them too) are said apart, so the count never hides a deleted or damaged line."""
     counted = [n for n in methods if n not in resumed.added_methods] or list(methods)   # the run's own methods
-    complete = sum(1 for sid in order
-                   if all(not records.is_missing(sid, n, s, done) for n in counted for s in settings))
-    line = f"shiftlab: resuming {run_dir}: {complete} of {len(order)} samples already done"
+
+    def complete(keys: set) -> int:
+        return sum(1 for sid in order
+                   if all(not records.is_missing(sid, n, s, keys) for n in counted for s in settings))
+    before = complete(in_files)
+    line = f"shiftlab: resuming {run_dir}: {before} of {len(order)} samples already done"
+    if state is not None and state.restored:
+        line += f"; {state.restored} online record(s) restored from the last checkpoint"
+        after = complete(done)
+        line += f" (now {after} of {len(order)})" if after != before else ""
     if resumed.added_methods:
         line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
     if resumed.limit_raised:

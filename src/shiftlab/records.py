@@ -1,14 +1,17 @@
 """The record: one (sample, method, setting) outcome, and everything that reads, writes or scores it.
 
 This module owns the contract of `records.jsonl` (docs/ARCHITECTURE.md's schema is tested
-against `Record`): the typed record and its constructors, the append-only writer, the
-tolerant reader, the resume key and the one scoring function that summary.json and the
-report share.
+against `Record`): the typed record and its constructors, the one schema every reader applies
+(`check_record`: fields and types; `RecordSchema`: which run a record belongs to), the
+append-only writer, the resume key and the one scoring function that summary.json and the
+report share. records.jsonl is strict JSON: no NaN or Infinity literals are written (a
+method's non-finite scores become an error record saying so) and none are read.
 
 Records are appended one sample at a time with a single write and a flush, so a process
 killed at any point leaves at most one partial last line, which readers ignore and writers
 cut off before appending. A complete line that is not a valid record (garbage, a NUL-filled
-block after a crash of the filesystem) is skipped by readers and, when a run resumes,
+block after a crash of the filesystem, a well-formed object that breaks the schema, a record
+of another run's sample or method) is skipped by readers and, when a run resumes or is merged,
 moved to `records.quarantine.jsonl` with its file and line number (`quarantine`), so the
 sample is redone. Under torchrun each rank appends to its own shard in `shards/`;
 `merge_records` folds shards into records.jsonl (deduplicated, sorted), and is idempotent.
@@ -71,9 +74,15 @@ class Record:
     @classmethod
     def prediction(cls, *, id: int, path: str, label: int, setting: str, method: str, output: MethodOutput,
                    seconds: float, attack: dict | None = None) -> Record:
-        """From a MethodOutput (logits + extras)."""
+        """From a MethodOutput (logits + extras); an error record when its scores are not finite
+        (a diverged tuning step), since records.jsonl holds no NaN."""
+        logits = output.logits.detach().float().cpu()
         probs = output.probabilities().detach().float().cpu()
-        pred = int(output.logits.detach().float().argmax())
+        problem = _non_finite(logits, probs, output.extras)
+        if problem:
+            return cls.failure(id=id, path=path, label=label, setting=setting, method=method,
+                               error=f"non-finite scores from {method}: {problem}").with_attack(attack)
+        pred = int(logits.argmax())
         return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, pred=pred,
                    top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=float(probs.max()),
                    true_prob=float(probs[label]), correct=pred == label, seconds=seconds, extras=output.extras,
@@ -99,19 +108,8 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:
-        """Validate a parsed line; raises ValueError when it is not a record."""
-        if not isinstance(data, Mapping):
-            raise ValueError("not a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        try:
-            rec = cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as exc:
-            raise ValueError(f"missing field: {exc}") from None
-        if isinstance(rec.id, bool) or not isinstance(rec.id, int):
-            raise ValueError(f"id must be an integer, got {rec.id!r}")
-        if not isinstance(rec.setting, str) or not (rec.method is None or isinstance(rec.method, str)):
-            raise ValueError("setting and method must be strings")
-        return rec
+        """Validate a parsed line (`check_record`); raises ValueError when it is not a record."""
+        return check_record(data)
 
     @property
     def is_prediction(self) -> bool:
@@ -140,7 +138,176 @@ def as_dict(rec: Mapping[str, Any] | Record) -> dict[str, Any]:
 
 
 def dumps(rec: Mapping[str, Any] | Record) -> str:
-    return json.dumps(as_dict(rec), sort_keys=True) + "\n"
+    """One line of strict JSON (a NaN would raise here rather than be written as a bare literal)."""
+    return json.dumps(as_dict(rec), sort_keys=True, allow_nan=False) + "\n"
+
+
+def _non_finite(logits: Any, probs: Any, extras: Mapping[str, Any] | None) -> str:
+    """Why a method's output cannot be a prediction record ('' when it can). -inf logits are allowed
+    (a class ruled out); NaN or +inf logits, non-finite probabilities and extras are not."""
+    import torch
+    nan, pos = int(torch.isnan(logits).sum()), int((logits == math.inf).sum())
+    if nan or pos:
+        return " and ".join(f"{k} {what}" for k, what in ((nan, "NaN"), (pos, "+inf")) if k) + \
+            f" of {logits.numel()} logits"
+    bad = int((~torch.isfinite(probs)).sum())
+    if bad:
+        return f"{bad} non-finite of {probs.numel()} probabilities"
+    extras_bad = [k for k, v in (extras or {}).items() if _has_non_finite(v)]
+    return f"non-finite extras ({', '.join(extras_bad)})" if extras_bad else ""
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+# -- the schema: what every reader accepts ---------------------------------------------------
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(Record))
+BASE_FIELDS = ("id", "path", "label", "setting", "method")          # both kinds of record
+PREDICTION_FIELDS = ("pred", "top5", "confidence", "true_prob", "correct", "seconds")
+PROB_SLACK = 1e-5   # float32 softmax (and mixtures of probabilities) may round a hair above 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_record(data: Any) -> Record:
+    """The record a parsed line holds, or ValueError naming the first thing wrong with it.
+
+    Every record: `id`, `label` (integers >= 0), `path` (a string), `setting` (a non-empty string),
+    `method` (a name; null only on an error record). A prediction record also has all of `pred`,
+    `top5` (class indices), `confidence` and `true_prob` (probabilities), `correct` (a bool equal
+    to pred == label) and `seconds` (>= 0); an error record has a non-empty `error` string and none
+    of those. `extras` and `attack` are objects when present. No other field, no non-finite number.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("not a JSON object")
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field(s): {', '.join(map(str, unknown))}")
+    error = data.get("error") is not None
+    missing = [k for k in BASE_FIELDS + (("error",) if error else PREDICTION_FIELDS) if k not in data]
+    if missing:
+        raise ValueError(f"missing field(s): {', '.join(missing)}")
+
+    def wrong(name: str, what: str) -> ValueError:
+        return ValueError(f"{name} must be {what}, got {_short(data[name])}")
+    for name in ("id", "label"):
+        if not _is_int(data[name]) or data[name] < 0:
+            raise wrong(name, "an integer >= 0")
+    if not isinstance(data["path"], str):
+        raise wrong("path", "a string")
+    if not isinstance(data["setting"], str) or not data["setting"]:
+        raise wrong("setting", "a non-empty string")
+    if not (isinstance(data["method"], str) and data["method"]) and not (error and data["method"] is None):
+        raise wrong("method", "a method name" + (" or null" if error else ""))
+    for name in ("extras", "attack"):
+        if data.get(name) is not None and not isinstance(data[name], Mapping):
+            raise wrong(name, "an object")
+        if _has_non_finite(data.get(name)):
+            raise ValueError(f"{name} holds a non-finite number")
+    if error:
+        if not isinstance(data["error"], str):
+            raise wrong("error", "a string")
+        extra = [k for k in PREDICTION_FIELDS if data.get(k) is not None]
+        if extra:
+            raise ValueError(f"an error record has no {', '.join(extra)}")
+        return Record(**data)
+    if not _is_int(data["pred"]) or data["pred"] < 0:
+        raise wrong("pred", "an integer >= 0")
+    top5 = data["top5"]
+    if not isinstance(top5, list) or not top5 or not all(_is_int(c) and c >= 0 for c in top5):
+        raise wrong("top5", "a non-empty list of class indices")
+    for name in ("confidence", "true_prob"):
+        if not _is_number(data[name]) or not 0 <= data[name] <= 1 + PROB_SLACK:
+            raise wrong(name, "a probability in [0, 1]")
+    if not isinstance(data["correct"], bool) or data["correct"] != (data["pred"] == data["label"]):
+        raise wrong("correct", f"pred == label ({data['pred'] == data['label']})")
+    if not _is_number(data["seconds"]) or data["seconds"] < 0:
+        raise wrong("seconds", "a number of seconds >= 0")
+    return Record(**data)
+
+
+def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool) -> list[str]:
+    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust)."""
+    name = (attack or {}).get("name", "none")
+    if name == "none":
+        return ["clean"]
+    return ["clean", name] if clean_and_robust else [name]
+
+
+@dataclass(frozen=True)
+class RecordSchema:
+    """`check_record`, and that the record belongs to this run: each field that is None is not known
+    to the reader and not checked (the report of a run without run.json checks the fields only)."""
+    methods: frozenset[str] | None = None       # the run's methods (run.json's)
+    settings: frozenset[str] | None = None
+    n_samples: int | None = None                # ids are 0 <= id < n_samples
+    ids: frozenset[int] | None = None           # the run's stream (its --limit prefix)
+    samples: Sequence[tuple[Any, int]] | None = None   # (path, label) of each id, when the dataset is at hand
+    n_classes: int | None = None
+
+    def check(self, data: Any) -> Record:
+        rec = check_record(data)
+        if self.methods is not None and rec.method is not None and rec.method not in self.methods:
+            raise ValueError(f"method {rec.method!r} is not one of the run's methods (run.json)")
+        if self.settings is not None and rec.setting not in self.settings:
+            raise ValueError(f"setting {rec.setting!r} is not one of the run's ({', '.join(sorted(self.settings))})")
+        n = len(self.samples) if self.samples is not None else self.n_samples
+        if n is not None and rec.id >= n:
+            raise ValueError(f"id {rec.id} is not one of the run's {n} samples")
+        if self.ids is not None and rec.id not in self.ids:
+            raise ValueError(f"sample {rec.id} is not in the run's stream (its --limit)")
+        if self.samples is not None:
+            path, label = self.samples[rec.id]
+            if rec.path != str(path) or rec.label != label:
+                raise ValueError(f"path {rec.path!r} and label {rec.label} are not sample {rec.id}'s "
+                                 f"({str(path)!r}, {label})")
+        if self.n_classes is not None:
+            top = max([rec.label] + ([rec.pred] if rec.pred is not None else []) + list(rec.top5 or []))
+            if top >= self.n_classes:
+                raise ValueError(f"class {top} is not one of the run's {self.n_classes} classes")
+        return rec
+
+    @classmethod
+    def of_run(cls, identity: Mapping[str, Any] | None, **known: Any) -> RecordSchema:
+        """The schema of the run whose run.json holds `identity` (methods, settings, number of samples),
+        with what else the reader knows (`ids`, `samples`, `n_classes`)."""
+        if not isinstance(identity, Mapping):
+            return cls(**known)
+        shared = identity.get("shared") if isinstance(identity.get("shared"), Mapping) else {}
+        methods = identity.get("methods") if isinstance(identity.get("methods"), Mapping) else {}
+        n = shared.get("n_samples")
+        return cls(methods=frozenset(methods),
+                   settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")))),
+                   n_samples=n if _is_int(n) else None, **known)
+
+
+_FIELDS_ONLY = RecordSchema()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)   # one decoder: json.loads(**kw) builds one per call
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -154,9 +321,11 @@ class Line:
     problem: str = ""
 
 
-def scan(path: Path, include_torn: bool = False) -> Iterator[Line]:
-    """Every complete line of a records file, parsed and validated; a torn last line (a killed
-    writer's) is yielded as invalid only with `include_torn` (readers that count damage)."""
+def scan(path: Path, include_torn: bool = False, schema: RecordSchema | None = None) -> Iterator[Line]:
+    """Every complete line of a records file, parsed and validated (`schema`, default: the fields
+    only); a torn last line (a killed writer's) is yielded as invalid only with `include_torn`
+    (readers that count damage)."""
+    schema = schema or _FIELDS_ONLY
     path = Path(path)
     if not path.is_file():
         return
@@ -170,17 +339,17 @@ def scan(path: Path, include_torn: bool = False) -> Iterator[Line]:
             if not text:
                 continue
             try:
-                data = json.loads(text)
-                Record.from_dict(data)
+                data = _STRICT.decode(text.decode("utf-8"))
+                schema.check(data)
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 yield Line(number, raw, None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 continue
             yield Line(number, raw, data)
 
 
-def iter_records(path: Path) -> Iterator[dict]:
+def iter_records(path: Path, schema: RecordSchema | None = None) -> Iterator[dict]:
     """Valid records of a file as dicts (torn last line and invalid lines skipped)."""
-    for line in scan(path):
+    for line in scan(path, schema=schema):
         if line.record is not None:
             yield line.record
 
@@ -194,12 +363,12 @@ def record_files(run_dir: Path) -> list[Path]:
     return files
 
 
-def load_records(run_dir: Path) -> list[dict]:
-    """All records of a run (merged file and shards), first occurrence of each key wins."""
+def load_records(run_dir: Path, schema: RecordSchema | None = None) -> list[dict]:
+    """All valid records of a run (merged file and shards), first occurrence of each key wins."""
     seen: set = set()
     out = []
     for path in record_files(run_dir):
-        for rec in iter_records(path):
+        for rec in iter_records(path, schema):
             key = record_key(rec)
             if key not in seen:
                 seen.add(key)
@@ -211,8 +380,9 @@ def done_keys(records: Iterable[Mapping[str, Any] | Record]) -> set[Key]:
     return {record_key(r) for r in records}
 
 
-def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None) -> int:
-    """Move invalid complete lines of every records file to records.quarantine.jsonl; returns how many.
+def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema: RecordSchema | None = None) -> int:
+    """Move invalid complete lines (`scan` with `schema`) of every records file to
+    records.quarantine.jsonl; returns how many.
 
     Each quarantined line is kept as {"file", "line", "problem", "text"} so nothing is lost, and
     `warn` (default: print to stderr) gets one line per damaged line naming file and line number.
@@ -223,7 +393,7 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None) -> int:
     run_dir = Path(run_dir)
     moved = 0
     for path in record_files(run_dir):
-        bad = [line for line in scan(path) if line.record is None]
+        bad = [line for line in scan(path, schema=schema) if line.record is None]
         if not bad:
             continue
         with open(run_dir / QUARANTINE, "a", encoding="utf-8") as fh:
@@ -253,10 +423,11 @@ def _sort_key(rec: Mapping[str, Any]) -> tuple:
     return (rec["id"], rec.get("setting", "clean"), rec.get("method") or "")
 
 
-def merge_records(run_dir: Path) -> Path:
-    """Fold shards into records.jsonl, deduplicated and sorted by (id, setting, method)."""
+def merge_records(run_dir: Path, schema: RecordSchema | None = None) -> Path:
+    """Fold shards into records.jsonl, deduplicated and sorted by (id, setting, method). Call
+    `quarantine` first: a line this reader refuses would be dropped."""
     run_dir = Path(run_dir)
-    records = sorted(load_records(run_dir), key=_sort_key)
+    records = sorted(load_records(run_dir, schema), key=_sort_key)
     target = run_dir / RECORDS
     tmp = run_dir / (RECORDS + ".tmp")
     with open_for_writing(tmp, "w") as fh:

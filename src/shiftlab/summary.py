@@ -1,22 +1,105 @@
 """A run's summary: summary.json (scores from the records, identity, timings) and summary.md.
 
 records.jsonl is the source of truth (shiftlab.records owns it and its scoring); the
-summary is rewritten from it at the end of every run and by `shiftlab merge`.
+summary is rewritten from it by one function, `finish_run`, at the end of every run and by
+`shiftlab merge`. Its labels and config come from run.json (the identity, and the `config`
+section the run wrote when it started), so a merge after a stopped torchrun job writes the
+summary the run would have written.
 """
 from __future__ import annotations
 
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import metrics
+from . import records as run_records
 from .display import attack_label, is_random_weights, model_label
 from .records import run_dir_error, score_records
 
 SUMMARY = "summary.json"
 SUMMARY_MD = "summary.md"
+
+
+# -- finishing a run -------------------------------------------------------------------
+
+def finish_run(run_dir: Path, timings: dict | None = None,
+               warn: Callable[[str], None] | None = None) -> tuple[dict, str]:
+    """merge -> score -> summary.json and summary.md of a run directory; returns (summary, markdown).
+
+    Lines the run's schema (`run_schema`) refuses are quarantined first, shards are folded into
+    records.jsonl, and the summary is made from the records, run.json's identity and config, and
+    `timings` (None: the timings of the summary the directory already has). The caller holds the
+    run lock. Raises RunIdentityError for a damaged run.json and RunDirError for an unwritable folder.
+    """
+    from .published import published_for_run
+    from .runtime import identity as run_identity
+    run_dir = Path(run_dir)
+    ident = run_identity.read(run_dir) or {}
+    schema = run_schema(ident)
+    run_records.quarantine(run_dir, warn, schema)
+    run_records.merge_records(run_dir, schema)
+    previous = _read_summary(run_dir)
+    if timings is None:
+        timings = previous.get("timings") if isinstance(previous.get("timings"), dict) else None
+    recorded = {k: v for k, v in ident.items() if k != CONFIG} or None
+    summary = summarize(run_records.load_records(run_dir, schema), run_config(ident, previous), timings, recorded)
+    return summary, write_summary(run_dir, summary, published_for_run(summary))
+
+
+CONFIG = "config"   # run.json's section holding the summary's config (written when the run starts)
+
+
+def run_config(ident: dict, previous: dict | None = None) -> dict:
+    """The summary's config: run.json's `config`; for a run.json written before it had one, the
+    earlier summary's, else what the identity says (dataset, model, weights, settings, methods)."""
+    cfg = ident.get(CONFIG)
+    if isinstance(cfg, dict):
+        return cfg
+    cfg = (previous or {}).get("config")
+    if isinstance(cfg, dict) and cfg:
+        return cfg
+    shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
+    methods = ident.get("methods") if isinstance(ident.get("methods"), dict) else {}
+    keep = ("dataset", "model", "pretrained", "protocol", "views", "augmix", "seed", "order", "limit", "attack",
+            "clean_and_robust", "precision", "n_samples", "checkpoint_sha256", "weights_source")
+    cfg = {k: shared[k] for k in keep if k in shared}
+    if "model" in shared:
+        cfg["model_resolved"] = shared["model"]
+    return {**cfg, "methods": list(methods), "method_settings": methods} if methods else cfg
+
+
+def run_schema(ident: dict | None, stream: bool = True, **known: Any) -> run_records.RecordSchema:
+    """The records' schema of the run whose run.json holds `ident`: its methods, settings and samples
+    (with `stream`, the stream its seed, order and --limit make; this imports torch, which the report
+    does without: a finished run's records were checked against it by `finish_run`), and its classes
+    when run.json's config lists them."""
+    ident = ident if isinstance(ident, dict) else {}
+    shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
+    n, limit = shared.get("n_samples"), shared.get("limit")
+    if stream and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
+            limit is None or isinstance(limit, int)):
+        from .engine import stream_order
+        try:
+            known["ids"] = frozenset(stream_order(n, str(shared.get("order")), shared["seed"])[:limit])
+        except ValueError:   # an order this version does not know: ids are checked against n_samples only
+            pass
+    names = (ident.get(CONFIG) or {}).get("classnames") if isinstance(ident.get(CONFIG), dict) else None
+    if "n_classes" not in known and isinstance(names, list):
+        known["n_classes"] = len(names)
+    return run_records.RecordSchema.of_run(ident or None, **known)
+
+
+def _read_summary(run_dir: Path) -> dict:
+    path = Path(run_dir) / SUMMARY
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 # -- summaries -------------------------------------------------------------------------

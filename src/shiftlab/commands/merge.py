@@ -1,8 +1,12 @@
-"""`shiftlab merge RUN_DIR`: fold torchrun shards into records.jsonl and rewrite the summary."""
+"""`shiftlab merge RUN_DIR`: fold torchrun shards into records.jsonl and rewrite the summary.
+
+The same `finish_run` as the end of a run: lines the run's schema refuses are quarantined (named
+by file and line), and the summary carries the labels and config of run.json. Any problem is one
+line on stderr and exit status 2, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -16,8 +20,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import records
     from .. import summary as run_summary
-    from ..published import published_for_run
-    from ..runtime import identity
     from ..runtime.lock import RunLock, RunLockedError
     run_dir = args.run_dir
     if not records.record_files(run_dir):
@@ -25,18 +27,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         with RunLock(run_dir, "merge"):   # never while a run (or another merge) writes there
-            records.quarantine(run_dir)
-            records.merge_records(run_dir)
-            old = run_dir / run_summary.SUMMARY
-            try:
-                previous = json.loads(old.read_text()) if old.is_file() else {}
-            except ValueError:
-                previous = {}
-            config = previous.get("config", {})
-            summary = run_summary.summarize(records.load_records(run_dir), config, previous.get("timings"),
-                                            previous.get("identity") or identity.read(run_dir))
-            print(run_summary.write_summary(run_dir, summary, published_for_run(summary)))
-    except (RunLockedError, records.RunDirError, identity.RunIdentityError) as exc:
+            _, md = run_summary.finish_run(run_dir)
+    except (RunLockedError, OSError, ValueError) as exc:   # RunDirError, RunIdentityError (run.json) among them
         print(f"shiftlab merge: {exc}", file=sys.stderr)
         return 2
+    print(md)
     return 0

@@ -2,7 +2,9 @@
 
 records.jsonl is the source of truth for every metric; summary.json only
 supplies the run config and the timing. A run still being written, or killed
-mid-line, must still be reportable, so unreadable lines are counted, not fatal.
+mid-line, must still be reportable, so lines the records' schema refuses (read
+with the run's own schema from run.json, as `shiftlab merge` reads them) are
+counted and named in a warning, not fatal.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from shiftlab.display import format_eps, run_label
-from shiftlab.records import Record, record_files, scan
+from shiftlab.records import record_files, scan
+from shiftlab.runtime.identity import RunIdentityError
+from shiftlab.runtime.identity import read as read_identity
+from shiftlab.summary import run_config, run_schema
 
 
 class ReportError(Exception):
@@ -120,8 +125,16 @@ def load_run(path: str | Path) -> Run:
     else:
         warnings.append(f"{summary_path} is missing (run unfinished?): config unknown, "
                         f"seconds per image taken from the records")
-    run = Run(path=path, name=path.resolve().name, config=dict(summary.get("config") or {}),
+    try:
+        ident = read_identity(path) or {}
+    except RunIdentityError as exc:
+        ident = {}
+        warnings.append(f"{exc}: the records are checked for their fields only")
+    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    run = Run(path=path, name=path.resolve().name, config=dict(config or run_config(ident)),
               summary=summary, warnings=warnings)
+    schema = run_schema(ident, stream=False)
+    problems: list[str] = []
     summary_eps = (summary.get("attack") or {}).get("eps")
 
     # (method, setting) -> {id: record}. The first record of a key wins, as in
@@ -130,10 +143,11 @@ def load_run(path: str | Path) -> Run:
     error_keys: set = set()
     eps_of: dict[str, float | None] = {}
     for file in files:
-        for line in scan(file, include_torn=True):
+        for line in scan(file, include_torn=True, schema=schema):
             rec = line.record
-            if rec is None:          # garbage, a NUL-filled block, a killed writer's torn last line
+            if rec is None:          # garbage, a NUL-filled block, a killed writer's torn last line, not a record
                 run.bad_lines += 1
+                problems.append(f"{file}:{line.number}: {line.problem}")
                 continue
             sid = rec["id"]
             setting = str(rec.get("setting") or "clean")
@@ -143,9 +157,6 @@ def load_run(path: str | Path) -> Run:
                 if key not in error_keys:
                     error_keys.add(key)
                     run.error_records.append(rec)
-                continue
-            if not Record.from_dict(rec).is_prediction:
-                run.bad_lines += 1
                 continue
             if setting != "clean" and setting not in eps_of:
                 eps = (rec.get("attack") or {}).get("eps", summary_eps)
@@ -162,7 +173,8 @@ def load_run(path: str | Path) -> Run:
     if not run.series:
         run.warnings.append(f"{path} holds no prediction records")
     if run.bad_lines:
-        run.warnings.append(f"{run.bad_lines} unreadable or incomplete line(s) in the records skipped")
+        run.warnings.append(f"{run.bad_lines} unreadable or incomplete line(s) in the records skipped ("
+                            + "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "") + ")")
     if run.duplicates:
         run.warnings.append(f"{run.duplicates} duplicate (id, method, setting) record(s); the first one was used")
     return run

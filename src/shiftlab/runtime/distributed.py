@@ -115,21 +115,23 @@ def all_gather(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
-def prior_records(run_dir: Path, resume: bool, ctx: DistContext) -> set[tuple]:
+def prior_records(run_dir: Path, resume: bool, ctx: DistContext,
+                  schema: records.RecordSchema | None = None) -> set[tuple]:
     """Done keys of the run directory (records.jsonl and every shard) for `--resume`.
 
     A collective under torchrun: every rank reads before any rank writes, and all
     ranks raise FileExistsError together when a fresh run (no --resume) would mix
     with existing records. On resume, rank 0 (which holds the run lock) first moves
-    damaged lines to the quarantine file, so their samples count as not done.
+    the lines `schema` refuses (damaged, or not this run's) to the quarantine file, so their
+    samples count as not done; every rank then reads with the same schema.
     """
     if resume:
         if ctx.rank == 0:
-            records.quarantine(run_dir)
+            records.quarantine(run_dir, schema=schema)
         all_gather(ctx, None)   # the others read only after the quarantine
     files = records.record_files(run_dir)
     occupied = bool(files) and not resume
-    done = records.done_keys(records.load_records(run_dir)) if resume else set()
+    done = records.done_keys(records.load_records(run_dir, schema)) if resume else set()
     if any(all_gather(ctx, occupied)):
         raise FileExistsError(f"{run_dir} already holds records; pass --resume to continue it or choose another --out")
     return done

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..records import Record, RecordWriter, as_dict, record_key, run_dir_error
+from ..records import Record, RecordSchema, RecordWriter, as_dict, record_key, run_dir_error
 
 
 class OnlineState:
@@ -44,6 +44,7 @@ class OnlineState:
         self.processed: list[int] = []
         self.last_records: list[dict] = []
         self.replayed = False                   # True when `resume` had to restart the stream
+        self.restored = 0                       # held-back records `resume` wrote back from the checkpoint
         self._initial = {n: copy.deepcopy(m.state_dict()) for n, m in self.methods.items()}
         self._pending_ids: list[int] = []
         self._pending_records: list[dict] = []
@@ -71,11 +72,12 @@ class OnlineState:
         self.last_records = list(blob["last_records"])
         return all(name in blob["states"] for name in self.methods)
 
-    def resume(self, stream: Sequence[int], writer: RecordWriter, done: set, settings: Sequence[str]) -> int:
-        """Continue from the checkpoint: restore its held-back records, then decide where the
-        methods restart (see the module docstring). Returns the start position."""
+    def resume(self, stream: Sequence[int], writer: RecordWriter, done: set, settings: Sequence[str],
+               schema: RecordSchema | None = None) -> int:
+        """Continue from the checkpoint: restore its held-back records (those `schema` accepts), then
+        decide where the methods restart (see the module docstring). Returns the start position."""
         complete = self.load(stream)
-        self.restore_missing(writer, done)
+        self.restore_missing(writer, done, schema)
         before = stream[:self.start]
         missing = any(record_key({"id": sid, "method": n, "setting": s}) not in done and (sid, None, s) not in done
                       for sid in before for n in self.methods for s in settings)
@@ -90,10 +92,11 @@ class OnlineState:
             method.load_state_dict(copy.deepcopy(self._initial[name]))
         self.processed, self.last_records = [], []
 
-    def restore_missing(self, writer: RecordWriter, done: set) -> None:
-        missing = [r for r in self.last_records if record_key(r) not in done]
+    def restore_missing(self, writer: RecordWriter, done: set, schema: RecordSchema | None = None) -> None:
+        missing = [r for r in self.last_records if _valid(r, schema) and record_key(r) not in done]
         writer.write(missing)
         done.update(record_key(r) for r in missing)
+        self.restored += len(missing)
 
     def add(self, ids: Sequence[int], online_records: Sequence[Record | dict], writer: RecordWriter) -> None:
         """Hold a batch's online records (the methods processed `ids`, in this order); checkpoint and
@@ -127,3 +130,12 @@ class OnlineState:
             if "write" not in str(exc).lower():
                 raise
             raise run_dir_error(self.path, OSError(errno.EIO, f"write failed ({exc})")) from None
+
+
+def _valid(rec: Any, schema: RecordSchema | None) -> bool:
+    """A held-back record is restored only if the records' schema accepts it (else its sample is redone)."""
+    try:
+        (schema or RecordSchema()).check(rec)
+    except ValueError:
+        return False
+    return True
