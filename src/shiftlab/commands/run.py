@@ -160,6 +160,24 @@ def check_combination(args: argparse.Namespace) -> str | None:
         return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would "
                 "mix clean and attacked samples; run them once clean and once with --attack, or leave them out "
                 "of --methods")
+    return method_settings_problem(args, names)
+
+
+def method_settings_problem(args: argparse.Namespace, names: list[str]) -> str | None:
+    """The first method whose effective config (defaults <- --protocol, per dataset <- --views/--augmix
+    <- --set) is refused, as its one-line error, or None: e.g. MTA under --views 4, below its minimum."""
+    from ..datasets import DATASETS
+    from ..methods.base import effective_config
+    user = checks.method_config(args.method_config)
+    run_views = ({"n_views": args.views} if args.views is not None else {}) | (
+        {"augmix": True} if args.augmix else {})
+    for dataset in dataset_names(args):
+        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
+        for name in names:
+            try:
+                effective_config(name, args.protocol, canonical, args.precision, run_views, **user.get(name, {}))
+            except (TypeError, ValueError) as exc:
+                return one_line(exc)
     return None
 
 
