@@ -181,7 +181,10 @@ def check_value(owner: str, name: str, value: Any, hint: Any, rng: Range | None 
             break
     else:
         kinds = [a for a in arms if a in (int, float, str, bool)]
-        raise refuse(f"is not {_type_text(kinds[0])}" if len(kinds) == 1 else "has the wrong type")
+        if len(kinds) == 1:
+            raise refuse(f"is not {_type_text(kinds[0])}")
+        literal = any(typing.get_origin(a) is typing.Literal for a in arms)
+        raise refuse("is not a choice" if literal else "has the wrong type")
     if rng is None or isinstance(converted, bool) or not isinstance(converted, (int, float, str)):
         return converted
     if isinstance(converted, float) and rng.finite and not math.isfinite(converted):
