@@ -206,9 +206,9 @@ def test_set_and_create_method_refuse_a_value_outside_the_range_with_the_same_li
 
 @pytest.mark.parametrize("kw, message", [
     # reproductions: each was accepted, or failed seven frames deep
-    ({"lr": "fast"}, "tpt.lr: 'fast' is not a float; must be a finite float > 0"),
-    ({"lr": float("inf")}, "tpt.lr: inf is not finite; must be a finite float > 0"),
-    ({"lr": -1}, "tpt.lr: -1 is out of range; must be a finite float > 0"),
+    ({"lr": "fast"}, "tpt.lr: 'fast' is not a float; must be a finite float >= 0"),
+    ({"lr": float("inf")}, "tpt.lr: inf is not finite; must be a finite float >= 0"),
+    ({"lr": -1}, "tpt.lr: -1 is out of range; must be a finite float >= 0"),
     ({"steps": 1.5}, "tpt.steps: 1.5 is not an integer; must be an integer >= 0"),
     ({"steps": True}, "tpt.steps: True is not an integer; must be an integer >= 0"),
     ({"steps": -3}, "tpt.steps: -3 is out of range; must be an integer >= 0"),

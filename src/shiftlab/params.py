@@ -4,7 +4,7 @@ overrides, a config handed to a `Method` directly).
 
     @dataclass
     class TPTConfig(ViewMethodConfig):
-        lr: float = param(5e-3, gt=0)                               # azshue/TPT tpt_classification.py
+        lr: float = param(5e-3, ge=0)                               # azshue/TPT tpt_classification.py
         selection_ratio: float = param(0.1, gt=0, le=1)
         self_mask: str = param("index", choices=("index", "threshold"))
 
@@ -13,7 +13,7 @@ unless `finite=False`; an int field takes neither a bool nor a float; a str fiel
 `X | None` also takes None. `check_value` returns the value to use or raises a one-line ValueError
 naming the field, the value and what the field accepts:
 
-    tpt.lr: inf is not finite; must be a finite float > 0
+    tpt.selection_ratio: 5 is out of range; must be a finite float in (0, 1]
 
 No imports from the rest of shiftlab, so that views.py and the methods can both use it.
 """

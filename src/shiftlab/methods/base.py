@@ -232,7 +232,7 @@ def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
 def check_method_config(cls: type[Method], config: Any) -> Any:
     """`config` with every field in its declared range (an int in a float field made a float), and
     views enough for the method (`Method.needed_views`); else a one-line ValueError such as
-    "tpt.lr: inf is not finite; must be a finite float > 0"."""
+    "tpt.lr: inf is not finite; must be a finite float >= 0"."""
     config = check_config(cls.name, config)
     recipe = getattr(config, "views", None)
     if cls.needs_views and isinstance(recipe, ViewRecipe):

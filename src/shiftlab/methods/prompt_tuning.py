@@ -63,7 +63,7 @@ def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: 
 @dataclass
 class PromptTuningConfig(ViewMethodConfig):
     steps: int = param(1, ge=0)          # 0: no tuning (the initial prompt's zero-shot)
-    lr: float = param(5e-3, gt=0)
+    lr: float = param(5e-3, ge=0)        # 0: the tuning loop runs and leaves the prompt as it was (a sanity check)
     weight_decay: float = param(0.01, ge=0)   # torch.optim.AdamW's default, which the authors kept
     selection_ratio: float = param(0.1, gt=0, le=1)   # int(64 * 0.1) = 6 views
     n_ctx: int = param(4, ge=1)
