@@ -83,6 +83,19 @@ def test_methods_command_lists_every_method(capsys):
         assert name in out
 
 
+def test_methods_json_says_what_each_field_accepts(capsys):
+    import json
+
+    from shiftlab.cli import main
+    assert main(["methods", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tpt"]["accepts"]["lr"] == "a finite float >= 0"
+    assert rows["tpt"]["accepts"]["selection_ratio"] == "a finite float in (0, 1]"
+    assert rows["tda"]["accepts"]["entropy_norm"] == "one of 'log2', 'ln'"
+    assert rows["mta"]["accepts"]["views"] == "a view count or a dict of recipe fields"
+    assert rows["mta"]["min_views"] == 5 and rows["rtpt"]["min_views"] == 2 and rows["tpt"]["min_views"] == 1
+
+
 # -- the registry type itself (methods, attacks and datasets all use it) ----------------------------
 
 def test_list_methods_by_kind():
