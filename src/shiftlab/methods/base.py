@@ -85,10 +85,6 @@ class Method:
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
-        if self.precision.name == PURE_FP16 and not self.supports_pure_fp16:
-            supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
-            raise ValueError(f"{self.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
-                             f"for {supported} only; use fp16 (autocast) or fp32")
 
     @classmethod
     def needed_views(cls, config: Any) -> int:
@@ -231,9 +227,14 @@ def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
 
 def check_method_config(cls: type[Method], config: Any) -> Any:
     """`config` with every field in its declared range (an int in a float field made a float), and
-    views enough for the method (`Method.needed_views`); else a one-line ValueError such as
+    views enough for the method (`Method.needed_views`), "fp16-pure" only where supported; else a
+    one-line ValueError such as
     "tpt.lr: inf is not finite; must be a finite float >= 0"."""
     config = check_config(cls.name, config)
+    if getattr(config, "precision", None) == PURE_FP16 and not cls.supports_pure_fp16:
+        supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
+        raise ValueError(f"{cls.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
+                         f"for {supported} only; use fp16 (autocast) or fp32")
     recipe = getattr(config, "views", None)
     if cls.needs_views and isinstance(recipe, ViewRecipe):
         needed = cls.needed_views(config)
