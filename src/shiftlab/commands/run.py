@@ -35,7 +35,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated method names, or 'all' (see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01 "
-                   "(repeatable; the value must have the field's type, see `shiftlab methods`)")
+                   "(repeatable; the value must have the field's type and lie in its range: `shiftlab methods --json` "
+                   "lists them)")
     p.add_argument("--protocol", choices=["leaderboard", "paper"], default="leaderboard",
                    help="leaderboard: every method on the seed table's 64 shared views; paper: each method's "
                         "own authors' recipe (views, text head, precision); see `shiftlab methods`")
