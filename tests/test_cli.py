@@ -51,8 +51,22 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--methods", ","], ["--methods", "names no method", "zeroshot"]),
     (["--methods", "tpt,nosuch"], ["--methods", "unknown method nosuch; registered:"]),
     (["--set", "nosuch.lr=1"], ["--set", "unknown method nosuch"]),
-    (["--set", "tpt.lr=abc"], ["--set", "tpt.lr expects float, got 'abc'"]),
-    (["--set", "tpt.steps=1.5"], ["--set", "tpt.steps expects int"]),
+    (["--set", "tpt.lr=abc"], ["--set", "tpt.lr: 'abc' is not a float; must be a finite float >= 0"]),
+    (["--set", "tpt.steps=1.5"], ["--set", "tpt.steps: 1.5 is not an integer; must be an integer >= 0"]),
+    # ranges (shiftlab.params), the same check as create_method's
+    (["--set", "tpt.lr=1e400"], ["--set", "tpt.lr: 1e400 is not finite; must be a finite float >= 0"]),
+    (["--set", "tpt.lr=-1"], ["--set", "tpt.lr: -1 is out of range; must be a finite float >= 0"]),
+    (["--set", "tpt.steps=-3"], ["--set", "tpt.steps: -3 is out of range; must be an integer >= 0"]),
+    (["--set", "tpt.steps=True"], ["--set", "tpt.steps: True is not an integer"]),
+    (["--set", "tpt.selection_ratio=5"], ["--set", "tpt.selection_ratio: 5 is out of range",
+                                          "must be a finite float in (0, 1]"]),
+    (["--set", "tda.entropy_norm=log10"], ["--set", "tda.entropy_norm: 'log10' is not a choice; "
+                                           "must be one of 'log2', 'ln'"]),
+    (["--set", "zero.vote_rule=hard"], ["--set", "zero.vote_rule: 'hard' is not a choice", "'soft', 'authors'"]),
+    (["--set", "tpt.share_prefix=yes"], ["--set", "tpt.share_prefix: 'yes' is not True or False"]),
+    (["--set", "mta.neighbour_ratio=nan"], ["--set", "mta.neighbour_ratio: 'nan' is not a float"]),
+    (["--set", "tda.pos_capacity=1.0"], ["--set", "tda.pos_capacity: 1.0 is not an integer; must be an integer >= 0"]),
+    (["--set", "dmn_zs.memory_size=0"], ["--set", "dmn_zs.memory_size: 0 is out of range; must be an integer >= 1"]),
     (["--set", "tpt.lr"], ["--set", "expected METHOD.FIELD=VALUE"]),
     (["--set", "tpt.nosuch=1"], ["--set", "tpt has no setting nosuch", "lr"]),
     (["--set", "tpt.views=many"], ["--set", "tpt.views must be a view count or a dict", "got 'many'"]),
@@ -71,6 +85,39 @@ def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragmen
     assert exit_info.value.code == 2 and line.startswith("shiftlab run: error: argument ")
     assert "\"" not in line        # no KeyError repr around the message
     assert not out.exists()        # nothing created: a bad --set or --attack leaves no empty run folder
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    # MTA's bandwidths need int(0.3 * (N - 1)) >= 1 neighbours: N >= 5 (today 4 views made every record an error)
+    (["--methods", "zeroshot,mta", "--views", "4"], ["mta: needs at least 5 views (incl. the original), got 4",
+                                                     "--set mta.views=5"]),
+    (["--methods", "mta", "--set", "mta.views=3"], ["mta: needs at least 5 views", "got 3"]),
+    (["--methods", "mta", "--views", "8", "--set", "mta.neighbour_ratio=0.1"], ["mta: needs at least 11 views"]),
+    (["--methods", "rtpt", "--views", "1"], ["rtpt: needs at least 2 views (incl. the original), got 1"]),
+    (["--methods", "all", "--views", "2"], ["mta: needs at least 5 views"]),
+    (["--methods", "tpt", "--set", "tpt.precision=fp16-pure"], ["tpt.precision: 'fp16-pure'", "tda only"]),
+    (["--suite", "cross-dataset", "--methods", "mta", "--views", "2"], ["mta: needs at least 5 views"]),
+])
+def test_a_method_config_the_run_cannot_use_is_refused_before_any_work(tmp_path, capsys, flags, fragments):
+    out = tmp_path / "run"
+    code = cli_main(run_argv(tmp_path / "no-data", tmp_path / "no.pt", out, *flags))
+    line = one_line_error(capsys, code, *fragments)
+    assert code == 2 and line.startswith("shiftlab run: error: ")
+    assert "no-data" not in line and "no.pt" not in line   # refused before the data and the weights are looked at
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [
+    ["--methods", "mta", "--views", "5"],
+    ["--methods", "mta", "--views", "4", "--set", "mta.views=8"],         # --set has the last word
+    ["--methods", "mta", "--views", "4", "--set", "mta.neighbour_ratio=1.0"],   # one neighbour from N = 2
+    ["--methods", "zeroshot,tpt,zero,tda,dmn_zs,view_ensemble", "--views", "1"],
+])
+def test_enough_views_pass_the_view_check(tmp_path, capsys, flags):
+    code = cli_main(run_argv(tmp_path / "no-data", tmp_path / "no.pt", tmp_path / "run", *flags))
+    err = capsys.readouterr().err
+    assert code == 1 and "dataset imagenet-r: imagenet-r root does not exist" in err   # as far as the data
+    assert "needs at least" not in err
 
 
 def test_missing_required_flag_is_one_line(capsys):

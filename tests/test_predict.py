@@ -177,3 +177,45 @@ def test_readme_library_section_runs_as_written(tiny_model, tmp_path, monkeypatc
     _image_file(tmp_path)
     monkeypatch.setattr(shiftlab, "load_model", lambda *a, **k: tiny_model)
     exec(compile(code, "README.md", "exec"), {})
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_predict_refuses_non_finite_views_before_an_online_memory_sees_them(tiny_model, value):
+    # Reproduction: one NaN view was written into dmn_zs's memory and poisoned every later prediction.
+    x = tiny_model.normalize(_views(tiny_model, n_views=8).float() / 255)
+    clean = shiftlab.create_method("dmn_zs", tiny_model, CLASSES)
+    method = shiftlab.create_method("dmn_zs", tiny_model, CLASSES)
+    bad = x.clone()
+    bad[3, 1, 5, 7] = value
+    bad[5] = value
+    with pytest.raises(ValueError) as info:
+        method.predict(bad)
+    assert str(info.value) == "views hold NaN or inf values (view 3 and 1 more); pass finite, normalised pixels"
+    assert sum(method.memory.counts) == 0        # nothing stored
+    torch.testing.assert_close(method.predict(x), clean.predict(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("classnames, message", [
+    ([], "classnames is empty: give the dataset's class names, one per class"),
+    ("abc", "classnames must be a list of class names, got 'abc' (a string would make one class of each character)"),
+    ({"cat", "dog"}, "classnames must be a list of class names, got set"),
+    (["cat", "dog", "cat"], "classnames[2] 'cat' repeats classnames[0]: two classes with one name get the same "
+                            "text features; name every class once"),
+    (["cat", ""], "classnames[1] is ''; every class name must be a non-empty string"),
+    (["cat", 7], "classnames[1] is 7; every class name must be a non-empty string"),
+])
+@pytest.mark.parametrize("build", ["create_method", "class"])
+def test_class_names_are_a_list_of_distinct_names(tiny_model, classnames, message, build):
+    with pytest.raises(ValueError) as info:
+        if build == "create_method":
+            shiftlab.create_method("zeroshot", tiny_model, classnames)
+        else:
+            shiftlab.methods.get_method_class("tda")(tiny_model, classnames)
+    assert str(info.value) == message
+
+
+def test_published_lists_with_duplicate_names_run_when_asked(tiny_model):
+    # CLIP's ImageNet class names hold two pairs of equal names; the engine runs them as published
+    names = ["missile", "goldfish", "missile"]
+    method = shiftlab.create_method("zeroshot", tiny_model, tuple(names), allow_duplicate_names=True)
+    assert method.classnames == names
+    assert Evaluator(tiny_model, names, ["zeroshot", "tda"]).methods["tda"].classnames == names

@@ -192,7 +192,7 @@ def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
     ckpt = tmp_path / "tiny.pt"
     torch.save(tiny_clip(0).clip.state_dict(), ckpt)
     argv = ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(ckpt),
-            "--methods", "zeroshot,mta", "--views", "4", "--workers", "0", "--batch-size", "1", "--device", "cpu",
+            "--methods", "zeroshot,mta", "--views", "5", "--workers", "0", "--batch-size", "1", "--device", "cpu",
             "--no-progress", "--allow-partial"]
     out = tmp_path / "run"
     gate = tmp_path / "gate"

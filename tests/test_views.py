@@ -371,6 +371,10 @@ def test_recipe_from_a_count_a_dict_or_json():
     ({"scale": (0.5, 1.5)}, "scale must be"),
     ("many", "views must be a view count or a dict"),
     (True, "views must be a view count or a dict"),
+    ({"n_views": True}, r"n_views must be an integer >= 1, got True"),     # not one view
+    ({"n_views": 4.5}, r"n_views must be an integer >= 1, got 4.5"),
+    ({"ratio": (0.75, float("inf"))}, "ratio must be"),
+    ({"augmix": True, "augmix_severity": float("inf")}, "augmix_severity must be"),
 ])
 def test_bad_recipe_is_one_clear_error(value, message):
     with pytest.raises(ValueError, match=message):

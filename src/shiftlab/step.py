@@ -24,13 +24,12 @@ from torch.utils.data import Dataset
 
 from .context import ClassHeads, SampleContext
 from .imageio import ImageDecodeError
-from .methods import Method, create_method, get_method_class
+from .methods import Method, create_method
 from .methods.base import MethodOutput
 from .models import ClipModel, Preprocess
 from .phases import PhaseTimer, text_tower_timer
 from .precision import Precision
 from .precision import resolve as resolve_precision
-from .protocols import merge_views
 from .records import Record, is_missing
 from .views import ViewConfig, ViewGenerator, ViewRecipe
 
@@ -115,11 +114,10 @@ class Evaluator:
         method_config = method_config or {}
         self.methods: dict[str, Method] = {}
         for n in method_names:
-            overrides = dict(method_config.get(n, {}))
-            if run_views and get_method_class(n).needs_views:   # the run's --views/--augmix, under --set
-                overrides["views"] = merge_views(dict(run_views), overrides.get("views", {}))
+            # the dataset's class list as published: CLIP's ImageNet names hold two duplicates
             self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
-                                            protocol=protocol, dataset=dataset, **overrides)
+                                            protocol=protocol, dataset=dataset, run_views=run_views,
+                                            allow_duplicate_names=True, **dict(method_config.get(n, {})))
         self.needs_views = any(m.needs_views for m in self.methods.values())
         self._timers = contextlib.ExitStack()
         if text_timer is not None and text_timer.text:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,15 +51,15 @@ class ViewRecipe:
         # lists (from JSON or --set) become tuples, so recipes stay hashable and compare equal
         object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
         object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
-        if int(self.n_views) != self.n_views or self.n_views < 1:
+        # a bool is not a count (True would be one view), nor is 1.5
+        if isinstance(self.n_views, bool) or not isinstance(self.n_views, numbers.Integral) or self.n_views < 1:
             raise ValueError(f"views: n_views must be an integer >= 1, got {self.n_views!r}")
         object.__setattr__(self, "n_views", int(self.n_views))
-        lo, hi = self.scale
-        if len(self.scale) != 2 or not 0 < lo <= hi <= 1:
+        if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise ValueError(f"views: scale must be (low, high) with 0 < low <= high <= 1, got {self.scale}")
-        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"views: ratio must be (low, high) with 0 < low <= high, got {self.ratio}")
-        if self.augmix and not (self.augmix_severity >= 0.1 and self.augmix_width >= 1):
+        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1] < math.inf:
+            raise ValueError(f"views: ratio must be (low, high) with 0 < low <= high, finite, got {self.ratio}")
+        if self.augmix and not (math.inf > self.augmix_severity >= 0.1 and self.augmix_width >= 1):
             raise ValueError("views: augmix_severity must be >= 0.1 and augmix_width >= 1, got "
                              f"{self.augmix_severity} and {self.augmix_width}")
 

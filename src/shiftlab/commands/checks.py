@@ -10,8 +10,6 @@ import argparse
 import ast
 import dataclasses
 import os
-import types
-import typing
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -75,62 +73,31 @@ def method_names(text: str) -> list[str]:
     return names
 
 
-def _matches(value: Any, hint: Any) -> tuple[bool, Any]:
-    """Whether `value` (from ast.literal_eval, or the raw text) fits type `hint`, and the value to use."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for arm in typing.get_args(hint):
-            ok, converted = _matches(value, arm)
-            if ok:
-                return True, converted
-        return False, value
-    if origin is typing.Literal:
-        return value in typing.get_args(hint), value
-    if hint is type(None):
-        return value is None, value
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok else value
-    if hint is str:
-        return isinstance(value, str), value
-    return True, value   # a type this check does not know: the method's own validation decides
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(arm) for arm in typing.get_args(hint))
-    if typing.get_origin(hint) is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
-
-
 def method_override(item: str) -> tuple[str, str, Any]:
-    """'tpt.lr=0.01' -> ('tpt', 'lr', 0.01), checked against the method's config dataclass.
+    """'tpt.lr=0.01' -> ('tpt', 'lr', 0.01), checked against the method's config dataclass: the field's
+    type and declared range (shiftlab.params, the same check as `create_method`).
 
     The value is read as a Python literal (0.01, 4, None, True, 'text'); a str field also takes
-    unquoted text. A value of the wrong type is refused (it would make every record an error)."""
+    unquoted text. A value outside the field's range is refused (it would make every record an error)."""
     from ..methods import get_method_class, list_methods
+    from ..params import check_value, field_range, hints
     key, sep, raw = item.partition("=")
     method, dot, name = key.strip().partition(".")
+    raw = raw.strip()
     if not sep or not dot or not method or not name:
         raise argparse.ArgumentTypeError(f"expected METHOD.FIELD=VALUE (e.g. tpt.lr=0.01), got {item!r}")
     if method not in list_methods():
         raise argparse.ArgumentTypeError(f"{item}: unknown method {method}; registered: {', '.join(list_methods())}")
     config_class = get_method_class(method).config_class
-    hints = typing.get_type_hints(config_class)
-    fields = [f.name for f in dataclasses.fields(config_class) if f.init]
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
     if name not in fields:
         raise argparse.ArgumentTypeError(f"{item}: {method} has no setting {name}; its settings: "
                                          f"{', '.join(fields) or 'none'}")
     try:
-        value = ast.literal_eval(raw.strip())
-    except (ValueError, SyntaxError):
-        value = raw.strip()
-    hint = hints.get(name, Any)
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = raw
+    hint = hints(config_class).get(name, Any)
     coerce = getattr(hint, "coerce", None)   # e.g. ViewRecipe: a view count or a dict of its fields
     if callable(coerce):
         try:
@@ -138,12 +105,16 @@ def method_override(item: str) -> tuple[str, str, Any]:
         except (TypeError, ValueError) as exc:
             raise argparse.ArgumentTypeError(f"{item}: {method}.{exc}") from None
         return method, name, value   # as given: the protocol merges it onto its own recipe
-    ok, value = _matches(value, hint)
-    if not ok and not isinstance(value, str):   # e.g. text_head=1: take the text for a str field
-        ok, value = _matches(raw.strip(), hint)
-    if not ok:
-        raise argparse.ArgumentTypeError(f"{item}: {method}.{name} expects {_type_name(hint)}, got {raw.strip()!r}")
-    return method, name, value
+    try:
+        shown = repr(value) if isinstance(value, str) else raw
+        return method, name, check_value(method, name, value, hint, field_range(fields[name]), shown=shown)
+    except ValueError as exc:
+        if isinstance(value, str):
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        try:   # e.g. ctx_init=1: the text for a str field
+            return method, name, check_value(method, name, raw, hint, field_range(fields[name]))
+        except ValueError:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, dict[str, Any]]:

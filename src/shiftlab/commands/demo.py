@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny (random weights)",
                         pretrained=None, methods=list(args.methods), views=args.views,
                         limit=args.images, out=str(out), workers=0, batch_size=4)
-        run_engine(cfg, model=tiny_clip(0), dataset=dataset)
+        try:
+            run_engine(cfg, model=tiny_clip(0), dataset=dataset)
+        except ValueError as exc:   # a setting a method cannot run with (e.g. MTA under --views 4), before any work
+            print(f"shiftlab demo: error: {exc}", file=sys.stderr)
+            return 2
         if args.out:
             print(f"run directory: {out}")
     return 0

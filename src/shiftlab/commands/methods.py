@@ -33,6 +33,7 @@ def text_head_text(cls: type, fields: dict) -> str:
 def method_table() -> list[dict]:
     """One row per method: kind, summary, config defaults and, per protocol, views, precision, text
     head and the fields the protocol sets."""
+    from .. import params
     from ..methods import get_method_class, list_methods
     from ..protocols import PROTOCOLS, describe, protocol_overrides
     from ..views import ViewRecipe
@@ -41,6 +42,10 @@ def method_table() -> list[dict]:
         cls = get_method_class(name)
         defaults = {f.name: f.default for f in dataclasses.fields(cls.config_class)
                     if f.default is not dataclasses.MISSING}
+        hints = params.hints(cls.config_class)   # what --set accepts for each field, in words
+        accepts = {f.name: "a view count or a dict of recipe fields" if hints[f.name] is ViewRecipe
+                   else params.describe(hints[f.name], params.field_range(f))
+                   for f in dataclasses.fields(cls.config_class) if f.init}
         protocols = {}
         for protocol in PROTOCOLS:
             effective = describe(protocol, name)
@@ -53,7 +58,9 @@ def method_table() -> list[dict]:
                 "sets": {k: v for k, v in sets.items() if k not in ("views", "precision", "text_head")},
             }
         rows.append({"name": name, "episodic": cls.episodic, "uses_views": cls.needs_views,
-                     "summary": cls.summary, "defaults": defaults, "protocols": protocols})
+                     "summary": cls.summary, "defaults": defaults, "accepts": accepts,
+                     "min_views": cls.needed_views(cls.config_class()) if cls.needs_views else 1,
+                     "protocols": protocols})
     return rows
 
 

@@ -36,7 +36,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated method names, or 'all' (see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01 "
-                   "(repeatable; the value must have the field's type, see `shiftlab methods`)")
+                   "(repeatable; the value must have the field's type and lie in its range: `shiftlab methods --json` "
+                   "lists them)")
     p.add_argument("--protocol", choices=["leaderboard", "paper"], default="leaderboard",
                    help="leaderboard: every method on the seed table's 64 shared views; paper: each method's "
                         "own authors' recipe (views, text head, precision); see `shiftlab methods`")
@@ -163,6 +164,24 @@ def check_combination(args: argparse.Namespace) -> str | None:
         return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would "
                 "mix clean and attacked samples; run them once clean and once with --attack, or leave them out "
                 "of --methods")
+    return method_settings_problem(args, names)
+
+
+def method_settings_problem(args: argparse.Namespace, names: list[str]) -> str | None:
+    """The first method whose effective config (defaults <- --protocol, per dataset <- --views/--augmix
+    <- --set) is refused, as its one-line error, or None: e.g. MTA under --views 4, below its minimum."""
+    from ..datasets import DATASETS
+    from ..methods.base import effective_config
+    user = checks.method_config(args.method_config)
+    run_views = ({"n_views": args.views} if args.views is not None else {}) | (
+        {"augmix": True} if args.augmix else {})
+    for dataset in dataset_names(args):
+        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
+        for name in names:
+            try:
+                effective_config(name, args.protocol, canonical, args.precision, run_views, **user.get(name, {}))
+            except (TypeError, ValueError) as exc:
+                return one_line(exc)
     return None
 
 

@@ -3,6 +3,10 @@
 A method turns one sample's `SampleContext` into class scores. Register a new one
 with `@register_method("name")` in its own module under `shiftlab/methods/` and
 add the module to `methods/__init__.py`; tests are parametrised over the registry.
+
+Every config field declares its valid range beside its default (`shiftlab.params.param`);
+`make_config` is the one check of a config (ranges, types, the method's minimum views) that
+`shiftlab run --set`, `create_method(**kw)`, the protocols and `Method.__init__` all go through.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import torch
 
 from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
-from ..precision import PURE_FP16, Precision
+from ..params import check_config, param
+from ..precision import PRECISIONS, PURE_FP16, Precision
 from ..precision import resolve as resolve_precision
 from ..prediction import Prediction, load_image, make_prediction
 from ..registry import Registry
@@ -44,7 +49,7 @@ class MethodConfig:
     `precision`: "auto" follows the run's setting (shiftlab.precision); "fp32", "fp16" or
     "bf16" fix this method's own; "fp16-pure" (the model itself in float16, on CUDA) only where the
     method supports it (`Method.supports_pure_fp16`)."""
-    precision: str = "auto"
+    precision: str = param("auto", choices=PRECISIONS)
 
 
 @dataclass
@@ -65,21 +70,27 @@ class Method:
     # the class head of a method without a `text_head` or `ctx_init` config field ("zeroshot": "a photo of a
     # {}.", "ensemble": CLIP's 80 templates); `shiftlab methods` prints it
     fixed_text_head: str = "zeroshot"
+    # the fewest views (incl. the original) the method's computation is defined for; a method whose
+    # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
+    min_views: int = 1
+    min_views_why: str = ""
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
-                 heads: ClassHeads | None = None, run_precision: str = "auto"):
+                 heads: ClassHeads | None = None, run_precision: str = "auto",
+                 allow_duplicate_names: bool = False):
         self.model = model
-        self.classnames = list(classnames)
-        self.config = config if config is not None else self.config_class()
-        self.heads = heads if heads is not None else ClassHeads(model, classnames)
+        self.classnames = check_classnames(classnames, allow_duplicate_names)
+        self.config = check_method_config(type(self), config if config is not None else self.config_class())
+        self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
         self.run_precision = run_precision
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
-        if self.precision.name == PURE_FP16 and not self.supports_pure_fp16:
-            supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
-            raise ValueError(f"{self.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
-                             f"for {supported} only; use fp16 (autocast) or fp32")
+
+    @classmethod
+    def needed_views(cls, config: Any) -> int:
+        """The fewest views (incl. the original) this method can use under `config`."""
+        return cls.min_views
 
     @property
     def view_recipe(self) -> ViewRecipe:
@@ -109,6 +120,10 @@ class Method:
 
     def _predict_views(self, views: torch.Tensor) -> MethodOutput:
         check_views(views, self.model)
+        needed = self.needed_views(self.config) if self.needs_views else 1
+        if views.shape[0] < needed:
+            raise ValueError(f"{self.name}: needs at least {needed} views (incl. the original), got "
+                             f"{views.shape[0]}" + (f": {self.min_views_why}" if self.min_views_why else ""))
         views = views[:self.view_recipe.n_views].to(self.model.device)
         ctx = SampleContext(self.model, self.heads, views, precision=self.precision)
         return self.predict_context(ctx)
@@ -151,6 +166,36 @@ def check_views(views: object, model: ClipModel) -> None:
     if tuple(views.shape[-2:]) != (size, size):
         raise ValueError(f"views are {views.shape[-2]}x{views.shape[-1]} px but {model.name} takes {size}x{size}; "
                          "ViewGenerator(ViewConfig(), seed, preprocess=model.preprocess) makes views of that size")
+    finite = torch.isfinite(views).flatten(1).all(-1)
+    if not bool(finite.all()):
+        # an online method would keep the NaN in its memory and score every later sample with it
+        bad = (~finite).nonzero().flatten().tolist()
+        raise ValueError(f"views hold NaN or inf values (view {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1
+                         else "") + "); pass finite, normalised pixels")
+
+
+def check_classnames(classnames: object, allow_duplicates: bool = False) -> list[str]:
+    """`classnames` as a list, or a one-line ValueError: it must be a non-empty list (or tuple) of
+    non-empty strings, each name once unless `allow_duplicates` (CLIP's ImageNet list names two
+    pairs of classes alike, 'missile' and 'sunglasses'; the datasets pass it as published)."""
+    if not isinstance(classnames, (list, tuple)):
+        shown = repr(classnames) if isinstance(classnames, str) and len(classnames) <= 40 else type(classnames).__name__
+        raise ValueError(f"classnames must be a list of class names, got {shown}"
+                         + (" (a string would make one class of each character)" if isinstance(classnames, str)
+                            else ""))
+    if not classnames:
+        raise ValueError("classnames is empty: give the dataset's class names, one per class")
+    for i, name in enumerate(classnames):
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"classnames[{i}] is {name!r}; every class name must be a non-empty string")
+    if not allow_duplicates:
+        seen: dict[str, int] = {}
+        for i, name in enumerate(classnames):
+            if name in seen:
+                raise ValueError(f"classnames[{i}] {name!r} repeats classnames[{seen[name]}]: two classes with one "
+                                 "name get the same text features; name every class once")
+            seen[name] = i
+    return list(classnames)
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
@@ -178,8 +223,9 @@ def get_method_class(name: str) -> type[Method]:
 
 
 def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
-    """The method's config: its defaults, overridden field by field. `views` may be a ViewRecipe,
-    a view count, or a dict of recipe fields merged onto the method's default recipe."""
+    """The method's config: its defaults, overridden field by field, checked (`check_method_config`).
+    `views` may be a ViewRecipe, a view count, or a dict of recipe fields merged onto the method's
+    default recipe. An unknown field is a TypeError, a bad value a one-line ValueError."""
     fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
     unknown = set(overrides) - set(fields)
     if unknown:
@@ -189,17 +235,53 @@ def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
             overrides["views"] = ViewRecipe.coerce(overrides["views"], base=fields["views"].default)
         except ValueError as exc:
             raise ValueError(f"{cls.name}: {exc}") from None
-    return cls.config_class(**overrides)
+    return check_method_config(cls, cls.config_class(**overrides))
+
+
+def check_method_config(cls: type[Method], config: Any) -> Any:
+    """`config` with every field in its declared range (an int in a float field made a float), and
+    views enough for the method (`Method.needed_views`), "fp16-pure" only where supported; else a
+    one-line ValueError such as
+    "tpt.lr: inf is not finite; must be a finite float >= 0"."""
+    config = check_config(cls.name, config)
+    if getattr(config, "precision", None) == PURE_FP16 and not cls.supports_pure_fp16:
+        supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
+        raise ValueError(f"{cls.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
+                         f"for {supported} only; use fp16 (autocast) or fp32")
+    recipe = getattr(config, "views", None)
+    if cls.needs_views and isinstance(recipe, ViewRecipe):
+        needed = cls.needed_views(config)
+        if recipe.n_views < needed:
+            raise ValueError(f"{cls.name}: needs at least {needed} views (incl. the original), got {recipe.n_views}"
+                             + (f": {cls.min_views_why}" if cls.min_views_why else "")
+                             + f"; raise --views or --set {cls.name}.views={needed}")
+    return config
+
+
+def effective_config(name: str, protocol: str = "leaderboard", dataset: str | None = None,
+                     run_precision: str = "auto", run_views: dict[str, Any] | None = None,
+                     **config: Any) -> MethodConfig:
+    """The config a run gives method `name`, checked, without building it: its defaults <- the
+    protocol (with its per-dataset values for `dataset`) <- the run's `run_views` ({"n_views": 4,
+    "augmix": True}: --views, --augmix; view-reading methods only) <- `config` (--set)."""
+    from ..protocols import merge_views, method_overrides
+    cls = get_method_class(name)
+    if run_views and cls.needs_views:
+        config["views"] = merge_views(dict(run_views), config.get("views", {}))
+    return make_config(cls, **method_overrides(protocol, name, config, run_precision, dataset=dataset))
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
                   run_precision: str = "auto", protocol: str = "leaderboard", dataset: str | None = None,
+                  run_views: dict[str, Any] | None = None, allow_duplicate_names: bool = False,
                   **config: Any) -> Method:
     """Build a registered method as `protocol` runs it (shiftlab.protocols: "leaderboard", the
     defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
-    overridden by `config`; `run_precision` is the run's precision setting, used where the
-    method's own `precision` is "auto"."""
-    from ..protocols import method_overrides
+    overridden by `config` (`effective_config`); `run_precision` is the run's precision setting,
+    used where the method's own `precision` is "auto". `classnames`: a list of distinct names
+    (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
     cls = get_method_class(name)
-    overrides = method_overrides(protocol, name, config, run_precision, dataset=dataset)
-    return cls(model, classnames, make_config(cls, **overrides), heads=heads, run_precision=run_precision)
+    names = check_classnames(classnames, allow_duplicate_names)
+    cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
+    return cls(model, names, cfg, heads=heads, run_precision=run_precision,
+               allow_duplicate_names=allow_duplicate_names)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..context import SampleContext
+from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 
 
@@ -37,7 +37,7 @@ class PromptEnsemble(Method):
 
 @dataclass
 class ViewEnsembleConfig(ViewMethodConfig):
-    average: str = "probs"  # "probs": mean of softmax over views; "logits": mean of logits
+    average: str = param("probs", choices=("probs", "logits"))  # mean of softmax over views, or of logits
 
 
 @register_method("view_ensemble")
@@ -45,11 +45,6 @@ class ViewEnsemble(Method):
     """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
     config_class = ViewEnsembleConfig
     summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        if self.config.average not in ("probs", "logits"):
-            raise ValueError(f"view_ensemble: average must be 'probs' or 'logits', got {self.config.average!r}")
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         view_logits = ctx.zeroshot_view_logits

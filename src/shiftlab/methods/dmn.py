@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
+from ..params import param
 from ..views import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
@@ -118,13 +119,14 @@ class DMNConfig(ViewMethodConfig):
     LABELS; the only logged ImageNet-R value is w = 0.3 (`camera_ready_dmn_tf_shift_0.txt`,
     ViT-B/16), used here as a fixed default (ours: no label peeking).
     """
-    memory_size: int = 50              # memory slots per class
-    beta: float = 5.5                  # sharpening of exp(-beta (1 - similarity))
-    view_ratio: float = 0.1            # share of views (lowest entropy) giving the pseudo-label
+    memory_size: int = param(50, ge=1)             # memory slots per class
+    beta: float = param(5.5, ge=0)                 # sharpening of exp(-beta (1 - similarity))
+    view_ratio: float = param(0.1, gt=0, le=1)     # share of views (lowest entropy) giving the pseudo-label
     views: ViewRecipe = ViewRecipe(n_views=32)   # the first 32 of the shared views (authors: 32 views, scale 0.5-1)
-    dynamic_weight: float = 0.3        # w in p_zs + w * p_dynamic (authors: searched on test labels)
-    text_head: str = "ensemble"        # "ensemble": 80 templates; "tip_cupl" (the authors'): 7 Tip-Adapter
-    #                                    templates + CuPL descriptions, read from cupl_file; "zeroshot": one template
+    dynamic_weight: float = param(0.3, ge=0)       # w in p_zs + w * p_dynamic (authors: searched on test labels)
+    # "ensemble": 80 templates; "tip_cupl" (the authors'): 7 Tip-Adapter templates + CuPL descriptions, read
+    # from cupl_file; "zeroshot": one template
+    text_head: str = param("ensemble", choices=("ensemble", "zeroshot", "tip_cupl"))
     cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl", or a
     #                                    directory of CuPL's per-dataset files: the run's dataset picks its own
     # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
@@ -150,12 +152,7 @@ class DMNZeroShot(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        cfg = self.config
-        if not 0 < cfg.view_ratio <= 1:
-            raise ValueError(f"dmn_zs: view_ratio must be in (0, 1], got {cfg.view_ratio}")
-        if cfg.dynamic_weight < 0:
-            raise ValueError(f"dmn_zs: dynamic_weight must be >= 0, got {cfg.dynamic_weight}")
-        check_descriptions(self.name, cfg, self.classnames)   # a missing or incomplete CuPL file: now
+        check_descriptions(self.name, self.config, self.classnames)   # a missing or incomplete CuPL file: now
         self.reset()
 
     def prepare(self) -> None:

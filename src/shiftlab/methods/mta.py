@@ -18,11 +18,14 @@ result equals solving the samples one at a time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..context import SampleContext
+from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 
 # A bandwidth of 0 (every neighbour a duplicate view) would make the density 0/0. The
@@ -32,13 +35,13 @@ _MIN_BANDWIDTH = 1e-6
 
 @dataclass
 class MTAConfig(ViewMethodConfig):
-    lambda_y: float = 0.2           # temperature of the inlierness softmax
-    lambda_q: float = 4.0           # weight of the prediction-affinity term
-    outer_iterations: int = 5       # always run in full (the authors have no convergence test)
-    inner_iterations: int = 5       # at most, for each of the inlierness and mode loops
-    tol: float = 1e-6               # L2 change that ends an inner loop early
-    neighbour_ratio: float = 0.3    # k = int(ratio * (N - 1)) neighbours set a view's bandwidth
-    temperature: float = 1.0        # of the softmax behind the affinity matrix
+    lambda_y: float = param(0.2, gt=0)           # temperature of the inlierness softmax
+    lambda_q: float = param(4.0, ge=0)           # weight of the prediction-affinity term
+    outer_iterations: int = param(5, ge=1)       # always run in full (the authors have no convergence test)
+    inner_iterations: int = param(5, ge=1)       # at most, for each of the inlierness and mode loops
+    tol: float = param(1e-6, ge=0)               # L2 change that ends an inner loop early
+    neighbour_ratio: float = param(0.3, gt=0, le=1)   # k = int(ratio * (N - 1)) neighbours set a view's bandwidth
+    temperature: float = param(1.0, gt=0)        # of the softmax behind the affinity matrix
 
 
 @dataclass
@@ -117,6 +120,17 @@ class MTA(Method):
     zero-shot class features. Reuses the shared view features and zero-shot view logits."""
     config_class = MTAConfig
     summary = "MTA: training-free mean-shift mode of the view features with inlierness weights"
+    min_views_why = "each view's bandwidth needs k = int(neighbour_ratio * (N - 1)) >= 1 nearest neighbours"
+
+    @classmethod
+    def needed_views(cls, config: Any) -> int:
+        """The smallest N with int(neighbour_ratio * (N - 1)) >= 1 (5 for the default ratio 0.3)."""
+        n = 1 + math.ceil(1 / config.neighbour_ratio)
+        while n > 2 and int(config.neighbour_ratio * (n - 2)) >= 1:   # float rounding of 1 / ratio
+            n -= 1
+        while int(config.neighbour_ratio * (n - 1)) < 1:
+            n += 1
+        return n
 
     def solve(self, image_features: torch.Tensor, view_logits: torch.Tensor,
               text_features: torch.Tensor) -> MTASolution:

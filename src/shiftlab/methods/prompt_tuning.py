@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..context import SampleContext
+from ..params import param
 from ..text import ContextPrompt
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, mean_entropy, select_confident
@@ -33,6 +34,9 @@ def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:
     """ATFD: mean L2 distance of normalised class features to their mean: (..., C, D) -> (...)."""
     centre = text_features.mean(dim=-2, keepdim=True)
     return (text_features - centre).norm(dim=-1).mean(-1)
+
+
+SELF_MASKS = ("index", "threshold")
 
 
 def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: float = 0.01,
@@ -58,15 +62,15 @@ def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: 
 
 @dataclass
 class PromptTuningConfig(ViewMethodConfig):
-    steps: int = 1
-    lr: float = 5e-3
-    weight_decay: float = 0.01          # torch.optim.AdamW's default, which the authors kept
-    selection_ratio: float = 0.1        # int(64 * 0.1) = 6 views
-    n_ctx: int = 4
+    steps: int = param(1, ge=0)          # 0: no tuning (the initial prompt's zero-shot)
+    lr: float = param(5e-3, ge=0)        # 0: the tuning loop runs and leaves the prompt as it was (a sanity check)
+    weight_decay: float = param(0.01, ge=0)   # torch.optim.AdamW's default, which the authors kept
+    selection_ratio: float = param(0.1, gt=0, le=1)   # int(64 * 0.1) = 6 views
+    n_ctx: int = param(4, ge=1)
     ctx_init: str | None = "a photo of a"   # None: random init (CoOp); see also ctx_checkpoint
     ctx_checkpoint: str | None = None    # a CoOp checkpoint holding a `ctx` tensor
-    loss_scale: float = 1000.0          # GradScaler(init_scale=1000) of the authors' code
-    batch_size: int = 0                 # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
+    loss_scale: float = param(1000.0, gt=0)   # GradScaler(init_scale=1000) of the authors' code
+    batch_size: int = param(0, ge=0)    # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
     # the shared "[SOT] context" prefix is run once, not once per class (exact up to float rounding,
     # ~2.5x less text-tower work on ImageNet-R); False: each class's whole prompt, as the authors' code
     share_prefix: bool = True
@@ -228,7 +232,7 @@ class TPT(PromptTuning):
 
 @dataclass
 class CTPTConfig(PromptTuningConfig):
-    lambda_atfd: float = 20.0   # 20 for the ImageNet variants, 50 for fine-grained sets (authors' scripts)
+    lambda_atfd: float = param(20.0, ge=0)   # 20 for the ImageNet variants, 50 for fine-grained sets (authors' scripts)
 
 
 @register_method("ctpt")
@@ -249,9 +253,9 @@ class CTPT(PromptTuning):
 
 @dataclass
 class RTPTConfig(PromptTuningConfig):
-    k_neighbours: int = 20
-    temperature: float = 0.01
-    self_mask: str = "index"    # "threshold" reproduces the authors' sim >= 1.0 rule
+    k_neighbours: int = param(20, ge=1)
+    temperature: float = param(0.01, gt=0)
+    self_mask: str = param("index", choices=SELF_MASKS)   # "threshold" reproduces the authors' sim >= 1.0 rule
 
 
 @register_method("rtpt")
@@ -259,6 +263,8 @@ class RTPT(PromptTuning):
     """R-TPT: mean per-view entropy of the confident views; reliability-weighted ensemble of all views."""
     config_class = RTPTConfig
     summary = "R-TPT: pointwise entropy, then reliability-weighted average of all views' tuned logits"
+    min_views = 2
+    min_views_why = "its reliability weights rank each view's neighbours (one view has none: NaN weights)"
 
     def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return mean_entropy(selected_logits), {}

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..context import ClassHeads, SampleContext
+from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
 from .online_common import STATE_VERSION, check_state, first_views, text_head
@@ -88,24 +89,26 @@ class TDAConfig(ViewMethodConfig):
     `paper` protocol's) encodes the views and the text head with that model; the arithmetic after
     the encoders (logits, entropies, cache affinities) stays float32 here, fp16 in theirs.
     """
-    pos_capacity: int = 3              # positive cache: entries per class
-    pos_alpha: float = 1.0
-    pos_beta: float = 8.0
-    neg_capacity: int = 2              # negative cache: entries per class
-    neg_alpha: float = 0.117
-    neg_beta: float = 1.0
-    neg_entropy_lower: float = 0.2     # a sample enters the negative cache iff lower < H_norm < upper
-    neg_entropy_upper: float = 0.5
-    neg_mask_lower: float = 0.03       # negative pseudo-labels: classes with lower < p < upper
-    neg_mask_upper: float = 1.0
-    view_ratio: float = 0.1            # share of views (lowest entropy) averaged; at least one
-    text_head: str = "ensemble"        # "ensemble": 80 templates (the authors'); "zeroshot": one template
+    pos_capacity: int = param(3, ge=0)             # positive cache: entries per class (0: no cache)
+    pos_alpha: float = param(1.0, ge=0)
+    pos_beta: float = param(8.0, ge=0)
+    neg_capacity: int = param(2, ge=0)             # negative cache: entries per class (0: no cache)
+    neg_alpha: float = param(0.117, ge=0)
+    neg_beta: float = param(1.0, ge=0)
+    neg_entropy_lower: float = param(0.2, ge=0)    # a sample enters the negative cache iff lower < H_norm < upper
+    neg_entropy_upper: float = param(0.5, ge=0)
+    neg_mask_lower: float = param(0.03, ge=0, le=1)   # negative pseudo-labels: classes with lower < p < upper
+    neg_mask_upper: float = param(1.0, ge=0, le=1)
+    view_ratio: float = param(0.1, gt=0, le=1)     # share of views (lowest entropy) averaged; at least one
+    # "ensemble": 80 templates (the authors'); "zeroshot": one template
+    text_head: str = param("ensemble", choices=("ensemble", "zeroshot"))
     # the "ensemble" head's templates; None: CLIP's 80 (`--protocol paper` sets the dataset's, datasets/*.py)
     templates: tuple[str, ...] | None = None
-    entropy_norm: str = "log2"         # H_norm = H (nats) / log2(C) as the authors' code; "ln": / ln(C)
+    # H_norm = H (nats) / log2(C) as the authors' code; "ln": / ln(C)
+    entropy_norm: str = param("log2", choices=("log2", "ln"))
     # None: the model's exp(logit_scale); the authors' code multiplies by the literal 100.0
     # (`get_clip_logits`), which differs from a checkpoint's exp(logit_scale) in the last digits
-    logit_scale: float | None = None
+    logit_scale: float | None = param(None, gt=0)
 
 
 @dataclass
@@ -138,11 +141,6 @@ class TDA(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        cfg = self.config
-        if cfg.entropy_norm not in ("log2", "ln"):
-            raise ValueError(f"tda: entropy_norm must be 'log2' or 'ln', got {cfg.entropy_norm!r}")
-        if not 0 < cfg.view_ratio <= 1:
-            raise ValueError(f"tda: view_ratio must be in (0, 1], got {cfg.view_ratio}")
         if self.precision.model_dtype is not None:
             # The authors' classifier comes from their half model's text tower too (`clip_classifier`);
             # the engine encodes the views with the same cast copy (ClipModel.cast, by precision key).

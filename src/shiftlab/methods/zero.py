@@ -7,11 +7,11 @@ argmax, predict the class with the most votes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..context import SampleContext
+from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest, n_selected, select_confident
 
@@ -26,11 +26,11 @@ VOTE_RULES = ("soft", "authors")
 
 @dataclass
 class ZeroConfig(ViewMethodConfig):
-    keep_ratio: float = 0.3     # share of views (lowest entropy) that vote; at least one
+    keep_ratio: float = param(0.3, gt=0, le=1)   # share of views (lowest entropy) that vote; at least one
     # "soft": ties in votes go to the higher mean kept probability (shiftlab's choice: scores are
     # probabilities, top-5 is ordered). "authors": FarinaMatteo/zero's decision, their entropy
     # arithmetic and greedy tie-break included (`zero_vote_authors`).
-    vote_rule: str = "soft"
+    vote_rule: str = param("soft", choices=VOTE_RULES)
 
 
 @dataclass
@@ -114,13 +114,6 @@ class Zero(Method):
     """
     config_class = ZeroConfig
     summary = "ZERO: majority vote (zero temperature) of the 30% lowest-entropy views; confidence = vote share"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        if not 0 < self.config.keep_ratio <= 1:
-            raise ValueError(f"zero: keep_ratio must be in (0, 1], got {self.config.keep_ratio}")
-        if self.config.vote_rule not in VOTE_RULES:
-            raise ValueError(f"zero: vote_rule must be one of {', '.join(VOTE_RULES)}, got {self.config.vote_rule!r}")
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         if self.config.vote_rule == "authors":
