@@ -45,6 +45,7 @@ class RunConfig:
     cache_dir: str | None = None     # weights cache, download and trust: see models.load_model
     download: bool = False
     trust_checkpoint: bool = False
+    model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     protocol: str = "leaderboard"    # each method's views, text head and precision (shiftlab.protocols)
@@ -178,13 +179,15 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if config.limit is not None:
         order = order[:config.limit]
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
+    identity.check_ranks(distributed.all_gather(dist, run_identity))   # torchrun: one model on every rank
     # a directory with nothing to protect (a run that failed before its first record) is simply reused
     has_work = bool(records.record_files(run_dir)) or (run_dir / OnlineState.FILE).is_file()
     old_identity = identity.read(run_dir) if config.resume and has_work else None
     resumed = _check_resume(run_dir, old_identity, run_identity, dist) if config.resume else None
     if resumed is not None:
         run_identity = resumed.identity
-    done = distributed.prior_records(run_dir, config.resume, dist)  # all ranks read before any writes
+    new_methods = resumed.added_methods if resumed is not None else []   # old records of these are not theirs
+    done = distributed.prior_records(run_dir, config.resume, dist, new_methods)  # all ranks read before any writes
     if dist.rank == 0:
         identity.write(run_dir, run_identity)
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
@@ -198,7 +201,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
-            online_start = state.resume(order, writer, done, settings)
+            online_start = state.resume(order, writer, done, settings, new_methods)
     if resumed is not None and dist.rank == 0 and (done or old_identity):
         _say_resuming(run_dir, resumed, order, config.methods, settings, done, state)
     pending = plan.pending(settings, done)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -115,17 +116,21 @@ def all_gather(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
-def prior_records(run_dir: Path, resume: bool, ctx: DistContext) -> set[tuple]:
+def prior_records(run_dir: Path, resume: bool, ctx: DistContext, new_methods: Sequence[str] = ()) -> set[tuple]:
     """Done keys of the run directory (records.jsonl and every shard) for `--resume`.
 
     A collective under torchrun: every rank reads before any rank writes, and all
     ranks raise FileExistsError together when a fresh run (no --resume) would mix
     with existing records. On resume, rank 0 (which holds the run lock) first moves
-    damaged lines to the quarantine file, so their samples count as not done.
+    damaged lines, and the records of `new_methods` (methods run.json does not list, whose
+    settings are therefore unknown), to the quarantine file, so their samples count as not done.
     """
     if resume:
         if ctx.rank == 0:
-            records.quarantine(run_dir)
+            new = set(new_methods)
+            records.quarantine(run_dir, reject=lambda rec: (
+                f"method {rec['method']} is not in run.json, so the settings that made them are unknown"
+                if rec.get("method") in new else None))
         all_gather(ctx, None)   # the others read only after the quarantine
     files = records.record_files(run_dir)
     occupied = bool(files) and not resume
