@@ -27,7 +27,7 @@ from .methods import get_method_class, list_methods
 from .models import ClipModel
 from .phases import PhaseTimer
 from .records import Record
-from .runtime import distributed, identity, planning
+from .runtime import distributed, identity, interrupt, planning
 from .runtime.lock import acquire_for_job
 from .runtime.online_state import OnlineState
 from .step import Evaluator, Runner, ViewDataset, collate, view_generators
@@ -164,6 +164,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     lock = acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
         return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
+    except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
+        stream = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+        interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())
+        raise
     finally:
         if lock is not None:
             lock.release()
