@@ -9,7 +9,7 @@ normalisation is its first layer, which is what lets attacks work in pixel space
 Where weights come from (`pretrained`), decided by these rules and nothing else:
 - None: random weights, a function of `seed` alone (built under their own seeded CPU generator state,
   so the same bytes in every process and on every rank, whatever ran before; the global RNG state is
-  left as it was). `weights_sha256` is their digest (`state_dict_sha256`).
+  left as it was). `ClipModel.weights_sha256` is their digest (`state_dict_sha256`).
 - "hf-hub:ORG/REPO": the open_clip checkpoint of that Hugging Face repository, with the
   preprocessing of its open_clip_config.json.
 - "file:PATH": the checkpoint file PATH, which must exist.
@@ -95,7 +95,8 @@ class ClipModel(nn.Module):
     - `logit_scale`: the learned temperature (100 for OpenAI CLIP) as a float.
     - `checkpoint_sha256`: SHA-256 of the weights file read (None for random weights).
     - `weights_seed`, `weights_sha256`: for random weights, the seed they were built from and the digest
-      of the weights as built (`state_dict_sha256`); None for a checkpoint (its SHA-256 pins it).
+      of the weights (`state_dict_sha256`, taken on first use and kept: a run's identity asks for it);
+      None for a checkpoint (its SHA-256 pins it).
     - `weights_source`: where that file verifiably came from ("openai-url", "hf-hub:ORG/REPO" or None;
       `shiftlab.checkpoints.weights_source`), what published numbers are shown by.
     """
@@ -113,7 +114,7 @@ class ClipModel(nn.Module):
         self.checkpoint_sha256 = checkpoint_sha256
         self.weights_source = weights_source
         self.weights_seed = weights_seed
-        self.weights_sha256 = weights_sha256
+        self._weights_sha256 = weights_sha256
         self.register_buffer("mean", torch.tensor(preprocess.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess.std).view(1, 3, 1, 1), persistent=False)
         # Convolutional towers (ResNets) run in channels_last: ~1.2x faster on the CPU in fp32 (interleaved
@@ -139,7 +140,7 @@ class ClipModel(nn.Module):
             clip = copy.deepcopy(self.clip)
             open_clip.model.convert_weights_to_lp(clip, dtype)
             half = ClipModel(clip, self.name, self.pretrained, self.preprocess, self.checkpoint_sha256,
-                             self.weights_source, self.weights_seed, self.weights_sha256)
+                             self.weights_source, self.weights_seed, self.weights_sha256)   # the float32 weights
             half.input_dtype = dtype
             copies[dtype] = half
         return copies[dtype]
@@ -147,6 +148,12 @@ class ClipModel(nn.Module):
     def train(self, mode: bool = True) -> ClipModel:
         # BatchNorm must keep its running statistics: the model is never put in train mode.
         return super().train(False)
+
+    @property
+    def weights_sha256(self) -> str | None:
+        if self._weights_sha256 is None and self.weights_seed is not None:
+            self._weights_sha256 = state_dict_sha256(self.clip)   # RN50, 102 M values: ~3 s on a busy CPU, once
+        return self._weights_sha256
 
     @property
     def logit_scale(self) -> float:
@@ -504,10 +511,8 @@ def _finish(clip: nn.Module, name: str, label: str | None, preprocess: dict[str,
     clip = clip.float()
     size = clip.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
-    # random weights have no file to hash: their digest is taken once, here, on the CPU
-    digest = state_dict_sha256(clip) if seed is not None else None
     model = ClipModel(clip, name, label, Preprocess.from_open_clip(preprocess, int(size)), checkpoint_sha256=sha,
-                      weights_source=source, weights_seed=seed, weights_sha256=digest)
+                      weights_source=source, weights_seed=seed)
     return model.to(device).eval()
 
 
