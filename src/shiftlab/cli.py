@@ -2,7 +2,9 @@
 
 A user mistake ends in one line on stderr and exit code 2 (bad flags, refused while parsing, before
 any work: see commands/checks.py) or 1 (the environment: missing data or weights, disk full,
-read-only or vanished paths), never in a traceback."""
+read-only or vanished paths), never in a traceback. SIGINT and SIGTERM end in one line too ("interrupted
+after N of M samples; continue with --resume", from rank 0 only under torchrun) and exit code 130 / 143
+(shiftlab.runtime.interrupt)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +16,7 @@ import sys
 from typing import NoReturn
 
 from . import commands
+from .runtime import interrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -49,15 +52,22 @@ def describe_os_error(exc: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
-        print(f"shiftlab {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
-        return 1
+    command = "shiftlab"
+    with interrupt.handling_signals():
+        try:
+            args = build_parser().parse_args(argv)
+            command = f"shiftlab {args.command}"
+            return int(args.func(args) or 0)
+        except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
+            print(f"{command}: error: {describe_os_error(exc)}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt as exc:   # SIGINT / SIGTERM: the records written so far are complete
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{command}: {interrupt.message(exc)}", file=sys.stderr, flush=True)
+            return interrupt.exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from .methods import get_method_class, list_methods
 from .models import ClipModel
 from .phases import PhaseTimer
 from .records import Record
-from .runtime import distributed, identity, planning
+from .runtime import distributed, identity, interrupt, planning
 from .runtime.lock import acquire_for_job
 from .runtime.online_state import OnlineState
 from .step import Evaluator, Runner, ViewDataset, collate, view_generators
@@ -45,6 +45,7 @@ class RunConfig:
     cache_dir: str | None = None     # weights cache, download and trust: see models.load_model
     download: bool = False
     trust_checkpoint: bool = False
+    model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     protocol: str = "leaderboard"    # each method's views, text head and precision (shiftlab.protocols)
@@ -127,7 +128,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
-    a file in the way, read-only, disk full); their messages name the path."""
+    a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
+    (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
     from .datasets import build_dataset
 
     hooks = hooks or RunHooks()
@@ -160,6 +162,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     lock = acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
         return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
+    except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
+        stream = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+        interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -174,6 +180,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if config.limit is not None:
         order = order[:config.limit]
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
+    identity.check_ranks(distributed.all_gather(dist, run_identity))   # torchrun: one model on every rank
     # a directory with nothing to protect (a run that failed before its first record) is simply reused
     has_work = bool(records.record_files(run_dir)) or (run_dir / OnlineState.FILE).is_file()
     old_identity = identity.read(run_dir) if config.resume and has_work else None
@@ -183,6 +190,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     # the records already there must be this run's: its samples, settings and the methods run.json listed
     schema = run_summary.run_schema(old_identity or run_identity, ids=frozenset(order), samples=dataset.samples,
                                     n_classes=len(dataset.classnames))
+    new_methods = resumed.added_methods if resumed is not None else []   # their online state is not theirs
     done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
@@ -199,7 +207,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
-            online_start = state.resume(order, writer, done, settings, schema)
+            online_start = state.resume(order, writer, done, settings, schema, new_methods)
     if resumed is not None and dist.rank == 0 and (done or old_identity):
         _say_resuming(run_dir, resumed, order, config.methods, settings, in_files, done, state)
     pending = plan.pending(settings, done)

@@ -7,7 +7,9 @@ and the SHA-256 of the weights file it read. The model takes images in [0, 1];
 normalisation is its first layer, which is what lets attacks work in pixel space.
 
 Where weights come from (`pretrained`), decided by these rules and nothing else:
-- None: random weights.
+- None: random weights, a function of `seed` alone (built under their own seeded CPU generator state,
+  so the same bytes in every process and on every rank, whatever ran before; the global RNG state is
+  left as it was). `ClipModel.weights_sha256` is their digest (`state_dict_sha256`).
 - "hf-hub:ORG/REPO": the open_clip checkpoint of that Hugging Face repository, with the
   preprocessing of its open_clip_config.json.
 - "file:PATH": the checkpoint file PATH, which must exist.
@@ -21,6 +23,7 @@ refused, naming both.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -49,7 +52,7 @@ from .precision import Precision
 from .views import base_view, to_uint8_tensor
 
 __all__ = ["ClipModel", "ModelLoadError", "Preprocess", "load_model", "load_run_model", "register_architecture",
-           "model_preprocess", "OPENAI_MEAN", "OPENAI_STD"]
+           "model_preprocess", "state_dict_sha256", "OPENAI_MEAN", "OPENAI_STD"]
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -93,12 +96,16 @@ class ClipModel(nn.Module):
     - `cast(dtype)`: this model with half-precision weights (the `fp16-pure` precision, shiftlab.precision).
     - `logit_scale`: the learned temperature (100 for OpenAI CLIP) as a float.
     - `checkpoint_sha256`: SHA-256 of the weights file read (None for random weights).
+    - `weights_seed`, `weights_sha256`: for random weights, the seed they were built from and the digest
+      of the weights (`state_dict_sha256`, taken on first use and kept: a run's identity asks for it);
+      None for a checkpoint (its SHA-256 pins it).
     - `weights_source`: where that file verifiably came from ("openai-url", "hf-hub:ORG/REPO" or None;
       `shiftlab.checkpoints.weights_source`), what published numbers are shown by.
     """
 
     def __init__(self, clip: nn.Module, name: str, pretrained: str | None, preprocess: Preprocess,
-                 checkpoint_sha256: str | None = None, weights_source: str | None = None):
+                 checkpoint_sha256: str | None = None, weights_source: str | None = None,
+                 weights_seed: int | None = None, weights_sha256: str | None = None):
         super().__init__()
         self.clip = clip.eval()
         for p in self.clip.parameters():
@@ -108,6 +115,8 @@ class ClipModel(nn.Module):
         self.preprocess = preprocess
         self.checkpoint_sha256 = checkpoint_sha256
         self.weights_source = weights_source
+        self.weights_seed = weights_seed
+        self._weights_sha256 = weights_sha256
         self.register_buffer("mean", torch.tensor(preprocess.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess.std).view(1, 3, 1, 1), persistent=False)
         # Convolutional towers (ResNets) run in channels_last: ~1.2x faster on the CPU in fp32 (interleaved
@@ -133,7 +142,7 @@ class ClipModel(nn.Module):
             clip = copy.deepcopy(self.clip)
             open_clip.model.convert_weights_to_lp(clip, dtype)
             half = ClipModel(clip, self.name, self.pretrained, self.preprocess, self.checkpoint_sha256,
-                             self.weights_source)
+                             self.weights_source, self.weights_seed, self.weights_sha256)   # the float32 weights
             half.input_dtype = dtype
             copies[dtype] = half
         return copies[dtype]
@@ -141,6 +150,12 @@ class ClipModel(nn.Module):
     def train(self, mode: bool = True) -> ClipModel:
         # BatchNorm must keep its running statistics: the model is never put in train mode.
         return super().train(False)
+
+    @property
+    def weights_sha256(self) -> str | None:
+        if self._weights_sha256 is None and self.weights_seed is not None:
+            self._weights_sha256 = state_dict_sha256(self.clip)   # RN50, 102 M values: ~3 s on a busy CPU, once
+        return self._weights_sha256
 
     @property
     def logit_scale(self) -> float:
@@ -250,6 +265,39 @@ def _quiet_open_clip() -> Iterator[None]:
         yield
     finally:
         root.disabled = was_disabled
+
+
+def state_dict_sha256(module: nn.Module) -> str:
+    """SHA-256 over `module.state_dict()`: each tensor's key, dtype, shape and bytes in the standard
+    (contiguous) layout, keys in sorted order, so the memory format and the device do not change it."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(module.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{key}\t{data.dtype}\t{tuple(data.shape)}\n".encode())
+        digest.update(data.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+SEED_RANGE = (-(2 ** 63), 2 ** 64)   # what torch.Generator.manual_seed accepts (negative values wrap)
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
+    return seed
+
+
+@contextmanager
+def _seeded_cpu_rng(seed: int) -> Iterator[None]:
+    """The CPU generator seeded with `seed` inside, restored after: module initialisation draws from it
+    (open_clip's init takes no generator). Only the CPU generator: the model is built on the CPU, and
+    `torch.manual_seed` would also reseed every CUDA generator for good."""
+    state = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
 
 
 def _create(name: str, quick_gelu: bool) -> nn.Module:
@@ -412,19 +460,23 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
 
 def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device: str | torch.device = "cpu",
                cache_dir: str | None = None, allow_download: bool = False, trust_checkpoint: bool = False,
-               model_config: dict | str | Path | None = None) -> ClipModel:
+               model_config: dict | str | Path | None = None, seed: int = 0) -> ClipModel:
     """Load a frozen CLIP model in eval mode with normalisation inside (rules: module docstring).
 
     `model_config` registers a custom architecture under `name` first (`register_architecture`).
     A checkpoint in OpenAI's key layout builds the QuickGELU variant of `name`, as OpenAI trained.
+    `seed` decides random weights (`pretrained=None`) and nothing else.
     """
     import open_clip
     _register_builtin()
     if model_config is not None:
         register_architecture(name, model_config)
     if pretrained is None:
+        seed = _check_seed(seed)
         _known_model(name)
-        return _finish(_create(name, quick_gelu=False), name, None, model_preprocess(name), None, device)
+        with _seeded_cpu_rng(seed):
+            clip = _create(name, quick_gelu=False)
+        return _finish(clip, name, None, model_preprocess(name), None, device, seed=seed)
     kind, value = _resolve(name, str(pretrained))
     if kind == "hf-hub":
         _known_model(name)
@@ -467,18 +519,24 @@ def _load_file(name: str, path: Path, trust_checkpoint: bool, preprocess: dict[s
 
 
 def _finish(clip: nn.Module, name: str, label: str | None, preprocess: dict[str, Any], sha: str | None,
-            device: str | torch.device, source: str | None = None) -> ClipModel:
+            device: str | torch.device, source: str | None = None, seed: int | None = None) -> ClipModel:
     clip = clip.float()
     size = clip.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
     model = ClipModel(clip, name, label, Preprocess.from_open_clip(preprocess, int(size)), checkpoint_sha256=sha,
-                      weights_source=source)
+                      weights_source=source, weights_seed=seed)
     return model.to(device).eval()
+
+
+def run_model_seed(config: Any) -> int:
+    """The seed of a run's random weights: `config.model_seed`, else the run's `config.seed`."""
+    seed = getattr(config, "model_seed", None)
+    return int(getattr(config, "seed", 0) or 0) if seed is None else seed
 
 
 def load_run_model(config: Any, device: str | torch.device) -> ClipModel:
     """The model of a run (CLI and `engine.run(model=None)`): reads `config.model`, `.pretrained`,
-    `.cache_dir`, `.download` and `.trust_checkpoint`."""
+    `.cache_dir`, `.download`, `.trust_checkpoint` and, for random weights, `run_model_seed(config)`."""
     return load_model(config.model, config.pretrained, device=device, cache_dir=getattr(config, "cache_dir", None),
                       allow_download=getattr(config, "download", False),
-                      trust_checkpoint=getattr(config, "trust_checkpoint", False))
+                      trust_checkpoint=getattr(config, "trust_checkpoint", False), seed=run_model_seed(config))

@@ -386,7 +386,8 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
 
     Each quarantined line is kept as {"file", "line", "problem", "text"} so nothing is lost, and
     `warn` (default: print to stderr) gets one line per damaged line naming file and line number.
-    Called by a writer holding the run lock (resume, merge), never by readers.
+    `reject(record)` returns why a valid record must go too (None: it stays); those are said in one
+    line per file. Called by a writer holding the run lock (resume, merge), never by readers.
     """
     import sys
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
@@ -413,8 +414,13 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
             os.fsync(dst.fileno())
         os.replace(tmp, path)
         for line in bad:
-            warn(f"shiftlab: {path}:{line.number}: damaged record ({line.problem}) moved to "
-                 f"{run_dir / QUARANTINE}; the sample is redone")
+            if line.record is None:
+                warn(f"shiftlab: {path}:{line.number}: damaged record ({line.problem}) moved to "
+                     f"{run_dir / QUARANTINE}; the sample is redone")
+        for problem in dict.fromkeys(line.problem for line in bad if line.record is not None):
+            count = sum(1 for line in bad if line.record is not None and line.problem == problem)
+            warn(f"shiftlab: {path}: {count} record(s) moved to {run_dir / QUARANTINE} ({problem}); "
+                 "their samples are redone")
         moved += len(bad)
     return moved
 

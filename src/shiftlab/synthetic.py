@@ -28,11 +28,10 @@ TINY_CLIP_CONFIG = {
 
 
 def tiny_clip(seed: int = 0, device: str | torch.device = "cpu") -> ClipModel:
-    """A tiny random-weight CLIP (the golden fixtures' architecture); accuracy is meaningless."""
+    """A tiny random-weight CLIP (the golden fixtures' architecture), the same for the same `seed` in every
+    process (`load_model(..., pretrained=None, seed=seed)`); accuracy is meaningless."""
     from .models import load_model
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return load_model(TINY_CLIP_NAME, None, device=device)
+    return load_model(TINY_CLIP_NAME, None, device=device, seed=seed)
 
 
 def random_image(size: tuple[int, int] = (40, 30), seed: int = 0) -> Image.Image:

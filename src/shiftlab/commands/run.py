@@ -46,7 +46,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: each method's recipe, 64 for most)")
     p.add_argument("--augmix", action="store_true",
                    help="AugMix on every method's augmented views (default: each method's recipe)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the stream order and every sample's views (and random weights, see --model-seed)")
+    p.add_argument("--model-seed", type=checks.int_in(0, 2 ** 64 - 1), default=None,
+                   help="seed of the random weights of --pretrained none (default: --seed); the same seed gives "
+                        "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
     p.add_argument("--order", choices=["shuffled", "sorted"], default="shuffled",
@@ -100,19 +104,24 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.attack != "none":
         attack |= {"eps": args.eps, "alpha": args.alpha if args.alpha is not None else args.eps / 4,
                    "steps": args.steps, "random_start": args.random_start, "quantize": args.quantize}
-    pretrained = None if str(args.pretrained).lower() in ("none", "random") else args.pretrained
+    pretrained = None if _random_weights(args) else args.pretrained
     methods = args.methods if isinstance(args.methods, list) else checks.method_names(args.methods)
     from ..datasets import DATASETS
     dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
     return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
                      methods=list(methods), method_config=checks.method_config(args.method_config),
                      views=args.views, augmix=args.augmix, protocol=args.protocol, seed=args.seed,
+                     model_seed=getattr(args, "model_seed", None),
                      limit=args.limit, out=str(args.out),
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
                      order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint)
+
+
+def _random_weights(args: argparse.Namespace) -> bool:
+    return str(args.pretrained).lower() in ("none", "random")
 
 
 class CannotStart(Exception):
@@ -158,6 +167,9 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
 def check_combination(args: argparse.Namespace) -> str | None:
     """A problem between flags that each parsed fine, or None."""
     from ..methods import get_method_class, list_methods
+    if getattr(args, "model_seed", None) is not None and not _random_weights(args):
+        return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
+                "loads its weights from a checkpoint")
     names = list_methods() if "all" in args.methods else args.methods
     online = [n for n in names if not get_method_class(n).episodic]
     if online and args.attack != "none" and args.clean_and_robust:

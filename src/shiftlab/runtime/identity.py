@@ -1,8 +1,8 @@
 """A run's identity: everything that decides its records, kept in `RUN_DIR/run.json`.
 
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
-                "pretrained", "checkpoint_sha256", "weights_source", "protocol", "views", "augmix", "seed",
-                "order", "limit", "attack", "precision", "image_size"},
+                "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
+                "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size"},
      "methods": {name: effective config (dataclasses.asdict(method.config))},
      "shiftlab": version}
 
@@ -14,6 +14,10 @@ version is recorded but not compared (a fix release must be able to finish a run
 sample-list fingerprint is what the report uses to decide whether two runs saw the same
 images. A run made before `weights_source` (where the checkpoint verifiably came from) was
 recorded takes it from the resuming run: the checkpoint's SHA-256 already pins the weights.
+Random weights are pinned by `model_seed` and `weights_sha256` (the digest of the weights as
+built); a run made before they were recorded takes them from a resuming run with a checkpoint
+(null both), and is refused with random weights (those were unseeded: nothing can rebuild them).
+Every rank of a torchrun job builds its identity and they must agree (`check_ranks`).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from ..records import run_dir_error
 IDENTITY_FILE = "run.json"
 STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset")   # a change means another stream of samples
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
+RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 
 
 class RunIdentityError(ValueError):
@@ -68,6 +73,19 @@ def checkpoint_sha256(model: Any, pretrained: str | None) -> str | None:
     return None
 
 
+def weights_sha256(model: Any, checkpoint: str | None) -> str | None:
+    """The digest of weights that no checkpoint file pins (random ones): the model's own record, made
+    once when it was built, or computed here for a model built by other means; None with a checkpoint."""
+    known = getattr(model, "weights_sha256", None)
+    if known or checkpoint:
+        return str(known) if known else None
+    clip = getattr(model, "clip", model)
+    if not hasattr(clip, "state_dict"):
+        return None
+    from ..models import state_dict_sha256
+    return state_dict_sha256(clip)
+
+
 def jsonable(value: Any) -> Any:
     """A config value as JSON (tuples -> lists, tensors -> shape + digest, anything else -> repr)."""
     if isinstance(value, (str, bool, int)) or value is None:
@@ -93,6 +111,7 @@ def method_config(method: Any) -> dict[str, Any]:
 
 def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], version: str) -> dict[str, Any]:
     """The identity of a run of `config` with this model, dataset and method instances."""
+    checkpoint = checkpoint_sha256(model, config.pretrained)
     shared = {
         "dataset": config.dataset,
         "samples_sha256": samples_fingerprint(dataset),
@@ -100,8 +119,10 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "classnames_sha256": _sha256_lines(dataset.classnames),
         "model": getattr(model, "name", config.model),
         "pretrained": config.pretrained,
-        "checkpoint_sha256": checkpoint_sha256(model, config.pretrained),
+        "checkpoint_sha256": checkpoint,
         "weights_source": getattr(model, "weights_source", None),
+        "model_seed": getattr(model, "weights_seed", None),
+        "weights_sha256": weights_sha256(model, checkpoint),
         "protocol": jsonable(getattr(config, "protocol", None)),
         "views": config.views,
         "augmix": config.augmix,
@@ -116,16 +137,68 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
 
 
+# The JSON types of `shared`'s fields as `build` writes them (a tuple: any of these; None: null).
+SHARED_TYPES: dict[str, tuple] = {
+    "dataset": (str,), "samples_sha256": (str,), "n_samples": (int,), "classnames_sha256": (str,), "model": (str,),
+    "pretrained": (str, None), "checkpoint_sha256": (str, None), "weights_source": (str, None),
+    "model_seed": (int, None), "weights_sha256": (str, None), "protocol": (str, None), "views": (int, None),
+    "augmix": (bool,), "seed": (int,), "order": (str,), "limit": (int, None), "attack": (dict,),
+    "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
+}
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+               bool: "true or false", None: "null"}
+
+
+def _json_type(value: Any) -> Any:
+    return None if value is None else next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)),
+                                           type(value))
+
+
+def _expected(types: tuple) -> str:
+    return " or ".join(_JSON_NAMES[t] for t in types)
+
+
+def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
+    """`data` (a parsed run.json) if every section has its type: an object with `shared` (an object whose
+    known fields have the types of SHARED_TYPES), `methods` (an object of objects) and `shiftlab` (a
+    string). Otherwise RunIdentityError, one line naming the file and the first field that is wrong."""
+    unknown = "the run's settings are unknown, so it cannot be resumed safely: restore the file or choose another --out"
+
+    def wrong(field: str, types: tuple, value: Any) -> RunIdentityError:
+        got = _JSON_NAMES.get(_json_type(value), "something else")
+        return RunIdentityError(f"{path}: {field} must be {_expected(types)}, got {got} ({unknown})")
+    if not isinstance(data, dict):
+        raise wrong("the file", (dict,), data)
+    for section, types in (("shared", (dict,)), ("methods", (dict,)), ("shiftlab", (str,))):
+        if section not in data:
+            raise RunIdentityError(f"{path}: {section} is missing ({unknown})")
+        if _json_type(data[section]) not in types:
+            raise wrong(section, types, data[section])
+    for key, value in data["shared"].items():
+        types = SHARED_TYPES.get(key)
+        if types is not None and _json_type(value) not in types:
+            raise wrong(f"shared.{key}", types, value)
+    for name, cfg in data["methods"].items():
+        if not isinstance(cfg, dict):
+            raise wrong(f"methods.{name}", (dict,), cfg)
+    return data
+
+
 def read(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's identity, validated (`validate`); None when it has no run.json."""
     path = Path(run_dir) / IDENTITY_FILE
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunIdentityError(f"{path} is damaged ({exc}); the run's settings are unknown, so it cannot be "
-                               "resumed safely. Choose another --out") from None
-    return data if isinstance(data, dict) else None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise RunIdentityError(f"{path} is damaged ({one_line(exc)}); the run's settings are unknown, so it cannot "
+                               "be resumed safely. Choose another --out") from None
+    return validate(data, path)
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
@@ -161,10 +234,10 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
     limit_raised = None
     for key in sorted(set(old_shared) | set(new_shared)):
         a, b = old_shared.get(key), new_shared.get(key)
-        if a == b:
-            continue
-        if key in ADDED_LATER and key not in old_shared:
+        if key not in old_shared and (key in ADDED_LATER or (key in RANDOM_WEIGHTS and b is None)):
             old_shared[key] = b
+            continue
+        if a == b:
             continue
         if key == "limit" and a is not None and (b is None or b > a):
             limit_raised = (a, b)
@@ -179,11 +252,31 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
                                                  for k in fields))
     if diffs:
         stream = any(d.split(" ", 1)[0] in STREAM_FIELDS for d in diffs)
+        unseeded = "weights_sha256" not in old_shared and new_shared.get("weights_sha256") is not None
         raise RunIdentityError(
             f"cannot resume {run_dir}: its records were made with other settings ({'; '.join(diffs)})"
             + ("; these define a different stream of samples" if stream else "")
+            + ("; its random weights were unseeded (made before shiftlab recorded them), so no run can "
+               "rebuild them" if unseeded else "")
             + ". Resume with the original settings or choose another --out")
     merged = {**old_methods, **new["methods"]}
     identity = {"shared": {**old_shared, "limit": new_shared.get("limit")} if limit_raised else old_shared,
                 "methods": merged, "shiftlab": new.get("shiftlab")}
     return Resume(identity, [n for n in new["methods"] if n not in old_methods], limit_raised)
+
+
+def check_ranks(identities: list[Mapping[str, Any]]) -> None:
+    """The identities every rank of a torchrun job built (rank order) must be equal: the same model
+    above all. Raises RunIdentityError naming the first rank that differs from rank 0 and the fields."""
+    first = identities[0]
+    for rank, other in enumerate(identities[1:], start=1):
+        if other == first:
+            continue
+        a, b = first.get("shared", {}), other.get("shared", {})
+        diffs = [f"{k} {_short(a.get(k))} -> {_short(b.get(k))}" for k in sorted(set(a) | set(b))
+                 if a.get(k) != b.get(k)]
+        ma, mb = first.get("methods", {}), other.get("methods", {})
+        diffs += [f"{n}: settings differ" for n in sorted(set(ma) | set(mb)) if ma.get(n) != mb.get(n)]
+        raise RunIdentityError(f"rank {rank} of this torchrun job has other settings than rank 0 "
+                               f"({'; '.join(diffs) or 'version'}); every rank must load the same model, data and "
+                               "settings")

@@ -55,11 +55,14 @@ class OnlineState:
         """Stream position the methods' state has reached (the next sample to process)."""
         return len(self.processed)
 
-    def load(self, stream: Sequence[int] | None = None) -> bool:
-        """Load the checkpoint; False when there is none (or it lacks a method's state)."""
+    def load(self, stream: Sequence[int] | None = None, new: Sequence[str] = ()) -> bool:
+        """Load the checkpoint; False when there is none (or it lacks a method's state). The state and
+        held-back records of `new` methods (not in run.json: made with unknown settings) are ignored."""
         if not self.path.is_file():
             return False
         blob = torch.load(self.path, map_location="cpu", weights_only=True)
+        blob["states"] = {n: state for n, state in blob["states"].items() if n not in new}
+        blob["last_records"] = [r for r in blob["last_records"] if r.get("method") not in new]
         processed = list(blob["processed"])
         if stream is not None and list(stream[:len(processed)]) != processed:
             raise ValueError(f"{self.path} was built along a different stream (another --seed, --order or "
@@ -73,10 +76,11 @@ class OnlineState:
         return all(name in blob["states"] for name in self.methods)
 
     def resume(self, stream: Sequence[int], writer: RecordWriter, done: set, settings: Sequence[str],
-               schema: RecordSchema | None = None) -> int:
+               schema: RecordSchema | None = None, new: Sequence[str] = ()) -> int:
         """Continue from the checkpoint: restore its held-back records (those `schema` accepts), then
-        decide where the methods restart (see the module docstring). Returns the start position."""
-        complete = self.load(stream)
+        decide where the methods restart (see the module docstring). Returns the start position.
+        `new`: as `load`."""
+        complete = self.load(stream, new)
         self.restore_missing(writer, done, schema)
         before = stream[:self.start]
         missing = any(record_key({"id": sid, "method": n, "setting": s}) not in done and (sid, None, s) not in done

@@ -1,0 +1,195 @@
+"""SIGINT / SIGTERM during `shiftlab run` (issue 20, point 11): records flushed, one line on stderr
+("interrupted after N of M samples; continue with --resume"), exit 130 / 143, and `--resume` completes
+to the records of an uninterrupted run. Before: a 25-line KeyboardInterrupt traceback, and a silent 143.
+
+Every run is held at a gate (a hook after a step, as the concurrent-run test of test_run_integrity.py
+does), never timed with a sleep: the signal arrives once the first sample's records are written."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shiftlab import engine, records
+from shiftlab.cli import main as cli_main
+from shiftlab.runtime import interrupt
+from shiftlab.synthetic import make_imagenet_r
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGE = "shiftlab run: interrupted after 1 of 4 samples; continue with --resume"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_imagenet_r(tmp_path_factory.mktemp("data"), classes=range(0, 200, 25), per_class=1)   # 8 images
+
+
+def _argv(data: Path, out: Path, *extra: str, methods: str = "zeroshot,tpt,tda") -> list[str]:
+    # an online method checkpointed every batch, so its records are written with the sample's others
+    return ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", "none", "--methods", methods,
+            "--set", "tpt.steps=1", "--set", "tda.text_head=zeroshot", "--views", "4", "--batch-size", "1",
+            "--limit", "4", "--device", "cpu", "--no-progress", "--allow-partial", "--online-checkpoint-seconds", "0",
+            "--out", str(out), *extra]
+
+
+def _strip(path: Path) -> list[str]:
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)
+                  for r in records.iter_records(path))
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory) -> list[str]:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    torch.set_num_threads(1)
+    assert cli_main(_argv(data, out, "--workers", "0")) == 0
+    return _strip(out / "records.jsonl")
+
+
+def _said(err: str) -> list[str]:
+    """stderr without the synthetic dataset's empty-class warning."""
+    return [ln for ln in err.splitlines() if ln.strip() and "class folders have no images" not in ln]
+
+
+def _check_interrupted(out: Path, err: str) -> None:
+    assert _said(err) == [MESSAGE] and "Traceback" not in err
+    lines = (out / "records.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3 and all(line.endswith(b"\n") for line in lines)       # one sample, every method
+    assert len(list(records.iter_records(out / "records.jsonl"))) == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_this_process_ends_in_one_line_and_resumes_exactly(data, reference, tmp_path, monkeypatch,
+                                                                       capsys, sig):
+    class SignalAfterFirstStep(engine.RunHooks):
+        def after_step(self, ids, recs):
+            os.kill(os.getpid(), sig)      # delivered to the handler cli.main installed
+            time.sleep(5)                  # the handler interrupts this at once
+
+    out = tmp_path / "run"
+    previous = signal.getsignal(sig)
+    real_run = engine.run
+    monkeypatch.setattr(engine, "run", lambda *a, **kw: real_run(*a, **{**kw, "hooks": SignalAfterFirstStep()}))
+    capsys.readouterr()
+    assert cli_main(_argv(data, out, "--workers", "0")) == 128 + sig
+    _check_interrupted(out, capsys.readouterr().err)
+    assert signal.getsignal(sig) == previous                                     # the handler is not left behind
+    monkeypatch.undo()
+    assert cli_main(_argv(data, out, "--workers", "0", "--resume")) == 0
+    assert _strip(out / "records.jsonl") == reference
+
+
+def test_interrupt_helpers():
+    assert interrupt.exit_code(KeyboardInterrupt()) == 130
+    assert interrupt.exit_code(interrupt.Interrupted(signal.SIGTERM)) == 143
+    assert isinstance(interrupt.Interrupted(signal.SIGINT), KeyboardInterrupt)    # no `except Exception` takes it
+    exc = interrupt.Interrupted(signal.SIGTERM)
+    assert interrupt.message(exc) == "interrupted"
+    exc.progress = (3, 24)
+    assert interrupt.message(exc) == "interrupted after 3 of 24 samples; continue with --resume"
+
+
+# The run holds after its first step while the gate file exists; REACHED says it got there.
+GATED = """
+import functools, os, sys, time, pathlib
+import shiftlab.engine as E
+class Gated(E.RunHooks):
+    def after_step(self, ids, recs):
+        pathlib.Path(os.environ["SHIFTLAB_TEST_REACHED"] + os.environ.get("RANK", "0")).touch()
+        while os.path.exists(os.environ["SHIFTLAB_TEST_GATE"]):
+            time.sleep(0.05)
+E.run = functools.partial(E.run, hooks=Gated())
+from shiftlab.cli import main
+code = main(sys.argv[1:])
+pathlib.Path(os.environ["SHIFTLAB_TEST_REACHED"] + os.environ.get("RANK", "0") + ".exit").write_text(str(code))
+sys.exit(code)
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    (tmp_path / "gate").write_text("")
+    env = dict(os.environ, SHIFTLAB_NUM_THREADS="1", SHIFTLAB_TEST_GATE=str(tmp_path / "gate"),
+               SHIFTLAB_TEST_REACHED=str(tmp_path / "reached"),
+               PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it reached the gate"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,workers,group", [(signal.SIGINT, 0, False), (signal.SIGTERM, 0, False),
+                                               (signal.SIGINT, 1, True), (signal.SIGTERM, 1, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT-group-with-workers", "SIGTERM-group-with-workers"])
+def test_a_signalled_cli_run_exits_with_one_line_and_resumes_exactly(data, reference, tmp_path, sig, workers,
+                                                                     group):
+    """`group`: the signal goes to the process group (Ctrl-C in a terminal, a scheduler), DataLoader
+    workers included; else to the main process alone (`kill PID`)."""
+    out = tmp_path / "run"
+    (tmp_path / "launch.py").write_text(GATED)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "launch.py"), *_argv(data, out, "--workers", str(workers))],
+                            env=_env(tmp_path, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for([tmp_path / "reached0"], proc)
+        os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig
+    _check_interrupted(out, err)
+    assert cli_main(_argv(data, out, "--workers", "0", "--resume")) == 0
+    assert _strip(out / "records.jsonl") == reference
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_each_handle_the_signal_and_rank0_alone_says_so(data, tmp_path):
+    """SIGTERM to torchrun (a scheduler pre-empting the job): the agent forwards it to every rank;
+    each exits 143, rank 0 prints the one line, and a resume completes to the uninterrupted records."""
+    methods = "zeroshot,tpt"
+    ref = tmp_path / "ref"
+    assert cli_main(_argv(data, ref, "--workers", "0", methods=methods)) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "launch.py").write_text(GATED)
+    logs, out = tmp_path / "logs", tmp_path / "run"
+    env = _env(tmp_path)
+    env.pop("OMP_NUM_THREADS", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+           "--log-dir", str(logs), "--redirects", "3", str(tmp_path / "launch.py"),
+           *_argv(data, out, "--workers", "0", methods=methods)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for([tmp_path / "reached0", tmp_path / "reached1"], proc)
+        proc.send_signal(signal.SIGTERM)
+        _, agent_err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rank_err = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
+    assert sorted(rank_err) == [0, 1], agent_err[-2000:]
+    assert _said(rank_err[0]) == ["shiftlab run: interrupted after 2 of 4 samples; continue with --resume"]
+    assert _said(rank_err[1]) == [] and not any("Traceback" in e for e in rank_err.values())
+    assert [(tmp_path / f"reached{r}.exit").read_text() for r in (0, 1)] == ["143", "143"]   # what each rank returned
+    assert cli_main(_argv(data, out, "--workers", "0", "--resume", methods=methods)) == 0
+    assert _strip(out / "records.jsonl") == _strip(ref / "records.jsonl")
