@@ -140,10 +140,10 @@ def test_a_method_missing_from_run_json_is_a_new_method(finished, tmp_path, mode
     capsys.readouterr()
     run(_cfg(out, resume=True, method_config=other), model=model, dataset=dataset)
     err = capsys.readouterr().err
-    assert "6 record(s) moved to" in err and "method tda is not in run.json" in err
+    assert "6 record(s) moved to" in err and "method 'tda' is not one of the run's methods (run.json)" in err
     assert _by_method(out / "records.jsonl") == {"zeroshot": old["zeroshot"], "tda": expected["tda"]}
     quarantined = [json.loads(line) for line in (out / records.QUARANTINE).read_text().splitlines()]
-    assert len(quarantined) == 6 and all(q["problem"].startswith("method tda is not in run.json")
+    assert len(quarantined) == 6 and all(q["problem"].startswith("method 'tda' is not one of the run's methods")
                                          for q in quarantined)
     assert sorted(json.loads(q["text"])["id"] for q in quarantined) == sorted(
         json.loads(r)["id"] for r in old["tda"])

@@ -413,14 +413,16 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, path)
-        for line in bad:
-            if line.record is None:
-                warn(f"shiftlab: {path}:{line.number}: damaged record ({line.problem}) moved to "
-                     f"{run_dir / QUARANTINE}; the sample is redone")
-        for problem in dict.fromkeys(line.problem for line in bad if line.record is not None):
-            count = sum(1 for line in bad if line.record is not None and line.problem == problem)
-            warn(f"shiftlab: {path}: {count} record(s) moved to {run_dir / QUARANTINE} ({problem}); "
-                 "their samples are redone")
+        # a problem shared by many lines (a method missing from run.json) is one warning, not 30,000
+        for problem in dict.fromkeys(line.problem for line in bad):
+            lines = [line.number for line in bad if line.problem == problem]
+            if len(lines) <= 3:
+                for number in lines:
+                    warn(f"shiftlab: {path}:{number}: damaged record ({problem}) moved to "
+                         f"{run_dir / QUARANTINE}; the sample is redone")
+            else:
+                warn(f"shiftlab: {path}: {len(lines)} record(s) moved to {run_dir / QUARANTINE} ({problem}; "
+                     f"lines {lines[0]}, ...); their samples are redone")
         moved += len(bad)
     return moved
 
