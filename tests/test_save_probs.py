@@ -72,6 +72,7 @@ def whole(tmp_path_factory, model, dataset) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_every_prediction_record_has_its_vector(whole, dataset):
     recs = _lines(whole / "records.jsonl")
     vectors = probs.load_probs(whole)
@@ -93,6 +94,7 @@ def test_every_prediction_record_has_its_vector(whole, dataset):
     assert (whole / probs.PROBS / "probs.f16").stat().st_size == 2 * n_classes * len(preds)   # no orphans
 
 
+@pytest.mark.slow
 def test_records_are_the_same_with_and_without_save_probs(whole, tmp_path, model, dataset):
     out = tmp_path / "plain"
     run(_cfg(out, save_probs=False), model=model, dataset=dataset)
@@ -123,6 +125,7 @@ _KILLED = ("import json, os, signal, sys, torch; torch.set_num_threads(1)\n"
            "run(cfg, model=tiny_clip(0), dataset=build_dataset('imagenet-r', sys.argv[1]))\n")
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_gives_the_vectors_of_an_uninterrupted_run(whole, tmp_path, model, dataset, data):
     out = tmp_path / "killed"
     cfg = {k: v for k, v in vars(_cfg(out)).items()}
@@ -143,6 +146,7 @@ def test_resume_after_a_kill_gives_the_vectors_of_an_uninterrupted_run(whole, tm
         assert np.array_equal(got[key], want[key]), key
 
 
+@pytest.mark.slow
 def test_a_vector_that_disagrees_with_its_record_or_is_damaged_is_not_its_vector(whole, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(whole, out)
@@ -164,6 +168,7 @@ def test_a_vector_that_disagrees_with_its_record_or_is_damaged_is_not_its_vector
     assert index.read_text().endswith("\n")
 
 
+@pytest.mark.slow
 def test_merge_folds_rank_files_into_one(whole, tmp_path, capsys):
     from shiftlab.cli import main as cli_main
     out = tmp_path / "run"
@@ -187,6 +192,7 @@ def test_merge_folds_rank_files_into_one(whole, tmp_path, capsys):
     assert len(_lines(folder / "probs.jsonl")) == len(want)
 
 
+@pytest.mark.slow
 def test_brier_score_in_the_report(whole, tmp_path, dataset):
     from shiftlab.report import build_report
     from shiftlab.report.load import load_run
@@ -207,6 +213,7 @@ def test_brier_score_in_the_report(whole, tmp_path, dataset):
     assert all(s.probs is not None and s.probs.shape == (s.n, len(dataset.classnames)) for s in series)
 
 
+@pytest.mark.slow
 def test_report_without_vectors_has_no_brier(whole, tmp_path):
     from shiftlab.report import build_report
     run_dir = tmp_path / "run"
@@ -218,9 +225,56 @@ def test_report_without_vectors_has_no_brier(whole, tmp_path):
     assert ">Brier<" not in (out / "report.html").read_text()
 
 
+def test_record_writer_writes_vectors_first_and_a_reopened_writer_cuts_a_torn_tail(tmp_path):
+    import torch
+
+    from shiftlab.methods.base import MethodOutput
+    from shiftlab.records import Record, RecordWriter
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 3.0, 1.0]])
+    recs = [Record.prediction(id=i, path=f"c/{i}.jpg", label=1, setting="clean", method="m",
+                              output=MethodOutput(logits[i]), seconds=0.0) for i in range(2)]
+    recs.append(Record.failure(id=2, path="c/2.jpg", label=0, setting="clean", method=None, error="bad"))
+    with RecordWriter(tmp_path / "records.jsonl", probs=probs.ProbsWriter(tmp_path)) as w:
+        w.write(recs)
+    got = probs.load_probs(tmp_path)
+    assert set(got) == {(0, "m", "clean"), (1, "m", "clean")}
+    for i in range(2):
+        assert np.array_equal(got[(i, "m", "clean")], logits[i].softmax(-1).half().numpy())
+    data = tmp_path / probs.PROBS / "probs.f16"
+    with data.open("ab") as fh:
+        fh.write(b"\x01\x02\x03")                        # a vector cut off by a kill, never indexed
+    w = probs.ProbsWriter(tmp_path)
+    w.write([((2, "m", "clean"), np.array([0.5, 0.25, 0.25]))])
+    w.close()
+    assert data.stat().st_size == 3 * 3 * 2                 # the torn bytes were cut, offsets stay right
+    assert len(probs.load_probs(tmp_path)) == 2             # an error record has no vector, whatever is stored
+
+
 def test_brier_of_a_perfect_and_a_uniform_prediction():
     assert metrics.brier(np.eye(3), [0, 1, 2]) == 0.0
     assert metrics.brier(np.eye(3), [1, 2, 0]) == 2.0
     assert metrics.brier(np.full((1, 4), 0.25), [3]) == pytest.approx(0.75)
     with pytest.raises(ValueError):
         metrics.brier(np.eye(3), [0, 1])
+
+
+@pytest.mark.slow
+def test_two_ranks_write_their_own_files_and_the_merge_equals_one_process(whole, tmp_path, model, dataset,
+                                                                          monkeypatch):
+    from shiftlab import engine
+    from shiftlab.runtime import distributed
+    from shiftlab.runtime.distributed import DistContext
+    out = tmp_path / "run"
+    for rank in (1, 0):   # rank 0 last: it merges
+        ctx = DistContext(rank, 2)
+        monkeypatch.setattr(distributed, "context", lambda ctx=ctx: ctx)
+        monkeypatch.setattr(distributed, "all_gather", lambda c, obj: [obj] * c.world_size)
+        engine.run(_cfg(out, resume=True), model=model, dataset=dataset)
+        if rank == 1:
+            assert sorted(p.name for p in (out / probs.PROBS).iterdir()) == ["rank1.f16", "rank1.jsonl"]
+        monkeypatch.undo()
+    assert sorted(p.name for p in (out / probs.PROBS).iterdir()) == ["probs.f16", "probs.jsonl"]
+    got, want = probs.load_probs(out), probs.load_probs(whole)
+    assert got.keys() == want.keys()
+    for key in want:   # batches of one sample: each rank computes a sample as the single process did
+        assert np.array_equal(got[key], want[key]), key
