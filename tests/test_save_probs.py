@@ -278,3 +278,15 @@ def test_two_ranks_write_their_own_files_and_the_merge_equals_one_process(whole,
     assert got.keys() == want.keys()
     for key in want:   # batches of one sample: each rank computes a sample as the single process did
         assert np.array_equal(got[key], want[key]), key
+
+
+@pytest.mark.slow
+def test_cli_save_probs_and_report(tmp_path, data, tiny_checkpoint):
+    from shiftlab.cli import main as cli_main
+    out = tmp_path / "run"
+    assert cli_main(["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(tiny_checkpoint),
+                     "--methods", "zeroshot", "--views", "1", "--limit", "3", "--workers", "0", "--device", "cpu",
+                     "--no-progress", "--allow-partial", "--save-probs", "--out", str(out)]) == 0
+    assert len(probs.load_probs(out)) == sum("error" not in r for r in _lines(out / "records.jsonl")) > 0
+    assert cli_main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
+    assert ">Brier<" in (tmp_path / "report" / "report.html").read_text()
