@@ -36,8 +36,18 @@ def top1_from_records(run_dir: Path, method: str) -> float:
     return 100.0 * sum(r["correct"] for r in recs) / len(recs)
 
 
+def cell_from_records(run_dir: Path, method: str) -> str:
+    """suite.md's cell, computed from the records with shiftlab.metrics: 'top-1 (ECE e, n k)'."""
+    from shiftlab import metrics
+    recs = [r for r in records.iter_records(run_dir / "records.jsonl")
+            if r.get("method") == method and r.get("setting", "clean") == "clean" and "error" not in r]
+    ece = metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs])
+    return f"{top1_from_records(run_dir, method):.2f} (ECE {ece:.2f}, n {len(recs)})"
+
+
 def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, list[bool]],
-                  pretrained: str | None = "openai", sha256: str | None = None, protocol: str | None = "paper") -> None:
+                  pretrained: str | None = "openai", sha256: str | None = None, protocol: str | None = "paper",
+                  **config) -> None:
     run_dir.mkdir(parents=True)
     lines = []
     for method, correct in accuracy.items():
@@ -48,7 +58,7 @@ def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, l
     (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(
         {"config": {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"],
-                    "checkpoint_sha256": sha256, "protocol": protocol},
+                    "checkpoint_sha256": sha256, "protocol": protocol, **config},
          "methods": {}}))
 
 
@@ -74,8 +84,12 @@ def test_suite_table_averages_and_published_rows(tmp_path):
     assert table["average"]["tpt"] is None and table["ood_average"]["tpt"] is None
     suites.write_suite_table(suite_dir, table)
     md = (suite_dir / "suite.md").read_text()
-    assert "| zeroshot | 25.00 | 50.00 | 75.00 | 100.00 | 50.00 | 60.00 | 68.75 |" in md
-    assert "| tpt | 25.00 | 100.00 | 25.00 | 100.00 | — | — | — |" in md
+    # every confidence is 0.6: one bin, so ECE = |60 - top-1|
+    assert ("| zeroshot | 25.00 (ECE 35.00, n 4) | 50.00 (ECE 10.00, n 4) | 75.00 (ECE 15.00, n 4) | "
+            "100.00 (ECE 40.00, n 4) | 50.00 (ECE 10.00, n 4) | 60.00 | 68.75 |") in md
+    assert ("| tpt | 25.00 (ECE 35.00, n 4) | 100.00 (ECE 40.00, n 4) | 25.00 (ECE 35.00, n 4) | "
+            "100.00 (ECE 40.00, n 4) | — | — | — |") in md
+    assert "partial" not in md
     assert "| ImageNet | -A | -V2 | -R | -Sketch | Average | OOD Average |" in md
     # RN50 + OpenAI's checkpoint (by SHA-256) + the paper protocol: the papers' rows follow, with their source.
     assert "| TPT | tpt-readme | 60.74 | 26.67 | 54.70 | 59.11 | 35.09 | 47.26 | 43.89 |" in md
@@ -84,6 +98,8 @@ def test_suite_table_averages_and_published_rows(tmp_path):
     ours = {(r["method"], r["dataset"]): r for r in rows if r["kind"] == "ours"}
     assert float(ours[("zeroshot", "ood_average")]["top1"]) == pytest.approx(68.75)
     assert ours[("zeroshot", "imagenet-a")]["n"] == "4" and ours[("tpt", "average")]["top1"] == ""
+    assert float(ours[("zeroshot", "imagenet-a")]["ece"]) == pytest.approx(10.0)
+    assert ours[("zeroshot", "imagenet-a")]["partial"] == ""
     assert any(r["kind"] == "published" and r["label"] == "DMN-ZS" and r["dataset"] == "imagenet-r"
                and float(r["top1"]) == 61.44 for r in rows)
     # The HTML report of the suite directory shows the same table.
@@ -100,6 +116,32 @@ def test_suite_table_averages_and_published_rows(tmp_path):
         table = suites.suite_table(suite_dir)
         assert table["protocol"] == (protocol or "leaderboard") and suites.published_suite_rows(table) == []
         assert "Published" not in suites.table_markdown(table)
+
+
+def test_suite_table_marks_limited_and_incomplete_datasets(tmp_path):
+    suite_dir = tmp_path / "two"
+    suite = suites.resolve_suite(None, "imagenet-r,imagenet-a")
+    suites.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
+    # imagenet-r: --limit 4 of 30000 images; imagenet-a: all 5 asked for, tpt stopped after 3
+    write_records(suite_dir / "imagenet-r", "imagenet-r", "RN50", {"zeroshot": [True] * 4, "tpt": [False] * 4},
+                  limit=4, n_samples=30000)
+    write_records(suite_dir / "imagenet-a", "imagenet-a", "RN50", {"zeroshot": [True] * 5, "tpt": [True] * 3},
+                  limit=None, n_samples=5)
+    table = suites.suite_table(suite_dir)
+    assert table["partial"] == {"imagenet-r": "partial: --limit 4", "imagenet-a": "incomplete: 3 of 5 samples"}
+    suites.write_suite_table(suite_dir, table)
+    md = (suite_dir / "suite.md").read_text()
+    assert md.splitlines()[4] == ("| method | -R (partial: --limit 4) | -A (incomplete: 3 of 5 samples) | "
+                                  "Average |")
+    assert "| zeroshot | 100.00 (ECE 40.00, n 4) | 100.00 (ECE 40.00, n 5) | 100.00 |" in md
+    assert "| tpt | 0.00 (ECE 60.00, n 4) | 100.00 (ECE 40.00, n 3) | 50.00 |" in md
+    assert "not the whole dataset: -R (partial: --limit 4), -A (incomplete: 3 of 5 samples)" in md
+    rows = {(r["method"], r["dataset"]): r for r in csv.DictReader((suite_dir / "suite.csv").open())}
+    assert rows[("tpt", "imagenet-r")]["partial"] == "partial: --limit 4"
+    assert rows[("tpt", "imagenet-a")]["n"] == "3" and float(rows[("tpt", "imagenet-r")]["ece"]) == 60.0
+    # a --limit at least the dataset's size covers it all: no mark
+    assert suites.partial_mark({"limit": 5, "n_samples": 5}, [5, 5]) == ""
+    assert suites.partial_mark({"limit": None, "n_samples": None}, [3]) == ""
 
 
 def test_published_suite_numbers_are_sourced_and_add_up():
@@ -204,7 +246,8 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
         assert float(rows[f"{method}/imagenet-r"]["top1"]) == pytest.approx(r_acc)
         assert float(rows[f"{method}/imagenet-a"]["top1"]) == pytest.approx(a_acc)
         assert float(rows[f"{method}/average"]["top1"]) == pytest.approx((r_acc + a_acc) / 2)
-        assert f"| {method} | {r_acc:.2f} | {a_acc:.2f} | {(r_acc + a_acc) / 2:.2f} |" in md
+        r_cell, a_cell = (cell_from_records(suite_dir / d, method) for d in ("imagenet-r", "imagenet-a"))
+        assert f"| {method} | {r_cell} | {a_cell} | {(r_acc + a_acc) / 2:.2f} |" in md
     assert "Published" not in md   # a list of one's own datasets has no paper table
 
 

@@ -65,6 +65,7 @@ class RunConfig:
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
     online_checkpoint_seconds: float = 60.0   # online state + records checkpoint interval (0: every batch)
+    save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.probs); kept on --resume
 
     def settings(self) -> list[str]:
         return records.run_settings(self.attack, self.clean_and_robust)
@@ -199,7 +200,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     online = list(plan.online)
 
     views = view_generators(evaluator.methods, model.preprocess, config.seed)   # one per recipe family
-    writer = records.RecordWriter(distributed.records_path(run_dir, dist))
+    writer = records.RecordWriter(distributed.records_path(run_dir, dist), probs=_probs_writer(config, run_dir, dist))
     state = None
     online_start = 0
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
@@ -305,6 +306,14 @@ def _write_step(ids: list[int], recs: list[Record], writer: records.RecordWriter
         progress.step()
     if state is not None:
         state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
+
+
+def _probs_writer(config: RunConfig, run_dir: Path, dist):
+    """--save-probs, or a resumed run directory that already holds vectors (its new records get theirs too)."""
+    from . import probs
+    if not (config.save_probs or (config.resume and probs.has_probs(run_dir))):
+        return None
+    return probs.ProbsWriter(run_dir, probs.stem_for(dist.rank, dist.world_size))
 
 
 def _canonical(dataset: str) -> str | None:

@@ -69,3 +69,16 @@ def nll(true_class_probs: Sequence[float], floor: float = 1e-12) -> float:
     if p.size == 0:
         return math.nan
     return float(-np.log(np.clip(p, floor, 1.0)).mean())
+
+
+def brier(probs: np.ndarray, labels: Sequence[int]) -> float:
+    """Multi-class Brier score: mean over samples of sum_c (p_c - [c == label])^2, in [0, 2]
+    (Brier 1950; lower is better). `probs` (n, C) are each sample's probability vector."""
+    p = np.asarray(probs, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if p.ndim != 2 or p.shape[0] != y.shape[0]:
+        raise ValueError(f"brier needs probs (n, C) and n labels, got {p.shape} and {y.shape}")
+    if not p.shape[0]:
+        return math.nan
+    rows = np.arange(p.shape[0])
+    return float(((p ** 2).sum(1) - 2 * p[rows, y] + 1).mean())

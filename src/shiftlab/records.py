@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -69,6 +69,9 @@ class Record:
     extras: dict[str, Any] | None = None  # method-specific JSON scalars
     attack: dict[str, Any] | None = None  # {"name", "eps", "steps", "flipped", "linf_255"}
     error: str | None = None
+    # not a JSON field: the float16 probability vector (C,) of a prediction, for `--save-probs`
+    # (shiftlab.probs); kept out of records.jsonl, equality and repr
+    probs: Any = field(default=None, repr=False, compare=False, metadata={"side": True})
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
@@ -76,6 +79,7 @@ class Record:
                    seconds: float, attack: dict | None = None) -> Record:
         """From a MethodOutput (logits + extras); an error record when its scores are not finite
         (a diverged tuning step), since records.jsonl holds no NaN."""
+        import torch
         logits = output.logits.detach().float().cpu()
         probs = output.probabilities().detach().float().cpu()
         problem = _non_finite(logits, probs, output.extras)
@@ -86,7 +90,7 @@ class Record:
         return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, pred=pred,
                    top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=float(probs.max()),
                    true_prob=float(probs[label]), correct=pred == label, seconds=seconds, extras=output.extras,
-                   attack=attack)
+                   attack=attack, probs=probs.to(torch.float16))
 
     @classmethod
     def failure(cls, *, id: int, path: str, label: int, setting: str, method: str | None, error: str) -> Record:
@@ -100,7 +104,7 @@ class Record:
     # -- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
+        for f in _json_fields():
             value = getattr(self, f.name)
             if value is not None or f.name in ("method", "setting"):
                 out[f.name] = value
@@ -169,7 +173,11 @@ def _has_non_finite(value: Any) -> bool:
 
 # -- the schema: what every reader accepts ---------------------------------------------------
 
-FIELDS = frozenset(f.name for f in dataclasses.fields(Record))
+def _json_fields() -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(Record) if not f.metadata.get("side"))
+
+
+FIELDS = frozenset(f.name for f in _json_fields())
 BASE_FIELDS = ("id", "path", "label", "setting", "method")          # both kinds of record
 PREDICTION_FIELDS = ("pred", "top5", "confidence", "true_prob", "correct", "seconds")
 PROB_SLACK = 1e-5   # float32 softmax (and mixtures of probabilities) may round a hair above 1
@@ -480,10 +488,13 @@ def open_for_writing(path: Path, mode: str) -> TextIO:
 
 
 class RecordWriter:
-    """Appends one sample's records per call with a single write + flush."""
+    """Appends one sample's records per call with a single write + flush. With `probs` (a
+    shiftlab.probs.ProbsWriter), the records' probability vectors are written and flushed first, so a
+    killed process never leaves a record without its vector."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, probs: Any = None):
         self.path = Path(path)
+        self.probs = probs
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _cut_torn_tail(self.path)
@@ -494,6 +505,9 @@ class RecordWriter:
     def write(self, records: Sequence[Mapping[str, Any] | Record]) -> None:
         if records:
             try:
+                if self.probs is not None:
+                    self.probs.write([(r.key, r.probs) for r in records
+                                      if isinstance(r, Record) and r.probs is not None and r.error is None])
                 self._fh.write("".join(dumps(r) for r in records))
                 self._fh.flush()
             except OSError as exc:
@@ -504,6 +518,8 @@ class RecordWriter:
             self._fh.close()
         except OSError:
             pass  # the write that failed has already raised
+        if self.probs is not None:
+            self.probs.close()
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -558,4 +574,4 @@ def score_records(recs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def schema_fields() -> list[str]:
     """The record's JSON keys, in declaration order (docs/ARCHITECTURE.md is tested against them)."""
-    return [f.name for f in dataclasses.fields(Record)]
+    return [f.name for f in _json_fields()]

@@ -6,8 +6,9 @@
 A suite directory holds `suite.json` (what was asked for), one run directory per dataset
 (`SUITE_DIR/<dataset>/`, each exactly what `shiftlab run --out SUITE_DIR/<dataset>` writes,
 resumable on its own) and the suite table (`suite.md`, `suite.csv`): top-1 per method and
-dataset, the average, and for natural shift the OOD average over the four shifted sets, as
-in TPT's Table 1. Every number is recomputed from the datasets' records.jsonl.
+dataset (with its ECE and n beside it, and a "partial: --limit N" mark on a dataset whose run did
+not cover it all), the average, and for natural shift the OOD average over the four shifted sets,
+as in TPT's Table 1. Every number is recomputed from the datasets' records.jsonl.
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
 # RunConfig fields that do not change a result: a dataset run with other values of these (and the
 # method list, compared per method in the table) can share a table with one run now
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
-                          "download", "data", "online_checkpoint_seconds", "trust_checkpoint"})
+                          "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
+                          "save_probs"})
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,8 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
     """Top-1 (percent) per method and dataset from the datasets' records, plus the averages.
 
     {"suite", "title", "datasets", "ood", "methods", "model", "pretrained",
-     "top1": {method: {dataset: value}}, "n": {method: {dataset: n}},
+     "top1": {method: {dataset: value}}, "ece": {method: {dataset: value}}, "n": {method: {dataset: n}},
+     "partial": {dataset: "partial: --limit N" and/or "incomplete: k of N samples"},
      "average": {method: value | None}, "ood_average": {method: value | None}, "missing": [...]}
     An average is given only when the method has a number on every dataset it averages.
     """
@@ -239,7 +242,9 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
         raise SuiteError(f"{suite_dir} is not a suite directory (no {SUITE_FILE})")
     suite = suite_from_manifest(manifest)
     top1: dict[str, dict[str, float]] = {}
+    ece: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
+    partial: dict[str, str] = {}
     missing, identity = [], {}
     for name in suite.datasets:
         try:
@@ -248,10 +253,15 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             missing.append(name)
             continue
         identity = identity or (run_identity(run.summary) if run.config else {})
-        for s in run.series:
-            if s.setting == setting and s.n:
-                top1.setdefault(s.method, {})[name] = series_metrics(s)["top1"]
-                counts.setdefault(s.method, {})[name] = s.n
+        series = [s for s in run.series if s.setting == setting and s.n]
+        for s in series:
+            scored = series_metrics(s)
+            top1.setdefault(s.method, {})[name] = scored["top1"]
+            ece.setdefault(s.method, {})[name] = scored["ece"]
+            counts.setdefault(s.method, {})[name] = s.n
+        mark = partial_mark(run.config, [s.n + s.errors for s in series])
+        if mark:
+            partial[name] = mark
     config = manifest.get("config") or {}
     asked = list(config.get("methods") or [])
     methods = [m for m in asked if m in top1] + sorted(set(top1) - set(asked))
@@ -265,10 +275,25 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             "pretrained": identity.get("pretrained", config.get("pretrained")),
             "weights_sha256": identity.get("weights_sha256"), "weights_source": identity.get("weights_source"),
             "protocol": identity.get("protocol"),
-            "top1": top1, "n": counts, "missing": missing,
+            "top1": top1, "ece": ece, "n": counts, "partial": partial, "missing": missing,
             "rewrote": list(manifest.get("rewrote") or suite.datasets), "kept": list(manifest.get("kept") or []),
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
+
+
+def partial_mark(config: dict, accounted: Sequence[int]) -> str:
+    """Why a dataset's cells are not the whole dataset's: its run used --limit below the dataset's
+    size, or some method has fewer records (predictions and errors) than the run's samples."""
+    limit, n_samples = config.get("limit"), config.get("n_samples")
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+    n_samples = n_samples if isinstance(n_samples, int) and not isinstance(n_samples, bool) else None
+    marks = []
+    if limit is not None and (n_samples is None or limit < n_samples):
+        marks.append(f"partial: --limit {limit}")
+    expected = min(x for x in (limit, n_samples) if x is not None) if (limit or n_samples) else None
+    if expected is not None and accounted and min(accounted) < expected:
+        marks.append(f"incomplete: {min(accounted)} of {expected} samples")
+    return "; ".join(marks)
 
 
 def table_columns(table: dict) -> list[str]:
@@ -288,6 +313,15 @@ def _cell(v: float | None) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
+def _dataset_cell(table: dict, method: str, dataset: str) -> str:
+    """'58.90 (ECE 4.10, n 30000)': top-1 with its calibration and sample count."""
+    top1 = table["top1"][method].get(dataset)
+    if top1 is None:
+        return "—"
+    ece = (table.get("ece") or {}).get(method, {}).get(dataset)
+    return f"{_cell(top1)} (ECE {_cell(ece)}, n {table['n'][method].get(dataset, 0)})"
+
+
 def published_suite_rows(table: dict) -> list[dict]:
     """The papers' rows comparable with this suite's run: backbone, weights by checksum or verified hub
     source, protocol (see shiftlab.published_suites)."""
@@ -301,14 +335,20 @@ def table_markdown(table: dict) -> str:
     from .display import model_label
 
     columns = table_columns(table)
-    head = ["method", *map(column_title, columns)]
+    partial = table.get("partial") or {}
+    head = ["method", *(column_title(c) + (f" ({partial[c]})" if c in partial else "") for c in columns)]
     lines = [f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}",
-             "", "Top-1 accuracy (%), clean images.", "",
+             "", "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
     for m in table["methods"]:
-        lines.append("| " + " | ".join([m, *map(_cell, row_values(table, m))]) + " |")
+        cells = [_dataset_cell(table, m, c) if c in table["datasets"] else _cell(v)
+                 for c, v in zip(columns, row_values(table, m))]
+        lines.append("| " + " | ".join([m, *cells]) + " |")
     published = published_suite_rows(table)
     notes = []
+    if partial:
+        notes.append("not the whole dataset: " + ", ".join(f"{column_title(d)} ({partial[d]})" for d in partial)
+                     + "; averages over them are not comparable with published numbers")
     if table["missing"]:
         notes.append("no records yet for: " + ", ".join(table["missing"]))
     if table.get("kept"):
@@ -328,7 +368,8 @@ def table_markdown(table: dict) -> str:
     return "\n".join(lines) + "\n" + ("\n" + "; ".join(notes) + "\n" if notes else "")
 
 
-CSV_COLUMNS = ["suite", "kind", "method", "label", "model", "pretrained", "dataset", "top1", "n", "source"]
+CSV_COLUMNS = ["suite", "kind", "method", "label", "model", "pretrained", "dataset", "top1", "ece", "n", "partial",
+               "source"]
 
 
 def table_rows(table: dict) -> list[dict]:
@@ -338,7 +379,8 @@ def table_rows(table: dict) -> list[dict]:
     for m in table["methods"]:
         for column, value in zip(table_columns(table), row_values(table, m)):
             rows.append({**base, "kind": "ours", "method": m, "label": m, "dataset": column, "top1": value,
-                         "n": table["n"][m].get(column), "source": "records.jsonl"})
+                         "ece": (table.get("ece") or {}).get(m, {}).get(column), "n": table["n"][m].get(column),
+                         "partial": (table.get("partial") or {}).get(column), "source": "records.jsonl"})
     for row in published_suite_rows(table):
         values = {**row["values"], "average": row.get("average"), "ood_average": row.get("ood_average")}
         for column in table_columns(table):

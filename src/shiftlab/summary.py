@@ -42,11 +42,14 @@ def finish_run(run_dir: Path, timings: dict | None = None,
     schema = run_schema(ident)
     run_records.quarantine(run_dir, warn, schema)
     run_records.merge_records(run_dir, schema)
+    recs = run_records.load_records(run_dir, schema)
+    from .probs import merge_probs
+    merge_probs(run_dir, recs)   # torchrun: the ranks' probs/ files folded in
     previous = _read_summary(run_dir)
     if timings is None:
         timings = previous.get("timings") if isinstance(previous.get("timings"), dict) else None
     recorded = {k: v for k, v in ident.items() if k != CONFIG} or None
-    summary = summarize(run_records.load_records(run_dir, schema), run_config(ident, previous), timings, recorded)
+    summary = summarize(recs, run_config(ident, previous), timings, recorded)
     return summary, write_summary(run_dir, summary, published_for_run(summary))
 
 

@@ -59,6 +59,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="run directory (records.jsonl, summary.json, summary.md), created when the run starts; "
                    "with --suite/--datasets the suite directory")
     p.add_argument("--resume", action="store_true", help="continue a run directory, skipping recorded samples")
+    p.add_argument("--save-probs", action="store_true",
+                   help="also store every record's probability vector (float16) in the run directory's probs/, "
+                   "so that any metric can be computed later (shiftlab.probs.load_probs); a resume keeps it on")
     p.add_argument("--device", type=checks.device_name, default="auto", help=checks.DEVICE_HELP)
     p.add_argument("--workers", type=checks.int_in(-1), default=-1,
                    help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
@@ -117,7 +120,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
-                     cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint)
+                     cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
+                     save_probs=getattr(args, "save_probs", False))
 
 
 def _random_weights(args: argparse.Namespace) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shiftlab import probs
 from shiftlab.display import format_eps, run_label
 from shiftlab.records import record_files, scan
 from shiftlab.runtime.identity import RunIdentityError
@@ -47,6 +48,7 @@ class Series:
     seconds: np.ndarray
     errors: int = 0
     key: str = ""         # unique display name across the report (set by assign_keys)
+    probs: np.ndarray | None = None   # (n, C) float16 vectors (--save-probs); None unless every record has one
 
     @property
     def n(self) -> int:
@@ -170,6 +172,7 @@ def load_run(path: str | Path) -> Run:
         eps = eps_of.get(setting)
         run.series.append(_to_series(run, method, setting, eps, by_id,
                                      errors[(method, setting)] + errors[(None, setting)]))
+    _attach_probs(run, groups)
     if not run.series:
         run.warnings.append(f"{path} holds no prediction records")
     if run.bad_lines:
@@ -197,6 +200,21 @@ def _to_series(run: Run, method: str, setting: str, eps, by_id: dict[int, dict],
         correct=correct, confidence=floats("confidence"), true_prob=floats("true_prob"),
         top5=None if any(not isinstance(t, list) for t in top5) else top5,
         paths=[str(r.get("path", "")) for r in recs], seconds=floats("seconds"), errors=errors)
+
+
+def _attach_probs(run: Run, groups: dict[tuple[str, str], dict[int, dict]]) -> None:
+    """Each series' probability vectors (shiftlab.probs), when every one of its records has one."""
+    if not probs.has_probs(run.path):
+        return
+    vectors = probs.match(run.path, [rec for by_id in groups.values() for rec in by_id.values()])
+    for s in run.series:
+        have = [vectors.get((int(i), s.method, s.setting)) for i in s.ids]
+        missing = sum(v is None for v in have)
+        if missing:
+            run.warnings.append(f"{missing} of {s.n} {s.method} ({s.setting}) record(s) have no probability vector "
+                                f"in {run.path / probs.PROBS}: metrics from the vectors (Brier) left out for it")
+        elif have:
+            s.probs = np.stack(have)
 
 
 def _unique_run_names(runs: list[Run]) -> None:

@@ -55,14 +55,18 @@ def runs_section(data: ReportData) -> Section | None:
 
 
 def results_section(data: ReportData) -> Section | None:
+    brier = any(s.probs is not None for s in data.series)   # a column only where vectors were saved
     rows = []
     for s in data.series:
         m = data.m(s)
         rows.append([s.key, s.run.name, s.setting_label, num(m["top1"]), num(m["top5"]), num(m["ece"]),
-                     num(m["nll"], 3), num(m["n"], 0), num(m["errors"], 0), num(m["seconds_per_image"], 4)])
-    return ("results", "Results", "<p>Click a column header to sort.</p>" + table(
-        ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", "n", "errors", "s / image"],
-        rows, text_cols=3, id_="metrics-table"))
+                     num(m["nll"], 3), *([num(m["brier"], 4)] if brier else []), num(m["n"], 0),
+                     num(m["errors"], 0), num(m["seconds_per_image"], 4)])
+    note = (" Brier: the mean over samples of the squared distance between the probability vector and the "
+            "one-hot label (0 to 2, lower is better), from the vectors saved with --save-probs." if brier else "")
+    return ("results", "Results", f"<p>Click a column header to sort.{note}</p>" + table(
+        ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", *(["Brier"] if brier else []), "n",
+         "errors", "s / image"], rows, text_cols=3, id_="metrics-table"))
 
 
 def suite_section(data: ReportData) -> Section | None:

@@ -30,13 +30,16 @@ def rendition_of(path: str) -> str:
 
 
 def series_metrics(s: Series) -> dict:
-    """top1/top5/ece (percent), nll (nats), n, errors, seconds_per_image for one series
+    """top1/top5/ece (percent), nll (nats), brier (NaN without probability vectors), n, errors,
+    seconds_per_image for one series
     (the scores are shiftlab.records.score, as in summary.json)."""
     seconds = s.run.seconds_per_image(s.method)
     if seconds is None and s.n and not np.isnan(s.seconds).all():
         seconds = float(np.nanmean(s.seconds))
     return {
         **score(s.labels.tolist(), s.correct, s.top5, s.confidence, s.true_prob),
+        # from the stored probability vectors (--save-probs) only: records alone cannot give it
+        "brier": metrics.brier(s.probs, s.labels) if s.probs is not None else math.nan,
         "errors": s.errors,
         "seconds_per_image": math.nan if seconds is None else seconds,
     }

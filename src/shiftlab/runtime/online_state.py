@@ -18,6 +18,7 @@ the initial state (`start` 0); the records that exist are kept, never rewritten.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import os
 import time
@@ -43,11 +44,12 @@ class OnlineState:
         self.on_checkpoint = on_checkpoint      # called after a checkpoint is saved, before its records are appended
         self.processed: list[int] = []
         self.last_records: list[dict] = []
+        self.last_probs: list = []              # their float16 probability vectors (None: not kept)
         self.replayed = False                   # True when `resume` had to restart the stream
         self.restored = 0                       # held-back records `resume` wrote back from the checkpoint
         self._initial = {n: copy.deepcopy(m.state_dict()) for n, m in self.methods.items()}
         self._pending_ids: list[int] = []
-        self._pending_records: list[dict] = []
+        self._pending_records: list[Record | dict] = []
         self._last_save = time.monotonic()
 
     @property
@@ -62,7 +64,9 @@ class OnlineState:
             return False
         blob = torch.load(self.path, map_location="cpu", weights_only=True)
         blob["states"] = {n: state for n, state in blob["states"].items() if n not in new}
-        blob["last_records"] = [r for r in blob["last_records"] if r.get("method") not in new]
+        vectors = blob.get("last_probs") or [None] * len(blob["last_records"])   # --save-probs (shiftlab.probs)
+        kept = [(r, p) for r, p in zip(blob["last_records"], vectors) if r.get("method") not in new]
+        blob["last_records"], self.last_probs = [r for r, _ in kept], [p for _, p in kept]
         processed = list(blob["processed"])
         if stream is not None and list(stream[:len(processed)]) != processed:
             raise ValueError(f"{self.path} was built along a different stream (another --seed, --order or "
@@ -94,11 +98,12 @@ class OnlineState:
         """Back to the initial state at the start of the stream."""
         for name, method in self.methods.items():
             method.load_state_dict(copy.deepcopy(self._initial[name]))
-        self.processed, self.last_records = [], []
+        self.processed, self.last_records, self.last_probs = [], [], []
 
     def restore_missing(self, writer: RecordWriter, done: set, schema: RecordSchema | None = None) -> None:
         missing = [r for r in self.last_records if _valid(r, schema) and record_key(r) not in done]
-        writer.write(missing)
+        vectors = {record_key(r): p for r, p in zip(self.last_records, self.last_probs)}
+        writer.write([dataclasses.replace(Record(**r), probs=vectors.get(record_key(r))) for r in missing])
         done.update(record_key(r) for r in missing)
         self.restored += len(missing)
 
@@ -106,7 +111,7 @@ class OnlineState:
         """Hold a batch's online records (the methods processed `ids`, in this order); checkpoint and
         append them when the interval has passed."""
         self._pending_ids.extend(ids)
-        self._pending_records.extend(as_dict(r) for r in online_records)
+        self._pending_records.extend(online_records)   # Records keep their probability vectors
         if time.monotonic() - self._last_save >= self.every_seconds:
             self.flush(writer)
 
@@ -120,10 +125,11 @@ class OnlineState:
         self._pending_ids, self._pending_records = [], []
         self._last_save = time.monotonic()
 
-    def save(self, ids: Sequence[int], online_records: list[dict]) -> None:
+    def save(self, ids: Sequence[int], online_records: Sequence[Record | dict]) -> None:
         self.processed.extend(ids)
         blob = {"states": {n: m.state_dict() for n, m in self.methods.items()},
-                "processed": self.processed, "last_records": online_records}
+                "processed": self.processed, "last_records": [as_dict(r) for r in online_records],
+                "last_probs": [getattr(r, "probs", None) for r in online_records]}
         tmp = self.path.with_suffix(".tmp")
         try:
             torch.save(blob, tmp)
