@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
+from driver_boostadapter import run_boostadapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -37,6 +38,8 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
          "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
+REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter")
+WORKERS["boostadapter"] = run_boostadapter
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -88,6 +91,7 @@ def main() -> None:
     jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
             ("rtpt_attack", "rtpt", "authors")]
+    jobs += [("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:
