@@ -23,6 +23,7 @@ from .online_common import first_views, text_head
 from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, cache_logits, update_cache
 
 SAMPLE_VIEWS = ("confident", "original")
+NEG_RULES = ("fifo", "tda")
 
 
 @dataclass
@@ -57,15 +58,33 @@ class BoostAdapterConfig(TDAConfig):
     # confident views (utils.py:95-103, the ImageNet variants); "original", view 0 alone (utils.py:88-93
     # with infer_ori_image, which runner.py:120 sets for the fine-grained sets)
     sample_view: str = "confident"
+    # how a full class of the negative cache takes a new entry: "fifo", the oldest leaves (runner.py:150
+    # passes True as include_prob_map and leaves fifo=True, runner.py:57-59); "tda", the highest-entropy
+    # entry leaves if the new one is lower (TDA's rule, which the positive cache keeps, runner.py:134)
+    neg_rule: str = "fifo"
 
 
 @dataclass
 class BoostSample:
     """A sample's TDA summary plus its boosting entries (k of them, lowest entropy first)."""
     sample: TDASample
+    boost_views: torch.Tensor      # (k,) their view indices
     boost_features: torch.Tensor   # (k, D) normalised view features
     boost_labels: list[int]        # argmax of each view's logits
     boost_losses: list[float]      # entropy (nats) of each view's prediction
+
+
+def fifo_update(cache: Cache, label: int, entry: CacheEntry, capacity: int) -> bool:
+    """The negative cache's rule in BoostAdapter's code: `entry` joins the class `label` at the end;
+    beyond `capacity` entries the oldest leaves (entries stay in arrival order). Returns True (stored)
+    unless `capacity` < 1."""
+    if capacity < 1:
+        return False
+    items = cache.setdefault(label, [])
+    items.append(entry)
+    if len(items) > capacity:
+        del items[0]
+    return True
 
 
 def boosted_cache(cache: Cache, features: torch.Tensor, labels: list[int], losses: list[float],
@@ -100,8 +119,14 @@ class BoostAdapter(TDA):
         if cfg.sample_view not in SAMPLE_VIEWS:
             raise ValueError(f"boostadapter: sample_view must be one of {', '.join(SAMPLE_VIEWS)}, "
                              f"got {cfg.sample_view!r}")
+        if cfg.neg_rule not in NEG_RULES:
+            raise ValueError(f"boostadapter: neg_rule must be one of {', '.join(NEG_RULES)}, got {cfg.neg_rule!r}")
         if int(cfg.delta) != cfg.delta or cfg.delta < 0:
             raise ValueError(f"boostadapter: delta must be an integer >= 0, got {cfg.delta!r}")
+
+    def reset(self) -> None:
+        super().reset()
+        self.last_boosted: Cache = {}
 
     def summarize_boost(self, features: torch.Tensor) -> BoostSample:
         """Normalised view features (N, D) -> the sample's TDA summary and its boosting entries."""
@@ -123,7 +148,16 @@ class BoostAdapter(TDA):
                           int(sel.mean(0).argmax()))
         boost = kept[:int(features.shape[0] * cfg.view_ratio)]
         b_logits = view_logits[boost]
-        return BoostSample(s, features[boost], b_logits.argmax(-1).tolist(), entropy(b_logits).tolist())
+        return BoostSample(s, boost, features[boost], b_logits.argmax(-1).tolist(), entropy(b_logits).tolist())
+
+    def update(self, s: TDASample) -> None:
+        """TDA's cache updates, with the negative cache's rule as `neg_rule` says."""
+        cfg = self.config
+        update_cache(self.pos_cache, s.pred, CacheEntry(s.feature, s.loss), cfg.pos_capacity)
+        if cfg.neg_entropy_lower < s.norm_entropy < cfg.neg_entropy_upper:
+            rule = fifo_update if cfg.neg_rule == "fifo" else update_cache
+            rule(self.neg_cache, s.pred, CacheEntry(s.feature, s.loss, s.probs), cfg.neg_capacity)
+        self.seen += 1
 
     def boosted(self, b: BoostSample) -> Cache:
         """The positive cache with the sample's boosting entries (pos_capacity + delta per class)."""
@@ -147,6 +181,7 @@ class BoostAdapter(TDA):
             b = self.summarize_boost(first_views(ctx, self.config.views.n_views))
             self.update(b.sample)
             pos = self.boosted(b)
+            self.last_boosted = pos     # the read-out's cache, for inspection; not online state
             logits = self.readout_boosted(b, pos)
         return MethodOutput(logits, extras={
             "norm_entropy": b.sample.norm_entropy,
