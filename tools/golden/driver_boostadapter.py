@@ -45,7 +45,8 @@ def run_boostadapter(checkout: Path, model_path: str, inputs: dict, classnames: 
     sys.modules["IPython"].embed = lambda *a, **k: None
     stub_modules("loguru")
     sys.modules["loguru"].logger = _logger()
-    patches = cpu_float32() + ["wandb, gdown, IPython (embed), loguru (logger) -> stubs (logging, downloads and debugging only)"]
+    patches = cpu_float32() + ["wandb, gdown, IPython (embed), loguru (logger) -> stubs (logging, downloads "
+                               "and debugging only)"]
     enter(checkout)
     import clip
     import yaml

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
-from driver_boostadapter import run_boostadapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -38,6 +37,8 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
          "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
+from driver_boostadapter import run_boostadapter  # noqa: E402
+
 REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter")
 WORKERS["boostadapter"] = run_boostadapter
 

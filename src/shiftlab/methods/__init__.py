@@ -1,7 +1,7 @@
 """Registered test-time methods; importing this package fills the registry."""
 from . import baselines, dmn, mta, prompt_tuning, tda, zero  # noqa: F401  (each module registers its methods)
-from . import boostadapter  # noqa: F401  (registers boostadapter)
 from .base import Method, MethodConfig, MethodOutput, create_method, get_method_class, list_methods, register_method
 
 __all__ = ["Method", "MethodConfig", "MethodOutput", "create_method", "get_method_class", "list_methods",
            "register_method"]
+from . import boostadapter  # noqa: E402, F401  (registers boostadapter)
