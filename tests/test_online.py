@@ -186,6 +186,7 @@ def _stream(tiny_model, heads, n: int, views: int = 8):
 
 SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0},
          "dmn_zs": {"memory_size": 2}}
+SMALL["boostadapter"] = {**SMALL["tda"], "view_ratio": 0.25, "delta": 1}   # 2 boosting views of the 8
 ONLINE_METHODS = shiftlab.list_methods(kind="online")
 
 
@@ -214,7 +215,7 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
     for g, w in zip(got, want[12:]):
         assert torch.equal(g.logits, w.logits) and g.extras == w.extras
     _assert_state_equal(second.state_dict(), whole.state_dict())
-    if name == "tda":   # the stream filled both caches and the classes' capacity
+    if hasattr(whole, "pos_cache"):   # TDA's caches: the stream filled both and the classes' capacity
         assert whole.neg_cache and max(len(v) for v in whole.pos_cache.values()) == 2
     else:
         assert max(whole.memory.counts) == 2

@@ -54,6 +54,9 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # until the user passes --set dmn_zs.cupl_file=PATH (or picks another head with --set).
         "dmn_zs": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
                    "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"},
+        # BoostAdapter (taolinzhang/BoostAdapter runner.py, utils.py): TDA's half model with the literal scale
+        # 100, the dataset's templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False).
+        "boostadapter": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0},
     },
 }
 

@@ -37,6 +37,10 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
          "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
+from driver_boostadapter import run_boostadapter  # noqa: E402
+
+REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter")
+WORKERS["boostadapter"] = run_boostadapter
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -88,6 +92,7 @@ def main() -> None:
     jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
             ("rtpt_attack", "rtpt", "authors")]
+    jobs += [("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:

@@ -1,5 +1,6 @@
 """Registered test-time methods; importing this package fills the registry."""
-from . import baselines, dmn, mta, prompt_tuning, tda, zero  # noqa: F401  (each module registers its methods)
+# each module registers its methods
+from . import baselines, boostadapter, dmn, mta, prompt_tuning, tda, zero  # noqa: F401
 from .api import predict
 from .base import Method, MethodConfig, MethodOutput, create_method, get_method_class, list_methods, register_method
 

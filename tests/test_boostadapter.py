@@ -1,0 +1,150 @@
+"""BoostAdapter's pieces against straightforward computations (the authors' code: test_golden_boostadapter.py)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, run
+from shiftlab.methods.boostadapter import boosted_cache, fifo_update
+from shiftlab.methods.tda import CacheEntry, cache_logits
+from shiftlab.records import load_records
+from shiftlab.synthetic import make_imagenet_r, tiny_clip
+
+CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return tiny_clip(0)
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_model):
+    return ClassHeads(tiny_model, CLASSNAMES)
+
+
+def _ctx(tiny_model, heads, n_views: int, seed: int) -> SampleContext:
+    gen = torch.Generator().manual_seed(seed)
+    centre = heads.zeroshot[seed % len(CLASSNAMES)]
+    feats = F.normalize(centre + 0.5 * torch.randn(n_views, centre.shape[0], generator=gen), dim=-1)
+    return SampleContext(tiny_model, heads, torch.zeros(n_views, 3, 1, 1), image_features=feats)
+
+
+def _entry(loss: float, tag: float) -> CacheEntry:
+    return CacheEntry(torch.full((4,), tag), loss)
+
+
+def test_fifo_update_keeps_the_newest_entries_in_arrival_order():
+    cache: dict = {}
+    for k, loss in enumerate([0.5, 0.1, 0.9, 0.3]):
+        assert fifo_update(cache, 2, _entry(loss, k), 2)
+    assert [float(e.feature[0]) for e in cache[2]] == [2.0, 3.0]     # the last two, oldest first
+    assert not fifo_update(cache, 1, _entry(0.1, 9), 0) and 1 not in cache
+
+
+def test_boosted_cache_keeps_each_class_lowest_losses_and_leaves_the_cache_alone():
+    cache = {0: [_entry(0.2, 0), _entry(0.6, 1)], 3: [_entry(0.4, 2)]}
+    feats = torch.arange(5, dtype=torch.float32)[:, None].repeat(1, 4) + 10
+    labels, losses = [0, 0, 3, 0, 5], [0.1, 0.7, 0.5, 0.3, 0.2]
+    out = boosted_cache(cache, feats, labels, losses, capacity=3)
+    # straightforward: per class, every entry sorted by loss (ties: older first), the first `capacity`
+    for label in (0, 3, 5):
+        pool = [(e.loss, float(e.feature[0])) for e in cache.get(label, [])]
+        pool += [(loss, float(f[0])) for f, y, loss in zip(feats, labels, losses) if y == label]
+        want = sorted(pool, key=lambda t: t[0])[:3]
+        assert [(e.loss, float(e.feature[0])) for e in out[label]] == want
+    assert [e.loss for e in cache[0]] == [0.2, 0.6] and 5 not in cache    # the historical cache is unchanged
+
+
+def test_summaries_and_readout_match_a_direct_computation(tiny_model, heads):
+    ba = shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, text_head="zeroshot",
+                                view_ratio=0.25, delta=1, neg_entropy_lower=0.0, neg_entropy_upper=1.0)
+    for seed in range(6):
+        ctx = _ctx(tiny_model, heads, 12, seed)
+        feats = ctx.image_features
+        logits = tiny_model.logit_scale * feats @ heads.zeroshot.T
+        ent = -(logits.log_softmax(-1).exp() * logits.log_softmax(-1)).sum(-1)
+        order = torch.argsort(ent, stable=True)[:3]                      # int(12 * 0.25) views
+        b = ba.summarize_boost(feats)
+        assert b.boost_views.tolist() == order.tolist()
+        assert b.boost_labels == logits[order].argmax(-1).tolist()
+        torch.testing.assert_close(torch.tensor(b.boost_losses), ent[order])
+        torch.testing.assert_close(b.sample.feature, feats[order].mean(0))
+        probs = logits[order].softmax(-1).mean(0)
+        assert b.sample.loss == pytest.approx(float(-(probs * probs.log()).sum()), abs=1e-5)
+        assert b.sample.norm_entropy == pytest.approx(b.sample.loss / math.log2(len(CLASSNAMES)))
+        out = ba.predict_context(ctx)
+        want = (b.sample.logits + cache_logits(b.sample.feature, ba.last_boosted, 1.0, 8.0, len(CLASSNAMES))
+                - cache_logits(b.sample.feature, ba.neg_cache, 0.117, 1.0, len(CLASSNAMES), (0.03, 1.0)))
+        torch.testing.assert_close(out.logits, want)
+        assert max(len(v) for v in ba.last_boosted.values()) <= 3 + 1
+    assert ba.neg_cache and ba.last_boosted
+
+
+def test_original_sample_view_is_view_zero(tiny_model, heads):
+    ba = shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, text_head="zeroshot",
+                                sample_view="original")
+    feats = _ctx(tiny_model, heads, 20, 3).image_features
+    b = ba.summarize_boost(feats)
+    logits = tiny_model.logit_scale * feats[0] @ heads.zeroshot.T
+    torch.testing.assert_close(b.sample.feature, feats[0])
+    torch.testing.assert_close(b.sample.logits, logits)
+    p = logits.softmax(-1)
+    assert b.sample.loss == pytest.approx(float(-(p * p.log()).sum()), abs=1e-5)
+    assert len(b.boost_labels) == 2                                       # int(20 * 0.1)
+
+
+def test_without_boosting_views_it_is_tda(tiny_model, heads):
+    # fewer than 10 views: int(N * 0.1) = 0 boosting views (the authors' truncation), TDA's read-out;
+    # with TDA's negative-cache rule the two methods agree sample by sample
+    kw = dict(text_head="zeroshot", neg_entropy_lower=0.0, neg_entropy_upper=1.0, neg_capacity=1)
+    ba = shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, neg_rule="tda", **kw)
+    tda = shiftlab.create_method("tda", tiny_model, CLASSNAMES, heads=heads, **kw)
+    for seed in range(8):
+        ctx = _ctx(tiny_model, heads, 8, seed)
+        assert torch.equal(ba.predict_context(ctx).logits, tda.predict_context(ctx).logits)
+    for key in ("positive", "negative"):
+        got, want = ba.state_dict()[key], tda.state_dict()[key]
+        assert got["labels"] == want["labels"] and got["losses"] == want["losses"]
+        assert torch.equal(got["features"], want["features"])
+    assert tda.neg_cache
+
+
+@pytest.mark.parametrize("bad", [{"sample_view": "mean"}, {"delta": -1}, {"delta": 1.5}, {"neg_rule": "lru"}])
+def test_bad_config_is_refused_in_one_line(tiny_model, heads, bad):
+    with pytest.raises(ValueError, match="boostadapter") as err:
+        shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, **bad)
+    assert "\n" not in str(err.value)
+
+
+def test_paper_protocol_follows_the_authors_per_dataset_code(tiny_model, heads):
+    make = lambda ds: shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads,  # noqa: E731
+                                             protocol="paper", dataset=ds).config
+    r = make("imagenet-r")
+    assert (r.precision, r.logit_scale, r.delta, r.sample_view, r.neg_rule) == ("fp16-pure", 100.0, 3, "confident",
+                                                                                "fifo")
+    assert (r.views.n_views, r.views.augmix) == (64, False) and r.text_head == "ensemble"
+    dtd = make("dtd")
+    assert (dtd.sample_view, dtd.delta, dtd.pos_alpha, dtd.pos_beta, dtd.templates) == (
+        "original", 0, 2.0, 3.0, ("{} texture.",))
+    assert make("imagenet").views.n_views == 1                         # 'I' reads CLIP's preprocess alone
+    assert make("imagenet-sketch").delta == 1
+
+
+def test_engine_runs_it_along_the_stream_with_boosting_views(tmp_path):
+    data = make_imagenet_r(tmp_path / "data", per_class=1, classes=range(0, 200, 20))   # 10 images
+    cfg = RunConfig(data=str(data), methods=["boostadapter"], method_config={"boostadapter": {"text_head": "zeroshot"}},
+                    views=16, workers=0, progress=False, batch_size=1, seed=1, out=str(tmp_path / "run"),
+                    device="cpu")
+    run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    recs = load_records(Path(cfg.out))
+    assert len(recs) == 10
+    assert all(r["extras"]["boost_entries"] >= 1 for r in recs)
+    assert max(r["extras"]["pos_entries"] for r in recs) > 1                   # the caches carry over
