@@ -276,6 +276,54 @@ def test_import_and_help_load_no_heavy_library():
     assert proc.stdout.strip() == "[]"
 
 
+HEAVY = ("torch", "open_clip", "torchvision", "matplotlib", "numpy")
+# each command in a fresh process; the exit code, then the heavy modules it imported
+COMMAND_IN_A_FRESH_PROCESS = f"""
+import json, sys
+from shiftlab.cli import main
+try:
+    code = main(json.loads(sys.argv[1]))
+except SystemExit as exc:
+    code = exc.code
+print(code, sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
+"""
+
+
+RUN = ["run", "--data", "DIR", "--out", "DIR/run"]
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["methods"], 0, ""),
+    (["methods", "--json"], 0, ""),
+    (RUN + ["--set", "tpt.lr=abc"], 2, "argument --set: tpt.lr: 'abc' is not a float; must be a finite float >= 0"),
+    (RUN + ["--set", "tpt.views=0"], 2, "tpt.views: n_views must be an integer >= 1, got 0"),
+    (RUN + ["--set", "rtpt.self_mask=diag"], 2, "rtpt.self_mask: 'diag' is not a choice"),
+    (RUN + ["--set", "nope.lr=1"], 2, "unknown method nope"),
+    (RUN + ["--set", "tpt.nosuch=1"], 2, "tpt has no setting nosuch"),
+    (RUN + ["--methods", "tpt,nope"], 2, "argument --methods: unknown method nope"),
+    (RUN + ["--views", "0"], 2, "argument --views: must be between 1"),
+    (RUN + ["--precision", "x"], 2, "argument --precision: invalid choice: 'x'"),
+    (["run", "--device", "cpu", "--set", "tpt.lr=0.01"], 2, "the following arguments are required: --data, --out"),
+    # the dataset registry imports numpy and PIL (not torch): said before the model is loaded
+    (RUN + ["--dataset", "imagenet-rr"], 2, "dataset imagenet-rr: unknown dataset 'imagenet-rr' (did you mean"),
+    (RUN + ["--datasets", "imagenet-r,sketchy"], 2, "dataset sketchy: unknown dataset 'sketchy'"),
+])
+def test_listing_methods_and_refusing_a_flag_import_nothing_heavy(tmp_path, argv, code, says):
+    # the robust form of "under a second": importing torch and open_clip alone takes seconds
+    import json
+    argv = [a.replace("DIR", str(tmp_path)) for a in argv]
+    proc = subprocess.run([sys.executable, "-c", COMMAND_IN_A_FRESH_PROCESS, json.dumps(argv)],
+                          capture_output=True, text=True, timeout=120)
+    *message, verdict = proc.stderr.strip().splitlines()
+    light = "[]" if not any(a.startswith("--dataset") for a in argv) else "['numpy']"
+    assert verdict == f"{code} {light}", proc.stderr
+    if says:
+        assert len(message) == 1 and says in message[0], message
+    else:
+        assert not message and "zeroshot" in proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
 def test_lazy_package_attributes():
     import shiftlab
     from shiftlab.models import load_model

@@ -97,8 +97,8 @@ def test_tip_cupl_errors_are_one_line_and_name_the_field(model, tmp_path):
     bad.write_text(json.dumps(["a list"]))
     assert refused(cupl_file=str(bad)) == (
         f"dmn_zs.cupl_file: {str(bad)!r} must map each class name to a list of sentences (CuPL's format)")
-    with pytest.raises(ValueError, match=r"^dmn_zs: text_head must be 'ensemble', 'zeroshot' or 'tip_cupl', "
-                                         r"got 'cupl'$"):
+    with pytest.raises(ValueError, match=r"^dmn_zs.text_head: 'cupl' is not a choice; must be one of 'ensemble', "
+                                         r"'zeroshot', 'tip_cupl'$"):
         shiftlab.create_method("dmn_zs", model, NAMES, text_head="cupl").prepare()
 
 

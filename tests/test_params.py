@@ -7,7 +7,17 @@ from typing import Literal
 
 import pytest
 
-from shiftlab.params import Range, check_config, check_value, describe, param
+from shiftlab.params import (
+    FieldSpec,
+    Range,
+    annotation_text,
+    check_config,
+    check_value,
+    describe,
+    field_specs,
+    param,
+    parse_annotation,
+)
 
 
 @pytest.mark.parametrize("hint, rng, text", [
@@ -80,3 +90,60 @@ def test_check_config_converts_and_keeps_an_unchanged_config():
     assert converted == Config(lr=2.0) and type(converted.lr) is float
     with pytest.raises(ValueError, match=r"^x\.steps: 0 is out of range; must be an integer >= 1$"):
         check_config("x", Config(steps=0))
+
+
+# -- a field's spec as data (the method catalogue): the same check from the file ----------------------
+
+class Recipe:
+    """A class a field may name (the catalogue passes ViewRecipe this way)."""
+
+
+@pytest.mark.parametrize("hint, text", [
+    (float, "float"),
+    (int, "int"),
+    (bool, "bool"),
+    (float | None, "float | None"),
+    (str | None, "str | None"),
+    (tuple[str, ...] | None, "tuple[str, ...] | None"),
+    (tuple[int, float], "tuple[int, float]"),
+    (Literal["a", "b"], "Literal['a', 'b']"),
+    (Literal["a"] | None, "Literal['a'] | None"),
+    (Recipe, "Recipe"),
+])
+def test_an_annotation_is_written_as_text_and_read_back(hint, text):
+    assert annotation_text(hint) == text
+    assert parse_annotation(text, {"Recipe": Recipe}) == hint
+
+
+@pytest.mark.parametrize("text", ["Recipe", "Path | None", "__import__('os')", "float |", "list[open]"])
+def test_an_annotation_naming_anything_else_is_refused(text):
+    with pytest.raises(ValueError, match="cannot read the annotation"):
+        parse_annotation(text)
+
+
+@pytest.mark.parametrize("rng", [Range(gt=0), Range(ge=0, le=1), Range(lt=2, finite=False), Range(choices=("x", "y")),
+                                 Range(gt=-1.5, lt=0.25)])
+def test_a_range_reads_back_from_json(rng):
+    import json
+    assert Range.from_json(json.loads(json.dumps(rng.to_json()))) == rng
+
+
+def test_a_spec_from_json_checks_as_the_dataclass_field_does():
+    import json
+
+    @dataclasses.dataclass
+    class Config:
+        lr: float = param(0.1, gt=0)
+        rule: str = param("soft", choices=("soft", "hard"))
+        ratio: float | None = param(None, gt=0, le=1)
+
+    live = field_specs(Config)
+    read = {k: FieldSpec.from_json(json.loads(json.dumps(s.to_json()))) for k, s in live.items()}
+    assert read == live
+    for name, value in [("lr", 0), ("lr", "x"), ("rule", "medium"), ("ratio", 1.5), ("ratio", True)]:
+        with pytest.raises(ValueError) as want:
+            live[name].check("m", name, value)
+        with pytest.raises(ValueError) as got:
+            read[name].check("m", name, value)
+        assert str(got.value) == str(want.value)
+    assert read["lr"].check("m", "lr", 2) == 2.0 and read["ratio"].check("m", "ratio", None) is None

@@ -15,10 +15,16 @@ naming the field, the value and what the field accepts:
 
     tpt.selection_ratio: 5 is out of range; must be a finite float in (0, 1]
 
-No imports from the rest of shiftlab, so that views.py and the methods can both use it.
+A field's annotation and range together are a `FieldSpec`; `FieldSpec.check` is the one check, whether
+the spec comes from the config dataclass (`field_specs`) or from the method catalogue
+(shiftlab/data/methods.json, `FieldSpec.from_json`), which the CLI reads to refuse a bad `--set`
+before torch is imported.
+
+No imports from the rest of shiftlab, so that views.py, the methods and the catalogue can all use it.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import math
@@ -26,7 +32,8 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["Range", "param", "field_range", "check_value", "check_config", "describe"]
+__all__ = ["Range", "FieldSpec", "param", "field_range", "field_specs", "check_value", "check_config", "describe",
+           "annotation_text", "parse_annotation"]
 
 _KEY = "shiftlab.range"
 
@@ -58,6 +65,20 @@ class Range:
         if high:
             return f"{'<' if high[-1] == ')' else '<='} {high[:-1]}"
         return ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The declared entries only: {'gt': 0, 'le': 1}, {'choices': ['a', 'b']}, {'ge': 0, 'finite': False}."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in ("gt", "ge", "lt", "le") if getattr(self, k) is not None}
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
+        if not self.finite:
+            out["finite"] = False
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Range:
+        choices = data.get("choices")
+        return cls(**{**data, "choices": tuple(choices) if choices is not None else None})
 
 
 def param(default: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
@@ -196,16 +217,94 @@ def check_value(owner: str, name: str, value: Any, hint: Any, rng: Range | None 
     return converted
 
 
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """What one config field accepts: its annotation (`hint`) and declared range."""
+    hint: Any
+    range: Range | None = None
+
+    def check(self, owner: str, name: str, value: Any, shown: str | None = None) -> Any:
+        """`check_value` for this field: the value as stored, or a one-line ValueError."""
+        return check_value(owner, name, value, self.hint, self.range, shown=shown)
+
+    def to_json(self) -> dict[str, Any]:
+        """{'type': 'float | None', 'range': {'gt': 0}} (no 'range' when none is declared)."""
+        return {"type": annotation_text(self.hint), **({"range": self.range.to_json()} if self.range else {})}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], names: dict[str, Any] | None = None) -> FieldSpec:
+        """The spec `to_json` wrote; `names`: the classes its type may name beyond the builtins."""
+        rng = data.get("range")
+        return cls(parse_annotation(data["type"], names), Range.from_json(rng) if rng is not None else None)
+
+
+@functools.cache
+def field_specs(cls: type) -> dict[str, FieldSpec]:
+    """Every init field of config dataclass `cls` -> its `FieldSpec`, in declaration order."""
+    types_ = hints(cls)
+    return {f.name: FieldSpec(types_.get(f.name, Any), field_range(f)) for f in dataclasses.fields(cls) if f.init}
+
+
 def check_config(owner: str, config: Any) -> Any:
-    """Every init field of a config dataclass through `check_value`; returns the config with the values
+    """Every init field of a config dataclass through `FieldSpec.check`; returns the config with the values
     as stored (an int in a float field made a float), the same object when nothing changed."""
-    types_ = hints(type(config))
     changes = {}
-    for f in dataclasses.fields(config):
-        if not f.init:
-            continue
-        value = getattr(config, f.name)
-        checked = check_value(owner, f.name, value, types_.get(f.name, Any), field_range(f))
+    for name, spec in field_specs(type(config)).items():
+        value = getattr(config, name)
+        checked = spec.check(owner, name, value)
         if checked is not value and (type(checked) is not type(value) or checked != value):
-            changes[f.name] = checked
+            changes[name] = checked
     return dataclasses.replace(config, **changes) if changes else config
+
+
+# -- annotations as text (the catalogue's "type"), read back without eval ---------------------------
+
+_NAMES: dict[str, Any] = {"bool": bool, "int": int, "float": float, "str": str, "tuple": tuple, "list": list,
+                          "dict": dict, "Any": Any}
+
+
+def annotation_text(hint: Any) -> str:
+    """'float', 'float | None', 'tuple[str, ...] | None', "Literal['a', 'b']", 'ViewRecipe' (a class by name)."""
+    if hint is None or hint is type(None):
+        return "None"
+    if hint is Any:
+        return "Any"
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(annotation_text(a) for a in typing.get_args(hint))
+    if origin is typing.Literal:
+        return "Literal[" + ", ".join(repr(a) for a in typing.get_args(hint)) + "]"
+    if origin is not None:
+        args = ", ".join("..." if a is Ellipsis else annotation_text(a) for a in typing.get_args(hint))
+        return f"{origin.__name__}[{args}]"
+    if isinstance(hint, type):
+        return hint.__name__
+    raise ValueError(f"annotation {hint!r} cannot be written as text")
+
+
+def parse_annotation(text: str, names: dict[str, Any] | None = None) -> Any:
+    """The annotation `annotation_text` wrote; `names` adds classes (e.g. {'ViewRecipe': ViewRecipe}).
+    An unknown name is a ValueError."""
+    known = {**_NAMES, **(names or {})}
+
+    def walk(node: ast.expr) -> Any:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return walk(node.left) | walk(node.right)
+        if isinstance(node, ast.Constant) and node.value is None:
+            return type(None)
+        if isinstance(node, ast.Name) and node.id in known:
+            return known[node.id]
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if node.value.id == "Literal":
+                return typing.Literal[tuple(ast.literal_eval(i) for i in items)]
+            if known.get(node.value.id) in (tuple, list, dict):
+                args = tuple(... if isinstance(i, ast.Constant) and i.value is Ellipsis else walk(i) for i in items)
+                return known[node.value.id][args]
+        raise ValueError(f"cannot read the annotation {text!r}")
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"cannot read the annotation {text!r}") from None
+    return walk(tree.body)

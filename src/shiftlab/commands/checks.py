@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import os
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+
+from .. import catalogue
 
 MAX_VIEWS = 1024  # 64 is the protocol; far above it a run only ends in an out-of-memory error
 
@@ -60,12 +61,12 @@ def non_negative_float(text: str) -> float:
 
 
 def method_names(text: str) -> list[str]:
-    """'tpt,mta' or 'all' -> names, each registered (checked here so that a typo costs nothing)."""
-    from ..methods import list_methods
+    """'tpt,mta' or 'all' -> names, each registered (checked here, against the method catalogue, so that a
+    typo costs nothing: no torch is imported)."""
+    known = catalogue.names()
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
-        raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(list_methods())}")
-    known = list_methods()
+        raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(known)}")
     unknown = [n for n in names if n != "all" and n not in known]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown)}; registered: {', '.join(known)} "
@@ -74,22 +75,21 @@ def method_names(text: str) -> list[str]:
 
 
 def method_override(item: str) -> tuple[str, str, Any]:
-    """'tpt.lr=0.01' -> ('tpt', 'lr', 0.01), checked against the method's config dataclass: the field's
-    type and declared range (shiftlab.params, the same check as `create_method`).
+    """'tpt.lr=0.01' -> ('tpt', 'lr', 0.01), checked against the method's config field: its type and
+    declared range, read from the method catalogue (no torch import) and checked by
+    `params.FieldSpec.check`, the check `create_method` applies.
 
     The value is read as a Python literal (0.01, 4, None, True, 'text'); a str field also takes
     unquoted text. A value outside the field's range is refused (it would make every record an error)."""
-    from ..methods import get_method_class, list_methods
-    from ..params import check_value, field_range, hints
     key, sep, raw = item.partition("=")
     method, dot, name = key.strip().partition(".")
     raw = raw.strip()
     if not sep or not dot or not method or not name:
         raise argparse.ArgumentTypeError(f"expected METHOD.FIELD=VALUE (e.g. tpt.lr=0.01), got {item!r}")
-    if method not in list_methods():
-        raise argparse.ArgumentTypeError(f"{item}: unknown method {method}; registered: {', '.join(list_methods())}")
-    config_class = get_method_class(method).config_class
-    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
+    if method not in catalogue.names():
+        raise argparse.ArgumentTypeError(f"{item}: unknown method {method}; registered: "
+                                         f"{', '.join(catalogue.names())}")
+    fields = catalogue.field_specs(method)
     if name not in fields:
         raise argparse.ArgumentTypeError(f"{item}: {method} has no setting {name}; its settings: "
                                          f"{', '.join(fields) or 'none'}")
@@ -97,8 +97,8 @@ def method_override(item: str) -> tuple[str, str, Any]:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         value = raw
-    hint = hints(config_class).get(name, Any)
-    coerce = getattr(hint, "coerce", None)   # e.g. ViewRecipe: a view count or a dict of its fields
+    spec = fields[name]
+    coerce = getattr(spec.hint, "coerce", None)   # e.g. ViewRecipe: a view count or a dict of its fields
     if callable(coerce):
         try:
             coerce(value)
@@ -107,12 +107,12 @@ def method_override(item: str) -> tuple[str, str, Any]:
         return method, name, value   # as given: the protocol merges it onto its own recipe
     try:
         shown = repr(value) if isinstance(value, str) else raw
-        return method, name, check_value(method, name, value, hint, field_range(fields[name]), shown=shown)
+        return method, name, spec.check(method, name, value, shown=shown)
     except ValueError as exc:
         if isinstance(value, str):
             raise argparse.ArgumentTypeError(str(exc)) from None
         try:   # e.g. ctx_init=1: the text for a str field
-            return method, name, check_value(method, name, raw, hint, field_range(fields[name]))
+            return method, name, spec.check(method, name, raw)
         except ValueError:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -127,6 +127,8 @@ def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, di
 
 
 def attack_name(text: str) -> str:
+    if text == "none":   # the default: no torch import for a run without an attack
+        return text
     from ..attacks import list_attacks
     names = ["none", *list_attacks()]
     if text not in names:
@@ -140,10 +142,10 @@ DEVICE_HELP = ("auto (the first GPU if there is one, else the CPU), cpu, cuda (G
 
 def device_name(text: str) -> str:
     """'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', refused unless this machine has that device."""
-    import torch
     text = text.strip().lower()
-    if text in ("auto", "cpu"):
+    if text in ("auto", "cpu"):   # the default: torch is imported only to ask about a GPU
         return text
+    import torch
     try:
         device = torch.device(text)
     except RuntimeError:

@@ -1,9 +1,13 @@
-"""`shiftlab methods`: the registered methods, their defaults, and what each protocol runs."""
+"""`shiftlab methods`: the registered methods, their defaults, and what each protocol runs.
+
+It reads the method catalogue (shiftlab.catalogue: a data file generated from the registry), so it
+imports no torch."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+
+from .. import catalogue
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -12,66 +16,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def text_head_text(cls: type, fields: dict) -> str:
-    """The class head a method reads under an effective config (`fields`), in words."""
-    head = fields.get("text_head")
-    if head == "ensemble":
-        templates = fields.get("templates")
-        return f"{len(templates)} templates of the dataset" if templates else "CLIP's 80 templates"
-    if head == "zeroshot":
-        return "'a photo of a {}.'"
-    if head == "tip_cupl":
-        return "tip_cupl: 7 Tip-Adapter templates + CuPL descriptions (cupl_file)"
-    if "ctx_init" in fields:
-        if fields.get("ctx_checkpoint"):
-            return f"{fields['n_ctx']} tuned context tokens from {fields['ctx_checkpoint']} + '{{}}.'"
-        init = fields["ctx_init"]
-        return f"{fields['n_ctx']} tuned context tokens from " + (f"'{init}'" if init else "random") + " + '{}.'"
-    return "CLIP's 80 templates" if cls.fixed_text_head == "ensemble" else "'a photo of a {}.'"
-
-
-def method_table() -> list[dict]:
-    """One row per method: kind, summary, config defaults and, per protocol, views, precision, text
-    head and the fields the protocol sets."""
-    from .. import params
-    from ..methods import get_method_class, list_methods
-    from ..protocols import PROTOCOLS, describe, protocol_overrides
-    from ..views import ViewRecipe
-    rows = []
-    for name in list_methods():
-        cls = get_method_class(name)
-        defaults = {f.name: f.default for f in dataclasses.fields(cls.config_class)
-                    if f.default is not dataclasses.MISSING}
-        hints = params.hints(cls.config_class)   # what --set accepts for each field, in words
-        accepts = {f.name: "a view count or a dict of recipe fields" if hints[f.name] is ViewRecipe
-                   else params.describe(hints[f.name], params.field_range(f))
-                   for f in dataclasses.fields(cls.config_class) if f.init}
-        protocols = {}
-        for protocol in PROTOCOLS:
-            effective = describe(protocol, name)
-            sets = protocol_overrides(protocol, name)
-            protocols[protocol] = {
-                "views": effective["views"],
-                "views_text": ViewRecipe.coerce(effective["views"]).describe(),
-                "precision": effective["precision"],
-                "text_head": text_head_text(cls, effective["config"]),
-                "sets": {k: v for k, v in sets.items() if k not in ("views", "precision", "text_head")},
-            }
-        rows.append({"name": name, "episodic": cls.episodic, "uses_views": cls.needs_views,
-                     "summary": cls.summary, "defaults": defaults, "accepts": accepts,
-                     "min_views": cls.needed_views(cls.config_class()) if cls.needs_views else 1,
-                     "protocols": protocols})
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
-    rows = method_table()
+    rows = catalogue.entries()
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
     for r in rows:
-        kind = "episodic" if r["episodic"] else "online"
-        print(f"{r['name']:<16} {kind:<9} {r['summary']}")
+        print(f"{r['name']:<16} {r['kind']:<9} {r['summary']}")
         defaults = {k: v for k, v in r["defaults"].items() if k not in ("views", "precision")}
         if defaults:
             print(" " * 27 + ", ".join(f"{k}={v}" for k, v in defaults.items()))

@@ -168,6 +168,18 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
         raise
 
 
+def unknown_dataset(args: argparse.Namespace) -> str | None:
+    """An unknown --dataset or --datasets name as one line, or None: said before torch is imported and
+    the model loaded (the dataset registry is data)."""
+    from ..datasets import DATASETS, DatasetError
+    for name in dataset_names(args):
+        try:
+            DATASETS.canonical(name)
+        except DatasetError as exc:
+            return f"dataset {name}: {exc}"
+    return None
+
+
 def check_combination(args: argparse.Namespace) -> str | None:
     """A problem between flags that each parsed fine, or None."""
     from ..methods import get_method_class, list_methods
@@ -269,18 +281,19 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import run as run_engine
-    from ..runtime import distributed
-    from ..suites import SuiteError, resolve_suite, run_suite
+    from ..suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = check_combination(args)
+    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
+    from ..engine import run as run_engine
+    from ..runtime import distributed
+    from ..suites import run_suite
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
     try:
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -288,7 +290,7 @@ def published_section(data: ReportData) -> Section | None:
 PER_CLASS_SHOWN = 10   # worst and best classes shown per dataset; the CSV holds every class
 
 
-def per_class_rows(group, n_classes: int, name) -> tuple[list[str], list[list]]:
+def per_class_rows(group: list, n_classes: int, name: Callable[[int], str]) -> tuple[list[str], list[list]]:
     """Header and one row per class with a sample: index, name, n, each series' accuracy (%)."""
     per = [per_class_accuracy(s, n_classes) for s in group]
     counts = np.max([c for c, _ in per], axis=0)
@@ -318,7 +320,7 @@ def per_class_section(data: ReportData) -> Section | None:
             + body) if body else None
 
 
-def write_rows_csv(path, header: list[str], rows: list[list]) -> None:
+def write_rows_csv(path: Path, header: list[str], rows: list[list]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)

@@ -20,8 +20,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import records
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -64,6 +62,7 @@ def handling_signals() -> Iterator[None]:
 
 def samples_done(run_dir: Path, stream: Sequence[int], methods: Sequence[str], settings: Sequence[str]) -> int:
     """Samples of `stream` with a record for every method and setting in the run directory's files."""
+    from .. import records  # here: the CLI imports this module at start, records imports numpy
     done = records.done_keys(records.load_records(run_dir))
     return sum(1 for sid in stream
                if all(not records.is_missing(sid, m, s, done) for m in methods for s in settings))

@@ -1,0 +1,105 @@
+"""The method catalogue (shiftlab/data/methods.json): generated from the registry, and checked against it,
+so that `shiftlab methods` and the CLI's flag checks can read it without importing torch."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+import shiftlab
+from shiftlab import catalogue, params
+from shiftlab.cli import main as cli_main
+from shiftlab.commands.checks import method_names, method_override
+from shiftlab.methods import get_method_class
+from shiftlab.methods.base import Method, ViewMethodConfig, register_method
+from shiftlab.params import param
+from test_registry import CLASSNAMES, _numeric_fields, _outside
+
+
+def test_the_committed_catalogue_is_the_registrys():
+    assert catalogue.render() == catalogue.PATH.read_text(encoding="utf-8"), (
+        f"{catalogue.PATH.name} is out of date with the method registry: run `{catalogue.COMMAND}`")
+
+
+@pytest.fixture
+def from_file(monkeypatch):
+    """Answers from the committed file, as in a fresh `shiftlab` process (no registry imported)."""
+    monkeypatch.setattr(catalogue, "_registry_loaded", lambda: False)
+
+
+def test_the_file_lists_every_method_with_its_fields(from_file):
+    assert catalogue.names() == shiftlab.list_methods()
+    for name in catalogue.names():
+        assert catalogue.field_specs(name) == params.field_specs(get_method_class(name).config_class), name
+    assert [e["name"] for e in catalogue.entries()] == shiftlab.list_methods()
+
+
+def _refusal(item: str) -> str:
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        method_override(item)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("name", shiftlab.list_methods())
+def test_set_read_from_the_file_refuses_as_create_method_does(name, tiny_model, from_file):
+    for f, kind, rng in _numeric_fields(name):
+        for value in [_outside(rng, kind), True, "fast"] + ([] if kind is float else [1.5]):
+            with pytest.raises(ValueError) as info:
+                shiftlab.create_method(name, tiny_model, CLASSNAMES, **{f.name: value})
+            assert _refusal(f"{name}.{f.name}={value!r}") == str(info.value)
+        good = getattr(get_method_class(name).config_class(), f.name)
+        assert method_override(f"{name}.{f.name}={good!r}") == (name, f.name, good)
+    for f in dataclasses.fields(get_method_class(name).config_class):
+        rng = params.field_range(f)
+        if rng is not None and rng.choices is not None:
+            with pytest.raises(ValueError) as info:
+                shiftlab.create_method(name, tiny_model, CLASSNAMES, **{f.name: "nosuch"})
+            assert _refusal(f"{name}.{f.name}=nosuch") == str(info.value)
+
+
+def test_names_and_fields_come_from_the_file(from_file, monkeypatch):
+    entries = json.loads(catalogue.PATH.read_text(encoding="utf-8"))["methods"]
+    ctpt = next(e for e in entries if e["name"] == "ctpt")
+    ctpt["fields"]["lr"] = {"type": "float", "range": {"ge": 10}}   # what a stale file would say
+    monkeypatch.setattr(catalogue, "_committed", lambda: {e["name"]: e for e in entries})
+    with pytest.raises(argparse.ArgumentTypeError, match=r"ctpt\.lr: 0\.01 is out of range; must be a finite float "
+                                                         r">= 10"):
+        method_override("ctpt.lr=0.01")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown method nope"):
+        method_names("tpt,nope")
+
+
+@dataclasses.dataclass
+class _ScaleConfig(ViewMethodConfig):
+    factor: float = param(2.0, gt=0)
+
+
+class _Scale(Method):
+    config_class = _ScaleConfig
+    summary = "test: a method only this test registers"
+
+
+def test_a_method_registered_at_run_time_is_listed_and_checked(capsys):
+    register_method("test_scale")(_Scale)
+    try:
+        assert method_names("test_scale,tpt") == ["test_scale", "tpt"]
+        assert method_override("test_scale.factor=3") == ("test_scale", "factor", 3.0)
+        assert "test_scale.factor: 0 is out of range" in _refusal("test_scale.factor=0")
+        assert cli_main(["methods"]) == 0
+        assert "test: a method only this test registers" in capsys.readouterr().out
+    finally:
+        from shiftlab.methods import base
+        base._REGISTRY.pop("test_scale")
+    assert "test_scale" not in catalogue.names()
+
+
+def test_the_check_command_says_when_the_file_is_stale(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "methods.json"
+    stale.write_text(catalogue.render().replace('"lr": 0.005', '"lr": 0.006', 1), encoding="utf-8")
+    monkeypatch.setattr(catalogue, "PATH", stale)
+    assert catalogue.main([]) == 1
+    assert catalogue.COMMAND in capsys.readouterr().err
+    assert catalogue.main(["--write"]) == 0 and catalogue.main([]) == 0
+    assert stale.read_text(encoding="utf-8") == catalogue.render()
