@@ -54,6 +54,11 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # until the user passes --set dmn_zs.cupl_file=PATH (or picks another head with --set).
         "dmn_zs": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
                    "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"},
+        # DOTA (skylineeeeen/DOTA dota.py, utils.py): TDA's pipeline: 63 AugMix views + the original on
+        # A/V/R/S (get_ood_preprocess), the half model of `clip.load`, logit scale 100, the dataset's templates;
+        # configs/vit/imagenet_r.yaml (the defaults). ImageNet and the cross-domain sets: one view (per dataset).
+        "dota": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
+                 "logit_scale": 100.0},
     },
 }
 
