@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.methods.dota import gaussian_scores, regularised_inverse, shared_covariance, update_estimates
+from shiftlab.methods.dota import discriminant, gaussian_scores, shared_covariance, shrunk, update_estimates
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat"]
 
@@ -47,17 +47,19 @@ def test_update_matches_the_per_class_formulas():
     torch.testing.assert_close(shared_covariance(scatter, got_counts), want_covs.mean(0))
 
 
-def test_gaussian_scores_and_inverse():
+def test_gaussian_scores_and_their_cholesky_form():
     g = torch.Generator().manual_seed(1)
     n, d = 5, 4
     a = torch.randn(d, d, generator=g, dtype=torch.float64)
     cov = a @ a.T / d
-    p = regularised_inverse(cov, 0.1)
-    torch.testing.assert_close(p @ (0.9 * cov + 0.1 * torch.eye(d, dtype=torch.float64)),
-                               torch.eye(d, dtype=torch.float64))
+    system = shrunk(cov, 0.1)
+    torch.testing.assert_close(system, 0.9 * cov + 0.1 * torch.eye(d, dtype=torch.float64))
+    p = torch.linalg.inv(system)
     means, x = torch.randn(n, d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
     want = torch.stack([x @ p @ means[c] - 0.5 * means[c] @ p @ means[c] for c in range(n)])
     torch.testing.assert_close(gaussian_scores(x, means, p), want)
+    w, b = discriminant(means, system)
+    torch.testing.assert_close(x @ w - b, want)
 
 
 def _ctxs(model, heads, n, views=20, seed=0):
@@ -122,7 +124,7 @@ def test_without_covariance_updates_the_precision_is_fixed(tiny_model, heads):
     d = dota.means.shape[1]
     assert dota.scatter is None and dota.state_dict()["scatter"].numel() == 0
     want = torch.eye(d) / ((1 - cfg.epsilon) * cfg.sigma + cfg.epsilon)
-    torch.testing.assert_close(dota.precision_matrix, want)
+    torch.testing.assert_close(dota.precision_matrix(), want)
 
 
 @pytest.mark.parametrize("field,value", [("view_ratio", 0.0), ("epsilon", 1.5), ("sigma", 0.0), ("rho", -1.0)])

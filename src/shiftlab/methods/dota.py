@@ -56,6 +56,12 @@ def gaussian_scores(x: torch.Tensor, means: torch.Tensor, precision: torch.Tenso
     return x @ w - 0.5 * (means.T * w).sum(0)
 
 
+def discriminant(means: torch.Tensor, system: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W, b) with W = system^-1 means^T (D, C) and b_c = mu_c^T W_c / 2, so that the scores of a
+    feature x are x @ W - b (gaussian_scores with P = system^-1). A Cholesky solve: `system` is
+    symmetric positive definite, and this costs a third of forming the inverse and multiplying."""
+    w = torch.cholesky_solve(means.T, torch.linalg.cholesky(system))
+    return w, 0.5 * (means.T * w).sum(0)
 def update_estimates(means: torch.Tensor, counts: torch.Tensor, scatter: torch.Tensor | None,
                      x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One soft-labelled update of every class (DOTA.fit): x (k, D) features, y (k, C) soft labels.
@@ -79,10 +85,10 @@ def shared_covariance(scatter: torch.Tensor, counts: torch.Tensor) -> torch.Tens
     return ((1.0 / (counts * n)) @ scatter.reshape(n, -1)).reshape(scatter.shape[1:])
 
 
-def regularised_inverse(cov: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """((1 - epsilon) cov + epsilon I)^-1 (DOTA.update)."""
+def shrunk(cov: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """(1 - epsilon) cov + epsilon I, the matrix DOTA.update inverts."""
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-    return torch.linalg.inv((1 - epsilon) * cov + epsilon * eye)
+    return (1 - epsilon) * cov + epsilon * eye
 
 
 @register_method("dota")
@@ -127,9 +133,20 @@ class DOTA(Method):
         self.counts = torch.full((n,), cfg.count_init, device=dev)
         self.scatter: torch.Tensor | None = None        # (C, D, D), allocated at the first update
         self.covariance = torch.eye(dim, device=dev) * cfg.sigma
-        # before any update the authors invert sigma * I without the epsilon shrinkage (pinverse, dota.py:39)
-        self.precision_matrix = torch.eye(dim, device=dev) / cfg.sigma
         self.seen = 0
+        self._refresh()
+
+    def _system(self) -> torch.Tensor:
+        """The matrix whose inverse is the shared precision: before any update the authors invert
+        sigma * I without the epsilon shrinkage (pinverse, dota.py:39), afterwards (dota.py:65-67) with."""
+        return self.covariance if self.seen == 0 else shrunk(self.covariance, self.config.epsilon)
+
+    def _refresh(self) -> None:
+        self._weights, self._bias = discriminant(self.means, self._system())
+
+    def precision_matrix(self) -> torch.Tensor:
+        """(D, D) the shared precision the scores use (the authors' `Lambda`); not on the per-sample path."""
+        return torch.linalg.inv(self._system())
 
     def _feature_dim(self) -> int:
         dim = getattr(self.model.clip.visual, "output_dim", None)
@@ -150,7 +167,7 @@ class DOTA(Method):
 
     def readout(self, s: DOTASample) -> tuple[torch.Tensor, torch.Tensor, float]:
         """(output logits, Gaussian scores, fusion weight) of a sample under the current estimates."""
-        scores = gaussian_scores(s.features.mean(0), self.means, self.precision_matrix)
+        scores = s.features.mean(0) @ self._weights - self._bias
         w = self.fusion_weight(s.features.shape[0])
         return s.logits + w * scores, scores, w
 
@@ -163,8 +180,8 @@ class DOTA(Method):
         self.means, self.counts = update_estimates(self.means, self.counts, self.scatter, s.features, s.probs)
         if self.scatter is not None:
             self.covariance = shared_covariance(self.scatter, self.counts)
-        self.precision_matrix = regularised_inverse(self.covariance, cfg.epsilon)
         self.seen += 1
+        self._refresh()
 
     def class_covariances(self) -> torch.Tensor:
         """(C, D, D) the per-class covariances (the authors' `Sigma`)."""
@@ -186,8 +203,7 @@ class DOTA(Method):
         scatter = self.scatter.detach().cpu().clone() if self.scatter is not None else torch.zeros(0)
         return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
                 "means": self.means.detach().cpu().clone(), "counts": self.counts.detach().cpu().clone(),
-                "scatter": scatter, "covariance": self.covariance.detach().cpu().clone(),
-                "precision_matrix": self.precision_matrix.detach().cpu().clone()}
+                "scatter": scatter, "covariance": self.covariance.detach().cpu().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(self.name, state, len(self.classnames))
@@ -199,5 +215,5 @@ class DOTA(Method):
         self.counts = state["counts"].to(dev, torch.float32)
         self.scatter = state["scatter"].to(dev, torch.float32) if state["scatter"].numel() else None
         self.covariance = state["covariance"].to(dev, torch.float32)
-        self.precision_matrix = state["precision_matrix"].to(dev, torch.float32)
         self.seen = int(state["seen"])
+        self._refresh()          # deterministic: the same factor and solve as the run that saved the state
