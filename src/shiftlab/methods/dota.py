@@ -62,6 +62,8 @@ def discriminant(means: torch.Tensor, system: torch.Tensor) -> tuple[torch.Tenso
     symmetric positive definite, and this costs a third of forming the inverse and multiplying."""
     w = torch.cholesky_solve(means.T, torch.linalg.cholesky(system))
     return w, 0.5 * (means.T * w).sum(0)
+
+
 def update_estimates(means: torch.Tensor, counts: torch.Tensor, scatter: torch.Tensor | None,
                      x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One soft-labelled update of every class (DOTA.fit): x (k, D) features, y (k, C) soft labels.
