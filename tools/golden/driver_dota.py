@@ -23,8 +23,11 @@ def run_dota(checkout: Path, model_path: str, inputs: dict, classnames: list[str
     patches = cpu_float32()
     torch.cuda.is_available = lambda: False          # DOTA.__init__ picks its device with it
     patches.append("torch.cuda.is_available -> False (DOTA.__init__ then puts its estimates on the CPU)")
+    patches.append("gdown -> stub (imported by datasets/utils.py for downloads only)")
     try:
-        importlib.import_module("sortedcontainers")
+        mod = importlib.import_module("sortedcontainers")
+        patches.append(f"sortedcontainers {getattr(mod, '__version__', '?')} installed outside the shared "
+                       "environment (pip --target; dota.py imports SortedList and never uses it)")
     except ImportError:
         stub_modules("sortedcontainers")
         sorted_list = type("SortedList", (list,), {})
