@@ -61,7 +61,7 @@ def test_a_run_precision_of_fp16_pure_is_refused_before_any_method(tiny_model):
 
 def test_methods_without_a_half_model_path_refuse_it(tiny_model):
     with pytest.raises(ValueError, match=r"^tpt.precision: 'fp16-pure' \(the authors' half-precision model\) is "
-                                         r"implemented for tda only; use fp16 \(autocast\) or fp32$"):
+                                         r"implemented for (\w+, )*tda(, \w+)* only; use fp16 \(autocast\) or fp32$"):
         shiftlab.create_method("tpt", tiny_model, NAMES, precision="fp16-pure")
 
 

@@ -57,6 +57,12 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # BoostAdapter (taolinzhang/BoostAdapter runner.py, utils.py): TDA's half model with the literal scale
         # 100, the dataset's templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False).
         "boostadapter": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0},
+
+        # DOTA (skylineeeeen/DOTA dota.py, utils.py): TDA's pipeline: 63 AugMix views + the original on
+        # A/V/R/S (get_ood_preprocess), the half model of `clip.load`, logit scale 100, the dataset's templates;
+        # configs/vit/imagenet_r.yaml (the defaults). ImageNet and the cross-domain sets: one view (per dataset).
+        "dota": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
+                 "logit_scale": 100.0},
     },
 }
 

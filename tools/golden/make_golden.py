@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from driver_dota import run_dota  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import _golden as G  # noqa: E402
 
 OUT = G.FIXTURES / "online"
+WORKERS["dota"] = run_dota
 REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
@@ -41,6 +43,8 @@ from driver_boostadapter import run_boostadapter  # noqa: E402
 
 REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter")
 WORKERS["boostadapter"] = run_boostadapter
+
+REPOS["dota"] = ("DOTA", "https://github.com/skylineeeeen/DOTA")
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -93,6 +97,8 @@ def main() -> None:
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
             ("rtpt_attack", "rtpt", "authors")]
     jobs += [("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")]
+
+    jobs += [("dota", "dota", "authors"), ("dota_strong", "dota", "strong")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:

@@ -32,6 +32,8 @@ _FILE = "method_settings.json"
 # Methods that build their classifier the way another method's code does.
 _TEMPLATES_OF = {"ctpt": "tpt", "rtpt": "tpt"}
 _TEMPLATES_OF["boostadapter"] = "tda"   # its datasets/*.py template lists are TDA's, list for list
+
+_TEMPLATES_OF["dota"] = "tda"     # DOTA's datasets/*.py hold TDA's templates (checked file by file, bc67d44)
 TEMPLATE_SOURCES = ("coop", "tpt", "tda", "dmn_zs")
 
 
