@@ -26,17 +26,21 @@ import tempfile
 from pathlib import Path
 
 import torch
+from driver_dpe import run_dpe  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 import _golden as G  # noqa: E402
 
+WORKERS["dpe"] = run_dpe
+
 OUT = G.FIXTURES / "online"
 REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
          "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
+REPOS["dpe"] = ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP")
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -88,6 +92,7 @@ def main() -> None:
     jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
             ("rtpt_attack", "rtpt", "authors")]
+    jobs += [("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:
