@@ -68,7 +68,7 @@ def test_dpe_matches_the_authors_code_sample_by_sample(golden_model, golden_dir,
         assert pos["labels"] == want[f"{i}/pos/labels"].tolist(), f"sample {i}: cache labels"
         _close(torch.tensor(pos["losses"]), want[f"{i}/pos/losses"], FINE, f"{i} cache losses")
         track("cache features", pos["features"], want[f"{i}/pos/features"], FEATURES, f"{i} cache features")
-        labels, keys = dpe.cache.prototypes()
+        labels, keys = dpe.memory.prototypes()
         track("prototypes", keys, want[f"{i}/cache_keys"], FEATURES, f"{i} cache prototypes")
         r_text, r_keys = dpe.last_residuals
         track("text residual", r_text, want[f"{i}/text_residual"], RESIDUALS, f"{i} text residual")

@@ -186,6 +186,7 @@ def _stream(tiny_model, heads, n: int, views: int = 8):
 
 SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0},
          "dmn_zs": {"memory_size": 2}}
+SMALL["dpe"] = {"pos_capacity": 2}
 ONLINE_METHODS = shiftlab.list_methods(kind="online")
 
 

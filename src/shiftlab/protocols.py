@@ -54,6 +54,11 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # until the user passes --set dmn_zs.cupl_file=PATH (or picks another head with --set).
         "dmn_zs": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
                    "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"},
+        # DPE (zhangce01/DPE-CLIP utils.py get_preprocess, clip_classifier, get_clip_logits): 63 AugMix views +
+        # the original, the half model of `clip.load` on CUDA under autocast, logit scale 100, CLIP's 80 templates +
+        # CuPL descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set).
+        "dpe": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
+                "logit_scale": 100.0},
     },
 }
 

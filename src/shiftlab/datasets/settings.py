@@ -31,7 +31,7 @@ __all__ = ["method_settings", "view_settings", "templates", "setting_source", "c
 _FILE = "method_settings.json"
 # Methods that build their classifier the way another method's code does.
 _TEMPLATES_OF = {"ctpt": "tpt", "rtpt": "tpt"}
-TEMPLATE_SOURCES = ("coop", "tpt", "tda", "dmn_zs")
+TEMPLATE_SOURCES = ("coop", "tpt", "tda", "dmn_zs", "dpe")
 
 
 @functools.cache

@@ -149,6 +149,7 @@ class DPE(Method):
     config_class = DPEConfig
     episodic = False
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
+    cupl_templates = "CLIP's 80 templates (the dataset's own with a dataset under paper)"   # `shiftlab methods`
     summary = "DPE: evolving textual and visual prototypes with per-sample residuals (one AdamW step)"
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -175,7 +176,7 @@ class DPE(Method):
         _ = self.class_head()
 
     def reset(self) -> None:
-        self.cache = PrototypeCache(len(self.classnames), self.config.pos_capacity)
+        self.memory = PrototypeCache(len(self.classnames), self.config.pos_capacity)   # the visual prototypes
         self.text_global: torch.Tensor | None = None    # (C, D) evolved head, None: the initial one
         self.evolutions = 0                             # their num_avg
         self.seen = 0
@@ -228,8 +229,8 @@ class DPE(Method):
         feature = sel_feats.mean(0)
         pred = int(sel_logits.mean(0).argmax())
         h_cache = self._norm(marginal_entropy(sel_logits))
-        self.cache.add(pred, feature, h_cache)
-        labels, keys = self.cache.prototypes()
+        self.memory.add(pred, feature, h_cache)
+        labels, keys = self.memory.prototypes()
         r_text, r_keys = torch.zeros_like(self.text_global), torch.zeros_like(keys)
         with torch.enable_grad():
             for _ in range(cfg.steps):
@@ -257,7 +258,7 @@ class DPE(Method):
             self.text_global = self.text_global * (k / (k + 1)) + head * (1 / (k + 1))
         self.seen += 1
         return logits, {"norm_entropy": h_cache, "final_entropy": h_final, "evolved": bool(evolved),
-                        "evolutions": self.evolutions, "cache_entries": int(self.cache.counts.sum())}
+                        "evolutions": self.evolutions, "cache_entries": int(self.memory.counts.sum())}
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
@@ -267,7 +268,7 @@ class DPE(Method):
 
     # -- online state --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        labels, losses, feats = self.cache.entries()
+        labels, losses, feats = self.memory.entries()
         return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
                 "evolutions": self.evolutions,
                 "text_global": self.text_global.detach().cpu().clone() if self.text_global is not None
@@ -282,7 +283,7 @@ class DPE(Method):
         pos = state["positive"]
         for i, (label, loss) in enumerate(zip(pos["labels"], pos["losses"])):
             # entries arrive in cache order, so appending keeps it (equal losses stay in their order)
-            self.cache.add(int(label), pos["features"][i].to(dev, torch.float32), float(loss))
+            self.memory.add(int(label), pos["features"][i].to(dev, torch.float32), float(loss))
         text = state["text_global"]
         self.text_global = text.to(dev, torch.float32).clone() if text.numel() else None
         self.evolutions, self.seen = int(state["evolutions"]), int(state["seen"])
