@@ -62,6 +62,8 @@ def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
     prompts = [t.format(c) for t in info["tda"]["templates"] for c in names]
     prompts += [t.format(c) for t in TIP_TEMPLATES for c in names]
     prompts += [d for c in names for d in info["dmn"]["descriptions"][c]]
+    prompts += [t.format(c) for t in info["dpe"]["templates"] for c in names] + [
+        d for c in names for d in info["dpe"]["descriptions"][c]]
     index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
     assert torch.isin(open_clip.tokenize(prompts).unique(), index).all()
 
@@ -69,7 +71,7 @@ def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
 def test_online_fixture_files_are_the_recorded_ones():
     info = json.loads((FIXTURES / "online" / "online.json").read_text())
     files = {p.name for p in (FIXTURES / "online").glob("*.pt")}
-    assert files == set(info["files_sha256"]) and len(files) == 8
+    assert files == set(info["files_sha256"]) == {f"{n}.pt" for n in info["fixtures"]} | {"stream.pt"}
     for name, sha in info["files_sha256"].items():
         assert hashlib.sha256((FIXTURES / "online" / name).read_bytes()).hexdigest() == sha, name
     assert all(len(f["commit"] or "") == 40 for f in info["fixtures"].values())
