@@ -66,6 +66,8 @@ def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
     prompts = [t.format(c) for t in info["tda"]["templates"] for c in names]
     prompts += [t.format(c) for t in TIP_TEMPLATES for c in names]
     prompts += [d for c in names for d in info["dmn"]["descriptions"][c]]
+    prompts += [t.format(c) for t in info["dpe"]["templates"] for c in names] + [
+        d for c in names for d in info["dpe"]["descriptions"][c]]
     index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
     assert torch.isin(open_clip.tokenize(prompts).unique(), index).all()
 

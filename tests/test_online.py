@@ -189,6 +189,8 @@ SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper
 SMALL["boostadapter"] = {**SMALL["tda"], "view_ratio": 0.25, "delta": 1}   # 2 boosting views of the 8
 
 SMALL["dota"] = {"text_head": "zeroshot", "rho": 1.0}      # a fusion weight that matters on a short stream
+
+SMALL["dpe"] = {"pos_capacity": 2}
 ONLINE_METHODS = shiftlab.list_methods(kind="online")
 
 

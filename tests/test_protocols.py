@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import shiftlab
+from shiftlab.methods import get_method_class
 from shiftlab.protocols import PROTOCOLS, method_overrides
 from shiftlab.views import ViewRecipe
 
@@ -22,7 +23,7 @@ def cupl_file(tmp_path_factory) -> str:
 
 
 def _method(tiny_model, name, cupl_file=None, **kw):
-    if name == "dmn_zs" and kw.get("protocol") == "paper":
+    if hasattr(get_method_class(name).config_class, "cupl_file") and kw.get("protocol") == "paper":
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 

@@ -80,6 +80,8 @@ def text_head_text(cls: type, fields: dict[str, Any]) -> str:
         return f"{len(templates)} templates of the dataset" if templates else "CLIP's 80 templates"
     if head == "zeroshot":
         return "'a photo of a {}.'"
+    if head == "tip_cupl" and getattr(cls, "cupl_templates", None):   # a method whose head pools other templates
+        return f"tip_cupl: {cls.cupl_templates} + CuPL descriptions (cupl_file)"
     if head == "tip_cupl":
         return "tip_cupl: 7 Tip-Adapter templates + CuPL descriptions (cupl_file)"
     if "ctx_init" in fields:

@@ -63,6 +63,12 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # configs/vit/imagenet_r.yaml (the defaults). ImageNet and the cross-domain sets: one view (per dataset).
         "dota": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
                  "logit_scale": 100.0},
+
+        # DPE (zhangce01/DPE-CLIP utils.py get_preprocess, clip_classifier, get_clip_logits): 63 AugMix views +
+        # the original, the half model of `clip.load` on CUDA under autocast, logit scale 100, CLIP's 80 templates +
+        # CuPL descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set).
+        "dpe": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
+                "logit_scale": 100.0},
     },
 }
 

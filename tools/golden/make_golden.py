@@ -27,11 +27,14 @@ from pathlib import Path
 
 import torch
 from driver_dota import run_dota  # noqa: E402
+from driver_dpe import run_dpe  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 import _golden as G  # noqa: E402
+
+WORKERS["dpe"] = run_dpe
 
 OUT = G.FIXTURES / "online"
 WORKERS["dota"] = run_dota
@@ -45,6 +48,8 @@ REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAd
 WORKERS["boostadapter"] = run_boostadapter
 
 REPOS["dota"] = ("DOTA", "https://github.com/skylineeeeen/DOTA")
+
+REPOS["dpe"] = ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP")
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -99,6 +104,8 @@ def main() -> None:
     jobs += [("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")]
 
     jobs += [("dota", "dota", "authors"), ("dota_strong", "dota", "strong")]
+
+    jobs += [("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:

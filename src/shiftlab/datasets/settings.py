@@ -34,7 +34,7 @@ _TEMPLATES_OF = {"ctpt": "tpt", "rtpt": "tpt"}
 _TEMPLATES_OF["boostadapter"] = "tda"   # its datasets/*.py template lists are TDA's, list for list
 
 _TEMPLATES_OF["dota"] = "tda"     # DOTA's datasets/*.py hold TDA's templates (checked file by file, bc67d44)
-TEMPLATE_SOURCES = ("coop", "tpt", "tda", "dmn_zs")
+TEMPLATE_SOURCES = ("coop", "tpt", "tda", "dmn_zs", "dpe")
 
 
 @functools.cache
