@@ -54,6 +54,9 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # until the user passes --set dmn_zs.cupl_file=PATH (or picks another head with --set).
         "dmn_zs": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
                    "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"},
+        # OnZeta (idstcv/OnZeta main_online.py:218-242): one centre-cropped image per sample, the half model
+        # of `clip.load` on CUDA, its 7 templates; the arithmetic after the encoders float32 (their .float()).
+        "onzeta": {"precision": "fp16-pure"},
     },
 }
 

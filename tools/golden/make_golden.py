@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from driver_onzeta import run_onzeta  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,9 @@ OUT = G.FIXTURES / "online"
 REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
-         "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
+         "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT"),
+         "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta")}
+WORKERS["onzeta"] = run_onzeta
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -87,7 +90,8 @@ def main() -> None:
     info = json.loads(info_path.read_text()) if info_path.is_file() else {"fixtures": {}}
     jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
-            ("rtpt_attack", "rtpt", "authors")]
+            ("rtpt_attack", "rtpt", "authors"),
+            ("onzeta", "onzeta", "authors")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:
