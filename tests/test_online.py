@@ -186,7 +186,8 @@ def _stream(tiny_model, heads, n: int, views: int = 8):
 
 SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0},
          "dmn_zs": {"memory_size": 2},
-         "onzeta": {"stream_length": 24}}
+         "onzeta": {"stream_length": 24},
+         "ecalp": {"k_image": 3}}
 ONLINE_METHODS = shiftlab.list_methods(kind="online")
 
 
@@ -221,6 +222,8 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
         assert max(whole.memory.counts) == 2
     elif name == "onzeta":   # the dual variable moved and the proxies left the text head
         assert whole.rho.max() > 0 and not torch.equal(whole.proxy, whole.text())
+    elif name == "ecalp":    # the graph holds every sample (and the last one's duplicate node)
+        assert whole.graph.features.shape[0] == 24 and whole.graph.knn_idx.shape[0] == 25
 
     with pytest.raises(ValueError, match="classes"):
         other = shiftlab.create_method(name, tiny_model, CLASSNAMES[:3], **SMALL[name])

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from driver_ecalp import run_ecalp  # noqa: E402
 from driver_onzeta import run_onzeta  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
@@ -38,8 +39,10 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
          "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT"),
-         "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta")}
+         "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta"),
+         "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP")}
 WORKERS["onzeta"] = run_onzeta
+WORKERS["ecalp"] = run_ecalp
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -91,7 +94,8 @@ def main() -> None:
     jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
             ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
             ("rtpt_attack", "rtpt", "authors"),
-            ("onzeta", "onzeta", "authors")]
+            ("onzeta", "onzeta", "authors"),
+            ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small")]
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:
