@@ -91,19 +91,37 @@ def test_propagate_is_the_dense_iteration():
 def test_new_nodes_take_their_neighbours_over_every_node():
     text, feats = _unit(5, 4, seed=5), _unit(7, 4, seed=6)
     w = feature_weights(text)
-    nodes = torch.cat([feats[:1], feats[:1]])
-    kept_sim, kept_idx, sim, idx = image_neighbours(None, nodes, w, 3)
+
+    def node_set(m):
+        nodes = torch.cat([feats[:m], feats[m - 1:m]])
+        return F.normalize(nodes * w, dim=1), F.normalize(nodes[-2:], dim=1), nodes
+
+    weighted, new, _ = node_set(1)
+    kept_sim, kept_idx, sim, idx = image_neighbours(None, weighted, new, 3)
     assert idx.shape == (2, 2) and torch.equal(kept_idx, idx)            # k = min(k_image, nodes)
     graph = Graph(feats[:1], kept_sim, kept_idx, sim, idx, torch.zeros(2), torch.zeros(2, dtype=torch.long))
     for m in range(2, 7):
-        nodes = torch.cat([feats[:m], feats[m - 1:m]])
-        kept_sim, kept_idx, sim, idx = image_neighbours(graph, nodes, w, 3)
-        brute = reweighted_similarity(nodes, nodes[-2:], w).T
-        want_sim, want_idx = top(brute, 3)
-        assert torch.equal(idx[-2:], want_idx) and torch.equal(sim[-2:], want_sim)
+        weighted, new, nodes = node_set(m)
+        kept_sim, kept_idx, sim, idx = image_neighbours(graph, weighted, new, 3)
+        want_sim, want_idx = top(reweighted_similarity(nodes, nodes[-2:], w).T, 3)
+        assert torch.equal(idx[-2:], want_idx)
+        torch.testing.assert_close(sim[-2:], want_sim)
         assert idx.shape == (m + 1, 3) and kept_idx.shape[0] == m + 1
         assert bool((kept_sim[:-2] == kept_sim[:-2].sort(1, descending=True).values).all())
         graph = Graph(feats[:m], kept_sim, kept_idx, sim, idx, torch.zeros(m + 1), torch.zeros(m + 1, dtype=torch.long))
+
+
+def test_state_survives_a_round_trip_and_the_buffers_grow(tiny_model):
+    m = shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, text_head="zeroshot")
+    d = m.text().shape[1]
+    xs = _unit(40, d, seed=8)
+    for x in xs[:20]:
+        m.step(x)                               # past the first buffer (16 rows): it grew
+    other = shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, text_head="zeroshot")
+    other.load_state_dict(m.state_dict())
+    for x in xs[20:]:
+        assert torch.equal(m.step(x), other.step(x))
+    torch.testing.assert_close(m.graph.features, xs)
 
 
 def test_first_sample_equals_a_dense_computation(tiny_model):

@@ -61,6 +61,29 @@ def top(scores: torch.Tensor, k: int, stable: bool = True) -> tuple[torch.Tensor
     return values[:, :k], index[:, :k]
 
 
+class Rows:
+    """A growing (n, D) matrix with amortised O(D) appends (capacity doubles): `view()` is rows[:n]."""
+
+    def __init__(self, like: torch.Tensor, rows: torch.Tensor | None = None):
+        self.buf = like.new_empty(max(16, 0 if rows is None else 2 * rows.shape[0]), like.shape[-1])
+        self.n = 0
+        if rows is not None:
+            self.buf[:rows.shape[0]] = rows
+            self.n = rows.shape[0]
+
+    def put(self, i: int, row: torch.Tensor) -> None:
+        """Set row i (i <= n; i == n appends)."""
+        if i >= self.buf.shape[0]:
+            grown = self.buf.new_empty(2 * self.buf.shape[0], self.buf.shape[1])
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[i] = row
+        self.n = max(self.n, i + 1)
+
+    def view(self) -> torch.Tensor:
+        return self.buf[:self.n]
+
+
 @dataclass
 class Graph:
     """The stream's graph after a sample: `features` (m, D) of the m samples seen; for each of the
@@ -76,21 +99,24 @@ class Graph:
     carry_idx: torch.Tensor
 
 
-def image_neighbours(graph: Graph | None, nodes: torch.Tensor, weights: torch.Tensor, k_image: int,
+def image_neighbours(graph: Graph | None, weighted: torch.Tensor, new: torch.Tensor, k_image: int,
                      stable: bool = True):
-    """The image kNN lists after adding a sample: nodes (N, D) are the samples seen, then the new one
-    twice. Returns the kept lists (N, w) and the first k of each (N, k) as (sim, idx) pairs.
+    """The image kNN lists after adding a sample. `weighted` (N, D): every node (the samples seen, then
+    the new one twice) reweighted and normalised (`normalize(f * w)`); `new` (2, D): the two new nodes,
+    normalised. Similarity of node n to a new node j: weighted[n] . new[j] (the authors' edge_reweighting
+    weights the side that is not the new node). Returns the kept lists (N, w) and the first k of each
+    (N, k) as (sim, idx) pairs.
 
     First sample: every node's k best over all nodes. Later: the old lists lose their last row (the
     previous duplicate), entries that pointed at index N-2 (which now is the new sample) drop to -1,
     and each old node may take the two new nodes; old nodes keep k + 1 or k + 2 candidates so that
     invalidated entries can be replaced. Only the new nodes' lists are computed over all nodes."""
-    n = nodes.shape[0]
+    n = weighted.shape[0]
     k = min(k_image, n)
     if graph is None:
-        sim, idx = top(reweighted_similarity(nodes, nodes, weights), k, stable)
+        sim, idx = top(weighted @ new.T, k, stable)
         return sim, idx, sim, idx
-    cross = reweighted_similarity(nodes, nodes[-2:], weights).T           # (2, N): new node <- every node
+    cross = (weighted @ new.T).T                                          # (2, N): new node <- every node
     new_sim, new_idx = top(cross, k, stable)
     old_sim = graph.knn_sim.masked_fill(graph.knn_idx == n - 2, -1.0)[:-1]
     old_idx = graph.knn_idx[:-1]
@@ -164,16 +190,35 @@ class ECALP(Method):
 
     def reset(self) -> None:
         self.graph: Graph | None = None
+        self._seen: Rows | None = None          # the samples' features (graph.features is its view)
+        self._nodes: Rows | None = None         # every node (samples + duplicate), reweighted and normalised
+
+    def _weights(self) -> torch.Tensor:
+        text = self.text()
+        if getattr(self, "_weights_of", None) is not text:
+            self._weights_of, self._weights_val = text, feature_weights(text)
+        return self._weights_val
+
+    def _add(self, feature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append a sample: (the samples seen (m, D), all nodes reweighted (m + 1, D), the new pair (2, D))."""
+        if self._seen is None:
+            self._seen, self._nodes = Rows(feature[None]), Rows(feature[None])
+        m = self._seen.n
+        self._seen.put(m, feature)
+        row = F.normalize((feature * self._weights())[None], dim=1)[0]
+        self._nodes.put(m, row)                 # the new sample takes the previous duplicate's place
+        self._nodes.put(m + 1, row)
+        new = F.normalize(feature[None], dim=1).expand(2, -1)
+        return self._seen.view(), self._nodes.view(), new
 
     def step(self, feature: torch.Tensor) -> torch.Tensor:
         """Add one sample's feature (D,) to the graph and propagate: its scores (C,)."""
         cfg, text, g = self.config, self.text(), self.graph
         c = text.shape[0]
-        seen = feature[None] if g is None else torch.cat([g.features, feature[None]])
-        nodes = torch.cat([seen, feature[None]])
-        n = nodes.shape[0]
+        seen, weighted, new = self._add(feature)
+        n = weighted.shape[0]
         stable = cfg.ties == "stable"
-        knn_sim, knn_idx, im_sim, im_idx = image_neighbours(g, nodes, feature_weights(text), cfg.k_image, stable)
+        knn_sim, knn_idx, im_sim, im_idx = image_neighbours(g, weighted, new, cfg.k_image, stable)
         new_text_sim, new_text_idx = top(feature[None] @ text.T, min(cfg.k_text, c), stable)
         if g is None:
             text_sim, text_idx = torch.cat([new_text_sim] * 2), torch.cat([new_text_idx] * 2)
@@ -202,7 +247,7 @@ class ECALP(Method):
         state: dict[str, Any] = {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": seen,
                                  "graph": None}
         if self.graph is not None:
-            state["graph"] = {k: v.detach().cpu() for k, v in vars(self.graph).items()}
+            state["graph"] = {k: v.detach().cpu().clone() for k, v in vars(self.graph).items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -212,4 +257,11 @@ class ECALP(Method):
         if int(state["seen"]) != held:
             raise ValueError(f"ecalp: state says {state['seen']} samples seen but its graph holds {held}")
         dev = self.model.device
-        self.graph = None if g is None else Graph(**{k: v.to(dev) for k, v in g.items()})
+        self.reset()
+        if g is not None:
+            self.graph = Graph(**{k: v.to(dev) for k, v in g.items()})
+            feats = self.graph.features
+            self._seen = Rows(feats, feats)
+            weighted = F.normalize(feats * self._weights(), dim=1)
+            self._nodes = Rows(feats, torch.cat([weighted, weighted[-1:]]))
+            self.graph.features = self._seen.view()
