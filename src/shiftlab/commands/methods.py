@@ -15,6 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def text_head_text(cls: type, fields: dict) -> str:
     """The class head a method reads under an effective config (`fields`), in words."""
     head = fields.get("text_head")
+    if head == "ensemble" and fields.get("head_templates"):     # OnZeta: its authors' own template list
+        return f"{len(fields['head_templates'])} templates of the method's code (head_templates)"
     if head == "ensemble":
         templates = fields.get("templates")
         return f"{len(templates)} templates of the dataset" if templates else "CLIP's 80 templates"
