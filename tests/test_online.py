@@ -185,7 +185,9 @@ def _stream(tiny_model, heads, n: int, views: int = 8):
 
 
 SMALL = {"tda": {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0},
-         "dmn_zs": {"memory_size": 2}}
+         "dmn_zs": {"memory_size": 2},
+         "onzeta": {"stream_length": 24},
+         "ecalp": {"k_image": 3}}
 SMALL["boostadapter"] = {**SMALL["tda"], "view_ratio": 0.25, "delta": 1}   # 2 boosting views of the 8
 
 SMALL["dota"] = {"text_head": "zeroshot", "rho": 1.0}      # a fusion weight that matters on a short stream
@@ -225,6 +227,10 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
         assert max(whole.memory.counts) == 2
     elif name == "dota":   # the per-class covariances were allocated and carried over
         assert whole.scatter is not None and loaded["scatter"].shape == whole.scatter.shape
+    elif name == "onzeta":   # the dual variable moved and the proxies left the text head
+        assert whole.rho.max() > 0 and not torch.equal(whole.proxy, whole.text())
+    elif name == "ecalp":    # the graph holds every sample (and the last one's duplicate node)
+        assert whole.graph.features.shape[0] == 24 and whole.graph.knn_idx.shape[0] == 25
 
     with pytest.raises(ValueError, match="classes"):
         other = shiftlab.create_method(name, tiny_model, CLASSNAMES[:3], **SMALL[name])

@@ -75,6 +75,8 @@ def entries() -> list[dict[str, Any]]:
 def text_head_text(cls: type, fields: dict[str, Any]) -> str:
     """The class head a method reads under an effective config (`fields`), in words."""
     head = fields.get("text_head")
+    if head == "ensemble" and fields.get("head_templates"):     # OnZeta: its authors' own template list
+        return f"{len(fields['head_templates'])} templates of the method's code (head_templates)"
     if head == "ensemble":
         templates = fields.get("templates")
         return f"{len(templates)} templates of the dataset" if templates else "CLIP's 80 templates"

@@ -69,6 +69,13 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # CuPL descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set).
         "dpe": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
                 "logit_scale": 100.0},
+
+        # OnZeta (idstcv/OnZeta main_online.py:218-242): one centre-cropped image per sample, the half model
+        # of `clip.load` on CUDA, its 7 templates; the arithmetic after the encoders float32 (their .float()).
+        "onzeta": {"precision": "fp16-pure"},
+        # ECALP (Yushu-Li/ECALP main.py): DMN's float32 features, one per image; neighbour ties in
+        # torch.topk's order, as their code leaves them.
+        "ecalp": {"precision": "fp32", "ties": "topk"},
     },
 }
 

@@ -26,30 +26,37 @@ import tempfile
 from pathlib import Path
 
 import torch
+from driver_boostadapter import run_boostadapter  # noqa: E402  (tools/golden is sys.path[0])
 from driver_dota import run_dota  # noqa: E402
 from driver_dpe import run_dpe  # noqa: E402
-from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
+from driver_ecalp import run_ecalp  # noqa: E402
+from driver_onzeta import run_onzeta  # noqa: E402
+from drivers import WORKERS, make_stream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 import _golden as G  # noqa: E402
 
-WORKERS["dpe"] = run_dpe
-
 OUT = G.FIXTURES / "online"
-WORKERS["dota"] = run_dota
 REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dmn": ("DMN", "https://github.com/YBZh/DMN"),
          "zero": ("zero", "https://github.com/FarinaMatteo/zero"),
-         "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT")}
-from driver_boostadapter import run_boostadapter  # noqa: E402
-
-REPOS["boostadapter"] = ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter")
-WORKERS["boostadapter"] = run_boostadapter
-
-REPOS["dota"] = ("DOTA", "https://github.com/skylineeeeen/DOTA")
-
-REPOS["dpe"] = ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP")
+         "rtpt": ("R-TPT", "https://github.com/TomSheng21/R-TPT"),
+         "boostadapter": ("BoostAdapter", "https://github.com/taolinzhang/BoostAdapter"),
+         "dota": ("DOTA", "https://github.com/skylineeeeen/DOTA"),
+         "dpe": ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP"),
+         "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta"),
+         "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP")}
+WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp)
+# (fixture name, driver, variant) in the order they are made
+JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
+        ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
+        ("rtpt_attack", "rtpt", "authors"),
+        *(("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")),
+        ("dota", "dota", "authors"), ("dota_strong", "dota", "strong"),
+        ("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a"),
+        ("onzeta", "onzeta", "authors"),
+        ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small")]
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -98,14 +105,7 @@ def main() -> None:
     torch.save(stream, OUT / "stream.pt")
     info_path = OUT / "online.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {"fixtures": {}}
-    jobs = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
-            ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
-            ("rtpt_attack", "rtpt", "authors")]
-    jobs += [("boostadapter" + s, "boostadapter", s[1:] or "authors") for s in ("", "_original", "_small")]
-
-    jobs += [("dota", "dota", "authors"), ("dota_strong", "dota", "strong")]
-
-    jobs += [("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a")]
+    jobs = JOBS
     given_commits = dict(c.split("=", 1) for c in args.commit or [])
     missing = [REPOS[w][0] for _, w, _ in jobs if not (Path(args.checkouts) / REPOS[w][0]).is_dir()]
     if missing and not args.only:

@@ -1,0 +1,221 @@
+"""ECALP's pieces against straightforward (dense, looped) computations, its config checks, and runs
+through the engine (resume after a crash, robust accuracy). The authors' code: test_golden_ecalp.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from shiftlab import records
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, RunHooks, run
+from shiftlab.methods.ecalp import (
+    Graph,
+    feature_weights,
+    image_neighbours,
+    normalised_edges,
+    propagate,
+    reweighted_similarity,
+    top,
+)
+from shiftlab.protocols import describe
+from shiftlab.synthetic import make_imagenet_r, tiny_clip
+
+CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _unit(*shape: int, seed: int) -> torch.Tensor:
+    return F.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed)), dim=-1)
+
+
+def test_feature_weights_and_reweighted_similarity():
+    text, q, x = _unit(5, 4, seed=0), _unit(3, 4, seed=1), _unit(2, 4, seed=2)
+    mean = text.mean(0)
+    var = ((text - mean) ** 2).sum(0) / (5 - 1)             # unbiased, over classes
+    w = var / var.norm()
+    torch.testing.assert_close(feature_weights(text), w)
+    for a in range(3):
+        for b in range(2):
+            qa = q[a] * w
+            want = float(qa @ x[b]) / float(qa.norm() * x[b].norm())
+            assert float(reweighted_similarity(q, x, w)[a, b]) == pytest.approx(want, abs=1e-6)
+
+
+def test_top_keeps_ties_in_column_order_or_leaves_them_to_topk():
+    s = torch.tensor([[0.5, 0.75, 0.5, 0.5, 0.125]])
+    assert top(s, 3)[1].tolist() == [[1, 0, 2]]
+    values, index = top(s, 3, stable=False)
+    assert values.tolist() == [[0.75, 0.5, 0.5]] and index[0, 0] == 1 and set(index[0, 1:].tolist()) <= {0, 2, 3}
+
+
+def test_normalised_edges_are_the_symmetric_normalised_adjacency():
+    c, n, width = 3, 4, 2
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, c + n, (n, width), generator=g)
+    sim = torch.rand(n, width, generator=g)
+    sim[0, 1] = 0                                           # a zero weight is no edge
+    dense = torch.zeros(c + n, c + n)
+    for r in range(n):
+        for j in range(width):
+            dense[c + r, idx[r, j]] += sim[r, j]
+    dense = dense + dense.T
+    d = 1 / (dense.sum(1).sqrt() + 1e-6)
+    want = d[:, None] * dense * d[None, :]
+    edges, weights = normalised_edges(idx, sim, c)
+    got = torch.sparse_coo_tensor(edges, weights, (c + n, c + n)).to_dense()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert bool((weights != 0).all())
+
+
+def test_propagate_is_the_dense_iteration():
+    c, n = 3, 4
+    g = torch.Generator().manual_seed(4)
+    idx, sim = torch.randint(0, c + n, (n, 3), generator=g), torch.rand(n, 3, generator=g)
+    edges, weights = normalised_edges(idx, sim, c)
+    w = torch.sparse_coo_tensor(edges, weights, (c + n, c + n)).to_dense()[c:]
+    carried = torch.rand(n, c, generator=g)
+    y = carried
+    for _ in range(2):
+        y = 0.7 * w @ torch.cat([torch.eye(c), y]) + 0.3 * carried
+    torch.testing.assert_close(propagate(edges, weights, carried, c, 0.7, 2), y, rtol=0, atol=1e-6)
+
+
+def test_new_nodes_take_their_neighbours_over_every_node():
+    text, feats = _unit(5, 4, seed=5), _unit(7, 4, seed=6)
+    w = feature_weights(text)
+
+    def node_set(m):
+        nodes = torch.cat([feats[:m], feats[m - 1:m]])
+        return F.normalize(nodes * w, dim=1), F.normalize(nodes[-2:], dim=1), nodes
+
+    weighted, new, _ = node_set(1)
+    kept_sim, kept_idx, sim, idx = image_neighbours(None, weighted, new, 3)
+    assert idx.shape == (2, 2) and torch.equal(kept_idx, idx)            # k = min(k_image, nodes)
+    graph = Graph(feats[:1], kept_sim, kept_idx, sim, idx, torch.zeros(2), torch.zeros(2, dtype=torch.long))
+    for m in range(2, 7):
+        weighted, new, nodes = node_set(m)
+        kept_sim, kept_idx, sim, idx = image_neighbours(graph, weighted, new, 3)
+        want_sim, want_idx = top(reweighted_similarity(nodes, nodes[-2:], w).T, 3)
+        assert torch.equal(idx[-2:], want_idx)
+        torch.testing.assert_close(sim[-2:], want_sim)
+        assert idx.shape == (m + 1, 3) and kept_idx.shape[0] == m + 1
+        assert bool((kept_sim[:-2] == kept_sim[:-2].sort(1, descending=True).values).all())
+        graph = Graph(feats[:m], kept_sim, kept_idx, sim, idx, torch.zeros(m + 1), torch.zeros(m + 1, dtype=torch.long))
+
+
+def test_state_survives_a_round_trip_and_the_buffers_grow(tiny_model):
+    m = shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, text_head="zeroshot")
+    d = m.text().shape[1]
+    xs = _unit(40, d, seed=8)
+    for x in xs[:20]:
+        m.step(x)                               # past the first buffer (16 rows): it grew
+    other = shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, text_head="zeroshot")
+    other.load_state_dict(m.state_dict())
+    for x in xs[20:]:
+        assert torch.equal(m.step(x), other.step(x))
+    torch.testing.assert_close(m.graph.features, xs)
+
+
+def test_first_sample_equals_a_dense_computation(tiny_model):
+    """Sample 1: nodes (x, x); the image kNN is both nodes, the text kNN the 3 best classes."""
+    m = shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, text_head="zeroshot")
+    text = m.text()
+    c = text.shape[0]
+    x = _unit(text.shape[1], seed=7)
+    w = feature_weights(text)
+    s_img = reweighted_similarity(torch.stack([x, x]), torch.stack([x, x]), w)         # (2, 2)
+    s_txt = x @ text.T
+    dense = torch.zeros(c + 2, c + 2)
+    best = s_txt.topk(3).indices
+    for r in range(2):
+        for j in range(2):
+            dense[c + r, c + j] += s_img[r, j] ** 10
+        for k in best:
+            dense[c + r, k] += s_txt[k] ** 10
+    dense = dense + dense.T
+    d = 1 / (dense.sum(1).sqrt() + 1e-6)
+    wt = (d[:, None] * dense * d[None, :])[c:]
+    y = torch.zeros(2, c)
+    for _ in range(3):
+        y = wt @ torch.cat([torch.eye(c), y])
+    out = m.predict_context(_Ctx(x))
+    torch.testing.assert_close(out.logits, 10000 * y[-1], rtol=1e-5, atol=1e-6)
+    assert m.graph.carry_val.tolist() == pytest.approx((y.max(1).values / 5).tolist())
+
+
+class _Ctx:
+    def __init__(self, feature: torch.Tensor):
+        self.base_feature = feature
+
+
+@pytest.mark.parametrize("bad,match", [({"text_head": "cupl"}, "text_head"), ({"k_image": 0}, "k_image"),
+                                       ({"ties": "random"}, "ties")])
+def test_bad_settings_are_refused_in_one_line(tiny_model, bad, match):
+    with pytest.raises(ValueError, match=match) as err:
+        shiftlab.create_method("ecalp", tiny_model, CLASSNAMES, **bad)
+    assert "\n" not in str(err.value)
+
+
+def test_paper_protocol_is_float32_with_the_authors_tie_order():
+    paper = describe("paper", "ecalp")
+    assert paper["precision"] == "fp32" and paper["config"]["ties"] == "topk" and paper["views"] == {"n_views": 1}
+    assert describe("leaderboard", "ecalp")["config"]["ties"] == "stable"
+
+
+# -- through the engine ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_imagenet_r(tmp_path_factory.mktemp("data"), per_class=1, classes=range(0, 200, 10))   # 20 images
+
+
+class _Crash(Exception):
+    pass
+
+
+def _strip(run_dir: Path) -> list[dict]:
+    recs = records.load_records(run_dir)
+    for r in recs:
+        r.pop("seconds", None)
+    return sorted(recs, key=lambda r: (r["id"], r["method"]))
+
+
+@pytest.mark.slow
+def test_engine_resume_after_a_crash_equals_an_uninterrupted_run(data, tmp_path):
+    base = dict(data=str(data), methods=["ecalp", "zeroshot"], method_config={"ecalp": {"text_head": "zeroshot"}},
+                workers=0, progress=False, batch_size=2, seed=5, device="cpu", online_checkpoint_seconds=0)
+    dataset = build_dataset("imagenet-r", data)
+    run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
+    calls = []
+
+    class CrashAtFourthCheckpoint(RunHooks):
+        def after_checkpoint(self, ids):
+            calls.append(ids)
+            if len(calls) == 4:
+                raise _Crash
+
+    with pytest.raises(_Crash):
+        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset,
+            hooks=CrashAtFourthCheckpoint())
+    assert 0 < len(records.load_records(tmp_path / "cut")) < 2 * 20
+    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0), dataset=dataset)
+    assert _strip(tmp_path / "cut") == _strip(tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_robust_accuracy_and_ece_in_the_same_pass(data, tmp_path):
+    cfg = RunConfig(data=str(data), methods=["ecalp"], method_config={"ecalp": {"text_head": "zeroshot"}},
+                    workers=0, progress=False, seed=1, limit=4, device="cpu", out=str(tmp_path / "adv"),
+                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1})
+    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    robust = summary["methods"]["ecalp"]["robust"]
+    assert robust["setting"] == "pgd" and robust["n"] == 4 and 0 <= robust["ece"] <= 100
+    assert summary["errors"] == 0
