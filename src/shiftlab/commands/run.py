@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from ..engine import run as run_engine
     from ..runtime import distributed
-    from ..suites import run_suite
+    from ..suites import run_suite, table_markdown
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
     try:
         try:
@@ -304,7 +304,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         try:
             if suite is not None:
-                run_suite(cfg, suite, model=model, datasets=datasets)
+                table = run_suite(cfg, suite, model=model, datasets=datasets)
+                if table and not cfg.progress:   # with progress, run_suite prints it
+                    print(table_markdown(table))
                 return 0
             summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
         except (FileExistsError, KeyError, TypeError, ValueError) as exc:
