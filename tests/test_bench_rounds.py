@@ -123,15 +123,16 @@ def _bench_args(*argv):
 def test_quick_settings():
     got = settings(_bench_args("--quick"), "cpu")
     assert got == QUICK | {"alone": False}
-    assert got == {"images": 1, "warmup": 1, "views": 16, "repeats": 1, "baseline": False, "alone": False,
-                   "workers": 0}
+    assert got == {"methods": ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"], "images": 1, "warmup": 1,
+                   "views": 16, "repeats": 1, "baseline": False, "alone": False, "workers": 0}
+    assert settings(_bench_args("--quick", "--methods", "tpt"), "cpu")["methods"] == ["tpt"]
 
 
 def test_quick_gives_way_to_explicit_flags_and_the_defaults_are_unchanged():
     got = settings(_bench_args("--quick", "--views", "32", "--images", "2", "--baseline"), "cpu")
     assert (got["views"], got["images"], got["baseline"], got["alone"], got["repeats"]) == (32, 2, True, True, 1)
-    assert settings(_bench_args(), "cpu") == {"images": 3, "warmup": 1, "views": 64, "repeats": 3, "baseline": True,
-                                               "alone": True, "workers": -1}
+    assert settings(_bench_args(), "cpu") == {"methods": None, "images": 3, "warmup": 1, "views": 64, "repeats": 3,
+                                               "baseline": True, "alone": True, "workers": -1}
     assert settings(_bench_args(), "cuda")["images"] == 32
     assert settings(_bench_args("--no-baseline"), "cpu")["alone"] is True
 

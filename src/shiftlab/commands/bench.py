@@ -22,12 +22,15 @@ def _names(text: str) -> list[str]:
 
 
 # `--quick`: one warm-up and one timed image at QUICK_VIEWS views, one round of the floor and all methods
-# together, no baselines, no per-method passes, the loader in-process; the projection scales the
+# together, no baselines, no per-method passes, the loader in-process, and every default method but the
+# prompt ensemble (its 80-template x 200-class head is a one-off set-up of minutes on a CPU; per image it
+# costs a product with view 0's features, which the pass encodes anyway); the projection scales the
 # image-tower phases to the 64-view recipe (docs/BENCHMARKS.md, "--quick"). Flags given explicitly win.
 QUICK_VIEWS = 16
-QUICK = {"images": 1, "warmup": 1, "views": QUICK_VIEWS, "repeats": 1, "baseline": False, "alone": False,
-         "workers": 0}
-NORMAL = {"warmup": 1, "views": 64, "repeats": 3, "baseline": True, "alone": True, "workers": -1}
+QUICK_METHODS = ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"]
+QUICK = {"methods": QUICK_METHODS, "images": 1, "warmup": 1, "views": QUICK_VIEWS, "repeats": 1, "baseline": False,
+         "alone": False, "workers": 0}
+NORMAL = {"methods": None, "warmup": 1, "views": 64, "repeats": 3, "baseline": True, "alone": True, "workers": -1}
 
 
 def settings(args: argparse.Namespace, device_type: str) -> dict:
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2
-    config = BenchConfig(methods=args.methods, **settings(args, device.type),
+    config = BenchConfig(**settings(args, device.type),
                          seed=args.seed, batch_size=args.batch_size, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
                          method_config=checks.method_config(args.method_config), image_size=args.image_size,
