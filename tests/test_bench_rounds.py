@@ -123,7 +123,7 @@ def _bench_args(*argv):
 def test_quick_settings():
     got = settings(_bench_args("--quick"), "cpu")
     assert got == QUICK | {"alone": False}
-    assert got == {"methods": ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"], "images": 1, "warmup": 1,
+    assert got == {"methods": ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"], "images": 1, "warmup": 0,
                    "views": 16, "repeats": 1, "baseline": False, "alone": False, "workers": 0}
     assert settings(_bench_args("--quick", "--methods", "tpt"), "cpu")["methods"] == ["tpt"]
 

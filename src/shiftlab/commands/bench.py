@@ -21,14 +21,15 @@ def _names(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
-# `--quick`: one warm-up and one timed image at QUICK_VIEWS views, one round of the floor and all methods
+# `--quick`: one image at QUICK_VIEWS views, no warm-up image (the single pass that keeps the views is the
+# warm-up in effect: the projection reads the round after it), one round of the floor and all methods
 # together, no baselines, no per-method passes, the loader in-process, and every default method but the
 # prompt ensemble (its 80-template x 200-class head is a one-off set-up of minutes on a CPU; per image it
 # costs a product with view 0's features, which the pass encodes anyway); the projection scales the
 # image-tower phases to the 64-view recipe (docs/BENCHMARKS.md, "--quick"). Flags given explicitly win.
 QUICK_VIEWS = 16
 QUICK_METHODS = ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"]
-QUICK = {"methods": QUICK_METHODS, "images": 1, "warmup": 1, "views": QUICK_VIEWS, "repeats": 1, "baseline": False,
+QUICK = {"methods": QUICK_METHODS, "images": 1, "warmup": 0, "views": QUICK_VIEWS, "repeats": 1, "baseline": False,
          "alone": False, "workers": 0}
 NORMAL = {"methods": None, "warmup": 1, "views": 64, "repeats": 3, "baseline": True, "alone": True, "workers": -1}
 
@@ -47,8 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", type=_names, default=None,
                    help="comma-separated methods (default: zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta)")
     p.add_argument("--quick", action="store_true",
-                   help=f"a first look in about a minute on a CPU: 1 image at {QUICK_VIEWS} views, 1 round of the "
-                        "floor and all methods, no baselines; the ImageNet-R projection is scaled to 64 views")
+                   help=f"a first look (about a minute on a quiet CPU): 1 image at {QUICK_VIEWS} views, 1 round of "
+                        "the floor and all methods, no baselines; the ImageNet-R projection is scaled to 64 views")
     p.add_argument("--images", type=int, default=None, help="timed images (default 3 on the CPU, 32 on CUDA)")
     p.add_argument("--warmup", type=int, default=None, help="untimed images run through every path first (default 1)")
     p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=None,
