@@ -100,6 +100,15 @@ def test_bench_tiny_model_with_baselines_below_ten_views(tiny_model):
     assert result["rounds"]["all_methods_ratio_to_floor"]["median"] >= 1.0
 
 
+def test_model_shiftlab_tiny_is_the_unconditioned_tiny_model():
+    from shiftlab.bench.model import load_bench_model
+    model, info = load_bench_model("shiftlab-tiny", None, CLASSNAMES, torch.device("cpu"))
+    assert info == {"name": "shiftlab-tiny", "pretrained": None, "conditioned_random_weights": False}
+    reference = shiftlab.synthetic.tiny_clip(0)
+    for (key, ours), theirs in zip(model.clip.state_dict().items(), reference.clip.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=key)
+
+
 def test_default_methods_all_have_baselines():
     assert set(DEFAULT_METHODS) <= set(BASELINES)
 
