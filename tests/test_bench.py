@@ -109,6 +109,13 @@ def test_model_shiftlab_tiny_is_the_unconditioned_tiny_model():
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.parametrize("views,method", [(2, "mta"), (1, "rtpt")])
+def test_bench_refuses_fewer_views_than_a_method_needs(tiny_model, views, method):
+    with pytest.raises(ValueError, match=f"{method}: needs at least"):
+        run_bench(tiny_model, CLASSNAMES, BenchConfig(methods=["tpt", method], images=1, warmup=0, views=views,
+                                                      workers=0, repeats=1), log=None)
+
+
 def test_default_methods_all_have_baselines():
     assert set(DEFAULT_METHODS) <= set(BASELINES)
 

@@ -340,7 +340,9 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
         f"{len(classnames)} classes, device {device}")
     t0 = time.perf_counter()
     timer = PhaseTimer(now, text=True)
-    ev = Evaluator(model, classnames, methods, config.method_config, config.precision, text_timer=timer)
+    # the bench's views are the methods' recipe, so a method that needs more refuses in one line up front
+    ev = Evaluator(model, classnames, methods, config.method_config, config.precision, text_timer=timer,
+                   run_views={"n_views": config.views})
     try:
         return _measure(ev, timer, model, classnames, config, methods, source, log, now, model_info, t0, ids,
                         warm_ids, full, one, machine, n)
