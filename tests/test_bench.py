@@ -53,6 +53,69 @@ def test_baseline_agrees_with_library(tiny_model, name, overrides):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3)
 
 
+# -- fewer than 10 views: TPT's int(N * 0.1) is 0 (issue 25.8: "shiftlab bench: math domain error") ---------
+
+@pytest.mark.parametrize("n_views", [1, 2, 8, 9, 10, 64])
+def test_baseline_selection_keeps_as_many_views_as_the_library(n_views):
+    from shiftlab.bench.baseline import avg_entropy, pointwise_entropy, select_confident_samples
+    from shiftlab.methods.confidence import marginal_entropy, mean_entropy, select_confident
+    logits = torch.randn(n_views, 20, generator=torch.Generator().manual_seed(n_views)) * 3
+    selected, idx = select_confident_samples(logits, 0.1)
+    assert len(idx) == max(1, int(n_views * 0.1))          # 0 at 8 views in the authors' rule
+    assert idx.tolist() == select_confident(logits, 0.1).tolist()
+    loss = avg_entropy(selected)                            # math.log(0) raised here at 8 views
+    assert torch.isfinite(loss)
+    torch.testing.assert_close(loss, marginal_entropy(logits[idx]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(pointwise_entropy(selected), mean_entropy(logits[idx]), rtol=0, atol=1e-6)
+
+
+def test_avg_entropy_of_no_views_is_a_one_line_error():
+    from shiftlab.bench.baseline import avg_entropy
+    with pytest.raises(ValueError, match="no views selected"):
+        avg_entropy(torch.zeros(0, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tpt", "ctpt", "rtpt"])
+def test_baseline_agrees_with_library_below_ten_views(tiny_model, name):
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES)
+    method.prepare()
+    baseline = create_baseline(name, tiny_model, CLASSNAMES, method.config)
+    baseline.setup()
+    for views in _views(tiny_model, n_views=8):
+        ours = method.predict(tiny_model.normalize(views.float() / 255))
+        theirs = baseline.predict(views)
+        assert int(ours.argmax()) == int(theirs.argmax())
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_bench_tiny_model_with_baselines_below_ten_views(tiny_model):
+    """The issue's reproduction: the tiny model, baselines on, few views; it ended in 'math domain error'."""
+    result = run_bench(tiny_model, CLASSNAMES, BenchConfig(
+        methods=["tpt", "ctpt", "rtpt"], images=1, warmup=0, views=8, workers=0, repeats=1), log=None)
+    for name in ("tpt", "ctpt", "rtpt"):
+        row = result["methods"][name]
+        assert row["top1_agreement"] == 1.0 and row["max_abs_logit_diff"] <= 1e-3, name
+    assert result["rounds"]["all_methods_ratio_to_floor"]["median"] >= 1.0
+
+
+def test_model_shiftlab_tiny_is_the_unconditioned_tiny_model():
+    from shiftlab.bench.model import load_bench_model
+    model, info = load_bench_model("shiftlab-tiny", None, CLASSNAMES, torch.device("cpu"))
+    assert info == {"name": "shiftlab-tiny", "pretrained": None, "conditioned_random_weights": False}
+    reference = shiftlab.synthetic.tiny_clip(0)
+    for (key, ours), theirs in zip(model.clip.state_dict().items(), reference.clip.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("views,method", [(2, "mta"), (1, "rtpt")])
+def test_bench_refuses_fewer_views_than_a_method_needs(tiny_model, views, method):
+    with pytest.raises(ValueError, match=f"{method}: needs at least"):
+        run_bench(tiny_model, CLASSNAMES, BenchConfig(methods=["tpt", method], images=1, warmup=0, views=views,
+                                                      workers=0, repeats=1), log=None)
+
+
 def test_default_methods_all_have_baselines():
     assert set(DEFAULT_METHODS) <= set(BASELINES)
 

@@ -1,8 +1,10 @@
 """`shiftlab bench`: speed of every method against a straightforward transcription of its paper.
 
 - `baseline`: the straightforward per-image procedures (no caching, full 77-token text tower);
-- `runner`: the measurements (`run_bench`) and the report (`format_report`).
+- `runner`: the measurements (`run_bench`); `rounds`: the interleaved rounds and the projection;
+- `report`: the table (`format_report`).
 """
-from .runner import BenchConfig, bench_classnames, default_methods, format_report, run_bench
+from .report import format_report
+from .runner import BenchConfig, bench_classnames, default_methods, run_bench
 
 __all__ = ["BenchConfig", "bench_classnames", "default_methods", "format_report", "run_bench"]

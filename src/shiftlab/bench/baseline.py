@@ -62,15 +62,27 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True)
 
 
+def n_confident(n_views: int, top: float) -> int:
+    """How many views TPT's filter keeps: the authors' int(N * top), but at least one.
+
+    The authors' int(N * top) is 0 below 10 views at top = 0.1, and their `avg_entropy` then takes
+    log(0) ("math domain error"); the library keeps at least one view (`methods.confidence.n_selected`),
+    so the baseline does too, or the two would not run the same method.
+    """
+    return max(1, int(n_views * top))
+
+
 def select_confident_samples(logits: torch.Tensor, top: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """TPT's `select_confident_samples`."""
+    """TPT's `select_confident_samples` (keeping `n_confident` views)."""
     batch_entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-    idx = torch.argsort(batch_entropy, descending=False)[:int(batch_entropy.size()[0] * top)]
+    idx = torch.argsort(batch_entropy, descending=False)[:n_confident(batch_entropy.size()[0], top)]
     return logits[idx], idx
 
 
 def avg_entropy(outputs: torch.Tensor) -> torch.Tensor:
-    """TPT's `avg_entropy`: entropy of the mean probability over the selected views."""
+    """TPT's `avg_entropy`: entropy of the mean probability over the selected views (at least one)."""
+    if outputs.shape[0] < 1:
+        raise ValueError("avg_entropy: no views selected")
     logits = outputs - outputs.logsumexp(dim=-1, keepdim=True)
     avg_logits = logits.logsumexp(dim=0) - math.log(logits.shape[0])
     min_real = torch.finfo(avg_logits.dtype).min

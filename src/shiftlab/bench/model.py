@@ -63,6 +63,8 @@ def load_bench_model(name: str, pretrained: str | None, classnames: Sequence[str
     prompt embeddings, so centring them would leave mostly rounding noise).
     """
     from ..models import load_model
+    from ..synthetic import TINY_CLIP_NAME
+    tiny = tiny or (name == TINY_CLIP_NAME and pretrained is None)    # `--model shiftlab-tiny` is `--tiny`
     if tiny:
         from ..synthetic import tiny_clip
         model, name = tiny_clip(0, device=device), "shiftlab-tiny"

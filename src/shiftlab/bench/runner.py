@@ -56,7 +56,7 @@ from ..phases import PhaseTimer
 from ..step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner, ViewDataset
 from ..views import ViewConfig, ViewGenerator
 from .baseline import BASELINES, BaselineUnsupported, create_baseline
-from .rounds import measure_rounds, projection
+from .rounds import FULL_VIEWS, measure_rounds, projection
 
 DEFAULT_METHODS = ("zeroshot", "prompt_ensemble", "view_ensemble", "tpt", "ctpt", "rtpt", "mta")
 MiB = 1024 * 1024
@@ -79,6 +79,8 @@ class BenchConfig:
     image_size: tuple[int, int] = (320, 256)  # synthetic images, (width, height)
     threads: int | None = None                # torch intra-op threads for the run; None: leave as is
     repeats: int = 3                          # interleaved rounds of floor / alone (+ baseline) / all; 0: none
+    alone: bool = True                        # measure each method alone (and its baseline); False: all together only
+    target_views: int = FULL_VIEWS            # the projection's views per image (scaled from `views` if different)
 
 
 def default_methods() -> list[str]:
@@ -338,7 +340,9 @@ def _run(model, classnames, config, methods, source, log, now, model_info) -> di
         f"{len(classnames)} classes, device {device}")
     t0 = time.perf_counter()
     timer = PhaseTimer(now, text=True)
-    ev = Evaluator(model, classnames, methods, config.method_config, config.precision, text_timer=timer)
+    # the bench's views are the methods' recipe, so a method that needs more refuses in one line up front
+    ev = Evaluator(model, classnames, methods, config.method_config, config.precision, text_timer=timer,
+                   run_views={"n_views": config.views})
     try:
         return _measure(ev, timer, model, classnames, config, methods, source, log, now, model_info, t0, ids,
                         warm_ids, full, one, machine, n)
@@ -386,7 +390,7 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
     base_warm = warm_ids if config.baseline_warmup is None else warm_ids[:config.baseline_warmup]
     results: dict[str, dict] = {}
     kept_baselines: dict[str, Callable[[BatchItem], torch.Tensor]] = {}
-    for name in methods:
+    for name in methods if config.alone else []:
         method = ev.methods[name]
         alone = _alone(ev, timer, name, source, ids, full if method.needs_views else one, config.batch_size)
         spi = alone["seconds"] / n
@@ -416,10 +420,11 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
     rounds = None
     if config.repeats > 0:
         items = [BatchItem(sid, {DEFAULT_RECIPE: views_cache[sid]}) for sid in ids]
-        log(f"  {config.repeats} interleaved round(s): floor, each method alone"
-            f"{' (+ baseline)' if kept_baselines else ''}, all methods")
+        log(f"  {config.repeats} interleaved round(s): floor, "
+            + (f"each method alone{' (+ baseline)' if kept_baselines else ''}, " if config.alone else "")
+            + "all methods")
         rounds = measure_rounds(ev, source, items, methods, config.repeats, config.batch_size, timer,
-                                baselines=kept_baselines, log=log)
+                                baselines=kept_baselines, log=log, alone=config.alone)
         for name, r in rounds["methods"].items():
             results[name]["ratio_to_floor"] = r["ratio_to_floor"]["median"]
             results[name]["rounds_seconds_per_image"] = r["seconds_per_image"]["median"]
@@ -448,7 +453,9 @@ def _measure(ev, timer, model, classnames, config, methods, source, log, now, mo
         "floor_seconds_per_image": rounds["floor_seconds_per_image"]["median"] if rounds else None,
         "all_methods_ratio_to_floor": rounds["all_methods_ratio_to_floor"]["median"] if rounds else None,
         "rounds": rounds,
-        "projection": projection(rounds, loader["seconds_per_image"]) if rounds else None,
+        "projection": projection(rounds, loader["seconds_per_image"], views=config.views,
+                                 target_views=config.target_views,
+                                 view_methods=[m for m in methods if ev.methods[m].needs_views]) if rounds else None,
     }
 
 
@@ -492,67 +499,3 @@ def _baseline(row: dict, name: str, model: ClipModel, classnames, method_config,
     log(f"  {name} baseline: {spi:.2f} s/image (x{row['speedup']:.1f}), top-1 agreement {agree:.0%}, "
         f"max |logit diff| {diff:.2e}")
     return base
-
-
-# -- the human-readable report ------------------------------------------------------------------
-
-def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
-    return none if x is None else format(x, spec)
-
-
-def format_report(result: dict) -> str:
-    cfg = result["config"]
-    model = cfg.get("model") or {}
-    lines = [
-        f"shiftlab bench on {result['device']}: {model.get('name', '?')} "
-        f"({model.get('pretrained') or 'random weights'}), {cfg['classes']} classes, {cfg['views']} views, "
-        f"{cfg['images']} image(s) + {cfg['warmup']} warm-up, torch {result['machine']['torch']}, "
-        f"{result['machine']['torch_threads']} threads",
-        "",
-        "seconds per image, each method alone (decode+views + encode + text tower + method):",
-        f"{'method':<16}{'s/img':>8}{'img/s':>8}{'dec+views':>10}{'encode':>8}{'text':>8}{'method':>8}"
-        f"{'peak MiB':>9} | {'baseline':>9}{'speedup':>8}{'top-1':>7}{'max|dlogit|':>12}",
-    ]
-    for name, r in result["methods"].items():
-        s = r["split_seconds_per_image"]
-        lines.append(
-            f"{name:<16}{r['seconds_per_image']:>8.2f}{_fmt(r['images_per_second']):>8}{s['decode_views']:>10.2f}"
-            f"{s['image_encode']:>8.2f}{s['text_tower']:>8.2f}{s['method']:>8.2f}{r['peak_memory_mib']:>9.0f} | "
-            f"{_fmt(r['baseline_seconds_per_image']):>9}{_fmt(r['speedup'], '.1f'):>8}"
-            f"{_fmt(r['top1_agreement'], '.0%'):>7}{_fmt(r['max_abs_logit_diff'], '.1e'):>12}")
-        if r.get("baseline_skipped"):
-            lines.append(f"{'':<16}baseline skipped: {r['baseline_skipped']}")
-    split = result["all_methods_split_seconds_per_image"]
-    lines += [
-        "",
-        f"all methods in one pass: {result['all_methods_seconds_per_image']:.2f} s/image "
-        f"(decode+views {split['decode_views']:.2f}, encode {split['image_encode']:.2f}, "
-        f"methods {sum(split['methods'].values()):.2f}); sum of the methods alone: "
-        f"{result['sum_of_individual_seconds_per_image']:.2f} s/image; ratio {_fmt(result['all_to_sum_ratio'])}",
-        f"peak memory: all methods {result['all_methods_peak_memory_mib']:.0f} MiB; process high-water mark "
-        f"(incl. baselines) {result['process_peak_rss_mib']:.0f} MiB",
-    ]
-    rounds = result.get("rounds")
-    if rounds:
-        lines += ["", f"medians over {rounds['rounds']} interleaved rounds (min-max), decode+views excluded:",
-                  f"{'':<16}{'s/img':>9}{'spread':>17}{'x floor':>9}{'speedup':>9}"]
-
-        def row(label: str, spi: dict, ratio: dict | None, speedup: dict | None = None) -> str:
-            span = f"{spi['min']:.3f}-{spi['max']:.3f}"
-            return (f"{label:<16}{spi['median']:>9.3f}{span:>17}"
-                    f"{_fmt(ratio and ratio['median'], '.2f'):>9}{_fmt(speedup and speedup['median'], '.1f'):>9}")
-        lines.append(row("floor", rounds["floor_seconds_per_image"], None))
-        for name, r in rounds["methods"].items():
-            lines.append(row(name, r["seconds_per_image"], r["ratio_to_floor"], r.get("speedup")))
-        lines.append(row("all methods", rounds["all_methods_seconds_per_image"], rounds["all_methods_ratio_to_floor"]))
-        pr = result["projection"]
-        lines.append(f"projected {pr['images']} images on this device: floor {pr['floor_seconds'] / 3600:.2f} h, "
-                     f"all methods {pr['all_methods_seconds'] / 3600:.2f} h "
-                     f"(loader alone {pr['loader_seconds'] / 3600:.2f} h)")
-    ld = result["loader"]
-    lines.append(
-        f"loader ({ld['workers']} workers): {ld['seconds_per_image']:.3f} s/image "
-        f"(startup {ld['startup_seconds']:.1f} s; "
-        f"{ld['in_process_seconds_per_image']:.3f} s/image in-process) vs model {ld['model_seconds_per_image']:.2f} "
-        f"s/image -> the {ld['bottleneck']} is the bottleneck")
-    return "\n".join(lines)

@@ -21,14 +21,39 @@ def _names(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
+# `--quick`: one image at QUICK_VIEWS views, no warm-up image (the single pass that keeps the views is the
+# warm-up in effect: the projection reads the round after it), one round of the floor and all methods
+# together, no baselines, no per-method passes, the loader in-process, and every default method but the
+# prompt ensemble (its 80-template x 200-class head is a one-off set-up of minutes on a CPU; per image it
+# costs a product with view 0's features, which the pass encodes anyway); the projection scales the
+# image-tower phases to the 64-view recipe (docs/BENCHMARKS.md, "--quick"). Flags given explicitly win.
+QUICK_VIEWS = 16
+QUICK_METHODS = ["zeroshot", "view_ensemble", "tpt", "ctpt", "rtpt", "mta"]
+QUICK = {"methods": QUICK_METHODS, "images": 1, "warmup": 0, "views": QUICK_VIEWS, "repeats": 1, "baseline": False,
+         "alone": False, "workers": 0}
+NORMAL = {"methods": None, "warmup": 1, "views": 64, "repeats": 3, "baseline": True, "alone": True, "workers": -1}
+
+
+def settings(args: argparse.Namespace, device_type: str) -> dict:
+    """The measurement settings: explicit flags, else `--quick`'s, else the defaults."""
+    base = QUICK if args.quick else NORMAL | {"images": 32 if device_type == "cuda" else 3}
+    out = {key: getattr(args, key) if getattr(args, key, None) is not None else value for key, value in base.items()}
+    out["alone"] = out["alone"] or out["baseline"]     # a baseline is measured against its method alone
+    return out
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="speed of each method vs a straightforward baseline",
                               description=__doc__)
     p.add_argument("--methods", type=_names, default=None,
                    help="comma-separated methods (default: zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a first look (about a minute on a quiet CPU): 1 image at {QUICK_VIEWS} views, 1 round of "
+                        "the floor and all methods, no baselines; the ImageNet-R projection is scaled to 64 views")
     p.add_argument("--images", type=int, default=None, help="timed images (default 3 on the CPU, 32 on CUDA)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed images run through every path first")
-    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=64)
+    p.add_argument("--warmup", type=int, default=None, help="untimed images run through every path first (default 1)")
+    p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=None,
+                   help="views per image (default 64)")
     p.add_argument("--classes", type=int, default=200,
                    help="number of class names (ImageNet-R's; ImageNet-1k's above 200); ignored with --data")
     p.add_argument("--model", default="RN50", help="open_clip model name (random weights use its -quickgelu variant)")
@@ -41,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None, help="dataset folder (default: synthetic JPEGs)")
     p.add_argument("--image-size", type=_image_size, default=(320, 256), help="synthetic image size WxH")
     p.add_argument("--device", type=checks.device_name, default="auto", help=checks.DEVICE_HELP)
-    p.add_argument("--workers", type=int, default=-1,
+    p.add_argument("--workers", type=int, default=None,
                    help="DataLoader workers for the loader measurement (default -1: as `shiftlab run`)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="as `shiftlab run`: auto = fp16 autocast on CUDA, float32 on the CPU")
@@ -49,12 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice); 1 gives steadier numbers on a busy CPU")
-    p.add_argument("--repeats", type=checks.int_in(0, 100), default=3,
+    p.add_argument("--repeats", type=checks.int_in(0, 100), default=None,
                    help="interleaved rounds of the floor (views encoded alone), each method alone (+ its "
                         "baseline) and all methods: medians, spread, ratios to the floor, projection (0: none)")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
-    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the straightforward baseline of each method (slow)")
     p.add_argument("--baseline-methods", type=_names, default=None,
                    help="run the baseline only for these methods (default: all measured)")
@@ -89,13 +114,11 @@ def run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2
-    images = args.images if args.images is not None else (32 if device.type == "cuda" else 3)
-    config = BenchConfig(methods=args.methods, images=images, warmup=args.warmup, views=args.views,
-                         seed=args.seed, batch_size=args.batch_size, workers=args.workers,
-                         baseline=args.baseline, baseline_methods=args.baseline_methods,
+    config = BenchConfig(**settings(args, device.type),
+                         seed=args.seed, batch_size=args.batch_size, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
                          method_config=checks.method_config(args.method_config), image_size=args.image_size,
-                         threads=args.threads, precision=args.precision, repeats=args.repeats)
+                         threads=args.threads, precision=args.precision)
     try:
         result = run_bench(model, classnames, config, source=source, model_info=info)
     except (KeyError, TypeError, ValueError) as exc:
