@@ -233,11 +233,17 @@ def download_hint(name: str, root: str, exc: Exception) -> str:
     return f" -> run `shiftlab download {spec.name} --root {root}` (or pass --download), see docs/DATA.md"
 
 
+def args_progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
 def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, FolderDataset]]:
     """Check data and weights before any heavy work, downloading them when asked.
 
     Every problem is reported at once (each dataset and the weights), each with what to download
     and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
+    # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
     from ..datasets import DatasetError, DownloadError, build_dataset
     from ..engine import resolve_device
     from ..models import ModelLoadError, load_run_model
@@ -250,6 +256,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
     for name in names:
         classnames = cfg.classnames if len(names) == 1 else None
         try:
+            say(f"shiftlab run: listing {name} under {cfg.data} ...")
             datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
         except DatasetError as exc:
             if args.download:
@@ -260,6 +267,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
             else:
                 problems.append(f"dataset {name}: {one_line(exc)}{download_hint(name, cfg.data, exc)}")
     try:
+        say(f"shiftlab run: loading {cfg.model} ({cfg.pretrained or 'random weights'}) ...")
         model = load_run_model(cfg, resolve_device(cfg.device))
     except ModelLoadError as exc:
         problems.append(f"model: {one_line(exc)}")
