@@ -83,6 +83,11 @@ def test_damaged_or_truncated_shard_is_not_served(tmp_path, capsys):
     assert entry.features(0) is None and "damaged or truncated" in capsys.readouterr().err
     binary.write_bytes(bytes(data[: len(data) // 2]))
     assert FeatureStore(tmp_path / "fs").entry(_key()).features(1) is None
+    # encoded again and re-stored: the intact copy is read from then on
+    with FeatureStore(tmp_path / "fs", "w") as store:
+        assert not store.entry(_key()).has(1) or store.entry(_key()).features(1) is None
+        store.put(_key(), 1, paths[1], feats[1])
+    assert torch.equal(FeatureStore(tmp_path / "fs").entry(_key()).features(1, paths[1]), feats[1])
 
 
 def test_uncommitted_shard_is_ignored(tmp_path):

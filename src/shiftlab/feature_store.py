@@ -102,7 +102,9 @@ class Entry:
     def __init__(self, root: Path, key: Mapping[str, Any]):
         self.root, self.key = Path(root), dict(key)
         self.dir = self.root / key_digest(key)
-        self._rows: dict[int, tuple[Path, int, list, str]] = {}   # sid -> (bin, row, file info, row sha256)
+        # sid -> its copies (bin, row, file info, row sha256): a sample re-stored after its shard was
+        # found damaged has two, and the first intact one is read
+        self._rows: dict[int, list[tuple[Path, int, list, str]]] = {}
         self._shape: dict[Path, tuple[int, int, str, str]] = {}   # bin -> (N, D, storage, encoder's dtype)
         self._seen: set[Path] = set()
         self._bad: set[Path] = set()
@@ -122,12 +124,12 @@ class Entry:
                 n, d = int(meta["shape"][1]), int(meta["shape"][2])
                 self._shape[binary] = (n, d, meta["dtype"], meta.get("features_dtype", "float32"))
                 for row, (sid, info, sha) in enumerate(zip(meta["ids"], meta["files"], meta["rows_sha256"])):
-                    self._rows.setdefault(int(sid), (binary, row, info, sha))
+                    self._rows.setdefault(int(sid), []).append((binary, row, info, sha))
             except (OSError, ValueError, KeyError, TypeError, IndexError):
                 _warn(f"feature store: unreadable shard index {index}; its samples are encoded again")
 
     def __contains__(self, sid: int) -> bool:
-        return sid in self._rows
+        return self.has(sid)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -137,16 +139,17 @@ class Entry:
 
     def has(self, sid: int, path: str | os.PathLike | None = None) -> bool:
         """Whether `sid` is stored and, given `path`, still names the file it was encoded from."""
-        found = self._rows.get(sid)
-        if found is None or found[0] in self._bad:
-            return False
-        return path is None or _same_file(found[2], path)
+        found = self._copy(sid)
+        return found is not None and (path is None or _same_file(found[2], path))
+
+    def _copy(self, sid: int) -> tuple[Path, int, list, str] | None:
+        return next((c for c in self._rows.get(sid, ()) if c[0] not in self._bad), None)
 
     def features(self, sid: int, path: str | os.PathLike | None = None) -> torch.Tensor | None:
         """(N, D) features of sample `sid` in the encoder's dtype (None: not stored, file changed, or damaged)."""
         if not self.has(sid, path):
             return None
-        binary, row, _, sha = self._rows[sid]
+        binary, row, _, sha = self._copy(sid)
         n, d, dtype, out = self._shape[binary]
         storage = STORAGE_DTYPES[dtype]
         size = n * d * torch.empty((), dtype=storage).element_size()
@@ -159,7 +162,7 @@ class Entry:
         if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
             self._bad.add(binary)
             _warn(f"feature store: shard {binary} is damaged or truncated; its samples are encoded again")
-            return None
+            return self.features(sid, path)   # another intact copy, or None
         return torch.frombuffer(bytearray(data), dtype=storage).view(n, d).to(getattr(torch, out))
 
 
