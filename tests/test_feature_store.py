@@ -206,3 +206,25 @@ def test_encode_fills_the_store_a_run_then_reads(tmp_path, tiny_checkpoint, caps
     strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
               for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("run", "plain")]
     assert strip[0] == strip[1] and len(strip[0]) == 12
+
+
+@pytest.mark.slow
+def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    from shiftlab.cli import main as cli_main
+    from shiftlab.methods import get_method_class
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
+             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep"), "--grid", "tda.pos_alpha=1,4"]
+    assert cli_main(flags) == 0
+    err, out = capsys.readouterr().err, (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "0 sample(s) read from the store" in err and "4 sample(s) read from the store" in err
+    assert "| tda.pos_alpha=1.0 * | tda |" in out and "| tda.pos_alpha=4.0 | tda |" in out and out.count("| 4 |") == 2
+    points = sorted(p.name for p in (tmp_path / "sweep" / "points").iterdir())
+    assert points == ["tda.pos_alpha=1.0", "tda.pos_alpha=4.0"]
+    settings = [json.loads((tmp_path / "sweep" / "points" / p / "run.json").read_text())["methods"]["tda"]["pos_alpha"]
+                for p in points]
+    assert settings == [1, 4]
+    assert cli_main(flags) == 0   # resumable: a finished sweep runs again without error
+    monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
+    assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
