@@ -112,7 +112,8 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
             "errors": errors}
 
 
-def open_run_features(config: RunConfig, dist, dataset, model: ClipModel, run_identity: dict):
+def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipModel,
+                      run_identity: dict) -> RunFeatures | None:
     """The run's feature store: written by this job (rank 0 holds its lock, every rank writes its own
     shards) unless another process writes it, then only read."""
     from .runtime.lock import RunLockedError, acquire_for_job
