@@ -228,3 +228,31 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     assert cli_main(flags) == 0   # resumable: a finished sweep runs again without error
     monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
     assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_write_their_own_shards_into_one_store(tmp_path, tiny_model, monkeypatch, capsys):
+    from shiftlab.runtime import distributed
+    from shiftlab.runtime.distributed import DistContext
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    dataset = build_dataset("imagenet-r", data)
+    cfg = dict(methods=["zeroshot", "view_ensemble"], views=4, workers=0, progress=False, batch_size=2, resume=True,
+               features=str(tmp_path / "fs"), features_dtype="fp32")
+
+    def rank(world, r, out):   # one rank of a `world`-rank job, in this process (as tests/test_distributed.py)
+        with monkeypatch.context() as m:
+            ctx = DistContext(r, world)
+            m.setattr(distributed, "context", lambda: ctx)
+            m.setattr(distributed, "all_gather", lambda c, obj: [obj] * c.world_size)
+            run(RunConfig(out=str(tmp_path / out), **cfg), model=tiny_model, dataset=dataset)
+
+    rank(2, 1, "job")
+    rank(2, 0, "job")
+    shards = sorted(p.name[:4] for p in (tmp_path / "fs").rglob("*.bin"))
+    assert set(shards) == {"r000", "r001"}
+    capsys.readouterr()
+    rank(1, 0, "single")
+    assert "4 sample(s) read from the store" in capsys.readouterr().err
+    strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
+              for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("job", "single")]
+    assert strip[0] == strip[1] and len(strip[0]) == 8
