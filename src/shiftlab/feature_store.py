@@ -240,7 +240,7 @@ class FeatureStore:
         if buf and features.dtype != buf[0][3]:
             self._write(digest)
             buf = self._pending.setdefault(digest, [])
-        buf.append((int(sid), file_info(path), features.detach().to("cpu", STORAGE_DTYPES[key["storage"]]),
+        buf.append((int(sid), file_info(path), features.detach().to("cpu", STORAGE_DTYPES[key["storage"]], copy=True),
                     features.dtype))
         if len(buf) >= SHARD_ROWS:
             self._write(digest)
