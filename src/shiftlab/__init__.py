@@ -21,13 +21,15 @@ _EXPORTS = {
     "classnames": "datasets",
     "ClassHeads": "context",
     "SampleContext": "context",
+    "FeatureStore": "feature_store",
 }
 __all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "predict", "Prediction",
-           "classnames", "ClassHeads", "SampleContext", "__version__"]
+           "classnames", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
 
 if TYPE_CHECKING:
     from .context import ClassHeads, SampleContext
     from .datasets import classnames
+    from .feature_store import FeatureStore
     from .methods import create_method, list_methods, predict
     from .models import ClipModel, ModelLoadError, load_model
     from .prediction import Prediction

@@ -65,10 +65,10 @@ class SampleContext:
     `ClipModel.encode_views`, the encoder the engine uses too, and reused by every method;
     `image_features` may also be handed in by the engine when it encodes many samples'
     views in one batch. `precision` is the image tower's policy (`shiftlab.precision`; None:
-    float32).
+    float32). `views` is None when the features come from a feature store (no pixels decoded).
     """
 
-    def __init__(self, model: ClipModel, heads: ClassHeads, views: torch.Tensor,
+    def __init__(self, model: ClipModel, heads: ClassHeads, views: torch.Tensor | None,
                  image_features: torch.Tensor | None = None, sample_id: int | None = None,
                  precision: Precision | None = None):
         self.model = model
@@ -81,6 +81,8 @@ class SampleContext:
 
     @property
     def n_views(self) -> int:
+        if self.views is None:   # features read from a feature store: no pixels
+            return self.image_features.shape[0]
         return self.views.shape[0]
 
     @cached_property

@@ -27,6 +27,7 @@ from .methods import get_method_class, list_methods
 from .models import ClipModel
 from .phases import PhaseTimer
 from .records import Record
+from .run_features import open_run_features
 from .runtime import distributed, identity, interrupt, planning
 from .runtime.lock import acquire_for_job
 from .runtime.online_state import OnlineState
@@ -66,6 +67,8 @@ class RunConfig:
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
     online_checkpoint_seconds: float = 60.0   # online state + records checkpoint interval (0: every batch)
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.probs); kept on --resume
+    features: str | None = None      # a feature store directory (shiftlab.feature_store): read, and fill
+    features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
 
     def settings(self) -> list[str]:
         return records.run_settings(self.attack, self.clean_and_robust)
@@ -216,10 +219,12 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         wanted = set(order[online_start:]) | set(pending)
         pending = [sid for sid in plan.ids if sid in wanted]
     timer = PhaseTimer()
+    store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
-                    done=done, timer=timer, online_start=online_start)
+                    done=done, timer=timer, online_start=online_start, features=store)
+    served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
-    loader = DataLoader(ViewDataset(dataset, pending, runner.recipes), batch_sampler=plan.batches(pending),
+    loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),
                         num_workers=workers, collate_fn=collate, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None,
                         persistent_workers=False)
@@ -237,6 +242,9 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     finally:
         writer.close()
         progress.close()
+        if store is not None:
+            store.close()
+            print(store.line(), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
 
     timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))

@@ -6,6 +6,7 @@
   DataLoader workers do this, outside the step),
 - `attack`: perturbing the batch (attacked settings only),
 - `encode`: the image tower over the views of a recipe,
+- `store_read`: reading a sample's view features from the run's feature store (`--features`),
 - `predict:<method>`: the method's whole prediction for the batch,
 - `text:<method>`: of which, with `text=True`, the method's text tower (prompt tuning: the
   `prompt.features` forward calls and the backward passes through them).

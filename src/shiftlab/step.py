@@ -56,16 +56,21 @@ def first_views(ctx: SampleContext, n: int) -> SampleContext:
     """The context of a sample's first `n` views, sharing the features already encoded."""
     if n >= ctx.n_views:
         return ctx
-    return SampleContext(ctx.model, ctx.heads, ctx.views[:n], image_features=ctx.image_features[:n],
+    views = None if ctx.views is None else ctx.views[:n]
+    return SampleContext(ctx.model, ctx.heads, views, image_features=ctx.image_features[:n],
                          sample_id=ctx.sample_id)
 
 
 @dataclass
 class BatchItem:
-    """One sample ready for the model: uint8 views (N,3,S,S) per recipe, or the reason it failed."""
+    """One sample ready for the model: uint8 views (N,3,S,S) per recipe, or the reason it failed.
+    `from_store`: not decoded, its features are read from the run's feature store instead
+    (`features`: key digest -> (N, D), filled by the Runner)."""
     sample_id: int
     views: dict[str, torch.Tensor] = field(default_factory=dict)
     error: str | None = None
+    from_store: bool = False
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def load_item(dataset: Any, sid: int, recipes: Mapping[str, ViewGenerator]) -> BatchItem:
@@ -82,14 +87,19 @@ def load_item(dataset: Any, sid: int, recipes: Mapping[str, ViewGenerator]) -> B
 class ViewDataset(Dataset):
     """Sample id -> BatchItem; runs in DataLoader workers."""
 
-    def __init__(self, dataset: Any, ids: Sequence[int], recipes: Mapping[str, ViewGenerator]):
+    def __init__(self, dataset: Any, ids: Sequence[int], recipes: Mapping[str, ViewGenerator],
+                 from_store: set[int] | None = None):
         self.dataset, self.ids, self.recipes = dataset, list(ids), dict(recipes)
+        self.from_store = from_store or set()   # served by the feature store: never decoded
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> BatchItem:
-        return load_item(self.dataset, self.ids[i], self.recipes)
+        sid = self.ids[i]
+        if sid in self.from_store:
+            return BatchItem(sid, from_store=True)
+        return load_item(self.dataset, sid, self.recipes)
 
 
 def collate(batch: list[BatchItem]) -> list[BatchItem]:
@@ -166,7 +176,7 @@ class Runner:
     def __init__(self, evaluator: Evaluator, dataset: Any, recipes: Mapping[str, ViewGenerator], *,
                  settings: Sequence[str] = ("clean",), attacker: Any = None, plan: Any = None,
                  done: set | None = None, methods: Sequence[str] | None = None, timer: PhaseTimer | None = None,
-                 online_start: int = 0,
+                 online_start: int = 0, features: Any = None,
                  on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None):
         self.evaluator = evaluator
         self.dataset = dataset
@@ -179,6 +189,7 @@ class Runner:
         self.timer = timer or PhaseTimer()
         self.online_start = online_start
         self.on_outputs = on_outputs
+        self.features = features   # a feature_store.RunFeatures, or None
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (DEFAULT_RECIPE when the runner was given
@@ -189,8 +200,72 @@ class Runner:
     def _all_views(self, recipe: str) -> bool:
         return any(self.evaluator.methods[n].needs_views for n in self.methods if self.recipe_of(n) == recipe)
 
-    def _encode(self, names: list[str], wanted: dict[str, list[int]], views: list[torch.Tensor], ids: list[int],
-                recipe: str) -> dict[str, list[SampleContext]]:
+    def _groups(self, names: list[str]) -> list[tuple[list[str], int]]:
+        """The methods of one recipe family grouped by precision, with the group's view count (from
+        every method of the group, not only those with records missing: the tower's batch shape, and
+        so its rounding, must not depend on what a resume still has to do)."""
+        methods = self.evaluator.methods
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(methods[n].precision.key, []).append(n)
+        return [(g, max(methods[n].view_recipe.n_views for n in g)) for g in groups.values()]
+
+    def store_keys(self) -> list[dict]:
+        """The feature-store key of every encoding a clean step makes (empty: the bench's single
+        generator, an attack, or a method that needs pixels; those runs decode every sample)."""
+        methods = self.evaluator.methods
+        if (self.features is None or self.settings != ["clean"]
+                or any(getattr(methods[n], "needs_pixels", False) for n in self.methods)):
+            return []
+        keys = []
+        for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+            names = [n for n in self.methods if self.recipe_of(n) == recipe]
+            if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
+                return []
+            for group, n_max in self._groups(names):
+                keys.append(self.features.key(methods[group[0]].view_recipe, methods[group[0]].precision.key, n_max))
+        return keys
+
+    def _fill_from_store(self, batch: Sequence[BatchItem]) -> list[BatchItem]:
+        """Read the stored features of undecoded items; an item any of whose features cannot be read
+        (a damaged shard) is decoded here instead."""
+        from .feature_store import key_digest
+        keys = self.store_keys() if any(item.from_store for item in batch) else []
+        out = []
+        for item in batch:
+            if item.from_store:
+                with self.timer.phase("store_read"):
+                    feats = {key_digest(k): self.features.read(k, item.sample_id) for k in keys}
+                if keys and all(f is not None for f in feats.values()):
+                    item.features = feats
+                else:
+                    item = self.load([item.sample_id])[0]
+            out.append(item)
+        return out
+
+    def _stored_contexts(self, views: list, ids: list[int], key: dict | None, n_max: int,
+                         precision: Precision, features: list[dict]) -> list[SampleContext]:
+        """Contexts of a group: stored features for undecoded items, the rest encoded in one pass
+        (and written to the store when the step is clean)."""
+        from .feature_store import key_digest
+        digest = key_digest(key) if key is not None else None
+        todo = [i for i, v in enumerate(views) if v is not None]
+        encoded: dict[int, SampleContext] = {}
+        if todo:
+            with self.timer.phase("encode"):
+                ctxs = self.evaluator.contexts([views[i][:n_max] for i in todo], [ids[i] for i in todo],
+                                               all_views=True, precision=precision)
+            encoded = dict(zip(todo, ctxs))
+            if key is not None:
+                for i, c in encoded.items():
+                    self.features.put(key, ids[i], c.image_features)
+        dev = self.evaluator.model.device
+        return [encoded[i] if i in encoded else
+                SampleContext(self.evaluator.model, self.evaluator.heads, None, sample_id=ids[i], precision=precision,
+                              image_features=features[i][digest].to(dev)) for i in range(len(ids))]
+
+    def _encode(self, names: list[str], wanted: dict[str, list[int]], views: list[torch.Tensor | None],
+                ids: list[int], recipe: str, features: list[dict]) -> dict[str, list[SampleContext]]:
         """Each method's contexts: one encoding per precision of the family's views (as many as the
         group's longest recipe), each method reading its first n_views of it."""
         methods = self.evaluator.methods
@@ -198,20 +273,14 @@ class Runner:
             with self.timer.phase("encode"):   # one generator for every method (bench): the old behaviour
                 ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
             return {n: ctxs for n in names}
-        groups: dict[str, list[str]] = {}
-        for n in names:
-            groups.setdefault(methods[n].precision.key, []).append(n)
         out: dict[str, list[SampleContext]] = {}
-        for group in groups.values():
+        clean = self.features is not None and self.settings == ["clean"] and bool(self.store_keys())
+        for group, n_max in self._groups(names):
             if not any(wanted[n] for n in group):
                 continue
-            # The view count comes from every method of the group, not only those with records
-            # missing: the tower's batch shape (and so its rounding) must not depend on what a
-            # resume still has to do.
-            n_max = max(methods[n].view_recipe.n_views for n in group)
-            with self.timer.phase("encode"):
-                ctxs = self.evaluator.contexts([v[:n_max] for v in views], ids, all_views=True,
-                                               precision=methods[group[0]].precision)
+            precision = methods[group[0]].precision
+            key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
+            ctxs = self._stored_contexts(views, ids, key, n_max, precision, features)
             by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
             for n in group:
                 k = methods[n].view_recipe.n_views
@@ -219,6 +288,22 @@ class Runner:
                     by_count[k] = [first_views(c, k) for c in ctxs]
                 out[n] = by_count[k]
         return out
+
+    def fill_store(self, batch: Sequence[BatchItem]) -> int:
+        """Encode a batch's clean views into the feature store, running no method (`shiftlab encode`);
+        returns how many samples failed to decode."""
+        methods = self.evaluator.methods
+        good = [item for item in batch if item.error is None and not item.from_store]
+        ids = [item.sample_id for item in good]
+        if good and self.store_keys():
+            for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+                names = [n for n in self.methods if self.recipe_of(n) == recipe]
+                for group, n_max in self._groups(names):
+                    precision = methods[group[0]].precision
+                    key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max)
+                    self._stored_contexts([item.views[recipe] for item in good], ids, key, n_max, precision,
+                                          [{} for _ in good])
+        return sum(item.error is not None for item in batch)
 
     def load(self, ids: Sequence[int]) -> list[BatchItem]:
         """Decode and generate views in this process (a run does this in DataLoader workers)."""
@@ -237,6 +322,7 @@ class Runner:
 
     def step(self, batch: Sequence[BatchItem]) -> list[Record]:
         """Records of a batch, grouped by sample in batch order."""
+        batch = self._fill_from_store(batch) if self.features is not None else batch
         per_sample: dict[int, list[Record]] = {item.sample_id: [] for item in batch}
         for item in batch:
             if item.error is not None:
@@ -257,13 +343,13 @@ class Runner:
         wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
         if not any(wanted.values()):
             return
-        views = [item.views[recipe] for item in good]
+        views = [item.views.get(recipe) for item in good]   # None: served by the feature store
         attack_info: dict[int, dict] = {}
         if setting != "clean":
             with self.timer.phase("attack"):
                 views, attack_info = self.attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
                                                            self.recipes[recipe])
-        ctxs_of = self._encode(names, wanted, views, ids, recipe)
+        ctxs_of = self._encode(names, wanted, views, ids, recipe, [item.features for item in good])
         for name in names:
             todo = wanted[name]
             if not todo:

@@ -199,6 +199,11 @@ def augmix(img: Image.Image, rng: np.random.Generator, severity: float = 1, widt
     return apply_augmix(img, draw_augmix(rng, img.size[0], severity, width))
 
 
+# Bump when a change here alters the views drawn for a (recipe, seed, sample): stored features
+# (shiftlab.feature_store) keyed by the old value are then never read.
+VIEW_GENERATOR_VERSION = 1
+
+
 class ViewGenerator:
     """Image -> uint8 views (N, 3, S, S), seeded per sample.
 

@@ -79,6 +79,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the results table still prints)")
     p.add_argument("--online-checkpoint-seconds", type=checks.non_negative_float, default=60.0,
                    help="how often online methods' state and records are checkpointed (0: every batch)")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="a feature store: read the view features stored there instead of decoding and encoding, "
+                        "and store those this run encodes (docs/ARCHITECTURE.md: Feature store)")
+    p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
+                   help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
+                        "read from it may differ from an uncached run) or fp32 (records identical)")
     a = p.add_argument_group("adversarial evaluation (threat model of the R-TPT paper)")
     a.add_argument("--attack", type=checks.attack_name, default="none", help="none | pgd")
     a.add_argument("--eps", type=checks.fraction_in(0, 1), default=1 / 255,
@@ -121,7 +127,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
-                     save_probs=getattr(args, "save_probs", False))
+                     save_probs=getattr(args, "save_probs", False),
+                     features=getattr(args, "features", None),
+                     features_dtype=getattr(args, "features_dtype", "fp16"))
 
 
 def _random_weights(args: argparse.Namespace) -> bool:

@@ -65,6 +65,8 @@ class Method:
     config_class: type = MethodConfig
     episodic: bool = True       # reset to the initial state before every sample
     needs_views: bool = True    # uses the augmented views (False: view 0 only)
+    # reads pixels, not only view features (tunes the image tower): never served by a feature store
+    needs_pixels: bool = False
     summary: str = ""           # one line for `shiftlab methods`
     supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
     # the class head of a method without a `text_head` or `ctx_init` config field ("zeroshot": "a photo of a

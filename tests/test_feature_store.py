@@ -1,0 +1,258 @@
+"""The feature store: keys, atomic shards, damage, changed files, the lock, and runs read from it."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import shiftlab
+from shiftlab import records
+from shiftlab.datasets import build_dataset
+from shiftlab.engine import RunConfig, run
+from shiftlab.feature_store import FeatureStore, feature_key, key_digest
+from shiftlab.methods import list_methods
+from shiftlab.runtime.lock import RunLockedError
+from shiftlab.synthetic import make_imagenet_r, tiny_clip
+from shiftlab.views import ViewRecipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _key(**over):
+    model = SimpleNamespace(name="RN50", checkpoint_sha256="c" * 64, device=torch.device("cpu"))
+    kw = dict(samples_sha256="s" * 64, model=model, recipe=ViewRecipe(), n_views=64, seed=0, precision="fp32",
+              storage="fp32") | over
+    return feature_key(**kw)
+
+
+def _files(tmp_path, n):
+    out = []
+    for i in range(n):
+        p = tmp_path / f"img{i}.jpg"
+        p.write_bytes(bytes([i]) * (100 + i))
+        out.append(p)
+    return out
+
+
+def _fill(root, paths, key, feats):
+    with FeatureStore(root, "w") as store:
+        for sid, (p, f) in enumerate(zip(paths, feats)):
+            store.put(key, sid, p, f)
+
+
+def test_stored_features_read_back_exactly_and_keys_never_mix(tmp_path):
+    paths, feats = _files(tmp_path, 3), torch.randn(3, 64, 8)
+    key = _key()
+    _fill(tmp_path / "fs", paths, key, feats)
+    store = FeatureStore(tmp_path / "fs")
+    entry = store.entry(key)
+    assert entry.ids() == [0, 1, 2]
+    for sid in range(3):
+        assert torch.equal(entry.features(sid, paths[sid]), feats[sid])
+    for other in (_key(seed=1), _key(n_views=32), _key(precision="fp16"), _key(storage="fp16"),
+                  _key(recipe=ViewRecipe(augmix=True)), _key(samples_sha256="t" * 64)):
+        assert key_digest(other) != key_digest(key) and store.entry(other).features(0) is None
+    with pytest.raises(ValueError, match="put"):
+        store.put(key, 5, paths[0], feats[0])
+
+
+def test_fp16_storage_is_within_1e3_and_half_the_bytes(tmp_path):
+    paths = _files(tmp_path, 2)
+    feats = torch.nn.functional.normalize(torch.randn(2, 64, 1024), dim=-1)
+    _fill(tmp_path / "h", paths, _key(storage="fp16"), feats)
+    _fill(tmp_path / "f", paths, _key(storage="fp32"), feats)
+    half = FeatureStore(tmp_path / "h").entry(_key(storage="fp16")).features(1)
+    assert half.dtype == torch.float32 and not torch.equal(half, feats[1])
+    assert (half - feats[1]).abs().max() < 1e-3
+    size = {d: sum(p.stat().st_size for p in (tmp_path / d).rglob("*.bin")) for d in "hf"}
+    assert size["h"] == 2 * 64 * 1024 * 2 and size["f"] == 2 * size["h"]
+
+
+def test_damaged_or_truncated_shard_is_not_served(tmp_path, capsys):
+    paths, feats = _files(tmp_path, 2), torch.randn(2, 4, 8)
+    _fill(tmp_path / "fs", paths, _key(), feats)
+    (binary,) = (tmp_path / "fs").rglob("*.bin")
+    data = bytearray(binary.read_bytes())
+    data[5] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    entry = FeatureStore(tmp_path / "fs").entry(_key())
+    assert entry.features(0) is None and "damaged or truncated" in capsys.readouterr().err
+    binary.write_bytes(bytes(data[: len(data) // 2]))
+    assert FeatureStore(tmp_path / "fs").entry(_key()).features(1) is None
+    # encoded again and re-stored: the intact copy is read from then on
+    with FeatureStore(tmp_path / "fs", "w") as store:
+        assert not store.entry(_key()).has(1) or store.entry(_key()).features(1) is None
+        store.put(_key(), 1, paths[1], feats[1])
+    assert torch.equal(FeatureStore(tmp_path / "fs").entry(_key()).features(1, paths[1]), feats[1])
+
+
+def test_uncommitted_shard_is_ignored(tmp_path):
+    paths, feats = _files(tmp_path, 1), torch.randn(1, 4, 8)
+    _fill(tmp_path / "fs", paths, _key(), feats)
+    (index,) = [p for p in (tmp_path / "fs").rglob("*.json") if p.name not in ("key.json", "store.json")]
+    index.unlink()   # a writer killed between the .bin and its index
+    assert FeatureStore(tmp_path / "fs").entry(_key()).features(0) is None
+
+
+def test_changed_file_is_not_served_touched_file_is(tmp_path):
+    paths, feats = _files(tmp_path, 2), torch.randn(2, 4, 8)
+    _fill(tmp_path / "fs", paths, _key(), feats)
+    paths[0].write_bytes(b"other content")
+    paths[1].write_bytes(paths[1].read_bytes())   # same bytes, new mtime: the content digest decides
+    entry = FeatureStore(tmp_path / "fs").entry(_key())
+    assert not entry.has(0, paths[0]) and entry.features(0, paths[0]) is None
+    assert torch.equal(entry.features(1, paths[1]), feats[1])
+
+
+def test_one_writer_many_readers(tmp_path):
+    writer = FeatureStore(tmp_path / "fs", "w")
+    with pytest.raises(RunLockedError, match="in use"):
+        FeatureStore(tmp_path / "fs", "w")
+    FeatureStore(tmp_path / "fs")   # readers take no lock
+    writer.close()
+    FeatureStore(tmp_path / "fs", "w").close()
+    with pytest.raises(FileNotFoundError, match="not a feature store"):
+        FeatureStore(tmp_path / "nothing")
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    code = re.search(r"### Stored features.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    paths = _files(tmp_path, 2)
+    _fill(tmp_path / "feats", paths, _key(storage="fp16"), torch.nn.functional.normalize(torch.randn(2, 64, 8), dim=-1))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["feats"].shape == (64, 8) and scope["score"].shape == ()
+    assert shiftlab.FeatureStore is FeatureStore
+
+
+# --- runs from the store ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def store_runs(tmp_path_factory):
+    """Every registered method three times on the same samples: uncached, filling an fp32 store, and
+    read from it (its dataset refuses to decode: every feature must come from the store)."""
+    root = tmp_path_factory.mktemp("store-runs")
+    data = make_imagenet_r(root / "data", classes=range(0, 200, 40), per_class=1, size=(80, 64))
+    methods = list_methods()
+
+    def go(out: str, decode: bool = True, **kw):
+        dataset = build_dataset("imagenet-r", data)
+        if not decode:
+            def refuse(sid):
+                raise AssertionError(f"sample {sid} was decoded")
+            dataset.image = refuse
+        run(RunConfig(methods=methods, views=8, out=str(root / out), workers=0, progress=False, batch_size=2,
+                      **kw), model=tiny_clip(0), dataset=dataset)
+        return {(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
+                for r in records.iter_records(root / out / "records.jsonl")}
+
+    plain = go("plain")
+    filled = go("fill", features=str(root / "fs"), features_dtype="fp32")
+    read = go("read", decode=False, features=str(root / "fs"), features_dtype="fp32")
+    return plain, filled, read
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list_methods())
+def test_records_read_from_store_equal_uncached(store_runs, method):
+    plain, filled, read = store_runs
+    mine = {k: v for k, v in plain.items() if k[1] == method}
+    assert len(mine) == 5
+    assert {k: v for k, v in filled.items() if k[1] == method} == mine
+    assert {k: v for k, v in read.items() if k[1] == method} == mine
+
+
+@pytest.mark.slow
+def test_run_says_how_many_came_from_the_store(tmp_path, capsys):
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    cfg = dict(methods=["zeroshot", "tda"], views=8, workers=0, progress=False, batch_size=2,
+               features=str(tmp_path / "fs"))
+    run(RunConfig(out=str(tmp_path / "a"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    assert "0 sample(s) read from the store" in capsys.readouterr().err
+    run(RunConfig(out=str(tmp_path / "b"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    assert "4 sample(s) read from the store" in capsys.readouterr().err
+    # another view seed is another key: nothing read, all encoded again
+    run(RunConfig(out=str(tmp_path / "c"), seed=1, **cfg), model=tiny_clip(0),
+        dataset=build_dataset("imagenet-r", data))
+    assert "0 sample(s) read from the store" in capsys.readouterr().err
+    # fp16 storage (the default): logits close to the uncached run's, not equal
+    a = {(r["id"], r["method"]): r for r in records.iter_records(tmp_path / "a" / "records.jsonl")}
+    b = {(r["id"], r["method"]): r for r in records.iter_records(tmp_path / "b" / "records.jsonl")}
+    keys = json.loads(next((tmp_path / "fs").glob("*/key.json")).read_text())
+    assert keys["storage"] == "fp16" and a.keys() == b.keys()
+    for k, rec in a.items():
+        assert rec["pred"] == b[k]["pred"] or abs(rec["confidence"] - b[k]["confidence"]) < 1e-2
+
+
+@pytest.mark.slow
+def test_encode_fills_the_store_a_run_then_reads(tmp_path, tiny_checkpoint, capsys):
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    flags = ["--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
+             "--methods", "zeroshot,mta,tda", "--features", str(tmp_path / "fs"), "--features-dtype", "fp32"]
+    assert cli_main(["encode", *flags]) == 0
+    assert "4 samples: 0 already stored, 4 encoded" in capsys.readouterr().out
+    assert cli_main(["encode", *flags]) == 0
+    assert "4 already stored, 0 encoded" in capsys.readouterr().out
+    assert cli_main(["run", *flags, "--out", str(tmp_path / "run")]) == 0
+    assert "4 sample(s) read from the store" in capsys.readouterr().err
+    assert cli_main(["run", *flags[:-4], "--out", str(tmp_path / "plain")]) == 0
+    strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
+              for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("run", "plain")]
+    assert strip[0] == strip[1] and len(strip[0]) == 12
+
+
+@pytest.mark.slow
+def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    from shiftlab.cli import main as cli_main
+    from shiftlab.methods import get_method_class
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
+             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep"), "--grid", "tda.pos_alpha=1,4"]
+    assert cli_main(flags) == 0
+    err, out = capsys.readouterr().err, (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "0 sample(s) read from the store" in err and "4 sample(s) read from the store" in err
+    assert "| tda.pos_alpha=1.0 * | tda |" in out and "| tda.pos_alpha=4.0 | tda |" in out and out.count("| 4 |") == 2
+    points = sorted(p.name for p in (tmp_path / "sweep" / "points").iterdir())
+    assert points == ["tda.pos_alpha=1.0", "tda.pos_alpha=4.0"]
+    settings = [json.loads((tmp_path / "sweep" / "points" / p / "run.json").read_text())["methods"]["tda"]["pos_alpha"]
+                for p in points]
+    assert settings == [1, 4]
+    assert cli_main(flags) == 0   # resumable: a finished sweep runs again without error
+    monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
+    assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_write_their_own_shards_into_one_store(tmp_path, tiny_model, monkeypatch, capsys):
+    from shiftlab.runtime import distributed
+    from shiftlab.runtime.distributed import DistContext
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
+    dataset = build_dataset("imagenet-r", data)
+    cfg = dict(methods=["zeroshot", "view_ensemble"], views=4, workers=0, progress=False, batch_size=2, resume=True,
+               features=str(tmp_path / "fs"), features_dtype="fp32")
+
+    def rank(world, r, out):   # one rank of a `world`-rank job, in this process (as tests/test_distributed.py)
+        with monkeypatch.context() as m:
+            ctx = DistContext(r, world)
+            m.setattr(distributed, "context", lambda: ctx)
+            m.setattr(distributed, "all_gather", lambda c, obj: [obj] * c.world_size)
+            run(RunConfig(out=str(tmp_path / out), **cfg), model=tiny_model, dataset=dataset)
+
+    rank(2, 1, "job")
+    rank(2, 0, "job")
+    shards = sorted(p.name[:4] for p in (tmp_path / "fs").rglob("*.bin"))
+    assert set(shards) == {"r000", "r001"}
+    capsys.readouterr()
+    rank(1, 0, "single")
+    assert "4 sample(s) read from the store" in capsys.readouterr().err
+    strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
+              for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("job", "single")]
+    assert strip[0] == strip[1] and len(strip[0]) == 8
