@@ -102,7 +102,7 @@ class Graph:
 
 
 def image_neighbours(graph: Graph | None, weighted: torch.Tensor, new: torch.Tensor, k_image: int,
-                     stable: bool = True):
+                     stable: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The image kNN lists after adding a sample. `weighted` (N, D): every node (the samples seen, then
     the new one twice) reweighted and normalised (`normalize(f * w)`); `new` (2, D): the two new nodes,
     normalised. Similarity of node n to a new node j: weighted[n] . new[j] (the authors' edge_reweighting
