@@ -227,7 +227,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),
                         num_workers=workers, collate_fn=collate, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None,
-                        persistent_workers=False)
+                        persistent_workers=False, worker_init_fn=interrupt.ignore_in_worker)
     progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
     t_start = time.perf_counter()
     try:

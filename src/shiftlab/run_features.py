@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .feature_store import FeatureStore, feature_key
+from .runtime import interrupt
 
 if TYPE_CHECKING:
     from .engine import RunConfig
@@ -100,7 +101,8 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     todo = [sid for i, sid in enumerate(order) if sid not in before and i % dist.world_size == dist.rank]
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, todo, runner.recipes), batch_size=config.batch_size,
-                        num_workers=workers, collate_fn=collate, prefetch_factor=4 if workers > 0 else None)
+                        num_workers=workers, collate_fn=collate, prefetch_factor=4 if workers > 0 else None,
+                        worker_init_fn=interrupt.ignore_in_worker)
     errors = 0
     try:
         for batch in loader:

@@ -43,6 +43,14 @@ def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def ignore_in_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: a worker ignores SIGINT and SIGTERM. A signal to the process group
+    (Ctrl-C, a scheduler) then stops the main process alone, which shuts its workers down; a worker
+    killed by the signal would make the DataLoader print a traceback on the way out."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 @contextmanager
 def handling_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` inside (main thread only: elsewhere nothing changes);
