@@ -394,6 +394,18 @@ def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, data
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ONLINE_METHODS)
+def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(name, data, tmp_path):
+    cfg = RunConfig(data=str(data), methods=[name], method_config={name: _fast(name)}, views=8, workers=0,
+                    progress=False, seed=1, limit=4, device="cpu", out=str(tmp_path / "adv"),
+                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1})
+    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    robust = summary["methods"][name]["robust"]
+    assert robust["setting"] == "pgd" and robust["n"] == 4 and 0 <= robust["ece"] <= 100
+    assert summary["errors"] == 0
+
+
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
 # The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
