@@ -88,6 +88,10 @@ class Method:
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
+        if self.precision.model_dtype is not None:
+            # fp16-pure: the authors' class head comes from their half model's text tower too; the engine
+            # encodes the views with the same cast copy (ClipModel.cast, by precision key)
+            self.heads = ClassHeads(model.cast(self.precision.model_dtype), self.classnames)
 
     @classmethod
     def needed_views(cls, config: Any) -> int:

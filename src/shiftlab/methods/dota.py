@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..context import ClassHeads, SampleContext
+from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
@@ -116,9 +116,6 @@ class DOTA(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if self.precision.model_dtype is not None:
-            # the authors' classifier comes from their half model's text tower too (as TDA's)
-            self.heads = ClassHeads(self.model.cast(self.precision.model_dtype), self.classnames)
         self.reset()
 
     def prepare(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..context import ClassHeads, SampleContext
+from ..context import SampleContext
 from ..datasets.classes import load_templates
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
@@ -158,9 +158,6 @@ class DPE(Method):
         super().__init__(*args, **kwargs)
         cfg = self.config
         check_descriptions(self.name, cfg, self.classnames)
-        if self.precision.model_dtype is not None:
-            # their classifier comes from the half model's text tower too (utils.py clip_classifier)
-            self.heads = ClassHeads(self.model.cast(self.precision.model_dtype), self.classnames)
         self.last_residuals: tuple[torch.Tensor, torch.Tensor] | None = None
         self.reset()
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..context import ClassHeads, SampleContext
+from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodConfig, MethodOutput, register_method
 from .online_common import STATE_VERSION, check_state
@@ -83,9 +83,6 @@ class OnZeta(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if self.precision.model_dtype is not None:
-            # their head comes from the half model's text tower too; the engine encodes view 0 with the same copy
-            self.heads = ClassHeads(self.model.cast(self.precision.model_dtype), self.classnames)
         self.reset()
 
     def text(self) -> torch.Tensor:

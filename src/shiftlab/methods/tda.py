@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..context import ClassHeads, SampleContext
+from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
@@ -141,10 +141,6 @@ class TDA(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if self.precision.model_dtype is not None:
-            # The authors' classifier comes from their half model's text tower too (`clip_classifier`);
-            # the engine encodes the views with the same cast copy (ClipModel.cast, by precision key).
-            self.heads = ClassHeads(self.model.cast(self.precision.model_dtype), self.classnames)
         self.reset()
 
     def prepare(self) -> None:
