@@ -341,9 +341,22 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
     the resumed run writes them back from the checkpoint and continues the same stream."""
     base = dict(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=8, workers=0,
                 progress=False, batch_size=4, seed=2, device="cpu", online_checkpoint_seconds=0)
+    calls = _crash_at_third_checkpoint(base, data, tmp_path)
+    partial = records.load_records(tmp_path / "cut")
+    # two batches written; of the third, the episodic zeroshot records (appended before the online
+    # checkpoint) but not the online ones (only checkpointed)
+    assert len(partial) == 2 * 4 * 3 + 4
+    assert {r["method"] for r in partial if r["id"] in calls[2]} == {"zeroshot"}
+    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0),
+        dataset=build_dataset("imagenet-r", data))
+    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+
+
+def _crash_at_third_checkpoint(base: dict, data: Path, tmp_path: Path) -> list:
+    """Run `base` whole into tmp_path/whole, then into tmp_path/cut crashing right after its third online
+    checkpoint (state saved, that batch's online records not appended); returns the checkpointed batches."""
     dataset = build_dataset("imagenet-r", data)
     run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
-
     calls = []
 
     class CrashAtThirdCheckpoint(RunHooks):
@@ -355,13 +368,7 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
     with pytest.raises(_Crash):
         run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset,
             hooks=CrashAtThirdCheckpoint())
-    partial = records.load_records(tmp_path / "cut")
-    # two batches written; of the third, the episodic zeroshot records (appended before the online
-    # checkpoint) but not the online ones (only checkpointed)
-    assert len(partial) == 2 * 4 * 3 + 4
-    assert {r["method"] for r in partial if r["id"] in calls[2]} == {"zeroshot"}
-    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0), dataset=dataset)
-    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+    return calls
 
 
 def _fast(name: str) -> dict:
@@ -377,20 +384,9 @@ def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, data
     uninterrupted run: its state_dict carries everything the stream built (the engine's replay rules)."""
     base = dict(data=str(data), methods=[name, "zeroshot"], method_config={name: _fast(name)}, views=8,
                 workers=0, progress=False, batch_size=4, seed=2, limit=24, device="cpu", online_checkpoint_seconds=0)
-    dataset = build_dataset("imagenet-r", data)
-    run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
-    calls = []
-
-    class CrashAtThirdCheckpoint(RunHooks):
-        def after_checkpoint(self, ids):
-            calls.append(ids)
-            if len(calls) == 3:
-                raise _Crash
-
-    with pytest.raises(_Crash):
-        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset,
-            hooks=CrashAtThirdCheckpoint())
-    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0), dataset=dataset)
+    assert len(_crash_at_third_checkpoint(base, data, tmp_path)) == 3
+    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0),
+        dataset=build_dataset("imagenet-r", data))
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
 
