@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from _runs import comparable as _strip
 from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -87,11 +88,6 @@ def _one_thread():
 
 def _key_counts(recs):
     return Counter(records.record_key(r) for r in recs)
-
-
-def _strip(recs, methods=None):
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)
-                  for r in recs if methods is None or r.get("method") in methods)
 
 
 # -- the plan ------------------------------------------------------------------------------

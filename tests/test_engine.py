@@ -13,6 +13,7 @@ import open_clip
 import pytest
 import torch
 
+from _runs import comparable as _strip
 from shiftlab import records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -29,10 +30,6 @@ FAST_METHODS = "zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta,zero"
 def synthetic(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
     return make_imagenet_r(root, classes=range(0, 200, 20), per_class=1, size=(80, 64))
-
-
-def _strip(recs):
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 
 
 def _cli_run(data, ckpt, out, *extra):

@@ -6,7 +6,6 @@ Every run is held at a gate (a hook after a step, as the concurrent-run test of 
 does), never timed with a sleep: the signal arrives once the first sample's records are written."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _runs import comparable
 from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
 from shiftlab.runtime import interrupt
@@ -46,8 +46,7 @@ def _argv(data: Path, out: Path, *extra: str, methods: str = "zeroshot,tpt,tda")
 
 
 def _strip(path: Path) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)
-                  for r in records.iter_records(path))
+    return comparable(records.iter_records(path))
 
 
 @pytest.fixture(scope="module")

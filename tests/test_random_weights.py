@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import shiftlab
+from _runs import comparable
 from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -46,8 +47,7 @@ def _argv(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _strip(path: Path) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)
-                  for r in records.iter_records(path))
+    return comparable(records.iter_records(path))
 
 
 def _errors(capsys) -> list[str]:

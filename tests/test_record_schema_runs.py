@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from _runs import comparable as _strip
+from _runs import json_lines as _lines
 from shiftlab import records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -54,14 +56,6 @@ def finished(tmp_path_factory, model, dataset) -> Path:
     torch.set_num_threads(1)
     run(_cfg(out), model=model, dataset=dataset)
     return out
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _strip(recs) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 
 
 def _copy(finished: Path, tmp_path: Path) -> Path:

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import shiftlab
+from _runs import comparable as _strip
+from _runs import json_lines as _lines
 from shiftlab import records
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -56,14 +58,6 @@ def _cfg(out: Path, **kw) -> RunConfig:
     base = dict(methods=["zeroshot", "tpt"], views=8, workers=0, progress=False, batch_size=1, limit=6,
                 out=str(out), device="cpu", method_config={"tpt": {"steps": 1}})
     return RunConfig(**{**base, **kw})
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _strip(recs) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 
 
 # -- 1. run identity ---------------------------------------------------------------------------

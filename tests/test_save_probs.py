@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from _runs import comparable as _strip
+from _runs import json_lines as _lines
 from shiftlab import metrics, probs
 from shiftlab.datasets import build_dataset
 from shiftlab.engine import RunConfig, run
@@ -54,14 +56,6 @@ def _cfg(out: Path, **kw) -> RunConfig:
     base = dict(methods=METHODS, method_config=CONFIG, views=8, workers=0, progress=False, batch_size=1,
                 out=str(out), device="cpu", online_checkpoint_seconds=0, save_probs=True)
     return RunConfig(**{**base, **kw})
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _strip(recs) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True) for r in recs)
 
 
 @pytest.fixture(scope="module")
