@@ -20,7 +20,7 @@ from ..params import param
 from .base import MethodOutput, register_method
 from .confidence import entropy, marginal_entropy, select_confident
 from .online_common import first_views, text_head
-from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, cache_logits, update_cache
+from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, update_cache
 
 
 @dataclass
@@ -150,25 +150,13 @@ class BoostAdapter(TDA):
         return boosted_cache(self.pos_cache, b.boost_features, b.boost_labels, b.boost_losses,
                              self.config.pos_capacity + int(self.config.delta))
 
-    def readout_boosted(self, b: BoostSample, pos_cache: Cache) -> torch.Tensor:
-        cfg = self.config
-        n = len(self.classnames)
-        s = b.sample
-        out = s.logits.clone()
-        if pos_cache:
-            out += cache_logits(s.feature, pos_cache, cfg.pos_alpha, cfg.pos_beta, n)
-        if self.neg_cache:
-            out -= cache_logits(s.feature, self.neg_cache, cfg.neg_alpha, cfg.neg_beta, n,
-                                (cfg.neg_mask_lower, cfg.neg_mask_upper))
-        return out
-
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
             b = self.summarize_boost(first_views(ctx, self.config.views.n_views))
             self.update(b.sample)
             pos = self.boosted(b)
             self.last_boosted = pos     # the read-out's cache, for inspection; not online state
-            logits = self.readout_boosted(b, pos)
+            logits = self.readout(b.sample, pos)
         return MethodOutput(logits, extras={
             "norm_entropy": b.sample.norm_entropy,
             "pos_entries": sum(len(v) for v in self.pos_cache.values()),

@@ -172,12 +172,15 @@ class TDA(Method):
             update_cache(self.neg_cache, s.pred, CacheEntry(s.feature, s.loss, s.probs), cfg.neg_capacity)
         self.seen += 1
 
-    def readout(self, s: TDASample) -> torch.Tensor:
+    def readout(self, s: TDASample, pos_cache: Cache | None = None) -> torch.Tensor:
+        """logits + the positive cache's logits - the negative cache's; `pos_cache` replaces the positive
+        cache for this read-out only (BoostAdapter's boosted copy)."""
         cfg = self.config
         n = len(self.classnames)
+        pos_cache = self.pos_cache if pos_cache is None else pos_cache
         out = s.logits.clone()
-        if self.pos_cache:
-            out += cache_logits(s.feature, self.pos_cache, cfg.pos_alpha, cfg.pos_beta, n)
+        if pos_cache:
+            out += cache_logits(s.feature, pos_cache, cfg.pos_alpha, cfg.pos_beta, n)
         if self.neg_cache:
             out -= cache_logits(s.feature, self.neg_cache, cfg.neg_alpha, cfg.neg_beta, n,
                                 (cfg.neg_mask_lower, cfg.neg_mask_upper))
