@@ -5,7 +5,10 @@ online.json) and recorded, after every sample, the feature it read, the text lab
 prediction, the mix and the state (rho, the vision proxies).
 
 Two checks. Fed the authors' own features and head, shiftlab's update must agree to float32
-rounding (REPLAY, 1e-6; it is bit-identical on the machine that made the fixture). Through
+rounding. It is bit-identical on the machine that made the fixture; on another x86-64 CPU the
+state's float32 rounding drifts along the stream (the 0.01 / 0.04 temperatures amplify it: proxy
+predictions 1.4e-5, mix 9.7e-6, proxies 6.7e-6, rho 1.1e-6 apart by the 24th sample), so REPLAY is
+the probability tolerance of the encoder check below, 5e-5. Through
 shiftlab's own encoders (features within 1e-6 of theirs: open_clip's attention pool, see
 test_golden_online.py), the temperatures 0.01 / 0.04 and the proxy step cw / tau_i = 12.5 amplify
 those differences: probabilities 5e-5, rho 1e-4, proxies 2e-4; predictions exactly.
@@ -20,7 +23,8 @@ from _golden import FEATURES, online_fixture, stream_views
 from _golden import assert_close as _close
 from shiftlab.context import ClassHeads, SampleContext
 
-REPLAY, PROBS, RHO, PROXY = 1e-6, 5e-5, 1e-4, 2e-4
+PROBS, RHO, PROXY = 5e-5, 1e-4, 2e-4
+REPLAY = PROBS
 
 
 @pytest.fixture(autouse=True)
