@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from shiftlab.synthetic import random_image
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 
 def write_jpegs(folder: Path, n: int, size: tuple[int, int], seed: int = 0) -> list[Path]:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab.synthetic import TINY_CLIP_CONFIG
+from shiftlab.models.architectures import builtin_configs
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_CONFIG = TINY_CLIP_CONFIG  # the golden architecture
+TINY_CONFIG = builtin_configs()["shiftlab-tiny"]  # the golden architecture
 
 
 def make_tiny_model(seed: int = 0) -> shiftlab.ClipModel:

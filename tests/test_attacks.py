@@ -9,7 +9,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shiftlab import records
 from shiftlab.attacks import (
     ZeroShotClassifier,
     attack_seed,
@@ -21,10 +20,13 @@ from shiftlab.attacks import (
     register_attack,
 )
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import Evaluator, RunConfig, run
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.engine.step import Evaluator
+from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 
@@ -255,7 +257,7 @@ def test_eps_zero_run_reproduces_the_clean_run_exactly(tmp_path):
                     attack={"name": "pgd", "eps": 0.0, "alpha": 0.0, "steps": 7, "random_start": True,
                             "quantize": "truncate"}, clean_and_robust=True)
     summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
-    recs = _by_key(records.load_records(Path(cfg.out)))
+    recs = _by_key(record_files.load_records(Path(cfg.out)))
     assert len(recs) == 6 * 4 * 2
     keep = ("pred", "top5", "confidence", "true_prob", "correct", "extras")
     for (sid, method, setting), rec in recs.items():
@@ -278,7 +280,7 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
             "--device", "cpu", "--no-progress", "--out", str(out),
             "--attack", "pgd", "--eps", "4/255", "--steps", "2", "--clean-and-robust"]
     assert cli_main(argv) == 0
-    recs = records.load_records(out)
+    recs = record_files.load_records(out)
     assert not [r for r in recs if "error" in r]
     assert {(r["method"], r["setting"]) for r in recs} == {(m, s) for m in ("zeroshot", "tpt", "mta")
                                                             for s in ("clean", "pgd")}
@@ -312,4 +314,4 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     assert "robust top-1" in md and "success rate on zero-shot" in md
     # resume: nothing left to do, same records
     assert cli_main(argv + ["--resume"]) == 0
-    assert len(records.load_records(out)) == len(recs)
+    assert len(record_files.load_records(out)) == len(recs)

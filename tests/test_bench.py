@@ -11,13 +11,12 @@ import torch
 
 import shiftlab
 from _golden import LOGITS, assert_close
-from shiftlab.bench import BenchConfig, bench_classnames, run_bench
 from shiftlab.bench.baseline import BASELINES, create_baseline
-from shiftlab.bench.runner import DEFAULT_METHODS, PeakMemory
+from shiftlab.bench.runner import DEFAULT_METHODS, BenchConfig, PeakMemory, bench_classnames, run_bench
 from shiftlab.cli import main
-from shiftlab.phases import text_tower_timer
+from shiftlab.engine.phases import text_tower_timer
 from shiftlab.synthetic import random_image
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 CLASSNAMES = bench_classnames(20)
 METHOD_KEYS = {"seconds_per_image", "baseline_seconds_per_image", "speedup", "top1_agreement",
@@ -196,7 +195,7 @@ def test_bench_without_baseline_and_table_output(capsys):
 
 @pytest.mark.slow
 def test_bench_reads_the_first_images_of_a_dataset(tiny_model, tmp_path):
-    from shiftlab.datasets import build_dataset
+    from shiftlab.datasets.folders import build_dataset
     from shiftlab.synthetic import make_imagenet_r
     dataset = build_dataset("imagenet-r", make_imagenet_r(tmp_path, classes=[0, 1, 2], size=(96, 80)))
     result = run_bench(tiny_model, dataset.classnames, BenchConfig(

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from shiftlab.bench import BenchConfig, bench_classnames, run_bench
 from shiftlab.bench.rounds import IMAGENET_R_IMAGES, projection, spread, summarize_rounds
+from shiftlab.bench.runner import BenchConfig, bench_classnames, run_bench
 from shiftlab.cli import build_parser
 from shiftlab.commands.bench import QUICK, settings
 
@@ -148,6 +148,6 @@ def test_quick_run_measures_floor_and_all_methods_only(tiny_model):
     allm = result["rounds"]["all_methods_seconds_per_image"]["median"]
     loader = result["loader"]["seconds_per_image"] * 8
     assert proj["all_methods_seconds"] == pytest.approx(30_000 * max(allm + 7 * enc, loader))
-    from shiftlab.bench import format_report
+    from shiftlab.bench.report import format_report
     text = format_report(result)
     assert "extrapolated, not measured" in text and "30000 images, 64 views" in text

@@ -9,12 +9,13 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
 from shiftlab.methods.boostadapter import boosted_cache, fifo_update
+from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.tda import CacheEntry, cache_logits
-from shiftlab.records import load_records
+from shiftlab.rundir.record_files import load_records
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]

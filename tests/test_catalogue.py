@@ -12,8 +12,7 @@ import shiftlab
 from shiftlab import catalogue, params
 from shiftlab.cli import main as cli_main
 from shiftlab.commands.checks import method_names, method_override
-from shiftlab.methods import get_method_class
-from shiftlab.methods.base import Method, ViewMethodConfig, register_method
+from shiftlab.methods.base import Method, ViewMethodConfig, get_method_class, register_method
 from shiftlab.params import param
 from test_registry import CLASSNAMES, _numeric_fields, _outside
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from _synthetic import make_imagenet_r
-from shiftlab import records
 from shiftlab.cli import main as cli_main
+from shiftlab.rundir import record_files
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_disk_full_is_one_line_and_keeps_the_records(data, tmp_path, capsys, mon
     def write(self, records):
         calls.append(len(records))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-    monkeypatch.setattr(records.RecordWriter, "write", write)
+    monkeypatch.setattr(record_files.RecordWriter, "write", write)
     code = cli_main(run_argv(data, tiny_checkpoint, out, "--no-progress"))
     assert code == 1 and calls
     one_line_error(capsys, code, "No space left on device", "records.jsonl", "--resume")
@@ -358,7 +358,7 @@ def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_pa
     (tmp_path / "imagenet-rendition" / "imagenet-r").mkdir(parents=True)
     assert cli_main(["datasets", "--data", str(tmp_path), "--json"]) == 0
     rows = {r["name"]: r for r in _json.loads(capsys.readouterr().out)}
-    from shiftlab.datasets import list_datasets
+    from shiftlab.datasets.folders import list_datasets
     assert set(rows) == set(list_datasets())
     assert rows["flowers102"]["found"] == str(tmp_path / "oxford_flowers")
     assert "flowers" in rows["flowers102"]["aliases"]

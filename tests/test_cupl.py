@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import shiftlab
 from conftest import make_tiny_model
 from shiftlab.methods.online_common import text_head
-from shiftlab.text import TIP_TEMPLATES, tip_cupl_head
+from shiftlab.models.text import TIP_TEMPLATES, tip_cupl_head
 
 NAMES = ["great_white_shark", "cat", "hot dog"]
 # unequal numbers of descriptions per class (3, 1, 2): pooling all sentences differs from averaging
@@ -232,10 +232,12 @@ def _sentences(dataset: str, classnames: list[str]) -> dict[str, list[str]]:
 
 def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monkeypatch):
     from _synthetic import make_split_dataset
-    from shiftlab import suites
-    from shiftlab.context import ClassHeads
-    from shiftlab.datasets import build_dataset, templates
-    from shiftlab.engine import RunConfig
+    from shiftlab.datasets import suites
+    from shiftlab.datasets.folders import build_dataset
+    from shiftlab.datasets.settings import templates
+    from shiftlab.engine import suite as suite_runs
+    from shiftlab.engine.config import RunConfig
+    from shiftlab.methods.context import ClassHeads
     from shiftlab.synthetic import tiny_clip
 
     root = tmp_path / "data"
@@ -265,7 +267,7 @@ def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monk
                          order="sorted", workers=0, progress=False, out=str(out),
                          method_config={"dmn_zs": {"views": 4, "cupl_file": cupl}})
 
-    suites.run_suite(config(tmp_path / "suite"), suite, model=model, datasets=datasets)
+    suite_runs.run_suite(config(tmp_path / "suite"), suite, model=model, datasets=datasets)
     assert [u[1] for u in used] == [f"{folder}/{files[n]}" for n in names]
     for name, (classnames, _, head) in zip(names, used):
         assert classnames == datasets[name].classnames
@@ -276,13 +278,13 @@ def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monk
     # the second dataset's file missing: the suite stops before its first dataset runs
     (tmp_path / "gpt3_prompts" / files["dtd"]).unlink()
     with pytest.raises(ValueError) as err:
-        suites.run_suite(config(tmp_path / "broken"), suite, model=model, datasets=datasets)
+        suite_runs.run_suite(config(tmp_path / "broken"), suite, model=model, datasets=datasets)
     assert str(err.value) == (f"dmn_zs.cupl_file: directory {folder!r} has no CuPL file for dataset 'dtd' "
                               "(expected CuPL_prompts_dtd.json)")
     assert not (tmp_path / "broken").exists()
     # one file for both sets: the first set to lack sentences stops the suite, also before any work
     with pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .*CuPL_prompts_flowers102\.json' has no sentences "
                                          r"for 47 of 47 classes: 'banded', "):
-        suites.run_suite(config(tmp_path / "single", f"{folder}/{files['flowers102']}"), suite, model=model,
+        suite_runs.run_suite(config(tmp_path / "single", f"{folder}/{files['flowers102']}"), suite, model=model,
                          datasets=datasets)
     assert not (tmp_path / "single").exists()

@@ -8,11 +8,13 @@ import json
 import pytest
 
 from _synthetic import make_imagenet_r, make_split_dataset
-from shiftlab.datasets import build_dataset, method_settings
 from shiftlab.datasets.classes import load_templates
-from shiftlab.engine import RunConfig, run
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets.settings import method_settings
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.models.text import TIP_TEMPLATES
 from shiftlab.synthetic import tiny_clip
-from shiftlab.text import TIP_TEMPLATES
 
 METHODS = ["ctpt", "tda", "dmn_zs"]
 # --set views=4: fast, and must not touch the rest; DMN's paper head (tip_cupl) needs a CuPL file
@@ -73,9 +75,9 @@ def test_paper_on_imagenet_r_runs_its_own_values(tmp_path):
 def test_the_dataset_templates_are_the_head_the_method_uses():
     import torch
 
-    from shiftlab.methods import create_method
+    from shiftlab.methods.base import create_method
     from shiftlab.methods.online_common import text_head
-    from shiftlab.text import class_head
+    from shiftlab.models.text import class_head
     model = tiny_clip(0)
     names = ["banded", "blotchy", "braided"]
     for method in ("tda",):

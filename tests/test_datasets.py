@@ -11,20 +11,17 @@ from pathlib import Path
 import pytest
 
 from _synthetic import SPLIT_LAYOUTS, make_image_folder, make_imagenet_r, make_split_dataset
-from shiftlab.datasets import (
-    DATASETS,
-    DatasetError,
-    build_dataset,
+from shiftlab.datasets.classes import (
     classnames_for_wnids,
-    crossdataset_classnames,
     imagenet_a_wnids,
     imagenet_classes,
     imagenet_classnames,
     imagenet_r_wnids,
     imagenet_wnids,
-    list_datasets,
     load_templates,
 )
+from shiftlab.datasets.crossdataset import crossdataset_classnames
+from shiftlab.datasets.folders import DATASETS, DatasetError, build_dataset, list_datasets
 
 # ----------------------------------------------------------------------------------- class table
 
@@ -470,7 +467,7 @@ def test_listing_30000_files_needs_no_stat_per_file(tmp_path, monkeypatch):
 # ------------------------------------------------------- issue 16: per-dataset method settings (data)
 
 def test_method_settings_are_the_authors_values():
-    from shiftlab.datasets import method_settings, setting_source, view_settings
+    from shiftlab.datasets.settings import method_settings, setting_source, view_settings
     assert method_settings("flowers", "ctpt") == {"lambda_atfd": 50.0}        # scripts/test_tpt_ctpt_fg.sh
     assert method_settings("R", "ctpt") == {"lambda_atfd": 20.0}              # scripts/test_tpt_ctpt_ds.sh
     assert view_settings("R", "ctpt") == {"augmix": True} and view_settings("R", "tpt") == {"augmix": False}
@@ -492,8 +489,7 @@ def test_every_setting_is_a_config_field_of_its_method_and_cites_a_source():
     import json
     from importlib import resources
 
-    from shiftlab.methods import get_method_class
-    from shiftlab.methods.base import make_config
+    from shiftlab.methods.base import get_method_class, make_config
     table = json.loads(resources.files("shiftlab").joinpath("data", "method_settings.json").read_text())
     for method, per_dataset in table["methods"].items():
         for dataset, entry in per_dataset.items():
@@ -510,7 +506,7 @@ def test_every_setting_is_a_config_field_of_its_method_and_cites_a_source():
 
 
 def test_cupl_file_names_follow_dmns_table():
-    from shiftlab.datasets import cupl_file_name
+    from shiftlab.datasets.settings import cupl_file_name
     assert cupl_file_name("pets") == "CuPL_prompts_oxfordpets.json" == cupl_file_name("oxford-pets")
     assert cupl_file_name("flower102") == "CuPL_prompts_flowers102.json"
     assert cupl_file_name("aircraft") == "CuPL_prompts_fgvcaircraft.json"
@@ -520,7 +516,7 @@ def test_cupl_file_names_follow_dmns_table():
 
 
 def test_templates_per_dataset_and_method():
-    from shiftlab.datasets import templates
+    from shiftlab.datasets.settings import templates
     assert templates("flowers102", "tda") == ["a photo of a {}, a type of flower."]
     assert templates("flower102", "dmn_zs") == ["a photo of a {}, a type of flower."]
     assert templates("stanford-cars", "dmn_zs") == ["a photo of a {}, a type of car."]
@@ -537,7 +533,7 @@ def test_templates_per_dataset_and_method():
 
 
 def test_suite_dataset_lists_accept_the_same_aliases():
-    from shiftlab.suites import resolve_suite
+    from shiftlab.datasets.suites import resolve_suite
     assert resolve_suite(None, "R,A").datasets == ("imagenet-r", "imagenet-a")
     assert resolve_suite(None, "I,A,V,R,K").name == "natural-shift"   # TPT's --test_sets A/R/V/K/I order aside
     assert resolve_suite(None, "flower102,dtd,pets,cars,ucf101,caltech101,food101,sun397,aircraft,eurosat").name \
@@ -545,9 +541,8 @@ def test_suite_dataset_lists_accept_the_same_aliases():
 
 
 def test_paper_protocol_layers_the_per_dataset_settings():
-    from shiftlab.methods import get_method_class
-    from shiftlab.methods.base import make_config
-    from shiftlab.protocols import method_overrides
+    from shiftlab.methods.base import get_method_class, make_config
+    from shiftlab.methods.protocols import method_overrides
     flowers = method_overrides("paper", "ctpt", dataset="flower102")
     assert flowers["lambda_atfd"] == 50.0 and flowers["views"] == {"augmix": True} and flowers["precision"] == "fp16"
     assert method_overrides("paper", "ctpt", dataset="R")["lambda_atfd"] == 20.0
@@ -562,7 +557,7 @@ def test_paper_protocol_layers_the_per_dataset_settings():
 
 
 def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
-    from shiftlab.datasets import DatasetError, build_dataset
+    from shiftlab.datasets.folders import DatasetError, build_dataset
     root = tmp_path / "imagenet-val"
     root.mkdir()
     for i in range(1, 4):
@@ -573,8 +568,7 @@ def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
 
 def test_dataset_root_template_is_expanded_per_dataset(tmp_path):
     # CLIP_benchmark's --dataset_root 'DIR/{dataset}': the dataset's own name, an alias, or '_' for '-'
-    from shiftlab.datasets import build_dataset
-    from shiftlab.datasets.folders import expand_root
+    from shiftlab.datasets.folders import build_dataset, expand_root
     from shiftlab.synthetic import make_imagenet_r
     folder = make_imagenet_r(tmp_path / "imagenet_r", classes=[0, 1])    # DIR/imagenet_r/imagenet-r/<wnid>
     ds = build_dataset("imagenet-r", str(tmp_path / "{dataset}"))

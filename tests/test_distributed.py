@@ -21,14 +21,16 @@ import pytest
 import torch
 
 from _runs import comparable as _strip
-from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine import distributed, planning
+from shiftlab.engine import loop as engine
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.distributed import DistContext
 from shiftlab.methods import base as method_base
 from shiftlab.methods.base import Method, MethodOutput, register_method
-from shiftlab.runtime import distributed, planning
-from shiftlab.runtime.distributed import DistContext
-from shiftlab.runtime.online_state import OnlineState
+from shiftlab.rundir import record_files, records, stream
+from shiftlab.rundir.online_state import OnlineState
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 TESTS = Path(__file__).resolve().parent
@@ -94,7 +96,7 @@ def _key_counts(recs):
 
 @pytest.mark.parametrize("block", [1, 3])
 def test_plan_every_pair_exactly_once_and_online_on_rank0_in_stream_order(block):
-    order = engine.stream_order(11, "shuffled", 3)
+    order = stream.stream_order(11, "shuffled", 3)
     methods = {"a": SimpleNamespace(episodic=True), "b": SimpleNamespace(episodic=True),
                "on": SimpleNamespace(episodic=False)}
     want = Counter((sid, m) for sid in order for m in methods)
@@ -189,17 +191,17 @@ def test_prior_records_agree_and_read_every_shard(tmp_path, monkeypatch):
         (0, "a", "clean"), (1, "a", "clean"), (1, None, "clean"), (2, "a", "clean")}
 
     # a rank of a new 2-rank run appends to a shard name an older run used: nothing is lost
-    with records.RecordWriter(distributed.records_path(run_dir, DistContext(0, 2))) as w:
+    with record_files.RecordWriter(distributed.records_path(run_dir, DistContext(0, 2))) as w:
         w.write([_rec(3)])
-    keys = records.done_keys(records.load_records(run_dir))
+    keys = record_files.done_keys(record_files.load_records(run_dir))
     assert {(3, "a", "clean"), (1, "a", "clean"), (2, "a", "clean")} <= keys
     assert (9, "a", "clean") not in keys
-    merged = records.merge_records(run_dir)
+    merged = record_files.merge_records(run_dir)
     first = merged.read_bytes()
     assert not (run_dir / "shards").exists()
-    recs = list(records.iter_records(merged))
+    recs = list(record_files.iter_records(merged))
     assert max(_key_counts(recs).values()) == 1 and len(recs) == 5
-    records.merge_records(run_dir)
+    record_files.merge_records(run_dir)
     assert merged.read_bytes() == first                          # idempotent
 
     # agreement: one rank seeing records makes every rank refuse (before any rank writes)
@@ -257,7 +259,7 @@ def _simulate(monkeypatch, model, dataset, out, methods, world, rank, crash_afte
 
     cfg = {"views": 4, "workers": 0, "batch_size": 1, "progress": False, "resume": True,
            "online_checkpoint_seconds": 0, **cfg}  # checkpoint online state after every batch
-    config = engine.RunConfig(data="", methods=list(methods), out=str(out), **cfg)
+    config = RunConfig(data="", methods=list(methods), out=str(out), **cfg)
     try:
         return engine.run(config, model=model, dataset=dataset, hooks=CrashAfter())
     except _Crash:
@@ -274,7 +276,7 @@ def test_simulated_interrupted_3_ranks_resumed_with_other_world(data_root, tiny_
     methods = ["zeroshot", "view_ensemble", online_method]
     ref = _simulate(monkeypatch, tiny_model, dataset, tmp_path / "ref", methods, 1, 0)
     assert ref["methods"][online_method]["n"] == N_IMAGES
-    reference = list(records.iter_records(tmp_path / "ref" / "records.jsonl"))
+    reference = list(record_files.iter_records(tmp_path / "ref" / "records.jsonl"))
 
     out = tmp_path / "run"
     _simulate(monkeypatch, tiny_model, dataset, out, methods, 3, 1, crash_after=1)
@@ -282,14 +284,14 @@ def test_simulated_interrupted_3_ranks_resumed_with_other_world(data_root, tiny_
     _simulate(monkeypatch, tiny_model, dataset, out, methods, 3, 0, crash_after=3)   # killed mid-stream
     with open(out / "shards" / "records-rank1.jsonl", "a") as fh:
         fh.write('{"id": 3, "method": "zeroshot", "pr')                              # killed mid-write
-    before = {records.record_key(r): r for r in records.load_records(out)}
+    before = {records.record_key(r): r for r in record_files.load_records(out)}
     assert 0 < len(before) < len(reference)
     assert (out / OnlineState.FILE).is_file()
 
     for rank in reversed(range(resume_world)):                                      # rank 0 last: it merges
         summary = _simulate(monkeypatch, tiny_model, dataset, out, methods, resume_world, rank)
     assert summary["methods"][online_method]["n"] == N_IMAGES and summary["errors"] == 0
-    final = list(records.iter_records(out / "records.jsonl"))
+    final = list(record_files.iter_records(out / "records.jsonl"))
     assert max(_key_counts(final).values()) == 1
     assert _strip(final) == _strip(reference)
     assert not (out / "shards").exists()
@@ -304,12 +306,12 @@ def test_simulated_two_ranks_equal_single_process(data_root, tiny_model, online_
     # batches of 3 one-view samples: the rows a batch encodes together match a single process's
     _simulate(monkeypatch, tiny_model, dataset, tmp_path / "ref", methods, 1, 0, batch_size=3)
     _simulate(monkeypatch, tiny_model, dataset, tmp_path / "run", methods, 2, 1, batch_size=3)
-    rank1 = list(records.iter_records(tmp_path / "run" / "shards" / "records-rank1.jsonl"))
+    rank1 = list(record_files.iter_records(tmp_path / "run" / "shards" / "records-rank1.jsonl"))
     assert {r["method"] for r in rank1} == {"zeroshot"} and len(rank1) == 3           # the 2nd block
     summary = _simulate(monkeypatch, tiny_model, dataset, tmp_path / "run", methods, 2, 0, batch_size=3)
     assert summary["timings"]["ranks"] == 2
-    assert _strip(records.iter_records(tmp_path / "run" / "records.jsonl")) == \
-        _strip(records.iter_records(tmp_path / "ref" / "records.jsonl"))
+    assert _strip(record_files.iter_records(tmp_path / "run" / "records.jsonl")) == \
+        _strip(record_files.iter_records(tmp_path / "ref" / "records.jsonl"))
 
 
 # -- real torchrun jobs (CPU, gloo) ----------------------------------------------------------
@@ -320,7 +322,8 @@ sys.path.insert(0, {str(TESTS)!r})
 import test_distributed
 test_distributed.register_online()
 import functools
-from shiftlab import cli, engine
+from shiftlab import cli
+from shiftlab.engine import loop as engine
 delay = float(os.environ.get("SHIFTLAB_TEST_BATCH_DELAY", "0"))
 if delay:
     class Slow(engine.RunHooks):
@@ -363,7 +366,7 @@ def job(tmp_path_factory):
     subprocess.run([sys.executable, str(launcher), *args, "--methods", ALL, "--out", str(ref)],
                    env=_env(), check=True, capture_output=True, timeout=120)
     return SimpleNamespace(root=root, args=args, launcher=launcher,
-                           reference=list(records.iter_records(ref / "records.jsonl")))
+                           reference=list(record_files.iter_records(ref / "records.jsonl")))
 
 
 @pytest.mark.slow
@@ -372,7 +375,7 @@ def test_torchrun_two_ranks_equal_single_process(job):
     cmd = _torchrun(2) + ["-m", "shiftlab", *job.args, "--methods", "zeroshot,tpt,view_ensemble", "--out", str(out)]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = list(records.iter_records(out / "records.jsonl"))
+    recs = list(record_files.iter_records(out / "records.jsonl"))
     assert len(recs) == 3 * N_IMAGES and max(_key_counts(recs).values()) == 1
     assert _strip(recs) == _strip(job.reference, {"zeroshot", "tpt", "view_ensemble"})
     assert not (out / "shards").exists()
@@ -415,7 +418,7 @@ def _rank_pids(parent: int) -> dict[int, int]:
 
 
 def _complete_lines(path: Path) -> int:
-    return sum(1 for _ in records.iter_records(path)) if path.is_file() else 0
+    return sum(1 for _ in record_files.iter_records(path)) if path.is_file() else 0
 
 
 @pytest.mark.slow
@@ -440,13 +443,13 @@ def test_torchrun_rank_killed_then_resumed_with_three_ranks(job):
             proc.kill()
         log.close()
     assert proc.returncode != 0
-    before = {records.record_key(r): r for r in records.load_records(out)}
+    before = {records.record_key(r): r for r in record_files.load_records(out)}
     assert 0 < len(before) < len(job.reference) and not (out / "records.jsonl").exists()
 
     cmd = _torchrun(3) + [str(job.launcher), *job.args, "--methods", ALL, "--out", str(out), "--resume"]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    final = list(records.iter_records(out / "records.jsonl"))
+    final = list(record_files.iter_records(out / "records.jsonl"))
     assert max(_key_counts(final).values()) == 1
     assert _strip(final) == _strip(job.reference)
     for rec in final:                                     # the killed job's records were kept as they were

@@ -16,15 +16,15 @@ import pytest
 
 from _synthetic import make_imagenet_r
 from shiftlab.commands import download as download_command
-from shiftlab.datasets import (
+from shiftlab.datasets.download import (
     ChecksumError,
     DownloadError,
     UnsafeArchiveError,
-    build_dataset,
     download_dataset,
     download_file,
     safe_extract,
 )
+from shiftlab.datasets.folders import build_dataset
 
 PAYLOAD = bytes(range(256)) * 4000  # 1 MB, position-dependent content so misplaced bytes are caught
 
@@ -361,7 +361,7 @@ def test_sketch_needs_manual_download(tmp_path):
 
 
 def test_sketch_archive_placed_by_hand_is_extracted(tmp_path):
-    from shiftlab.datasets import imagenet_wnids
+    from shiftlab.datasets.classes import imagenet_wnids
     wnids = imagenet_wnids()
     entries = [(f"sketch/{w}/", b"") for w in wnids] + [(f"sketch/{wnids[3]}/sketch_1.JPEG", b"not decoded here")]
     _zip(tmp_path / "ImageNet-Sketch.zip", entries)

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.dpe import PrototypeCache, adamw_first_step, cache_readout, info_nce, prediction_entropy
+from shiftlab.methods.protocols import method_overrides
 from shiftlab.methods.tda import CacheEntry, update_cache
-from shiftlab.protocols import method_overrides
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

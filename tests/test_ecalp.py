@@ -16,7 +16,7 @@ from shiftlab.methods.ecalp import (
     reweighted_similarity,
     top,
 )
-from shiftlab.protocols import describe
+from shiftlab.methods.protocols import describe
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

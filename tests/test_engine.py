@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from _runs import comparable as _strip
-from shiftlab import records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run, stream_order
-from shiftlab.imageio import decode_image
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets.imageio import decode_image
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.rundir import record_files, records
+from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_METHODS = "zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta,zero"
@@ -42,7 +44,7 @@ def _cli_run(data, ckpt, out, *extra):
 def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path):
     out = tmp_path / "run"
     assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", FAST_METHODS) == 0
-    recs = list(records.iter_records(out / "records.jsonl"))
+    recs = list(record_files.iter_records(out / "records.jsonl"))
     methods = FAST_METHODS.split(",")
     assert len(recs) == 10 * len(methods)
     assert {(r["id"], r["method"]) for r in recs} == {(i, m) for i in range(10) for m in methods}
@@ -57,7 +59,7 @@ def test_cli_run_writes_records_and_summary(synthetic, tiny_checkpoint, tmp_path
     assert "| tpt |" in md and "RANDOM" not in md  # a checkpoint file is not labelled random
     # a second run into the same folder without --resume is refused, records untouched
     assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", "zeroshot") == 2
-    assert len(list(records.iter_records(out / "records.jsonl"))) == len(recs)
+    assert len(list(record_files.iter_records(out / "records.jsonl"))) == len(recs)
 
 
 @pytest.mark.slow
@@ -66,7 +68,7 @@ def test_zeroshot_record_matches_plain_open_clip(synthetic, tmp_path):
     dataset = build_dataset("imagenet-r", synthetic)
     run(RunConfig(methods=["zeroshot"], views=1, out=str(tmp_path / "r"), workers=0, progress=False),
         model=model, dataset=dataset)
-    recs = {r["id"]: r for r in records.iter_records(tmp_path / "r" / "records.jsonl")}
+    recs = {r["id"]: r for r in record_files.iter_records(tmp_path / "r" / "records.jsonl")}
     clip = model.clip
     text = clip.encode_text(open_clip.tokenize([f"a photo of a {c}." for c in dataset.classnames]), normalize=True)
     views = ViewGenerator(ViewConfig(n_views=1, size=64))
@@ -92,7 +94,7 @@ def test_results_independent_of_batching_and_workers(synthetic, tmp_path):
         out = tmp_path / f"r{i}"
         run(RunConfig(methods=["zeroshot", "tpt", "mta", "view_ensemble"], views=8, batch_size=bs,
                       workers=workers, order=order, out=str(out), progress=False), model=model, dataset=dataset)
-        outs.append({(r["id"], r["method"]): r for r in records.iter_records(out / "records.jsonl")})
+        outs.append({(r["id"], r["method"]): r for r in record_files.iter_records(out / "records.jsonl")})
     assert outs[0].keys() == outs[1].keys()
     for key, a in outs[0].items():
         b = outs[1][key]
@@ -109,7 +111,7 @@ def test_bad_images_become_error_records(tmp_path):
     dataset = build_dataset("imagenet-r", data)
     summary = run(RunConfig(methods=["zeroshot", "tpt"], views=4, out=str(tmp_path / "r"), workers=0,
                             progress=False), model=tiny_clip(0), dataset=dataset)
-    recs = list(records.iter_records(tmp_path / "r" / "records.jsonl"))
+    recs = list(record_files.iter_records(tmp_path / "r" / "records.jsonl"))
     errors = [r for r in recs if "error" in r]
     assert sorted(Path(r["path"]).name for r in errors) == ["art_broken.jpg", "art_empty.jpg"]
     assert all(r["method"] is None and r["error"] for r in errors)
@@ -129,10 +131,10 @@ def _error_record(sid: int) -> dict:
 def test_torn_last_line_is_ignored_and_cut(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps(_error_record(0)) + '\n{"id": 1, "meth')
-    assert [r["id"] for r in records.iter_records(path)] == [0]
-    with records.RecordWriter(path) as w:
+    assert [r["id"] for r in record_files.iter_records(path)] == [0]
+    with record_files.RecordWriter(path) as w:
         w.write([_error_record(1)])
-    assert [r["id"] for r in records.iter_records(path)] == [0, 1]
+    assert [r["id"] for r in record_files.iter_records(path)] == [0, 1]
 
 
 @pytest.mark.slow
@@ -153,20 +155,20 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tin
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_before = len(list(records.iter_records(records_file)))
+    n_before = len(list(record_files.iter_records(records_file)))
     assert 0 < n_before < 120, "the run must be killed mid-way for this test to mean anything"
     subprocess.run(args + ["--out", str(killed), "--resume"], env=env, check=True, capture_output=True)
     reference = tmp_path / "reference"
     subprocess.run(args + ["--out", str(reference)], env=env, check=True, capture_output=True)
-    got = list(records.iter_records(records_file))
-    want = list(records.iter_records(reference / "records.jsonl"))
+    got = list(record_files.iter_records(records_file))
+    want = list(record_files.iter_records(reference / "records.jsonl"))
     assert len(got) == len({records.record_key(r) for r in got}) == 120
     assert _strip(got) == _strip(want)
 
 
 def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
-    from shiftlab.engine import Evaluator
-    from shiftlab.precision import resolve
+    from shiftlab.engine.step import Evaluator
+    from shiftlab.models.precision import resolve
     ev = Evaluator(tiny_model, ["cat", "dog"], ["tpt", "rtpt", "zeroshot"], {"rtpt": {"precision": "bf16"}},
                    precision="fp32")
     assert ev.methods["tpt"].precision.name == "fp32" and ev.methods["rtpt"].precision.name == "bf16"
@@ -179,15 +181,14 @@ def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
 def test_runner_step_is_the_engine_step_and_reports_phases(synthetic, tmp_path):
     """`Runner.step` alone (as `shiftlab bench` uses it) gives the run's records, and its phase timer
     splits the time, the text tower included, without touching torch."""
-    from shiftlab.engine import Evaluator
-    from shiftlab.phases import PhaseTimer
-    from shiftlab.step import DEFAULT_RECIPE, Runner
+    from shiftlab.engine.phases import PhaseTimer
+    from shiftlab.engine.step import DEFAULT_RECIPE, Evaluator, Runner
     model = tiny_clip(0)
     dataset = build_dataset("imagenet-r", synthetic)
     methods = ["zeroshot", "tpt"]
     run(RunConfig(methods=methods, views=4, batch_size=4, order="sorted", out=str(tmp_path / "r"), workers=0,
                   progress=False), model=model, dataset=dataset)
-    want = _strip(records.iter_records(tmp_path / "r" / "records.jsonl"))
+    want = _strip(record_files.iter_records(tmp_path / "r" / "records.jsonl"))
     backward, grad = torch.Tensor.backward, torch.autograd.grad
     timer = PhaseTimer(text=True)
     evaluator = Evaluator(model, dataset.classnames, methods, text_timer=timer)

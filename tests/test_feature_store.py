@@ -10,14 +10,15 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab import records
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run
-from shiftlab.feature_store import FeatureStore, feature_key, key_digest
-from shiftlab.methods import list_methods
-from shiftlab.runtime.lock import RunLockedError
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.methods.base import list_methods
+from shiftlab.rundir import record_files
+from shiftlab.rundir.feature_store import FeatureStore, feature_key, key_digest
+from shiftlab.rundir.lock import RunLockedError
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
-from shiftlab.views import ViewRecipe
+from shiftlab.views.recipe import ViewRecipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,7 +150,7 @@ def store_runs(tmp_path_factory):
         run(RunConfig(methods=methods, views=8, out=str(root / out), workers=0, progress=False, batch_size=2,
                       **kw), model=tiny_clip(0), dataset=dataset)
         return {(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
-                for r in records.iter_records(root / out / "records.jsonl")}
+                for r in record_files.iter_records(root / out / "records.jsonl")}
 
     plain = go("plain")
     filled = go("fill", features=str(root / "fs"), features_dtype="fp32")
@@ -181,8 +182,8 @@ def test_run_says_how_many_came_from_the_store(tmp_path, capsys):
         dataset=build_dataset("imagenet-r", data))
     assert "0 sample(s) read from the store" in capsys.readouterr().err
     # fp16 storage (the default): logits close to the uncached run's, not equal
-    a = {(r["id"], r["method"]): r for r in records.iter_records(tmp_path / "a" / "records.jsonl")}
-    b = {(r["id"], r["method"]): r for r in records.iter_records(tmp_path / "b" / "records.jsonl")}
+    a = {(r["id"], r["method"]): r for r in record_files.iter_records(tmp_path / "a" / "records.jsonl")}
+    b = {(r["id"], r["method"]): r for r in record_files.iter_records(tmp_path / "b" / "records.jsonl")}
     keys = json.loads(next((tmp_path / "fs").glob("*/key.json")).read_text())
     assert keys["storage"] == "fp16" and a.keys() == b.keys()
     for k, rec in a.items():
@@ -204,14 +205,14 @@ def test_encode_fills_the_store_a_run_then_reads(tmp_path, tiny_checkpoint, caps
     assert "4 sample(s) read from the store" in capsys.readouterr().err
     assert cli_main(["run", *flags[:-4], "--out", str(tmp_path / "plain")]) == 0
     strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
-              for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("run", "plain")]
+              for r in record_files.iter_records(tmp_path / d / "records.jsonl")} for d in ("run", "plain")]
     assert strip[0] == strip[1] and len(strip[0]) == 12
 
 
 @pytest.mark.slow
 def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys, monkeypatch):
     from shiftlab.cli import main as cli_main
-    from shiftlab.methods import get_method_class
+    from shiftlab.methods.base import get_method_class
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
     flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
              str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
@@ -232,8 +233,8 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
 
 @pytest.mark.slow
 def test_torchrun_ranks_write_their_own_shards_into_one_store(tmp_path, tiny_model, monkeypatch, capsys):
-    from shiftlab.runtime import distributed
-    from shiftlab.runtime.distributed import DistContext
+    from shiftlab.engine import distributed
+    from shiftlab.engine.distributed import DistContext
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
     dataset = build_dataset("imagenet-r", data)
     cfg = dict(methods=["zeroshot", "view_ensemble"], views=4, workers=0, progress=False, batch_size=2, resume=True,
@@ -254,5 +255,5 @@ def test_torchrun_ranks_write_their_own_shards_into_one_store(tmp_path, tiny_mod
     rank(1, 0, "single")
     assert "4 sample(s) read from the store" in capsys.readouterr().err
     strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
-              for r in records.iter_records(tmp_path / d / "records.jsonl")} for d in ("job", "single")]
+              for r in record_files.iter_records(tmp_path / d / "records.jsonl")} for d in ("job", "single")]
     assert strip[0] == strip[1] and len(strip[0]) == 8

@@ -19,8 +19,8 @@ from PIL import Image
 import shiftlab
 from _golden import LOGITS, PARAMS, PIXELS, assert_close, online_fixture
 from shiftlab.attacks import ZeroShotClassifier, eps_255, pgd, quantize
-from shiftlab.text import ContextPrompt
-from shiftlab.views import base_view, to_uint8_tensor
+from shiftlab.models.text import ContextPrompt
+from shiftlab.views.generator import base_view, to_uint8_tensor
 
 
 @pytest.fixture(autouse=True)

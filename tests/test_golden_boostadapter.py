@@ -17,8 +17,8 @@ import torch
 
 import shiftlab
 from _golden import online_fixture, stream_views
-from shiftlab.context import ClassHeads, SampleContext
 from shiftlab.methods.boostadapter import BoostAdapter
+from shiftlab.methods.context import ClassHeads, SampleContext
 
 LOGITS, FEATURES, FINE = 2e-4, 1e-5, 1e-5
 

@@ -22,7 +22,7 @@ import torch
 
 import shiftlab
 from _golden import online_fixture, stream_views
-from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.context import ClassHeads, SampleContext
 
 LOGITS, FEATURES, FINE, COV, REL_INVERSE = 2e-4, 1e-5, 1e-5, 1e-6, 2e-5
 

@@ -22,7 +22,7 @@ import torch
 import shiftlab
 from _golden import FEATURES, LOGITS, LOSS, online_fixture, stream_views
 from _golden import assert_close as _close
-from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.context import ClassHeads, SampleContext
 
 RESIDUALS = 1e-6
 FIXTURES = {"dpe": {}, "dpe_a": {"readout": "confident"}}

@@ -22,7 +22,7 @@ import torch
 import shiftlab
 from _golden import FEATURES, online_fixture, stream_views
 from _golden import assert_close as _close
-from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.context import ClassHeads, SampleContext
 
 SIMS, SCORES = 1e-6, 1e-7
 VARIANTS = {"ecalp": {}, "ecalp_small": {"k_image": 3, "k_text": 2, "alpha": 0.8}}

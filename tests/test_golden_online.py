@@ -31,8 +31,8 @@ from _golden import (
     online_fixture,
     stream_views,
 )
-from shiftlab.context import ClassHeads, SampleContext
 from shiftlab.methods.confidence import entropy, n_selected
+from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.online_common import text_head
 
 

@@ -21,7 +21,7 @@ import torch
 import shiftlab
 from _golden import FEATURES, online_fixture, stream_views
 from _golden import assert_close as _close
-from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.context import ClassHeads, SampleContext
 
 PROBS, RHO, PROXY = 5e-5, 1e-4, 2e-4
 REPLAY = PROBS

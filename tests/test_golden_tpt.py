@@ -22,7 +22,7 @@ from _golden import FEATURES, GRAD_RTOL, LOGITS, LOSS, PARAMS, assert_close, ass
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.confidence import entropy
 from shiftlab.methods.prompt_tuning import reliability_weights
-from shiftlab.text import ContextPrompt
+from shiftlab.models.text import ContextPrompt
 
 METHODS = {"tpt": ("tpt", {}), "ctpt20": ("ctpt", {"lambda_atfd": 20.0}),
            "ctpt50": ("ctpt", {"lambda_atfd": 50.0}), "rtpt": ("rtpt", {})}

@@ -30,7 +30,7 @@ from _golden import (
     online_fixture,
     stream_views,
 )
-from shiftlab.context import SampleContext
+from shiftlab.methods.context import SampleContext
 from shiftlab.methods.zero import zero_vote, zero_vote_authors
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shiftlab import head_cache, text
-from shiftlab.text import class_head
+from shiftlab.models import head_cache, text
+from shiftlab.models.text import class_head
 
 TEMPLATES = [f"a photo {i} of a {{}}." for i in range(4)]
 NAMES = [f"class {c}" for c in range(6)]      # 24 prompts, above the lowered MIN_PROMPTS

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from _synthetic import random_image
-from shiftlab.imageio import ImageDecodeError, decode_image
+from shiftlab.datasets.imageio import ImageDecodeError, decode_image
 
 
 def _jpeg_bytes(image: Image.Image, **kwargs) -> bytes:

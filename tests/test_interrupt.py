@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from _runs import comparable
-from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
-from shiftlab.runtime import interrupt
+from shiftlab.engine import interrupt
+from shiftlab.engine import loop as engine
+from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def _argv(data: Path, out: Path, *extra: str, methods: str = "zeroshot,tpt,tda")
 
 
 def _strip(path: Path) -> list[str]:
-    return comparable(records.iter_records(path))
+    return comparable(record_files.iter_records(path))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def _check_interrupted(out: Path, err: str) -> None:
     assert _said(err) == [MESSAGE] and "Traceback" not in err
     lines = (out / "records.jsonl").read_bytes().splitlines(keepends=True)
     assert len(lines) == 3 and all(line.endswith(b"\n") for line in lines)       # one sample, every method
-    assert len(list(records.iter_records(out / "records.jsonl"))) == 3
+    assert len(list(record_files.iter_records(out / "records.jsonl"))) == 3
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -103,7 +104,7 @@ def test_interrupt_helpers():
 # The run holds after its first step while the gate file exists; REACHED says it got there.
 GATED = """
 import functools, os, sys, time, pathlib
-import shiftlab.engine as E
+import shiftlab.engine.loop as E
 class Gated(E.RunHooks):
     def after_step(self, ids, recs):
         pathlib.Path(os.environ["SHIFTLAB_TEST_REACHED"] + os.environ.get("RANK", "0")).touch()

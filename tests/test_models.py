@@ -17,9 +17,11 @@ import torch.nn.functional as F
 
 import shiftlab
 from conftest import TINY_CONFIG, make_tiny_model
-from shiftlab import models as M
-from shiftlab.checkpoints import cached_tag_file
-from shiftlab.models import OPENAI_MEAN, OPENAI_STD, ModelLoadError
+from shiftlab.models import ModelLoadError, architectures
+from shiftlab.models import loader as M
+from shiftlab.models.checkpoints import cached_tag_file
+from shiftlab.views import preprocess
+from shiftlab.views.preprocess import OPENAI_MEAN, OPENAI_STD
 
 GOLDEN_FILE = "tiny_clip_openai.pt"
 RN50_URL_NAME = "RN50.pt"
@@ -54,7 +56,7 @@ def _tiny_openai_state_dict(seed: int) -> tuple[shiftlab.ClipModel, dict[str, to
     """open_clip's ModifiedResNet CLIP uses OpenAI's key names: its state dict is an OpenAI state dict."""
     src = make_tiny_model(seed=seed)
     sd = {k: v.clone() for k, v in src.clip.state_dict().items()}
-    assert M._is_openai_state_dict(sd)
+    assert architectures._is_openai_state_dict(sd)
     return src, sd
 
 
@@ -266,7 +268,7 @@ def test_non_openai_layout_goes_through_open_clip(tmp_path):
     torch.manual_seed(4)
     src = shiftlab.load_model(name, None, model_config=cfg)
     sd = src.clip.state_dict()
-    assert not M._is_openai_state_dict(sd)
+    assert not architectures._is_openai_state_dict(sd)
     from safetensors.torch import save_file
     path = tmp_path / "custom.safetensors"
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
@@ -352,9 +354,9 @@ def _cached(name: str, tag: str, cache_dir: str | None) -> tuple[str | None, str
 
 
 def test_openai_resolves_to_quickgelu():
-    assert M._quickgelu_name("RN50", quick_gelu=True) == "RN50-quickgelu"
-    assert M._quickgelu_name("RN50-quickgelu", quick_gelu=True) == "RN50-quickgelu"
-    assert M._quickgelu_name("RN50", quick_gelu=False) == "RN50"
+    assert architectures._quickgelu_name("RN50", quick_gelu=True) == "RN50-quickgelu"
+    assert architectures._quickgelu_name("RN50-quickgelu", quick_gelu=True) == "RN50-quickgelu"
+    assert architectures._quickgelu_name("RN50", quick_gelu=False) == "RN50"
     # the tag's own record says OpenAI's weights were trained with QuickGELU
     assert open_clip.get_pretrained_cfg("RN50", "openai")["quick_gelu"] is True
 
@@ -514,7 +516,7 @@ def test_hf_hub_weights_come_from_the_cache_with_the_repos_preprocessing(empty_c
     pp = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bilinear", "resize_mode": "squash"}
     (snap / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CONFIG, "preprocess_cfg": pp}))
     model = shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/tiny-clip")
-    assert model.preprocess == M.Preprocess(64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
+    assert model.preprocess == preprocess.Preprocess(64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
     x = _images(2, seed=9)
     with torch.no_grad():
         torch.testing.assert_close(model.encode_normalized(x), src.encode_normalized(x), rtol=0, atol=1e-6)
@@ -525,15 +527,15 @@ def test_hf_hub_weights_come_from_the_cache_with_the_repos_preprocessing(empty_c
 # -- preprocessing comes from open_clip ------------------------------------------------------------------
 
 def test_preprocess_is_the_tags_published_config():
-    siglip = M.model_preprocess("ViT-B-16-SigLIP", "webli")
-    openai = M.model_preprocess("RN50-quickgelu", "openai")
+    siglip = architectures.model_preprocess("ViT-B-16-SigLIP", "webli")
+    openai = architectures.model_preprocess("RN50-quickgelu", "openai")
     assert tuple(siglip["mean"]) == (0.5, 0.5, 0.5) and siglip["resize_mode"] == "squash"
     assert tuple(openai["mean"]) == OPENAI_MEAN and openai["resize_mode"] == "shortest"
     # without a tag: what every published tag of the model agrees on
-    assert M.model_preprocess("ViT-B-16-SigLIP") == siglip
-    assert M.model_preprocess("RN50-quickgelu") == openai
+    assert architectures.model_preprocess("ViT-B-16-SigLIP") == siglip
+    assert architectures.model_preprocess("RN50-quickgelu") == openai
     # tags that disagree (ViT-L-14: OpenAI's and DFN's mean/std) fall back to open_clip's default
-    assert tuple(M.model_preprocess("ViT-L-14")["mean"]) == OPENAI_MEAN
+    assert tuple(architectures.model_preprocess("ViT-L-14")["mean"]) == OPENAI_MEAN
 
 
 @pytest.mark.slow
@@ -543,8 +545,8 @@ def test_random_weights_take_their_architectures_preprocessing():
     torch.manual_seed(0)
     pe = shiftlab.load_model("PE-Core-T-16-384", None)
     tiny = make_tiny_model(seed=0)
-    assert pe.preprocess == M.Preprocess(384, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
-    assert tiny.preprocess == M.Preprocess(64)
+    assert pe.preprocess == preprocess.Preprocess(384, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear", "squash")
+    assert tiny.preprocess == preprocess.Preprocess(64)
     x = _images(1, size=384)
     torch.testing.assert_close(pe.normalize(x), (x - 0.5) / 0.5)
     with torch.no_grad():
@@ -554,13 +556,13 @@ def test_random_weights_take_their_architectures_preprocessing():
 def test_custom_architectures_go_through_open_clips_registry():
     import json as _json
     cfg = dict(TINY_CONFIG, embed_dim=40)
-    assert M.register_architecture("shiftlab-tiny-embed40", cfg) == "shiftlab-tiny-embed40"
+    assert architectures.register_architecture("shiftlab-tiny-embed40", cfg) == "shiftlab-tiny-embed40"
     assert "shiftlab-tiny-embed40" in open_clip.list_models()
     assert open_clip.get_model_config("shiftlab-tiny-embed40") == _json.loads(_json.dumps(cfg))
     assert "shiftlab-tiny-embed40" not in open_clip.factory._MODEL_CONFIGS or any(
         str(p).endswith("shiftlab-tiny-embed40.json") for p in open_clip.factory._MODEL_CONFIG_PATHS)
     with pytest.raises(ModelLoadError, match="is an open_clip architecture"):
-        M.register_architecture("RN50", cfg)
+        architectures.register_architecture("RN50", cfg)
     assert not hasattr(M, "load_model_config")
 
 

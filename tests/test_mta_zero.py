@@ -9,7 +9,7 @@ import torch
 
 import shiftlab
 from _golden import FEATURES, LOGITS, LOSS, assert_close
-from shiftlab.context import SampleContext
+from shiftlab.methods.context import SampleContext
 from shiftlab.methods.mta import kernel_density, mode_step
 from shiftlab.methods.zero import zero_vote
 

@@ -17,16 +17,18 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab import records
 from shiftlab.cli import main as cli_main
-from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, RunHooks, run, stream_order
-from shiftlab.imageio import decode_image
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets.imageio import decode_image
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import RunHooks, run
+from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.dmn import DynamicMemory, memory_logits
 from shiftlab.methods.tda import CacheEntry, TDASample, cache_logits, update_cache
+from shiftlab.rundir import record_files
+from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
@@ -274,7 +276,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    recs = records.load_records(run_dir)
+    recs = record_files.load_records(run_dir)
     for r in recs:
         r.pop("seconds", None)
     return sorted(recs, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
@@ -342,7 +344,7 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
     base = dict(data=str(data), methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=8, workers=0,
                 progress=False, batch_size=4, seed=2, device="cpu", online_checkpoint_seconds=0)
     calls = _crash_at_third_checkpoint(base, data, tmp_path)
-    partial = records.load_records(tmp_path / "cut")
+    partial = record_files.load_records(tmp_path / "cut")
     # two batches written; of the third, the episodic zeroshot records (appended before the online
     # checkpoint) but not the online ones (only checkpointed)
     assert len(partial) == 2 * 4 * 3 + 4
@@ -405,7 +407,7 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
 # The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
-_PACED_CLI = ("import functools, sys, time; import shiftlab.engine as E\n"
+_PACED_CLI = ("import functools, sys, time; import shiftlab.engine.loop as E\n"
               "class Paced(E.RunHooks):\n    def before_step(self, ids): time.sleep(0.25)\n"
               "E.run = functools.partial(E.run, hooks=Paced())\n"
               "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
@@ -426,7 +428,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-c", _PACED_CLI, *argv, "--out", str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    records_file = out / records.RECORDS
+    records_file = out / record_files.RECORDS
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -439,7 +441,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    n_before = len(records.load_records(out))
+    n_before = len(record_files.load_records(out))
     assert 3 * 6 <= n_before < 3 * 40 and (out / "online_state.pt").is_file()
 
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
@@ -456,4 +458,4 @@ def test_resume_on_another_stream_is_refused(data, tmp_path):
     with pytest.raises(ValueError, match="different stream"):
         run(RunConfig(**{**base, "limit": None}, seed=2, resume=True), model=tiny_clip(0), dataset=dataset)
     run(RunConfig(**{**base, "limit": None}, seed=1, resume=True), model=tiny_clip(0), dataset=dataset)
-    assert len(records.load_records(tmp_path / "run")) == len(dataset)
+    assert len(record_files.load_records(tmp_path / "run")) == len(dataset)

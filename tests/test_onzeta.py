@@ -9,8 +9,8 @@ import torch
 
 import shiftlab
 from shiftlab.methods.onzeta import ONZETA_TEMPLATES, dual_step, proxy_step, text_label
-from shiftlab.protocols import describe
-from shiftlab.text import TIP_TEMPLATES
+from shiftlab.methods.protocols import describe
+from shiftlab.models.text import TIP_TEMPLATES
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

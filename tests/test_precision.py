@@ -1,10 +1,10 @@
-"""The precision policy (shiftlab.precision): what each setting means, per device, and who wins."""
+"""The precision policy (shiftlab.models.precision): what each setting means, per device, and who wins."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from shiftlab.precision import Precision, resolve
+from shiftlab.models.precision import Precision, resolve
 
 
 @pytest.mark.parametrize("name, want", [("auto", torch.float16), ("fp16", torch.float16),

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.engine import Evaluator
-from shiftlab.precision import Precision
-from shiftlab.precision import resolve as resolve_precision
+from shiftlab.engine.step import Evaluator
+from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.models.precision import Precision
+from shiftlab.models.precision import resolve as resolve_precision
 from shiftlab.synthetic import random_image
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 CLASSES = ["goldfish", "great white shark", "hammerhead"]
 
@@ -128,7 +128,8 @@ def test_predict_image_is_the_method_on_its_own_views(tiny_model, tmp_path, meth
 
 
 def test_shiftlab_predict_with_a_dataset_name(tiny_model, tmp_path):
-    from shiftlab.datasets import classnames_for_wnids, crossdataset_classnames, imagenet_r_wnids
+    from shiftlab.datasets.classes import classnames_for_wnids, imagenet_r_wnids
+    from shiftlab.datasets.crossdataset import crossdataset_classnames
     names = shiftlab.classnames("imagenet-r")
     assert names == classnames_for_wnids(imagenet_r_wnids()) and len(names) == 200
     assert shiftlab.classnames("R") == names
@@ -157,7 +158,7 @@ def test_transform_is_the_runs_view_zero(tiny_model):
     ("nope.jpg", "file not found"),
 ])
 def test_predict_image_refuses_what_is_not_an_image(tiny_model, bad, message):
-    from shiftlab.imageio import ImageDecodeError
+    from shiftlab.datasets.imageio import ImageDecodeError
     m = shiftlab.create_method("zeroshot", tiny_model, CLASSES)
     with pytest.raises((ValueError, ImageDecodeError), match=message):
         m.predict_image(bad)

@@ -7,13 +7,14 @@ import json
 import pytest
 import torch
 
-from shiftlab import records
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run
-from shiftlab.imageio import decode_image
-from shiftlab.step import Evaluator
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets.imageio import decode_image
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.engine.step import Evaluator
+from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
-from shiftlab.views import ViewConfig, ViewGenerator
+from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 METHODS = ["zeroshot", "view_ensemble", "zero", "mta", "ctpt", "tda", "dmn_zs"]
 N_SAMPLES = 2
@@ -85,7 +86,7 @@ def test_views_per_method_as_declared_and_shared_encodings(data, cupl, tmp_path,
         got = seen[name][0]
         assert got.shape[0] == recipe["n_views"], name
         if recipe["n_views"] > 1:
-            from shiftlab.views import ViewRecipe
+            from shiftlab.views.recipe import ViewRecipe
             want = ViewGenerator(ViewConfig.from_recipe(ViewRecipe.coerce(recipe)), seed=0,
                                  preprocess=model.preprocess)(img, sid)
             torch.testing.assert_close(got, model.normalize(want.float() / 255), rtol=0, atol=1e-6)
@@ -113,4 +114,4 @@ def test_recorded_config_reruns_identically(data, cupl, tmp_path, monkeypatch):
     assert again["config"]["method_settings"] == settings
     strip = lambda recs: sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)  # noqa: E731
                                 for r in recs)
-    assert strip(records.load_records(tmp_path / "a")) == strip(records.load_records(tmp_path / "b"))
+    assert strip(record_files.load_records(tmp_path / "a")) == strip(record_files.load_records(tmp_path / "b"))

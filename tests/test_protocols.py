@@ -1,4 +1,4 @@
-"""Protocols (shiftlab.protocols): each method's effective config, view recipe and precision per protocol."""
+"""Protocols (shiftlab.methods.protocols): each method's effective config, view recipe and precision per protocol."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab.methods import get_method_class
-from shiftlab.protocols import PROTOCOLS, method_overrides
-from shiftlab.views import ViewRecipe
+from shiftlab.methods.base import get_method_class
+from shiftlab.methods.protocols import PROTOCOLS, method_overrides
+from shiftlab.views.recipe import ViewRecipe
 
 NAMES = ["cat", "dog", "hen"]
 LEADERBOARD_VIEWS = ViewRecipe(n_views=64)     # view 0 + 63 RandomResizedCrop(0.08-1) + flip, no AugMix

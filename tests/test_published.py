@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shiftlab.published import OPENAI_RN50_SHA256, published_for_run, published_rows
-from shiftlab.summary import summary_markdown
+from shiftlab.results.published import OPENAI_RN50_SHA256, published_for_run, published_rows
+from shiftlab.results.summary import summary_markdown
 
 
 def _summary(**config):
@@ -54,7 +54,7 @@ def test_summary_table_has_a_published_column_only_when_comparable():
 
 
 def test_ece_is_recorded_with_15_and_20_bins_and_20_sits_beside_c_tpt_published_ece():
-    from shiftlab.records import score_records
+    from shiftlab.results.scoring import score_records
     # 15 bins: 0.72 falls in (0.667, 0.733], 0.74 in (0.733, 0.8]; 20 bins: both in (0.7, 0.75]
     recs = [{"correct": True, "label": 0, "top5": [0], "confidence": 0.72, "true_prob": 0.72},
             {"correct": False, "label": 0, "top5": [1], "confidence": 0.74, "true_prob": 0.1}]
@@ -82,7 +82,7 @@ def test_weights_read_content_verified_from_the_official_hub_repo_are_openai_wei
 
     import open_clip
 
-    from shiftlab.checkpoints import weights_source
+    from shiftlab.models.checkpoints import weights_source
     repo = open_clip.get_pretrained_cfg("RN50", "openai")["hf_hub"].strip("/")
     assert repo == "timm/resnet50_clip.openai"
     data = b"a converted RN50 checkpoint stand-in"

@@ -1,4 +1,4 @@
-"""The `fp16-pure` precision (shiftlab.precision): the model itself in float16, as TDA's authors run it.
+"""The `fp16-pure` precision (shiftlab.models.precision): the model itself in float16, as TDA's authors run it.
 
 Their `clip.load` on CUDA casts the convolution, linear, attention and projection weights to
 fp16 (OpenAI's `convert_weights`) and runs without autocast. shiftlab honours it on CUDA only
@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 import shiftlab
 import shiftlab.methods.base as method_base
-from shiftlab.context import ClassHeads
+from shiftlab.engine.step import Evaluator
+from shiftlab.methods.context import ClassHeads
 from shiftlab.methods.online_common import text_head
-from shiftlab.precision import Precision, resolve
-from shiftlab.step import Evaluator
-from shiftlab.text import class_head, tokenize
+from shiftlab.models.precision import Precision, resolve
+from shiftlab.models.text import class_head, tokenize
 
 NAMES = ["cat", "dog", "hen"]
 TEMPLATES = ("a photo of a {}.", "a sketch of the {}.")
@@ -107,7 +107,7 @@ def test_tda_reads_half_features_and_a_half_text_head(golden_model, monkeypatch)
     tda = shiftlab.create_method("tda", model, names, precision="fp16-pure", templates=TEMPLATES, logit_scale=100.0)
     assert tda.precision == CUDA_PURE
     straightforward = copy.deepcopy(model.clip).half()
-    # through shiftlab's text tower (truncated at the longest prompt, shiftlab.text) the head is exactly
+    # through shiftlab's text tower (truncated at the longest prompt, shiftlab.models.text) the head is exactly
     # that of a straightforward half model ...
     want_head = class_head(shiftlab.ClipModel(straightforward, model.name, None, model.preprocess), names, TEMPLATES)
     head = text_head(tda)
@@ -124,7 +124,7 @@ def test_tda_reads_half_features_and_a_half_text_head(golden_model, monkeypatch)
     logits = tda.predict(x)
     ref = shiftlab.create_method("tda", model, names, templates=TEMPLATES, logit_scale=100.0)
     ref.heads = ClassHeads(model.cast(torch.float16), names)             # the same half head, by hand
-    from shiftlab.context import SampleContext
+    from shiftlab.methods.context import SampleContext
     want = ref.predict_context(SampleContext(model, ref.heads, x, image_features=model.encode_views(x, CUDA_PURE)))
     assert torch.equal(logits, want.logits)
 

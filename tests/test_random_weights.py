@@ -16,13 +16,14 @@ import torch
 
 import shiftlab
 from _runs import comparable
-from shiftlab import engine, records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine import config, distributed
+from shiftlab.engine import loop as engine
+from shiftlab.engine.distributed import DistContext
 from shiftlab.models import state_dict_sha256
-from shiftlab.runtime import distributed, identity
-from shiftlab.runtime.distributed import DistContext
-from shiftlab.runtime.identity import RunIdentityError
+from shiftlab.rundir import identity, record_files
+from shiftlab.rundir.identity import RunIdentityError
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def _argv(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _strip(path: Path) -> list[str]:
-    return comparable(records.iter_records(path))
+    return comparable(record_files.iter_records(path))
 
 
 def _errors(capsys) -> list[str]:
@@ -120,7 +121,7 @@ def test_run_json_records_the_model_seed_and_digest_and_resume_refuses_another_m
     assert (out / "records.jsonl").read_bytes() == before
     # the library: a model of another seed passed in is refused the same way
     ds = build_dataset("imagenet-r", data)
-    cfg = engine.RunConfig(data=str(data), model="shiftlab-tiny", pretrained=None, methods=["zeroshot"], views=4,
+    cfg = config.RunConfig(data=str(data), model="shiftlab-tiny", pretrained=None, methods=["zeroshot"], views=4,
                            seed=3, limit=2, out=str(out), resume=True, workers=0, progress=False, device="cpu")
     with pytest.raises(RunIdentityError, match="weights_sha256"):
         engine.run(cfg, model=tiny_clip(5), dataset=ds)
@@ -172,11 +173,11 @@ def test_every_torchrun_rank_must_build_the_same_identity(data, tmp_path, monkey
             return [obj, {**obj, "shared": {**obj["shared"], "weights_sha256": "another model"}}]
         return [obj, obj]
     monkeypatch.setattr(distributed, "all_gather", gather)
-    cfg = engine.RunConfig(data=str(data), model="shiftlab-tiny", pretrained=None, methods=["zeroshot"], views=1,
+    cfg = config.RunConfig(data=str(data), model="shiftlab-tiny", pretrained=None, methods=["zeroshot"], views=1,
                            out=str(tmp_path / "run"), workers=0, progress=False, device="cpu")
     with pytest.raises(RunIdentityError, match="rank 1 of this torchrun job"):
         engine.run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
-    assert not records.record_files(tmp_path / "run") and not (tmp_path / "run" / "run.json").exists()
+    assert not record_files.record_files(tmp_path / "run") and not (tmp_path / "run" / "run.json").exists()
 
 
 @pytest.mark.slow

@@ -14,13 +14,15 @@ import torch
 
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
-from shiftlab import records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, RunHooks, run, stream_order
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import RunHooks, run
+from shiftlab.engine.step import Evaluator
 from shiftlab.methods.base import MethodOutput
 from shiftlab.report.load import load_run
-from shiftlab.step import Evaluator
+from shiftlab.rundir import record_files, records
+from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 N = 10      # samples in the dataset
@@ -97,7 +99,7 @@ def test_a_wellformed_non_record_is_quarantined_by_resume_and_redone(finished, t
     assert f"{path}:5: damaged record (missing field(s): path, label" in err
     assert hooks.samples == [gone["id"]] and hooks.records == 1
     assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
-    (q,) = _lines(out / records.QUARANTINE)
+    (q,) = _lines(out / record_files.QUARANTINE)
     assert (q["file"], q["line"], q["text"]) == ("records.jsonl", 5, '{"id": 5, "method": "tpt"}')
 
 
@@ -110,7 +112,7 @@ def test_merge_quarantines_a_wellformed_non_record_without_a_traceback(finished,
     summary = json.loads((out / "summary.json").read_text())
     assert sum(m["n"] for m in summary["methods"].values()) == 2 * LIMIT - 1
     assert cli_main(["merge", str(out)]) == 0                               # not stuck: merges again
-    assert len(_lines(out / records.QUARANTINE)) == 1
+    assert len(_lines(out / record_files.QUARANTINE)) == 1
 
 
 def test_records_of_samples_outside_the_run_are_quarantined(finished, tmp_path, model, dataset, capsys):
@@ -124,7 +126,7 @@ def test_records_of_samples_outside_the_run_are_quarantined(finished, tmp_path, 
     shutil.copytree(out, merged)
     assert cli_main(["merge", str(merged)]) == 0
     assert json.loads((merged / "summary.json").read_text())["methods"]["zeroshot"]["n"] == LIMIT
-    problems = [q["problem"] for q in _lines(merged / records.QUARANTINE)]
+    problems = [q["problem"] for q in _lines(merged / record_files.QUARANTINE)]
     assert problems == [f"id {N} is not one of the run's {N} samples",
                         f"sample {outside} is not in the run's stream (its --limit)"]
     # resume knows the sample list too: a record whose path or label is not its sample's goes as well
@@ -132,7 +134,7 @@ def test_records_of_samples_outside_the_run_are_quarantined(finished, tmp_path, 
     _replace_line(path, 0, json.dumps({**wrong, "id": _lines(path)[0]["id"], "path": "elsewhere.jpg"}))
     summary = run(_cfg(out, resume=True), model=model, dataset=dataset)
     assert summary["methods"]["zeroshot"]["n"] == summary["methods"]["tpt"]["n"] == LIMIT
-    assert sum("are not sample" in q["problem"] for q in _lines(out / records.QUARANTINE)) == 1
+    assert sum("are not sample" in q["problem"] for q in _lines(out / record_files.QUARANTINE)) == 1
     assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
 
 
@@ -143,7 +145,7 @@ def test_a_method_run_json_does_not_list_is_not_the_runs(finished, tmp_path, mod
     path.write_text(path.read_text() + records.dumps(stray))
     summary = run(_cfg(out, resume=True, methods=["zeroshot", "tpt", "mta"]), model=model, dataset=dataset)
     assert summary["methods"]["mta"]["n"] == LIMIT                          # computed, the stray record not kept
-    (q,) = _lines(out / records.QUARANTINE)
+    (q,) = _lines(out / record_files.QUARANTINE)
     assert q["problem"] == "method 'mta' is not one of the run's methods (run.json)"
 
 

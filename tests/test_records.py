@@ -1,4 +1,4 @@
-"""The record contract (shiftlab.records): schema vs docs, constructors, reader, writer, scoring."""
+"""The record contract (shiftlab.rundir.records): schema vs docs, constructors, reader, writer, scoring."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from shiftlab import metrics, records
 from shiftlab.methods.base import MethodOutput
-from shiftlab.records import Record
+from shiftlab.results import metrics, scoring
+from shiftlab.rundir import record_files, records
+from shiftlab.rundir.records import Record
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
 
@@ -56,8 +57,8 @@ def test_reader_skips_damage_and_counts_it_when_asked(tmp_path):
     good = _good()
     path.write_bytes((json.dumps(good) + "\n").encode() + b"garbage\n" + b"\0" * 40 + b"\n"
                      + b'{"id": "x"}\n' + (json.dumps({**good, "id": 2}) + "\n").encode() + b'{"id": 3, "me')
-    assert [r["id"] for r in records.iter_records(path)] == [0, 2]
-    lines = list(records.scan(path, include_torn=True))
+    assert [r["id"] for r in record_files.iter_records(path)] == [0, 2]
+    lines = list(record_files.scan(path, include_torn=True))
     assert [(ln.number, ln.record is None) for ln in lines] == [(1, False), (2, True), (3, True), (4, True),
                                                                  (5, False), (6, True)]
 
@@ -66,13 +67,13 @@ def test_score_matches_the_metric_definitions():
     labels, correct = [0, 1, 2, 1], [True, False, True, True]
     top5 = [[0, 1], [2, 0], [2, 1], [0, 1]]
     conf, prob = [0.9, 0.6, 0.7, 0.4], [0.9, 0.1, 0.7, 0.3]
-    got = records.score(labels, correct, top5, conf, prob)
+    got = scoring.score(labels, correct, top5, conf, prob)
     assert got == {"top1": 75.0, "top5": 75.0, "ece": metrics.ece(conf, correct),
                    "ece20": metrics.ece(conf, correct, n_bins=20), "nll": metrics.nll(prob), "n": 4}
     recs = [{"label": y, "pred": y if c else -1, "correct": c, "top5": t, "confidence": f, "true_prob": p}
             for y, c, t, f, p in zip(labels, correct, top5, conf, prob)]
-    assert records.score_records(recs) == got
-    partial = records.score(labels, correct, None, [0.9, np.nan, 0.7, 0.4], prob)
+    assert scoring.score_records(recs) == got
+    partial = scoring.score(labels, correct, None, [0.9, np.nan, 0.7, 0.4], prob)
     assert math.isnan(partial["top5"]) and math.isnan(partial["ece"]) and math.isnan(partial["ece20"])
     assert partial["nll"] == got["nll"]
 
@@ -80,8 +81,8 @@ def test_score_matches_the_metric_definitions():
 def test_writer_names_the_path_when_the_folder_is_a_file(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(records.RunDirError, match=re.escape(str(blocker / "run"))):
-        records.ensure_run_dir(blocker / "run")
+    with pytest.raises(record_files.RunDirError, match=re.escape(str(blocker / "run"))):
+        record_files.ensure_run_dir(blocker / "run")
 
 
 @pytest.mark.parametrize("change,reason", [
@@ -149,7 +150,7 @@ def test_reader_refuses_nan_and_infinity_literals(tmp_path):
     good = json.dumps(_good())
     path.write_text("\n".join([good, good.replace("0.75,", "NaN,", 1), good.replace("0.5", "Infinity"),
                                good.replace("0.5", "-Infinity"), good.replace("0.5", "1e400"), ""]))
-    lines = list(records.scan(path))
+    lines = list(record_files.scan(path))
     assert [ln.record is None for ln in lines] == [False, True, True, True, True]
     assert [ln.problem for ln in lines[1:4]] == ["NaN is not JSON", "Infinity is not JSON", "-Infinity is not JSON"]
     assert "seconds must be" in lines[4].problem

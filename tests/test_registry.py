@@ -12,13 +12,12 @@ import torch
 import shiftlab
 from shiftlab import params
 from shiftlab.commands.checks import method_override
-from shiftlab.context import ClassHeads, SampleContext
-from shiftlab.datasets import DATASETS
 from shiftlab.datasets.classes import classnames_for_wnids, imagenet_r_wnids
-from shiftlab.methods import get_method_class
-from shiftlab.methods.base import effective_config, make_config
+from shiftlab.datasets.folders import DATASETS
+from shiftlab.methods.base import effective_config, get_method_class, make_config
+from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.protocols import PROTOCOLS
 from shiftlab.params import check_config
-from shiftlab.protocols import PROTOCOLS
 
 CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
 
@@ -110,7 +109,7 @@ def test_list_methods_by_kind():
 
 def test_unknown_names_read_as_one_plain_line():
     from shiftlab.attacks import build_attack
-    from shiftlab.datasets import DatasetError, build_dataset
+    from shiftlab.datasets.folders import DatasetError, build_dataset
     with pytest.raises(KeyError) as info:
         get_method_class("nope")
     assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
@@ -119,7 +118,7 @@ def test_unknown_names_read_as_one_plain_line():
     assert str(info.value) == "unknown attack 'fgsm'; known: none, pgd"
     with pytest.raises(DatasetError) as info:
         build_dataset("nope", ".")
-    from shiftlab.datasets import list_datasets
+    from shiftlab.datasets.folders import list_datasets
     assert str(info.value) == f"unknown dataset 'nope'; known: {', '.join(list_datasets())}"
     assert "imagenet-r" in list_datasets() and "flowers102" in list_datasets()
 
@@ -150,7 +149,7 @@ def test_registry_aliases_filters_and_duplicates():
 
 
 def test_unknown_names_suggest_the_closest_registered_name():
-    from shiftlab.datasets import DatasetError, build_dataset
+    from shiftlab.datasets.folders import DatasetError, build_dataset
     with pytest.raises(DatasetError, match=r"^unknown dataset 'imagenet-rr' \(did you mean 'imagenet-r'\?\); known: "):
         build_dataset("imagenet-rr", ".")
     with pytest.raises(KeyError, match=r"unknown method 'TDAA' \(did you mean 'tda'\?\)"):
@@ -279,7 +278,7 @@ def test_a_config_handed_to_the_class_is_checked_too(tiny_model):
 
 
 def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
-    from shiftlab import protocols
+    from shiftlab.methods import protocols
     monkeypatch.setitem(protocols._OVERRIDES["paper"], "tpt", {"selection_ratio": 2.0})
     with pytest.raises(ValueError, match=r"^tpt\.selection_ratio: 2\.0 is out of range"):
         shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper")
@@ -321,7 +320,7 @@ def test_the_minimum_views_are_where_the_computation_stops_being_defined(tiny_mo
 
 
 def test_the_engine_refuses_a_run_below_a_methods_minimum_before_any_work(tiny_model):
-    from shiftlab.step import Evaluator
+    from shiftlab.engine.step import Evaluator
     with pytest.raises(ValueError, match=r"^mta: needs at least 5 views \(incl. the original\), got 4"):
         Evaluator(tiny_model, CLASSNAMES, ["zeroshot", "mta"], run_views={"n_views": 4})
     assert Evaluator(tiny_model, CLASSNAMES, ["mta"], run_views={"n_views": 5}).methods["mta"].view_recipe.n_views == 5

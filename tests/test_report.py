@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from shiftlab.commands import report as report_cmd
-from shiftlab.published import OPENAI_RN50_SHA256, canonical_method, published_for, published_rows
-from shiftlab.report import PairedResult, ReportError, build_report, mcnemar, paired_bootstrap_ci, rendition_of
+from shiftlab.report.build import build_report
+from shiftlab.report.load import ReportError
+from shiftlab.report.stats import PairedResult, mcnemar, paired_bootstrap_ci, rendition_of
+from shiftlab.results.published import OPENAI_RN50_SHA256, canonical_method, published_for, published_rows
 
 RENDS = ["art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami",
          "painting", "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame"]
@@ -338,7 +340,7 @@ def test_published_section_cites_data_inside_the_package(built):
     _, html = built
     section = re.search(r'<section id="published">.*?</section>', html, re.S).group(0)
     assert "PROTOCOL.md" not in html
-    assert "shiftlab/published.py" in section and "R-TPT paper" in section
+    assert "shiftlab/results/published.py" in section and "R-TPT paper" in section
 
 
 def test_reliability_diagrams_show_samples_per_bin(built):
@@ -383,8 +385,8 @@ def test_cost_chart_names_points_in_a_legend_with_several_ticks():
 
 @pytest.mark.slow
 def test_run_headers_and_eps_read_the_same_in_summary_md_and_report(tmp_path):
-    from shiftlab.display import format_eps, model_label, run_label
-    from shiftlab.summary import summary_markdown
+    from shiftlab.results.display import format_eps, model_label, run_label
+    from shiftlab.results.summary import summary_markdown
 
     assert model_label("RN50", "/path/to/x.pt") == "RN50 (checkpoint x.pt)"
     assert model_label("shiftlab-tiny", None) == "shiftlab-tiny (random weights)"

@@ -20,14 +20,15 @@ import torch
 import shiftlab
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
-from shiftlab import records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run, stream_order
-from shiftlab.records import RunDirError
-from shiftlab.runtime import identity
-from shiftlab.runtime.identity import RunIdentityError
-from shiftlab.runtime.lock import RunLock, RunLockedError
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.rundir import identity, record_files, records
+from shiftlab.rundir.identity import RunIdentityError
+from shiftlab.rundir.lock import RunLock, RunLockedError
+from shiftlab.rundir.record_files import RunDirError
+from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
@@ -173,7 +174,7 @@ def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
 
 
 # The first run holds after its first step while the gate file exists (no timing guesswork).
-_GATED = ("import functools, os, sys, time; import shiftlab.engine as E\n"
+_GATED = ("import functools, os, sys, time; import shiftlab.engine.loop as E\n"
           "class Gated(E.RunHooks):\n"
           "    def after_step(self, ids, recs):\n"
           "        while os.path.exists(os.environ['SHIFTLAB_TEST_GATE']): time.sleep(0.05)\n"
@@ -229,7 +230,7 @@ def test_damaged_lines_are_quarantined_and_redone(finished, tmp_path, model, dat
     assert cli_main(["merge", str(out)]) == 0                                # merge does not crash on it
     err = capsys.readouterr().err
     assert f"{path}:5: damaged record" in err and f"{path}:9: damaged record" in err
-    quarantined = _lines(out / records.QUARANTINE)
+    quarantined = _lines(out / record_files.QUARANTINE)
     assert [(q["file"], q["line"]) for q in quarantined] == [("records.jsonl", 5), ("records.jsonl", 9)]
     assert quarantined[1]["text"] == "garbage {"
     assert records.record_key(lost) not in {records.record_key(r) for r in _lines(path)}
@@ -311,7 +312,7 @@ def test_read_only_out_names_the_path(tmp_path, model, dataset, monkeypatch):
 
 def test_disk_full_names_the_file():
     """A failed write() carries no file name of its own; the writer's error names the records file."""
-    writer = records.RecordWriter(Path("/dev/full"))
+    writer = record_files.RecordWriter(Path("/dev/full"))
     with pytest.raises(RunDirError) as info:
         writer.write([{"id": 0, "method": "m", "setting": "clean"}])
     assert info.value.errno == errno.ENOSPC and info.value.filename == "/dev/full"

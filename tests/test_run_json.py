@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from shiftlab import records
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run
-from shiftlab.runtime import identity
-from shiftlab.runtime.identity import RunIdentityError
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.rundir import identity, record_files
+from shiftlab.rundir.identity import RunIdentityError
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 FAST_TDA = {"text_head": "zeroshot"}
@@ -59,7 +59,7 @@ def finished(tmp_path_factory, model, dataset) -> Path:
 
 def _by_method(path: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for r in records.iter_records(path):
+    for r in record_files.iter_records(path):
         out.setdefault(r["method"], []).append(json.dumps({k: v for k, v in r.items() if k != "seconds"},
                                                           sort_keys=True))
     return {m: sorted(v) for m, v in out.items()}
@@ -142,7 +142,7 @@ def test_a_method_missing_from_run_json_is_a_new_method(finished, tmp_path, mode
     err = capsys.readouterr().err
     assert "6 record(s) moved to" in err and "method 'tda' is not one of the run's methods (run.json)" in err
     assert _by_method(out / "records.jsonl") == {"zeroshot": old["zeroshot"], "tda": expected["tda"]}
-    quarantined = [json.loads(line) for line in (out / records.QUARANTINE).read_text().splitlines()]
+    quarantined = [json.loads(line) for line in (out / record_files.QUARANTINE).read_text().splitlines()]
     assert len(quarantined) == 6 and all(q["problem"].startswith("method 'tda' is not one of the run's methods")
                                          for q in quarantined)
     assert sorted(json.loads(q["text"])["id"] for q in quarantined) == sorted(
@@ -156,6 +156,6 @@ def test_a_method_missing_from_run_json_is_redone_even_with_its_old_settings(fin
     path = out / "run.json"
     path.write_text(json.dumps(_set(json.loads(path.read_text()), "methods.zeroshot", _DELETE)))
     run(_cfg(out, resume=True), model=model, dataset=dataset)
-    quarantined = [json.loads(line) for line in (out / records.QUARANTINE).read_text().splitlines()]
+    quarantined = [json.loads(line) for line in (out / record_files.QUARANTINE).read_text().splitlines()]
     assert len(quarantined) == 6 and {json.loads(q["text"])["method"] for q in quarantined} == {"zeroshot"}
     assert _by_method(out / "records.jsonl") == _by_method(finished / "records.jsonl")

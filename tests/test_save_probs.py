@@ -17,10 +17,12 @@ import torch
 
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
-from shiftlab import metrics, probs
-from shiftlab.datasets import build_dataset
-from shiftlab.engine import RunConfig, run
-from shiftlab.records import record_key
+from shiftlab.datasets.folders import build_dataset
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.loop import run
+from shiftlab.results import metrics
+from shiftlab.rundir import probs
+from shiftlab.rundir.records import record_key
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
 # zero (its own probability vector: votes), tda (online: records held back for the checkpoint)
@@ -102,9 +104,10 @@ def test_records_are_the_same_with_and_without_save_probs(whole, tmp_path, model
 # Killed (SIGKILL) inside the records writer: after the 4th write's vectors are on disk and before its
 # records line is, the worst moment (vectors without a record). A deterministic point, no timing.
 _KILLED = ("import json, os, signal, sys, torch; torch.set_num_threads(1)\n"
-           "from shiftlab import records\n"
+           "from shiftlab.rundir import record_files as records\n"
            "from shiftlab.datasets import build_dataset\n"
-           "from shiftlab.engine import RunConfig, run\n"
+           "from shiftlab.engine.config import RunConfig\n"
+           "from shiftlab.engine.loop import run\n"
            "from shiftlab.synthetic import tiny_clip\n"
            "real, calls = records.RecordWriter.write, [0]\n"
            "def write(self, recs):\n"
@@ -188,7 +191,7 @@ def test_merge_folds_rank_files_into_one(whole, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_brier_score_in_the_report(whole, tmp_path, dataset):
-    from shiftlab.report import build_report
+    from shiftlab.report.build import build_report
     from shiftlab.report.load import load_run
     vectors = probs.load_probs(whole)
     recs = [r for r in _lines(whole / "records.jsonl") if "error" not in r]
@@ -209,7 +212,7 @@ def test_brier_score_in_the_report(whole, tmp_path, dataset):
 
 @pytest.mark.slow
 def test_report_without_vectors_has_no_brier(whole, tmp_path):
-    from shiftlab.report import build_report
+    from shiftlab.report.build import build_report
     run_dir = tmp_path / "run"
     shutil.copytree(whole, run_dir)
     shutil.rmtree(run_dir / probs.PROBS)
@@ -223,7 +226,8 @@ def test_record_writer_writes_vectors_first_and_a_reopened_writer_cuts_a_torn_ta
     import torch
 
     from shiftlab.methods.base import MethodOutput
-    from shiftlab.records import Record, RecordWriter
+    from shiftlab.rundir.record_files import RecordWriter
+    from shiftlab.rundir.records import Record
     logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 3.0, 1.0]])
     recs = [Record.prediction(id=i, path=f"c/{i}.jpg", label=1, setting="clean", method="m",
                               output=MethodOutput(logits[i]), seconds=0.0) for i in range(2)]
@@ -255,9 +259,9 @@ def test_brier_of_a_perfect_and_a_uniform_prediction():
 @pytest.mark.slow
 def test_two_ranks_write_their_own_files_and_the_merge_equals_one_process(whole, tmp_path, model, dataset,
                                                                           monkeypatch):
-    from shiftlab import engine
-    from shiftlab.runtime import distributed
-    from shiftlab.runtime.distributed import DistContext
+    from shiftlab.engine import distributed
+    from shiftlab.engine import loop as engine
+    from shiftlab.engine.distributed import DistContext
     out = tmp_path / "run"
     for rank in (1, 0):   # rank 0 last: it merges
         ctx = DistContext(rank, 2)

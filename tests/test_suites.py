@@ -15,11 +15,15 @@ import pytest
 import torch
 
 from _synthetic import make_image_folder, make_imagenet_r
-from shiftlab import records, suites
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets import imagenet_a_wnids
-from shiftlab.published_suites import openai_sha256, sources, suite_rows, table_rows
-from shiftlab.report import build_report
+from shiftlab.datasets import suites
+from shiftlab.datasets.classes import imagenet_a_wnids
+from shiftlab.engine import suite as suite_runs
+from shiftlab.report.build import build_report
+from shiftlab.results import suite_table
+from shiftlab.results.summary import summarize
+from shiftlab.results.published_suites import openai_sha256, sources, suite_rows, table_rows
+from shiftlab.rundir import record_files, records
 
 
 def make_imagenet_a(root: Path, n_images: int) -> Path:
@@ -31,15 +35,15 @@ def make_imagenet_a(root: Path, n_images: int) -> Path:
 
 
 def top1_from_records(run_dir: Path, method: str) -> float:
-    recs = [r for r in records.iter_records(run_dir / "records.jsonl")
+    recs = [r for r in record_files.iter_records(run_dir / "records.jsonl")
             if r.get("method") == method and r.get("setting", "clean") == "clean" and "error" not in r]
     return 100.0 * sum(r["correct"] for r in recs) / len(recs)
 
 
 def cell_from_records(run_dir: Path, method: str) -> str:
-    """suite.md's cell, computed from the records with shiftlab.metrics: 'top-1 (ECE e, n k)'."""
-    from shiftlab import metrics
-    recs = [r for r in records.iter_records(run_dir / "records.jsonl")
+    """suite.md's cell, computed from the records with shiftlab.results.metrics: 'top-1 (ECE e, n k)'."""
+    from shiftlab.results import metrics
+    recs = [r for r in record_files.iter_records(run_dir / "records.jsonl")
             if r.get("method") == method and r.get("setting", "clean") == "clean" and "error" not in r]
     ece = metrics.ece([r["confidence"] for r in recs], [r["correct"] for r in recs])
     return f"{top1_from_records(run_dir, method):.2f} (ECE {ece:.2f}, n {len(recs)})"
@@ -56,10 +60,10 @@ def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, l
                                      "setting": "clean", "pred": i % 3 if ok else (i + 1) % 3, "correct": ok,
                                      "top5": [0, 1, 2], "confidence": 0.6, "true_prob": 0.5, "seconds": 0.01}))
     (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
-    (run_dir / "summary.json").write_text(json.dumps(
-        {"config": {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"],
-                    "checkpoint_sha256": sha256, "protocol": protocol, **config},
-         "methods": {}}))
+    # the summary a run writes at its end (the suite table reads it)
+    run_config = {"model": model, "pretrained": pretrained, "dataset": dataset, "classnames": ["a", "b", "c"],
+                  "checkpoint_sha256": sha256, "protocol": protocol, **config}
+    (run_dir / "summary.json").write_text(json.dumps(summarize([json.loads(line) for line in lines], run_config)))
 
 
 # ----------------------------------------------------------------- the table
@@ -68,21 +72,21 @@ def write_records(run_dir: Path, dataset: str, model: str, accuracy: dict[str, l
 def test_suite_table_averages_and_published_rows(tmp_path):
     suite_dir = tmp_path / "ns"
     suite = suites.SUITES["natural-shift"]
-    suites.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
+    suite_runs.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
     # zeroshot: 1/4, 2/4, 3/4, 4/4, 2/4 correct; tpt skipped imagenet-sketch (no average then).
     for k, name in enumerate(suite.datasets):
         acc = {"zeroshot": [j < [1, 2, 3, 4, 2][k] for j in range(4)]}
         if name != "imagenet-sketch":
             acc["tpt"] = [True] * 4 if k % 2 else [True, False, False, False]
         write_records(suite_dir / name, name, "RN50", acc, sha256=openai_sha256("RN50"))
-    table = suites.suite_table(suite_dir)
+    table = suite_table.suite_table(suite_dir)
     assert table["methods"] == ["zeroshot", "tpt"] and table["missing"] == []
     assert table["top1"]["zeroshot"] == {"imagenet": 25.0, "imagenet-a": 50.0, "imagenet-v2": 75.0,
                                          "imagenet-r": 100.0, "imagenet-sketch": 50.0}
     assert table["average"]["zeroshot"] == pytest.approx(60.0)          # (25+50+75+100+50)/5
     assert table["ood_average"]["zeroshot"] == pytest.approx(68.75)     # (50+75+100+50)/4
     assert table["average"]["tpt"] is None and table["ood_average"]["tpt"] is None
-    suites.write_suite_table(suite_dir, table)
+    suite_table.write_suite_table(suite_dir, table)
     md = (suite_dir / "suite.md").read_text()
     # every confidence is 0.6: one bin, so ECE = |60 - top-1|
     assert ("| zeroshot | 25.00 (ECE 35.00, n 4) | 50.00 (ECE 10.00, n 4) | 75.00 (ECE 15.00, n 4) | "
@@ -113,23 +117,23 @@ def test_suite_table_averages_and_published_rows(tmp_path):
             summary = json.loads((suite_dir / name / "summary.json").read_text())
             summary["config"].update(checkpoint_sha256=sha, protocol=protocol)
             (suite_dir / name / "summary.json").write_text(json.dumps(summary))
-        table = suites.suite_table(suite_dir)
-        assert table["protocol"] == (protocol or "leaderboard") and suites.published_suite_rows(table) == []
-        assert "Published" not in suites.table_markdown(table)
+        table = suite_table.suite_table(suite_dir)
+        assert table["protocol"] == (protocol or "leaderboard") and suite_table.published_suite_rows(table) == []
+        assert "Published" not in suite_table.table_markdown(table)
 
 
 def test_suite_table_marks_limited_and_incomplete_datasets(tmp_path):
     suite_dir = tmp_path / "two"
     suite = suites.resolve_suite(None, "imagenet-r,imagenet-a")
-    suites.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
+    suite_runs.write_manifest(suite_dir, suite, {"methods": ["zeroshot", "tpt"], "model": "RN50"})
     # imagenet-r: --limit 4 of 30000 images; imagenet-a: all 5 asked for, tpt stopped after 3
     write_records(suite_dir / "imagenet-r", "imagenet-r", "RN50", {"zeroshot": [True] * 4, "tpt": [False] * 4},
                   limit=4, n_samples=30000)
     write_records(suite_dir / "imagenet-a", "imagenet-a", "RN50", {"zeroshot": [True] * 5, "tpt": [True] * 3},
                   limit=None, n_samples=5)
-    table = suites.suite_table(suite_dir)
+    table = suite_table.suite_table(suite_dir)
     assert table["partial"] == {"imagenet-r": "partial: --limit 4", "imagenet-a": "incomplete: 3 of 5 samples"}
-    suites.write_suite_table(suite_dir, table)
+    suite_table.write_suite_table(suite_dir, table)
     md = (suite_dir / "suite.md").read_text()
     assert md.splitlines()[4] == ("| method | -R (partial: --limit 4) | -A (incomplete: 3 of 5 samples) | "
                                   "Average |")
@@ -140,8 +144,8 @@ def test_suite_table_marks_limited_and_incomplete_datasets(tmp_path):
     assert rows[("tpt", "imagenet-r")]["partial"] == "partial: --limit 4"
     assert rows[("tpt", "imagenet-a")]["n"] == "3" and float(rows[("tpt", "imagenet-r")]["ece"]) == 60.0
     # a --limit at least the dataset's size covers it all: no mark
-    assert suites.partial_mark({"limit": 5, "n_samples": 5}, [5, 5]) == ""
-    assert suites.partial_mark({"limit": None, "n_samples": None}, [3]) == ""
+    assert suite_table.partial_mark({"limit": 5, "n_samples": 5}, [5, 5]) == ""
+    assert suite_table.partial_mark({"limit": None, "n_samples": None}, [3]) == ""
 
 
 def test_published_suite_numbers_are_sourced_and_add_up():
@@ -225,15 +229,15 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_before = len(list(records.iter_records(second)))
+    n_before = len(list(record_files.iter_records(second)))
     assert 0 < n_before < 48, "the suite must be killed inside its second dataset for this test to mean anything"
-    assert len(list(records.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
+    assert len(list(record_files.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
     assert not (suite_dir / "suite.md").exists()
 
     done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     for name, n_images in [("imagenet-r", 5), ("imagenet-a", 24)]:
-        recs = list(records.iter_records(suite_dir / name / "records.jsonl"))
+        recs = list(record_files.iter_records(suite_dir / name / "records.jsonl"))
         assert len(recs) == len({records.record_key(r) for r in recs}) == 2 * n_images
         assert json.loads((suite_dir / name / "summary.json").read_text())["config"]["dataset"] == name
     manifest = json.loads((suite_dir / "suite.json").read_text())
@@ -255,14 +259,15 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
 
 @pytest.mark.slow
 def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
-    from shiftlab.models import _is_openai_state_dict, load_model
+    from shiftlab.models import load_model
+    from shiftlab.models.architectures import _is_openai_state_dict
 
     data = make_image_folder(tmp_path / "data", ["cat", "dog"], per_class=1, size=(96, 80), image_format="jpg")
     out = tmp_path / "vit"
     assert cli_main(["run", "--dataset", "imagefolder", "--data", str(data), "--model", "ViT-B-16",
                      "--pretrained", "none", "--views", "8", "--workers", "0", "--methods", "zeroshot,tpt,mta",
                      "--no-progress", "--out", str(out)]) == 0
-    recs = list(records.iter_records(out / "records.jsonl"))
+    recs = list(record_files.iter_records(out / "records.jsonl"))
     want = [(i, m) for i in range(2) for m in ("mta", "tpt", "zeroshot")]
     assert sorted((r["id"], r["method"]) for r in recs) == want
     summary = json.loads((out / "summary.json").read_text())
@@ -284,11 +289,11 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
 
 
 def test_every_suite_dataset_is_a_canonical_registered_name():
-    from shiftlab.datasets import DATASETS
+    from shiftlab.datasets.folders import DATASETS
 
     for suite in suites.SUITES.values():
         assert all(d in DATASETS and DATASETS.canonical(d) == d for d in suite.datasets), suite.name
-        assert set(suite.ood) <= set(suite.datasets) and all(d in suites.SHORT_NAMES for d in suite.datasets)
+        assert set(suite.ood) <= set(suite.datasets) and all(d in suite_table.SHORT_NAMES for d in suite.datasets)
 
 
 # ------------------------------------------------ a suite continued with fewer datasets
@@ -336,19 +341,19 @@ def test_a_suite_continued_with_fewer_datasets_keeps_the_other_rows_and_says_so(
 
 def test_merge_with_previous_keeps_rows_of_the_same_configuration_only(tmp_path):
     config = {"model": "RN50", "pretrained": "openai", "protocol": "paper", "methods": ["tpt"], "limit": None}
-    suites.write_manifest(tmp_path, suites.SUITES["natural-shift"], config)
+    suite_runs.write_manifest(tmp_path, suites.SUITES["natural-shift"], config)
     for name in ("imagenet", "imagenet-a", "imagenet-r"):
         write_records(tmp_path / name, name, "RN50", {"tpt": [True, False]})
     subset = suites.resolve_suite(None, "imagenet-r")
     # other methods or another limit change no result: the other datasets with records are kept
-    merge = suites.merge_with_previous(tmp_path, subset, {**config, "methods": ["zeroshot"], "limit": 5})
+    merge = suite_runs.merge_with_previous(tmp_path, subset, {**config, "methods": ["zeroshot"], "limit": 5})
     assert merge.suite == suites.SUITES["natural-shift"]       # all five again: the suite keeps its OOD column
     assert merge.ran == ("imagenet-r",) and merge.kept == ("imagenet", "imagenet-a") and not merge.dropped
     assert merge.message() == ("suite: this command runs imagenet-r; the table keeps imagenet, imagenet-a from "
                                "earlier runs (not re-run)")
-    merge = suites.merge_with_previous(tmp_path, subset, {**config, "protocol": "leaderboard"})
+    merge = suite_runs.merge_with_previous(tmp_path, subset, {**config, "protocol": "leaderboard"})
     assert merge.suite == subset and merge.kept == () and merge.dropped == ("imagenet", "imagenet-a")
     assert "leaves out imagenet, imagenet-a (run with another protocol;" in merge.message()
     # the same datasets again, or a directory without suite.json: nothing to say
-    assert suites.merge_with_previous(tmp_path, suites.SUITES["natural-shift"], config).message() is None
-    assert suites.merge_with_previous(tmp_path / "new", subset, config).message() is None
+    assert suite_runs.merge_with_previous(tmp_path, suites.SUITES["natural-shift"], config).message() is None
+    assert suite_runs.merge_with_previous(tmp_path / "new", subset, config).message() is None

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import shiftlab
 from conftest import make_tiny_model
-from shiftlab.prefix_tower import length_buckets, supports_prefix_sharing
-from shiftlab.text import ContextPrompt, class_head, encode_texts, tokenize
+from shiftlab.models.prefix_tower import length_buckets, supports_prefix_sharing
+from shiftlab.models.text import ContextPrompt, class_head, encode_texts, tokenize
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "data" / "imagenet_classes.tsv"
 
@@ -298,7 +298,7 @@ def test_towers_without_a_causal_mask_use_whole_prompts():
 def test_fast_tokenize_gives_open_clips_tokens():
     # the shortcut (no ftfy on plain ASCII, per-word BPE ids kept) must not change a single token
     from shiftlab.datasets.classes import imagenet_classnames, load_templates
-    from shiftlab.text import tokenize
+    from shiftlab.models.text import tokenize
     names = imagenet_classnames()
     prompts = [t.format(n) for n in names[::7] for t in load_templates()[::3]]
     prompts += [f"a photo of a {n}." for n in names]

@@ -8,12 +8,11 @@ from PIL import Image, ImageOps
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 
-from shiftlab.views import (
+from shiftlab.views.generator import (
     AUGMIX_OPS,
     AugMixPlan,
     ViewConfig,
     ViewGenerator,
-    ViewRecipe,
     apply_augmix,
     augmix,
     draw_augmix,
@@ -21,6 +20,7 @@ from shiftlab.views import (
     sample_seed,
     to_uint8_tensor,
 )
+from shiftlab.views.recipe import ViewRecipe
 
 
 @pytest.fixture(autouse=True)
@@ -384,7 +384,7 @@ def test_bad_recipe_is_one_clear_error(value, message):
 # -- views follow the model's preprocessing (issue 12.5, issue 13: ViewConfig defaulted to 224 px) ---------
 
 def test_view_size_defaults_to_the_models_input_size():
-    from shiftlab.models import Preprocess
+    from shiftlab.views.preprocess import Preprocess
     img = _image()
     for size in (64, 336):
         views = ViewGenerator(ViewConfig(n_views=2), seed=0, preprocess=Preprocess(size))(img, 0)
@@ -398,7 +398,7 @@ def test_view_size_defaults_to_the_models_input_size():
 def test_view0_follows_the_models_resize_mode_and_interpolation():
     from open_clip.transform import image_transform
 
-    from shiftlab.models import Preprocess
+    from shiftlab.views.preprocess import Preprocess
     img = _image(97, 61, seed=3)
     squash = Preprocess(48, (0.5,) * 3, (0.5,) * 3, interpolation="bilinear", resize_mode="squash")
     got = ViewGenerator(ViewConfig(n_views=1), preprocess=squash)(img, 0)[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -17,22 +17,23 @@ _EXPORTS = {
     "create_method": "methods",
     "list_methods": "methods",
     "predict": "methods",
-    "Prediction": "prediction",
+    "Prediction": "methods.prediction",
     "classnames": "datasets",
-    "ClassHeads": "context",
-    "SampleContext": "context",
-    "FeatureStore": "feature_store",
+    "ClassHeads": "methods.context",
+    "SampleContext": "methods.context",
+    "FeatureStore": "rundir.feature_store",
 }
 __all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "predict", "Prediction",
            "classnames", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
 
 if TYPE_CHECKING:
-    from .context import ClassHeads, SampleContext
-    from .datasets import classnames
-    from .feature_store import FeatureStore
-    from .methods import create_method, list_methods, predict
+    from .datasets.names import classnames
+    from .methods.api import predict
+    from .methods.base import create_method, list_methods
+    from .methods.context import ClassHeads, SampleContext
+    from .methods.prediction import Prediction
     from .models import ClipModel, ModelLoadError, load_model
-    from .prediction import Prediction
+    from .rundir.feature_store import FeatureStore
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import params
-from .view_recipe import ViewRecipe
+from .views.recipe import ViewRecipe
 
 PATH = Path(__file__).parent / "data" / "methods.json"
 COMMAND = "python -m shiftlab.catalogue --write"
@@ -50,7 +50,7 @@ def _committed() -> dict[str, dict[str, Any]]:
 def names() -> list[str]:
     """The registered method names, sorted."""
     if _registry_loaded():
-        from .methods import list_methods
+        from .methods.base import list_methods
         return list_methods()
     return sorted(_committed())
 
@@ -58,7 +58,7 @@ def names() -> list[str]:
 def field_specs(method: str) -> dict[str, params.FieldSpec]:
     """A registered method's config fields -> what each accepts (`params.FieldSpec`)."""
     if _registry_loaded():
-        from .methods import get_method_class
+        from .methods.base import get_method_class
         return params.field_specs(get_method_class(method).config_class)
     return {k: params.FieldSpec.from_json(v, NAMES) for k, v in _committed()[method]["fields"].items()}
 
@@ -108,9 +108,8 @@ def _field_json(method: str, name: str, spec: params.FieldSpec) -> dict[str, Any
 
 def entry(name: str) -> dict[str, Any]:
     """One method's entry, built from its registered class."""
-    from .methods import get_method_class
-    from .methods.base import method_kind
-    from .protocols import PROTOCOLS, describe, protocol_overrides
+    from .methods.base import get_method_class, method_kind
+    from .methods.protocols import PROTOCOLS, describe, protocol_overrides
     cls = get_method_class(name)
     config_fields = dataclasses.fields(cls.config_class)
     specs = params.field_specs(cls.config_class)
@@ -139,7 +138,7 @@ def entry(name: str) -> dict[str, Any]:
 
 def build() -> list[dict[str, Any]]:
     """Every registered method's entry, as JSON reads it back (tuples are lists, a recipe its repr)."""
-    from .methods import list_methods
+    from .methods.base import list_methods
     return json.loads(json.dumps([entry(n) for n in list_methods()], default=str))
 
 

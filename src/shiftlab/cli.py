@@ -4,7 +4,7 @@ A user mistake ends in one line on stderr and exit code 2 (bad flags, refused wh
 any work: see commands/checks.py) or 1 (the environment: missing data or weights, disk full,
 read-only or vanished paths), never in a traceback. SIGINT and SIGTERM end in one line too ("interrupted
 after N of M samples; continue with --resume", from rank 0 only under torchrun) and exit code 130 / 143
-(shiftlab.runtime.interrupt)."""
+(shiftlab.engine.interrupt)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,7 @@ import sys
 from typing import NoReturn
 
 from . import commands
-from .runtime import interrupt
+from .engine import interrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="shiftlab", description=(
         "Test-time adaptation of CLIP models under distribution shift: accuracy, robust accuracy and "
         "calibration of TPT, C-TPT, R-TPT, MTA, ZERO, TDA, ... in one run."))
-    from . import __version__
+    from .version import __version__
     parser.add_argument("--version", action="version", version=f"shiftlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):

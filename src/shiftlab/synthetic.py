@@ -16,21 +16,13 @@ if TYPE_CHECKING:
 RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc", "origami", "painting",
               "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
 
-# The golden fixtures' architecture: ModifiedResNet (1,1,1,1) width 16 at 64x64, 2-layer text tower.
-# Registered with open_clip under TINY_CLIP_NAME by every loader (`--model shiftlab-tiny`).
-TINY_CLIP_NAME = "shiftlab-tiny"
-TINY_CLIP_CONFIG = {
-    "embed_dim": 32,
-    "quick_gelu": True,
-    "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 16, "patch_size": None},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 2},
-}
 
 
 def tiny_clip(seed: int = 0, device: str | torch.device = "cpu") -> ClipModel:
     """A tiny random-weight CLIP (the golden fixtures' architecture), the same for the same `seed` in every
     process (`load_model(..., pretrained=None, seed=seed)`); accuracy is meaningless."""
     from .models import load_model
+    from .models.architectures import TINY_CLIP_NAME
     return load_model(TINY_CLIP_NAME, None, device=device, seed=seed)
 
 

@@ -36,8 +36,8 @@ import torch
 
 from ..methods.base import MethodConfig
 from ..models import ClipModel
-from ..precision import Precision
-from ..precision import resolve as resolve_precision
+from ..models.precision import Precision
+from ..models.precision import resolve as resolve_precision
 
 __all__ = ["BASELINES", "BaselineMethod", "BaselineUnsupported", "create_baseline", "encode_prompt_embeddings"]
 

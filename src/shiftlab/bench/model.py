@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from ..models import ClipModel
+from ..models.text import DEFAULT_TEMPLATE, encode_texts, tokenize
 from ..synthetic import random_image
-from ..text import DEFAULT_TEMPLATE, encode_texts, tokenize
-from ..views import base_view, to_uint8_tensor
+from ..views.generator import base_view, to_uint8_tensor
 
 __all__ = ["condition_random_clip", "load_bench_model"]
 
@@ -63,7 +63,7 @@ def load_bench_model(name: str, pretrained: str | None, classnames: Sequence[str
     prompt embeddings, so centring them would leave mostly rounding noise).
     """
     from ..models import load_model
-    from ..synthetic import TINY_CLIP_NAME
+    from ..models.architectures import TINY_CLIP_NAME
     tiny = tiny or (name == TINY_CLIP_NAME and pretrained is None)    # `--model shiftlab-tiny` is `--tiny`
     if tiny:
         from ..synthetic import tiny_clip

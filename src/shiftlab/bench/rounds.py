@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from ..phases import PhaseTimer
-from ..step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner
+from ..engine.phases import PhaseTimer
+from ..engine.step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner
 
 IMAGENET_R_IMAGES = 30_000
 FULL_VIEWS = 64        # the leaderboard recipe's views per image (docs/PROTOCOL: view 0 + 63 augmented)

@@ -21,8 +21,8 @@ For a fixed set of images (synthetic JPEGs, or the first N of a dataset) it meas
 Peak memory is per phase: `torch.cuda.max_memory_allocated` on CUDA; on the CPU the
 process's resident set size, sampled every few milliseconds from /proc (the process-wide
 `ru_maxrss` only ever grows, so it cannot tell phases apart; it is reported as well).
-Every pass runs the engine's own step (`shiftlab.step.Runner`: `load` then `step`) and reads
-its phase timer (`shiftlab.phases`), so what is measured is what `shiftlab run` executes.
+Every pass runs the engine's own step (`shiftlab.engine.step.Runner`: `load` then `step`) and reads
+its phase timer (`shiftlab.engine.phases`), so what is measured is what `shiftlab run` executes.
 Timings are wall-clock with CUDA synchronised at every boundary; warm-up images run
 through every path first and are not timed.
 """
@@ -47,14 +47,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from ..engine import expand_methods, resolve_workers
-from ..imageio import decode_image
-from ..methods import list_methods
-from ..methods.base import MethodOutput
+from ..datasets.imageio import decode_image
+from ..engine.config import expand_methods, resolve_workers
+from ..engine.phases import PhaseTimer
+from ..engine.step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner, ViewDataset
+from ..methods.base import MethodOutput, list_methods
 from ..models import ClipModel
-from ..phases import PhaseTimer
-from ..step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner, ViewDataset
-from ..views import ViewConfig, ViewGenerator
+from ..views.generator import ViewConfig, ViewGenerator
 from .baseline import BASELINES, BaselineUnsupported, create_baseline
 from .rounds import FULL_VIEWS, measure_rounds, projection
 
@@ -281,7 +280,7 @@ def _agreement(ours: dict[int, torch.Tensor], theirs: dict[int, torch.Tensor]) -
 def machine_info(device: torch.device) -> dict:
     import open_clip
 
-    from .. import __version__
+    from ..version import __version__
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "open_clip": open_clip.__version__, "shiftlab": __version__}

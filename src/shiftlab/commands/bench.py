@@ -94,16 +94,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import BenchConfig, bench_classnames, format_report, run_bench
     from ..bench.model import load_bench_model
-    from ..engine import resolve_device
+    from ..bench.report import format_report
+    from ..bench.runner import BenchConfig, bench_classnames, run_bench
+    from ..engine.config import resolve_device
     from ..models import ModelLoadError
 
     device = resolve_device(args.device)
     source = None
     classnames = bench_classnames(args.classes)
     if args.data:
-        from ..datasets import build_dataset
+        from ..datasets.folders import build_dataset
         source = build_dataset(args.dataset, args.data)
         classnames = source.classnames
     pretrained = None if str(args.pretrained).lower() in ("none", "random") else args.pretrained

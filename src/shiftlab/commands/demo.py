@@ -19,9 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..datasets import build_dataset
-    from ..engine import RunConfig
-    from ..engine import run as run_engine
+    from ..datasets.folders import build_dataset
+    from ..engine.config import RunConfig
+    from ..engine.loop import run as run_engine
     from ..synthetic import make_imagenet_r, tiny_clip
 
     with tempfile.TemporaryDirectory(prefix="shiftlab-demo-") as tmp:

@@ -24,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..run_features import encode
-    from ..runtime import distributed
+    from ..engine import distributed
+    from ..engine.features import encode
     if args.suite or args.datasets:
         print("shiftlab encode: error: encode one --dataset at a time", file=sys.stderr)
         return 2

@@ -18,11 +18,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import records
-    from .. import summary as run_summary
-    from ..runtime.lock import RunLock, RunLockedError
+    from ..results import summary as run_summary
+    from ..rundir import record_files
+    from ..rundir.lock import RunLock, RunLockedError
     run_dir = args.run_dir
-    if not records.record_files(run_dir):
+    if not record_files.record_files(run_dir):
         print(f"shiftlab merge: {run_dir} holds no records.jsonl and no shards/*.jsonl")
         return 2
     try:

@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         print("shiftlab report: error: the report's plots need matplotlib: pip install 'shiftlab[report]'",
               file=sys.stderr)
         return 1
-    from shiftlab.report import ReportError, build_report
+    from shiftlab.report.build import build_report
+    from shiftlab.report.load import ReportError
 
     if args.bootstrap < 1:
         print("error: --bootstrap must be at least 1", file=sys.stderr)

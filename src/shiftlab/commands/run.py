@@ -9,12 +9,9 @@ from typing import TYPE_CHECKING, Any
 from . import checks
 
 if TYPE_CHECKING:
-    from ..datasets import FolderDataset
-    from ..engine import RunConfig
+    from ..datasets.folders import FolderDataset
+    from ..engine.config import RunConfig
     from ..models import ClipModel
-
-parse_method_config = checks.method_config   # kept for callers of the old name
-
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
@@ -61,7 +58,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue a run directory, skipping recorded samples")
     p.add_argument("--save-probs", action="store_true",
                    help="also store every record's probability vector (float16) in the run directory's probs/, "
-                   "so that any metric can be computed later (shiftlab.probs.load_probs); a resume keeps it on")
+                   "so that any metric can be computed later (shiftlab.rundir.probs.load_probs); a resume keeps it on")
     p.add_argument("--device", type=checks.device_name, default="auto", help=checks.DEVICE_HELP)
     p.add_argument("--workers", type=checks.int_in(-1), default=-1,
                    help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
@@ -105,7 +102,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    from ..engine import RunConfig
+    from ..engine.config import RunConfig
     classnames = None
     if args.classnames is not None:
         classnames = [ln.strip() for ln in Path(args.classnames).read_text().splitlines() if ln.strip()]
@@ -115,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                    "steps": args.steps, "random_start": args.random_start, "quantize": args.quantize}
     pretrained = None if _random_weights(args) else args.pretrained
     methods = args.methods if isinstance(args.methods, list) else checks.method_names(args.methods)
-    from ..datasets import DATASETS
+    from ..datasets.folders import DATASETS
     dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
     return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
                      methods=list(methods), method_config=checks.method_config(args.method_config),
@@ -160,8 +157,8 @@ def _missing_dirs(path: Path) -> list[Path]:
 
 def _download_dataset(name: str, root: str, classnames: list[str] | None) -> FolderDataset:
     """Download then build a dataset; a failed download leaves no empty folders behind."""
-    from ..datasets import build_dataset, download_dataset
-    from ..datasets.folders import expand_root
+    from ..datasets.download import download_dataset
+    from ..datasets.folders import build_dataset, expand_root
     root = str(expand_root(root, name))
     created = _missing_dirs(Path(root).expanduser())
     try:
@@ -179,7 +176,7 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
 def unknown_dataset(args: argparse.Namespace) -> str | None:
     """An unknown --dataset or --datasets name as one line, or None: said before torch is imported and
     the model loaded (the dataset registry is data)."""
-    from ..datasets import DATASETS, DatasetError
+    from ..datasets.folders import DATASETS, DatasetError
     for name in dataset_names(args):
         try:
             DATASETS.canonical(name)
@@ -189,42 +186,19 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
 
 
 def check_combination(args: argparse.Namespace) -> str | None:
-    """A problem between flags that each parsed fine, or None."""
-    from ..methods import get_method_class, list_methods
+    """A problem between flags that each parsed fine, or None: the run's settings as the engine checks them
+    (`engine.config.settings_problem`) on every dataset it will run."""
+    from ..engine.config import settings_problem
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
-    names = list_methods() if "all" in args.methods else args.methods
-    online = [n for n in names if not get_method_class(n).episodic]
-    if online and args.attack != "none" and args.clean_and_robust:
-        return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would "
-                "mix clean and attacked samples; run them once clean and once with --attack, or leave them out "
-                "of --methods")
-    return method_settings_problem(args, names)
-
-
-def method_settings_problem(args: argparse.Namespace, names: list[str]) -> str | None:
-    """The first method whose effective config (defaults <- --protocol, per dataset <- --views/--augmix
-    <- --set) is refused, as its one-line error, or None: e.g. MTA under --views 4, below its minimum."""
-    from ..datasets import DATASETS
-    from ..methods.base import effective_config
-    user = checks.method_config(args.method_config)
-    run_views = ({"n_views": args.views} if args.views is not None else {}) | (
-        {"augmix": True} if args.augmix else {})
-    for dataset in dataset_names(args):
-        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
-        for name in names:
-            try:
-                effective_config(name, args.protocol, canonical, args.precision, run_views, **user.get(name, {}))
-            except (TypeError, ValueError) as exc:
-                return one_line(exc)
-    return None
+    return settings_problem(config_from_args(args), dataset_names(args))
 
 
 def dataset_names(args: argparse.Namespace) -> list[str]:
     """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets."""
     if getattr(args, "suite", None) or getattr(args, "datasets", None):
-        from ..suites import resolve_suite
+        from ..datasets.suites import resolve_suite
         return list(resolve_suite(args.suite, args.datasets).datasets)
     return [args.dataset]
 
@@ -232,7 +206,8 @@ def dataset_names(args: argparse.Namespace) -> list[str]:
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
-    from ..datasets import DATASETS, SplitFileMissing
+    from ..datasets.crossdataset import SplitFileMissing
+    from ..datasets.folders import DATASETS
     if name not in DATASETS or isinstance(exc, SplitFileMissing):
         return ""
     spec = DATASETS.get(name)
@@ -252,8 +227,9 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
     and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
     # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
-    from ..datasets import DatasetError, DownloadError, build_dataset
-    from ..engine import resolve_device
+    from ..datasets.download import DownloadError
+    from ..datasets.folders import DatasetError, build_dataset
+    from ..engine.config import resolve_device
     from ..models import ModelLoadError, load_run_model
 
     problems: list[str] = []
@@ -297,7 +273,7 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..suites import SuiteError, resolve_suite
+    from ..datasets.suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
     except SuiteError as exc:
@@ -307,9 +283,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
-    from ..engine import run as run_engine
-    from ..runtime import distributed
-    from ..suites import run_suite, table_markdown
+    from ..engine import distributed
+    from ..engine.loop import run as run_engine
+    from ..engine.suite import run_suite
+    from ..results.suite_table import table_markdown
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
     try:
         try:

@@ -65,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _defaults(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
-    from ..datasets import DATASETS
+    from ..datasets.folders import DATASETS
     from ..methods.base import effective_config
     canonical = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else None
     run_views = ({"n_views": args.views} if args.views is not None else {}) | ({"augmix": True} if args.augmix else {})
@@ -73,8 +73,8 @@ def _defaults(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import run as run_engine
-    from ..methods import get_method_class
+    from ..engine.loop import run as run_engine
+    from ..methods.base import get_method_class
     methods = list(dict.fromkeys(g[0] for g in args.grid))
     pixels = [m for m in methods if get_method_class(m).needs_pixels]
     if pixels:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..imageio import decode_image
+from .imageio import decode_image
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -164,7 +164,7 @@ class FolderDataset:
         return self.root / self.samples[i][0]
 
     def image(self, i: int) -> Image.Image:
-        """Sample i decoded to RGB (shiftlab.imageio: an undecodable file raises ImageDecodeError)."""
+        """Sample i decoded to RGB (shiftlab.datasets.imageio: an undecodable file raises ImageDecodeError)."""
         return decode_image(self.path(i))
 
     def label(self, i: int) -> int:

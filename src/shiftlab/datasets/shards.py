@@ -19,8 +19,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..imageio import ImageDecodeError, decode_image_bytes
 from .folders import IMAGE_EXTENSIONS, DatasetError, DatasetSpec, FolderDataset, format_listing
+from .imageio import ImageDecodeError, decode_image_bytes
 
 CLASSNAMES_FILE = "classnames.txt"
 SPLITS = ("test", "val", "validation", "")

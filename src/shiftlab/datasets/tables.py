@@ -18,8 +18,8 @@ from typing import Any
 
 from PIL import Image
 
-from ..imageio import ImageDecodeError, decode_image_bytes
 from .folders import DatasetError, DatasetSpec, FolderDataset
+from .imageio import ImageDecodeError, decode_image_bytes
 
 SPLIT_PREFERENCE = ("test", "validation", "val")
 

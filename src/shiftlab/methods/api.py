@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..datasets import classnames
+from ..datasets.names import classnames
 from ..models import ClipModel, load_model
-from ..prediction import Prediction
 from .base import create_method
+from .prediction import Prediction
 
 
 def resolve_classes(classes: str | Sequence[str]) -> list[str]:

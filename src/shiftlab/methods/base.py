@@ -17,14 +17,15 @@ from typing import Any
 
 import torch
 
-from ..context import ClassHeads, SampleContext
 from ..models import ClipModel
+from ..models.precision import PRECISIONS, PURE_FP16, Precision
+from ..models.precision import resolve as resolve_precision
 from ..params import check_config, param
-from ..precision import PRECISIONS, PURE_FP16, Precision
-from ..precision import resolve as resolve_precision
-from ..prediction import Prediction, load_image, make_prediction
 from ..registry import Registry
-from ..views import ViewConfig, ViewGenerator, ViewRecipe
+from ..views.generator import ViewConfig, ViewGenerator
+from ..views.recipe import ViewRecipe
+from .context import ClassHeads, SampleContext
+from .prediction import Prediction, load_image, make_prediction
 
 _REGISTRY: Registry[type[Method]] = Registry("method")
 METHOD_KINDS = ("episodic", "online")
@@ -46,7 +47,7 @@ class MethodOutput:
 class MethodConfig:
     """Base of every method's config dataclass (the papers' defaults live in subclasses).
 
-    `precision`: "auto" follows the run's setting (shiftlab.precision); "fp32", "fp16" or
+    `precision`: "auto" follows the run's setting (shiftlab.models.precision); "fp32", "fp16" or
     "bf16" fix this method's own; "fp16-pure" (the model itself in float16, on CUDA) only where the
     method supports it (`Method.supports_pure_fp16`)."""
     precision: str = param("auto", choices=PRECISIONS)
@@ -54,7 +55,7 @@ class MethodConfig:
 
 @dataclass
 class ViewMethodConfig(MethodConfig):
-    """Config of a method that reads augmented views: `views` is its recipe (shiftlab.views.ViewRecipe:
+    """Config of a method that reads augmented views: `views` is its recipe (shiftlab.views.recipe.ViewRecipe:
     count incl. the original, crop scale and ratio, flip, AugMix). Only these views are generated and
     encoded for it; methods with equal recipes share them."""
     views: ViewRecipe = ViewRecipe()
@@ -270,7 +271,7 @@ def effective_config(name: str, protocol: str = "leaderboard", dataset: str | No
     """The config a run gives method `name`, checked, without building it: its defaults <- the
     protocol (with its per-dataset values for `dataset`) <- the run's `run_views` ({"n_views": 4,
     "augmix": True}: --views, --augmix; view-reading methods only) <- `config` (--set)."""
-    from ..protocols import merge_views, method_overrides
+    from .protocols import merge_views, method_overrides
     cls = get_method_class(name)
     if run_views and cls.needs_views:
         config["views"] = merge_views(dict(run_views), config.get("views", {}))
@@ -281,7 +282,7 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
                   run_precision: str = "auto", protocol: str = "leaderboard", dataset: str | None = None,
                   run_views: dict[str, Any] | None = None, allow_duplicate_names: bool = False,
                   **config: Any) -> Method:
-    """Build a registered method as `protocol` runs it (shiftlab.protocols: "leaderboard", the
+    """Build a registered method as `protocol` runs it (shiftlab.methods.protocols: "leaderboard", the
     defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
     overridden by `config` (`effective_config`); `run_precision` is the run's precision setting,
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names

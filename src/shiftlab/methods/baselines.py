@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
+from .context import SampleContext
 
 
 @register_method("zeroshot")

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
 from .base import MethodOutput, register_method
 from .confidence import entropy, marginal_entropy, select_confident
+from .context import SampleContext
 from .online_common import first_views, text_head
 from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, update_cache
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
-from ..views import ViewRecipe
+from ..views.recipe import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
+from .context import SampleContext
 from .online_common import STATE_VERSION, check_descriptions, check_state, first_views, text_head
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
+from .context import SampleContext
 from .online_common import STATE_VERSION, check_state, first_views, text_head
 
 

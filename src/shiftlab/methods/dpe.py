@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..context import SampleContext
 from ..datasets.classes import load_templates
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
+from .context import SampleContext
 from .online_common import STATE_VERSION, check_cupl_file, check_descriptions, check_state, first_views, text_head
 
 

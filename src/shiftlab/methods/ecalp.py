@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodConfig, MethodOutput, register_method
+from .context import SampleContext
 from .online_common import STATE_VERSION, check_state, text_head
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
+from .context import SampleContext
 
 # A bandwidth of 0 (every neighbour a duplicate view) would make the density 0/0. The
 # floor is far below any real neighbour distance (cdist's own rounding is ~1e-4).

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from ..context import SampleContext
+from ..models.text import ContextPrompt
 from ..params import param
-from ..text import ContextPrompt
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, mean_entropy, select_confident
+from .context import SampleContext
 
 
 def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:

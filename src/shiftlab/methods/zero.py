@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..context import SampleContext
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest, n_selected, select_confident
+from .context import SampleContext
 
 # Share of the score given to the kept views' mean probability. It is kept below the
 # worth of one vote, so it only orders classes with equal votes (the tie-break), and

@@ -8,13 +8,14 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from shiftlab import suites
-from shiftlab.records import record_files
+from shiftlab.datasets import suites
 from shiftlab.report import sections
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
 from shiftlab.report.stats import PairedResult, holm, paired_compare, series_metrics
+from shiftlab.results import suite_table
+from shiftlab.rundir.record_files import record_files
 
 __all__ = ["ReportData", "build_report", "choose_pairs", "comparable_groups", "expand_suites", "is_zeroshot",
            "resolve_method", "zeroshot_baseline"]
@@ -135,15 +136,15 @@ def expand_suites(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     runs, suite_dirs = [], []
     for path in paths:
         try:
-            manifest = suites.read_manifest(path)
+            manifest = suite_table.read_manifest(path)
         except suites.SuiteError as exc:
             raise ReportError(str(exc)) from None
         if manifest is None:
             runs.append(Path(path))
             continue
         suite_dirs.append(Path(path))
-        started = [suites.dataset_dir(path, n) for n in manifest["datasets"]
-                   if record_files(suites.dataset_dir(path, n))]
+        started = [suite_table.dataset_dir(path, n) for n in manifest["datasets"]
+                   if record_files(suite_table.dataset_dir(path, n))]
         if not started:
             raise ReportError(f"suite {path} has no records yet (none of {', '.join(manifest['datasets'])} started)")
         runs += started
@@ -195,13 +196,13 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     out.mkdir(parents=True, exist_ok=True)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
     paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
-    tables = [suites.suite_table(d) for d in suite_dirs]
+    tables = [suite_table.suite_table(d) for d in suite_dirs]
     data = ReportData(runs, metrics, paired, out, n_resamples, seed, tables)
     for stale in _previous_report_files(out):
         stale.unlink(missing_ok=True)
     before = {p.name for p in out.iterdir()}
     for d, table in zip(suite_dirs, tables):
-        suites.write_suite_csv(out / f"suite_{Path(d).resolve().name}.csv", table)
+        suite_table.write_suite_csv(out / f"suite_{Path(d).resolve().name}.csv", table)
 
     write_csv(out / "metrics.csv", metric_rows(data), METRIC_COLUMNS)
     dataset_of = {(s.key, s.setting_label): s.run.dataset for s in data.series}

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shiftlab.published import canonical_method
 from shiftlab.report.load import Run, Series
 from shiftlab.report.stats import PairedResult
+from shiftlab.results.published import canonical_method
 
 
 @dataclass
@@ -21,7 +21,7 @@ class ReportData:
     out: Path
     n_resamples: int
     seed: int
-    suites: list[dict] = field(default_factory=list)   # suite tables (shiftlab.suites.suite_table)
+    suites: list[dict] = field(default_factory=list)   # suite tables (shiftlab.results.suite_table.suite_table)
 
     @property
     def series(self) -> list[Series]:

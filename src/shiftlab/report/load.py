@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from shiftlab import probs
-from shiftlab.display import format_eps, run_label
-from shiftlab.records import record_files, scan
-from shiftlab.runtime.identity import RunIdentityError
-from shiftlab.runtime.identity import read as read_identity
-from shiftlab.summary import run_config, run_schema
+from shiftlab.results.display import format_eps, run_label
+from shiftlab.results.summary import run_config, run_schema
+from shiftlab.rundir import probs
+from shiftlab.rundir.identity import RunIdentityError
+from shiftlab.rundir.identity import read as read_identity
+from shiftlab.rundir.record_files import record_files, scan
 
 
 class ReportError(Exception):
@@ -140,7 +140,7 @@ def load_run(path: str | Path) -> Run:
     summary_eps = (summary.get("attack") or {}).get("eps")
 
     # (method, setting) -> {id: record}. The first record of a key wins, as in
-    # shiftlab.records.load_records (resume never rewrites a finished key).
+    # shiftlab.rundir.record_files.load_records (resume never rewrites a finished key).
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     error_keys: set = set()
     eps_of: dict[str, float | None] = {}
@@ -203,7 +203,7 @@ def _to_series(run: Run, method: str, setting: str, eps, by_id: dict[int, dict],
 
 
 def _attach_probs(run: Run, groups: dict[tuple[str, str], dict[int, dict]]) -> None:
-    """Each series' probability vectors (shiftlab.probs), when every one of its records has one."""
+    """Each series' probability vectors (shiftlab.rundir.probs), when every one of its records has one."""
     if not probs.has_probs(run.path):
         return
     vectors = probs.match(run.path, [rec for by_id in groups.values() for rec in by_id.values()])

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from shiftlab import metrics
+from shiftlab.results import metrics
 
 DPI = 110
 

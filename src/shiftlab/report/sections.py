@@ -9,9 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from shiftlab import metrics, suites
-from shiftlab.display import model_label
-from shiftlab.published import canonical_method, published_for_run
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
@@ -22,6 +19,9 @@ from shiftlab.report.stats import (
     rendition_accuracy,
     top_confusions,
 )
+from shiftlab.results import metrics, suite_table
+from shiftlab.results.display import model_label
+from shiftlab.results.published import canonical_method, published_for_run
 
 Section = tuple[str, str, str]   # (anchor, heading, HTML)
 
@@ -77,10 +77,10 @@ def suite_section(data: ReportData) -> Section | None:
         return None
     body = ""
     for k, t in enumerate(data.suites):
-        columns = suites.table_columns(t)
-        headers = ["method", "source", *map(suites.column_title, columns)]
-        rows = [[m, "ours (records.jsonl)", *[num(v) for v in suites.row_values(t, m)]] for m in t["methods"]]
-        published = suites.published_suite_rows(t)
+        columns = suite_table.table_columns(t)
+        headers = ["method", "source", *map(suite_table.column_title, columns)]
+        rows = [[m, "ours (records.jsonl)", *[num(v) for v in suite_table.row_values(t, m)]] for m in t["methods"]]
+        published = suite_table.published_suite_rows(t)
         for row in published:
             values = {**row["values"], "average": row["average"], "ood_average": row["ood_average"]}
             rows.append([Cell(row["label"], cls="pub"), row["source_id"], *[num(values.get(c)) for c in columns]])
@@ -91,7 +91,7 @@ def suite_section(data: ReportData) -> Section | None:
             notes.append("no records yet for " + ", ".join(t["missing"]) + ": averages need every dataset")
         if t["ood"]:
             notes.append("Average: all " + str(len(t["datasets"])) + " datasets; OOD Average: "
-                         + ", ".join(suites.column_title(d) for d in t["ood"]) + " (as in TPT's Table 1)")
+                         + ", ".join(suite_table.column_title(d) for d in t["ood"]) + " (as in TPT's Table 1)")
         if published:
             cited = dict.fromkeys((row["source_id"], row["source"]) for row in published)
             notes.append("Published rows (grey): " + "; ".join(f"{sid}: {c}" for sid, c in cited)
@@ -278,7 +278,7 @@ def published_section(data: ReportData) -> Section | None:
             "<p>Published top-1 for CLIP RN50 (OpenAI weights, identified by the checkpoint's SHA-256 or its "
             "verified Hugging Face hub source) on "
             "ImageNet-R, each beside runs of the protocol it was published with. The numbers ship with "
-            "shiftlab as data (<code>shiftlab/published.py</code>, <code>shiftlab.published.published_rows</code>): "
+            "shiftlab as data (<code>shiftlab/results/published.py</code>, <code>published_rows</code>): "
             "the seed leaderboard is the R-TPT paper's table (Sheng et al., CVPR 2025), the paper / README "
             "column each method's own paper or repository README, the ECE column the C-TPT paper "
             "(Yoon et al., ICLR 2024).</p>" + image(png, "ours vs published") + table(

@@ -1,6 +1,6 @@
 """Report-only statistics: per-series metrics, paired tests, renditions, confusions.
 
-The metric definitions themselves live in shiftlab.metrics; this module only
+The metric definitions themselves live in shiftlab.results.metrics; this module only
 slices the records and adds the statistics a reader needs to judge a gap
 between two methods (McNemar test, paired bootstrap interval).
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from shiftlab import metrics
-from shiftlab.records import score
 from shiftlab.report.load import Series
+from shiftlab.results import metrics
+from shiftlab.results.scoring import score
 
 RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc",
               "origami", "painting", "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
@@ -32,7 +32,7 @@ def rendition_of(path: str) -> str:
 def series_metrics(s: Series) -> dict:
     """top1/top5/ece (percent), nll (nats), brier (NaN without probability vectors), n, errors,
     seconds_per_image for one series
-    (the scores are shiftlab.records.score, as in summary.json)."""
+    (the scores are shiftlab.results.scoring.score, as in summary.json)."""
     seconds = s.run.seconds_per_image(s.method)
     if seconds is None and s.n and not np.isnan(s.seconds).all():
         seconds = float(np.nanmean(s.seconds))

@@ -1,0 +1,138 @@
+"""A run's use of a feature store (shiftlab.rundir.feature_store): what `shiftlab run --features DIR` reads
+and writes, and `shiftlab encode`, which fills a store without running methods."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..rundir.feature_store import FeatureStore, feature_key
+from . import interrupt
+
+if TYPE_CHECKING:
+    from ..models import ClipModel
+    from .config import RunConfig
+
+
+class RunFeatures:
+    """A run's view of a store: the key of each (recipe, precision, view count) it encodes, what it
+    reads (`read`) and what it writes (`put`, when `writable`), and the counts the run reports.
+
+    `base` holds the key fields that do not vary within a run (feature_key's keyword arguments
+    other than recipe, n_views and precision)."""
+
+    def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool):
+        self.store, self.base, self.dataset, self.writable = store, dict(base), dataset, writable
+        self.read_ids: set[int] = set()
+        self.encoded_ids: set[int] = set()
+
+    def _path(self, sid: int) -> str:
+        """The sample's file as it can be opened (a dataset's `samples` may hold paths relative to its root)."""
+        path = getattr(self.dataset, "path", None)
+        return str(path(sid)) if callable(path) else str(self.dataset.samples[sid][0])
+
+    def key(self, recipe: Any, precision: str, n_views: int) -> dict[str, Any]:
+        return feature_key(recipe=recipe, precision=precision, n_views=n_views, **self.base)
+
+    def served(self, ids: Sequence[int], keys: Sequence[Mapping[str, Any]]) -> set[int]:
+        """The ids whose features are stored under every key (and whose files are unchanged)."""
+        if not keys:
+            return set()
+        entries = [self.store.entry(k) for k in keys]
+        return {sid for sid in ids if all(e.has(sid, self._path(sid)) for e in entries)}
+
+    def read(self, key: Mapping[str, Any], sid: int) -> torch.Tensor | None:
+        feats = self.store.entry(key).features(sid, self._path(sid))
+        if feats is not None:
+            self.read_ids.add(sid)
+        return feats
+
+    def put(self, key: Mapping[str, Any], sid: int, features: torch.Tensor) -> None:
+        self.encoded_ids.add(sid)
+        if self.writable:
+            self.store.put(key, sid, self._path(sid), features)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def line(self) -> str:
+        read = len(self.read_ids - self.encoded_ids)
+        enc = len(self.encoded_ids)
+        verb = "encoded and stored" if self.writable else "encoded (store read-only)"
+        return f"shiftlab: features: {read} sample(s) read from the store {self.store.root}, {enc} {verb}"
+
+
+def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = None) -> dict[str, int]:
+    """Fill `config.features` with the clean view features a run of `config` would encode (every
+    recipe family and precision of `config.methods`), running no method: `shiftlab encode`.
+    Returns {"samples", "stored_before", "encoded", "errors"}."""
+    from torch.utils.data import DataLoader
+
+    from ..datasets.folders import build_dataset
+    from ..methods.base import get_method_class
+    from ..models import load_run_model
+    from ..rundir import identity
+    from ..rundir.stream import stream_order
+    from ..version import __version__
+    from . import distributed
+    from .config import expand_methods, resolve_device, resolve_workers
+    from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+    if not config.features:
+        raise ValueError("encode needs a feature store directory (--features DIR)")
+    dist = distributed.context()
+    device = resolve_device(config.device)
+    config.methods = [n for n in expand_methods(config.methods) if not get_method_class(n).needs_pixels]
+    dataset = dataset if dataset is not None else build_dataset(config.dataset, config.data,
+                                                                classnames=config.classnames)
+    model = (model if model is not None else load_run_model(config, device)).to(device)
+    evaluator = Evaluator.for_run(config, model, dataset.classnames)
+    order = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+    run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
+    store = open_run_features(config, dist, dataset, model, run_identity)
+    if store is None or not store.writable:
+        raise FileExistsError(f"{config.features} is being written by another process; try again when it is done")
+    runner = Runner(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, config.seed),
+                    settings=["clean"], features=store)
+    before = store.served(order, runner.store_keys())
+    todo = [sid for i, sid in enumerate(order) if sid not in before and i % dist.world_size == dist.rank]
+    workers = resolve_workers(config.workers, device, dist)
+    loader = DataLoader(ViewDataset(dataset, todo, runner.recipes), batch_size=config.batch_size,
+                        num_workers=workers, collate_fn=collate, prefetch_factor=4 if workers > 0 else None,
+                        worker_init_fn=interrupt.ignore_in_worker)
+    errors = 0
+    try:
+        for batch in loader:
+            errors += runner.fill_store(batch)
+    finally:
+        store.close()
+        evaluator.close()
+    return {"samples": len(order), "stored_before": len(before), "encoded": len(store.encoded_ids),
+            "errors": errors}
+
+
+def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipModel,
+                      run_identity: dict) -> RunFeatures | None:
+    """The run's feature store: written by this job (rank 0 holds its lock, every rank writes its own
+    shards) unless another process writes it, then only read."""
+    from ..rundir.lock import RunLockedError
+    from .distributed import acquire_for_job
+    root = Path(config.features)
+    shared = run_identity["shared"]
+    base = {"samples_sha256": shared["samples_sha256"], "model": model, "seed": config.seed,
+            "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
+            "storage": config.features_dtype}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = acquire_for_job(root, dist, purpose="feature store")
+        store = FeatureStore(root, "w", rank=dist.rank, lock=lock if lock is not None else False)
+        writable = True
+    except RunLockedError as exc:
+        print(f"shiftlab: warning: {exc}; reading the feature store without adding to it", file=sys.stderr)
+        store = FeatureStore(root, "r") if (root / "store.json").is_file() else None
+        writable = False
+    if store is None:
+        return None
+    return RunFeatures(store, base, dataset, writable)

@@ -1,0 +1,280 @@
+"""The evaluation loop: one pass over a dataset for many methods.
+
+Per sample: decode -> views (DataLoader workers, uint8) -> [attack] -> the image
+tower once for all views (batched across samples) -> every requested method ->
+one record per (sample, method, setting), appended and flushed per sample.
+One batch of that is `shiftlab.engine.step.Runner.step`; this module plans the run around it.
+
+Resumable (records already present are skipped), deterministic (views seeded per
+sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OUT.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..models import ClipModel
+from ..results import summary as run_summary
+from ..rundir import identity, record_files, records
+from ..rundir.online_state import OnlineState
+from ..rundir.records import Record
+from ..rundir.stream import stream_order
+from . import distributed, interrupt, planning
+from .config import RunConfig, expand_methods, resolve_device, resolve_workers, settings_problem
+from .features import open_run_features
+from .phases import PhaseTimer
+from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+
+__all__ = ["RunHooks", "run"]
+
+
+class RunHooks:
+    """Observers of a run (tests, pacing, instrumentation); the default does nothing.
+
+    `before_step(ids)` runs before each engine step, `after_step(ids, records)` after its
+    records are written or held back, `after_checkpoint(ids)` after the online state of
+    `ids` is checkpointed and before their online records are appended."""
+
+    def before_step(self, ids: list[int]) -> None:
+        pass
+
+    def after_step(self, ids: list[int], recs: list[Record]) -> None:
+        pass
+
+    def after_checkpoint(self, ids: list[int]) -> None:
+        pass
+
+
+def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
+        hooks: RunHooks | None = None) -> dict:
+    """Evaluate `config.methods` over the dataset; returns the summary dict.
+
+    Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
+    with other settings than the run directory's) and RunDirError (the directory cannot be written:
+    a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
+    (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
+    from ..datasets.folders import build_dataset
+
+    hooks = hooks or RunHooks()
+    dist = distributed.context()
+    device = resolve_device(config.device)
+    if dist.world_size > 1 and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    config.methods = expand_methods(config.methods)
+    problem = settings_problem(config)
+    if problem:
+        raise ValueError(problem)
+    if dataset is None:
+        dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
+    if model is None:
+        from ..models import load_run_model
+        model = load_run_model(config, device)
+    model = model.to(device)
+    # every setting is checked (methods built, attack built) before the run directory is touched
+    evaluator = Evaluator.for_run(config, model, dataset.classnames)
+    attacker = None
+    if config.attack.get("name", "none") != "none":
+        from ..attacks import build_attack
+        attacker = build_attack(config.attack, evaluator)
+    run_dir = record_files.ensure_run_dir(Path(config.out))
+    lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
+    try:
+        return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
+    except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
+        stream = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+        interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluator, attacker,
+                device: torch.device, dist, run_dir: Path, hooks: RunHooks) -> dict:
+    from ..version import __version__
+
+    settings = config.settings()
+    order = stream_order(len(dataset), config.order, config.seed)
+    if config.limit is not None:
+        order = order[:config.limit]
+    run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
+    identity.check_ranks(distributed.all_gather(dist, run_identity))   # torchrun: one model on every rank
+    # a directory with nothing to protect (a run that failed before its first record) is simply reused
+    has_work = bool(record_files.record_files(run_dir)) or (run_dir / OnlineState.FILE).is_file()
+    old_identity = identity.read(run_dir) if config.resume and has_work else None
+    resumed = _check_resume(run_dir, old_identity, run_identity, dist) if config.resume else None
+    if resumed is not None:
+        run_identity = resumed.identity
+    # the records already there must be this run's: its samples, settings and the methods run.json listed
+    schema = run_summary.run_schema(old_identity or run_identity, ids=frozenset(order), samples=dataset.samples,
+                                    n_classes=len(dataset.classnames))
+    new_methods = resumed.added_methods if resumed is not None else []   # their online state is not theirs
+    done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
+    if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
+        identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
+                                                                                   run_identity)})
+    plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
+    online = list(plan.online)
+
+    views = view_generators(evaluator.methods, model.preprocess, config.seed)   # one per recipe family
+    writer = record_files.RecordWriter(distributed.records_path(run_dir, dist),
+                                       probs=_probs_writer(config, run_dir, dist))
+    state = None
+    online_start = 0
+    in_files = set(done)   # before any held-back online record is restored from the checkpoint
+    if online:
+        state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
+                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
+        if config.resume:
+            online_start = state.resume(order, writer, done, settings, schema, new_methods)
+    if resumed is not None and dist.rank == 0 and (done or old_identity):
+        _say_resuming(run_dir, resumed, order, config.methods, settings, in_files, done, state)
+    pending = plan.pending(settings, done)
+    if online:  # the online state must see every sample from where it stands
+        wanted = set(order[online_start:]) | set(pending)
+        pending = [sid for sid in plan.ids if sid in wanted]
+    timer = PhaseTimer()
+    store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
+    runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
+                    done=done, timer=timer, online_start=online_start, features=store)
+    served = store.served(pending, runner.store_keys()) if store is not None else set()
+    workers = resolve_workers(config.workers, device, dist)
+    loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),
+                        num_workers=workers, collate_fn=collate, pin_memory=device.type == "cuda",
+                        prefetch_factor=4 if workers > 0 else None,
+                        persistent_workers=False, worker_init_fn=interrupt.ignore_in_worker)
+    progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
+    t_start = time.perf_counter()
+    try:
+        for batch in loader:
+            ids = [item.sample_id for item in batch]
+            hooks.before_step(ids)
+            recs = [r for r in runner.step(batch) if r.key not in done]
+            _write_step(ids, recs, writer, state, plan, online_start, progress)
+            hooks.after_step(ids, recs)
+        if state is not None:
+            state.flush(writer)
+    finally:
+        writer.close()
+        progress.close()
+        if store is not None:
+            store.close()
+            print(store.line(), file=sys.stderr, flush=True)
+    wall = time.perf_counter() - t_start
+
+    timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))
+    if timings is None:  # not rank 0 (or rank 0 cannot see every shard: merge later)
+        return {}
+    if config.resume:
+        timings = run_summary.combine_timings(run_summary.previous_timings(run_dir), timings)
+    summary, md = run_summary.finish_run(run_dir, timings)   # as `shiftlab merge` does
+    if config.progress:
+        print(md)
+    return summary
+
+
+def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.Resume:
+    """identity.check_resume on every rank; all ranks raise together (before anything is touched)."""
+    resumed, problem = None, None
+    try:
+        resumed = identity.check_resume(run_dir, old, new)
+    except identity.RunIdentityError as exc:
+        problem = str(exc)
+    problems = [p for p in distributed.all_gather(dist, problem) if p]
+    if problems:
+        raise identity.RunIdentityError(problems[0])
+    return resumed
+
+
+def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int], methods: Sequence[str],
+                  settings: Sequence[str], in_files: set, done: set, state: OnlineState | None) -> None:
+    """One line on stderr: how much of the run was already done, and what this resume adds.
+
+    A sample is done when every (method, setting) record it needs is in the records files and valid
+    (`in_files`: the keys read after the quarantine); records restored from the online checkpoint
+    (`done` has them too) are said apart, so the count never hides a deleted or damaged line."""
+    counted = [n for n in methods if n not in resumed.added_methods] or list(methods)   # the run's own methods
+
+    def complete(keys: set) -> int:
+        return sum(1 for sid in order
+                   if all(not records.is_missing(sid, n, s, keys) for n in counted for s in settings))
+    before = complete(in_files)
+    line = f"shiftlab: resuming {run_dir}: {before} of {len(order)} samples already done"
+    if state is not None and state.restored:
+        line += f"; {state.restored} online record(s) restored from the last checkpoint"
+        after = complete(done)
+        line += f" (now {after} of {len(order)})" if after != before else ""
+    if resumed.added_methods:
+        line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
+    if resumed.limit_raised:
+        line += f"; extending --limit {resumed.limit_raised[0]} -> {resumed.limit_raised[1] or 'all samples'}"
+    if state is not None and state.replayed:
+        line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
+    print(line, file=sys.stderr, flush=True)
+
+
+def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordWriter, state: OnlineState | None,
+                plan: planning.Plan, online_start: int, progress: _Progress) -> None:
+    """Append a step's episodic records one sample at a time; hold online ones back for the checkpoint."""
+    for rec in recs:
+        if rec.method is not None and rec.error is None:
+            progress.update_method(rec.method, bool(rec.correct))
+    online = [r for r in recs if state is not None and r.method in state.methods]
+    by_sample: dict[int, list[Record]] = {sid: [] for sid in ids}
+    for rec in recs:
+        if state is None or rec.method not in state.methods:
+            by_sample[rec.id].append(rec)
+    for sid in ids:
+        writer.write(by_sample[sid])
+        progress.step()
+    if state is not None:
+        state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
+
+
+def _probs_writer(config: RunConfig, run_dir: Path, dist):
+    """--save-probs, or a resumed run directory that already holds vectors (its new records get theirs too)."""
+    from ..rundir import probs
+    if not (config.save_probs or (config.resume and probs.has_probs(run_dir))):
+        return None
+    return probs.ProbsWriter(run_dir, probs.stem_for(dist.rank, dist.world_size))
+
+
+def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dict) -> dict:
+    cfg = dataclasses.asdict(config)
+    cfg["model"] = config.model
+    cfg["model_resolved"] = model.name
+    cfg["classnames"] = list(dataset.classnames)
+    cfg["n_samples"] = len(dataset)
+    cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
+    cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
+    cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from
+    return identity.jsonable(cfg)
+
+
+class _Progress:
+    """tqdm bar with images/s and running top-1 per method."""
+
+    def __init__(self, total: int, methods: Sequence[str], enabled: bool = True):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total, unit="img", disable=not enabled, dynamic_ncols=True)
+        self.correct = {m: 0 for m in methods}
+        self.count = {m: 0 for m in methods}
+
+    def update_method(self, name: str, correct: bool) -> None:
+        self.count[name] += 1
+        self.correct[name] += int(correct)
+
+    def step(self) -> None:
+        self.bar.update(1)
+        post = {m: f"{100 * self.correct[m] / self.count[m]:.1f}" for m in self.count if self.count[m]}
+        self.bar.set_postfix(post, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,385 @@
+"""The engine step: a batch of decoded samples -> records, for every method and setting.
+
+    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: view_generator})
+    records = runner.step(runner.load(ids))       # or batches of BatchItem from a DataLoader
+
+A `BatchItem` carries its views keyed by view recipe family (`recipe_key`: recipes that differ
+only in their view count draw the same views, so a family is generated once, with the most views
+any of its methods reads: `view_generators`). Contexts (features of the views) are encoded once
+per family and precision, and every method gets the first `n_views` of them: methods sharing a
+recipe share the encodings, and only the views a method reads are encoded for it.
+Every phase is reported to the runner's `PhaseTimer` (shiftlab.engine.phases), which is how
+`shiftlab bench` measures the engine.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from ..datasets.imageio import ImageDecodeError
+from ..methods.base import Method, MethodOutput, create_method
+from ..methods.context import ClassHeads, SampleContext
+from ..models import ClipModel
+from ..models.precision import Precision
+from ..models.precision import resolve as resolve_precision
+from ..rundir.records import Record, is_missing
+from ..views.generator import ViewConfig, ViewGenerator
+from ..views.preprocess import Preprocess
+from ..views.recipe import ViewRecipe
+from .phases import PhaseTimer, text_tower_timer
+
+DEFAULT_RECIPE = "default"
+
+
+def recipe_key(recipe: ViewRecipe) -> str:
+    """The key of a recipe's family (everything but the view count), as stable text."""
+    return json.dumps(recipe.family.to_dict(), sort_keys=True)
+
+
+def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed: int) -> dict[str, ViewGenerator]:
+    """One generator per recipe family of `methods`, drawing the most views any of them reads."""
+    longest: dict[str, ViewRecipe] = {}
+    for method in methods.values():
+        recipe, key = method.view_recipe, recipe_key(method.view_recipe)
+        if key not in longest or recipe.n_views > longest[key].n_views:
+            longest[key] = recipe
+    return {key: ViewGenerator(ViewConfig.from_recipe(recipe), seed=seed, preprocess=preprocess)
+            for key, recipe in longest.items()}
+
+
+def first_views(ctx: SampleContext, n: int) -> SampleContext:
+    """The context of a sample's first `n` views, sharing the features already encoded."""
+    if n >= ctx.n_views:
+        return ctx
+    views = None if ctx.views is None else ctx.views[:n]
+    return SampleContext(ctx.model, ctx.heads, views, image_features=ctx.image_features[:n],
+                         sample_id=ctx.sample_id)
+
+
+@dataclass
+class BatchItem:
+    """One sample ready for the model: uint8 views (N,3,S,S) per recipe, or the reason it failed.
+    `from_store`: not decoded, its features are read from the run's feature store instead
+    (`features`: key digest -> (N, D), filled by the Runner)."""
+    sample_id: int
+    views: dict[str, torch.Tensor] = field(default_factory=dict)
+    error: str | None = None
+    from_store: bool = False
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def load_item(dataset: Any, sid: int, recipes: Mapping[str, ViewGenerator]) -> BatchItem:
+    """Decode a sample once and generate each recipe's views; a failure becomes the item's error."""
+    try:
+        img = dataset.image(sid)
+        return BatchItem(sid, {key: gen(img, sid) for key, gen in recipes.items()})
+    except ImageDecodeError as exc:
+        return BatchItem(sid, error=str(exc))
+    except Exception as exc:  # a view or resize failure must not stop the run
+        return BatchItem(sid, error=f"{type(exc).__name__}: {exc}")
+
+
+class ViewDataset(Dataset):
+    """Sample id -> BatchItem; runs in DataLoader workers."""
+
+    def __init__(self, dataset: Any, ids: Sequence[int], recipes: Mapping[str, ViewGenerator],
+                 from_store: set[int] | None = None):
+        self.dataset, self.ids, self.recipes = dataset, list(ids), dict(recipes)
+        self.from_store = from_store or set()   # served by the feature store: never decoded
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> BatchItem:
+        sid = self.ids[i]
+        if sid in self.from_store:
+            return BatchItem(sid, from_store=True)
+        return load_item(self.dataset, sid, self.recipes)
+
+
+def collate(batch: list[BatchItem]) -> list[BatchItem]:
+    return batch
+
+
+class Evaluator:
+    """Holds model, class heads and method instances; encodes views and runs methods.
+
+    With a `text_timer` (a PhaseTimer with `text=True`), every prompt-tuning method's text tower
+    is timed from construction on (before `prepare()`, so graphs built there are timed too) until
+    `close()`. `dataset` (a canonical name) gives `--protocol paper` its per-dataset values."""
+
+    def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
+                 method_config: dict[str, dict] | None = None, precision: str = "auto",
+                 text_timer: PhaseTimer | None = None, protocol: str = "leaderboard",
+                 run_views: Mapping[str, Any] | None = None, dataset: str | None = None):
+        self.model = model
+        self.classnames = list(classnames)
+        self.heads = ClassHeads(model, classnames)
+        self.precision = resolve_precision("auto", model.device, run=precision)   # the image tower's: the run's
+        method_config = method_config or {}
+        self.methods: dict[str, Method] = {}
+        for n in method_names:
+            # the dataset's class list as published: CLIP's ImageNet names hold two duplicates
+            self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
+                                            protocol=protocol, dataset=dataset, run_views=run_views,
+                                            allow_duplicate_names=True, **dict(method_config.get(n, {})))
+        self.needs_views = any(m.needs_views for m in self.methods.values())
+        self._timers = contextlib.ExitStack()
+        if text_timer is not None and text_timer.text:
+            def sink(seconds: float) -> None:
+                text_timer.add(f"text:{text_timer.current_method}", seconds)
+            for method in self.methods.values():
+                self._timers.enter_context(text_tower_timer(method, text_timer.now, sink))
+        for method in self.methods.values():
+            method.prepare()
+
+    @classmethod
+    def for_run(cls, config: Any, model: ClipModel, classnames: Sequence[str]) -> Evaluator:
+        """The evaluator of a run (`engine.config.RunConfig`): its methods as its protocol, dataset, --views,
+        --augmix, --set and precision make them; every method's config is checked here, before any work."""
+        return cls(model, classnames, config.methods, config.method_config, config.precision,
+                   protocol=config.protocol, run_views=config.run_views(), dataset=config.canonical_dataset())
+
+    def close(self) -> None:
+        """Remove the text-tower timers (if any)."""
+        self._timers.close()
+
+    def contexts(self, views_u8: Sequence[torch.Tensor], ids: Sequence[int],
+                 all_views: bool | None = None, precision: Precision | None = None) -> list[SampleContext]:
+        """Normalise on the device and encode all samples' views in one pass (view 0 only unless
+        `all_views`, default: whether any method needs augmented views), under `precision`
+        (default: the run's)."""
+        all_views = self.needs_views if all_views is None else all_views
+        precision = precision or self.precision
+        dev = self.model.device
+        stacked = torch.cat([v if all_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
+        x = self.model.normalize(stacked.float().div_(255))
+        feats = self.model.encode_views(x, precision)
+        n = x.shape[0] // len(views_u8)
+        return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
+                              sample_id=sid, precision=precision) for i, sid in enumerate(ids)]
+
+    def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        method = self.methods[name]
+        if method.episodic:
+            return method.predict_batch(list(ctxs))
+        return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
+
+
+class Runner:
+    """One engine step over a batch, for `methods` (default: all of the evaluator's) and `settings`.
+
+    `done` (resume keys) and `plan` (which rank owns which record) decide what is computed;
+    online methods (`episodic = False`) compute every sample at stream position >= `online_start`
+    (their state must see the whole stream; the caller drops records that already exist).
+    `on_outputs(method, setting, ids, outputs)` sees the raw outputs (the benchmark compares logits).
+    """
+
+    def __init__(self, evaluator: Evaluator, dataset: Any, recipes: Mapping[str, ViewGenerator], *,
+                 settings: Sequence[str] = ("clean",), attacker: Any = None, plan: Any = None,
+                 done: set | None = None, methods: Sequence[str] | None = None, timer: PhaseTimer | None = None,
+                 online_start: int = 0, features: Any = None,
+                 on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None):
+        self.evaluator = evaluator
+        self.dataset = dataset
+        self.recipes = dict(recipes)
+        self.settings = list(settings)
+        self.attacker = attacker
+        self.plan = plan
+        self.done = done if done is not None else set()
+        self.methods = list(methods) if methods is not None else list(evaluator.methods)
+        self.timer = timer or PhaseTimer()
+        self.online_start = online_start
+        self.on_outputs = on_outputs
+        self.features = features   # a feature_store.RunFeatures, or None
+
+    def recipe_of(self, method: str) -> str:
+        """The key of the recipe family a method reads (DEFAULT_RECIPE when the runner was given
+        one generator for every method, as `shiftlab bench` does)."""
+        key = recipe_key(self.evaluator.methods[method].view_recipe)
+        return key if key in self.recipes else DEFAULT_RECIPE
+
+    def _all_views(self, recipe: str) -> bool:
+        return any(self.evaluator.methods[n].needs_views for n in self.methods if self.recipe_of(n) == recipe)
+
+    def _groups(self, names: list[str]) -> list[tuple[list[str], int]]:
+        """The methods of one recipe family grouped by precision, with the group's view count (from
+        every method of the group, not only those with records missing: the tower's batch shape, and
+        so its rounding, must not depend on what a resume still has to do)."""
+        methods = self.evaluator.methods
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(methods[n].precision.key, []).append(n)
+        return [(g, max(methods[n].view_recipe.n_views for n in g)) for g in groups.values()]
+
+    def store_keys(self) -> list[dict]:
+        """The feature-store key of every encoding a clean step makes (empty: the bench's single
+        generator, an attack, or a method that needs pixels; those runs decode every sample)."""
+        methods = self.evaluator.methods
+        if (self.features is None or self.settings != ["clean"]
+                or any(getattr(methods[n], "needs_pixels", False) for n in self.methods)):
+            return []
+        keys = []
+        for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+            names = [n for n in self.methods if self.recipe_of(n) == recipe]
+            if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
+                return []
+            for group, n_max in self._groups(names):
+                keys.append(self.features.key(methods[group[0]].view_recipe, methods[group[0]].precision.key, n_max))
+        return keys
+
+    def _fill_from_store(self, batch: Sequence[BatchItem]) -> list[BatchItem]:
+        """Read the stored features of undecoded items; an item any of whose features cannot be read
+        (a damaged shard) is decoded here instead."""
+        from ..rundir.feature_store import key_digest
+        keys = self.store_keys() if any(item.from_store for item in batch) else []
+        out = []
+        for item in batch:
+            if item.from_store:
+                with self.timer.phase("store_read"):
+                    feats = {key_digest(k): self.features.read(k, item.sample_id) for k in keys}
+                if keys and all(f is not None for f in feats.values()):
+                    item.features = feats
+                else:
+                    item = self.load([item.sample_id])[0]
+            out.append(item)
+        return out
+
+    def _stored_contexts(self, views: list, ids: list[int], key: dict | None, n_max: int,
+                         precision: Precision, features: list[dict]) -> list[SampleContext]:
+        """Contexts of a group: stored features for undecoded items, the rest encoded in one pass
+        (and written to the store when the step is clean)."""
+        from ..rundir.feature_store import key_digest
+        digest = key_digest(key) if key is not None else None
+        todo = [i for i, v in enumerate(views) if v is not None]
+        encoded: dict[int, SampleContext] = {}
+        if todo:
+            with self.timer.phase("encode"):
+                ctxs = self.evaluator.contexts([views[i][:n_max] for i in todo], [ids[i] for i in todo],
+                                               all_views=True, precision=precision)
+            encoded = dict(zip(todo, ctxs))
+            if key is not None:
+                for i, c in encoded.items():
+                    self.features.put(key, ids[i], c.image_features)
+        dev = self.evaluator.model.device
+        return [encoded[i] if i in encoded else
+                SampleContext(self.evaluator.model, self.evaluator.heads, None, sample_id=ids[i], precision=precision,
+                              image_features=features[i][digest].to(dev)) for i in range(len(ids))]
+
+    def _encode(self, names: list[str], wanted: dict[str, list[int]], views: list[torch.Tensor | None],
+                ids: list[int], recipe: str, features: list[dict]) -> dict[str, list[SampleContext]]:
+        """Each method's contexts: one encoding per precision of the family's views (as many as the
+        group's longest recipe), each method reading its first n_views of it."""
+        methods = self.evaluator.methods
+        if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
+            with self.timer.phase("encode"):   # one generator for every method (bench): the old behaviour
+                ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
+            return {n: ctxs for n in names}
+        out: dict[str, list[SampleContext]] = {}
+        clean = self.features is not None and self.settings == ["clean"] and bool(self.store_keys())
+        for group, n_max in self._groups(names):
+            if not any(wanted[n] for n in group):
+                continue
+            precision = methods[group[0]].precision
+            key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
+            ctxs = self._stored_contexts(views, ids, key, n_max, precision, features)
+            by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
+            for n in group:
+                k = methods[n].view_recipe.n_views
+                if k not in by_count:
+                    by_count[k] = [first_views(c, k) for c in ctxs]
+                out[n] = by_count[k]
+        return out
+
+    def fill_store(self, batch: Sequence[BatchItem]) -> int:
+        """Encode a batch's clean views into the feature store, running no method (`shiftlab encode`);
+        returns how many samples failed to decode."""
+        methods = self.evaluator.methods
+        good = [item for item in batch if item.error is None and not item.from_store]
+        ids = [item.sample_id for item in good]
+        if good and self.store_keys():
+            for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+                names = [n for n in self.methods if self.recipe_of(n) == recipe]
+                for group, n_max in self._groups(names):
+                    precision = methods[group[0]].precision
+                    key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max)
+                    self._stored_contexts([item.views[recipe] for item in good], ids, key, n_max, precision,
+                                          [{} for _ in good])
+        return sum(item.error is not None for item in batch)
+
+    def load(self, ids: Sequence[int]) -> list[BatchItem]:
+        """Decode and generate views in this process (a run does this in DataLoader workers)."""
+        with self.timer.phase("decode_views"):
+            return [load_item(self.dataset, sid, self.recipes) for sid in ids]
+
+    def _base(self, sid: int, setting: str) -> dict[str, Any]:
+        return {"id": sid, "path": self.dataset.samples[sid][0], "label": self.dataset.label(sid), "setting": setting}
+
+    def _wanted(self, name: str, sid: int, setting: str) -> bool:
+        if self.plan is not None and not self.plan.owns(sid, name):
+            return False
+        if not self.evaluator.methods[name].episodic and self.plan is not None:
+            return self.plan.position[sid] >= self.online_start
+        return is_missing(sid, name, setting, self.done)
+
+    def step(self, batch: Sequence[BatchItem]) -> list[Record]:
+        """Records of a batch, grouped by sample in batch order."""
+        batch = self._fill_from_store(batch) if self.features is not None else batch
+        per_sample: dict[int, list[Record]] = {item.sample_id: [] for item in batch}
+        for item in batch:
+            if item.error is not None:
+                for setting in self.settings:
+                    per_sample[item.sample_id].append(
+                        Record.failure(**self._base(item.sample_id, setting), method=None, error=item.error))
+        good = [item for item in batch if item.error is None]
+        if good:
+            ids = [item.sample_id for item in good]
+            for setting in self.settings:
+                for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+                    self._step_recipe(good, ids, setting, recipe, per_sample)
+        return [rec for item in batch for rec in per_sample[item.sample_id]]
+
+    def _step_recipe(self, good: list[BatchItem], ids: list[int], setting: str, recipe: str,
+                     per_sample: dict[int, list[Record]]) -> None:
+        names = [n for n in self.methods if self.recipe_of(n) == recipe]
+        wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
+        if not any(wanted.values()):
+            return
+        views = [item.views.get(recipe) for item in good]   # None: served by the feature store
+        attack_info: dict[int, dict] = {}
+        if setting != "clean":
+            with self.timer.phase("attack"):
+                views, attack_info = self.attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
+                                                           self.recipes[recipe])
+        ctxs_of = self._encode(names, wanted, views, ids, recipe, [item.features for item in good])
+        for name in names:
+            todo = wanted[name]
+            if not todo:
+                continue
+            ctxs = ctxs_of[name]
+            self.timer.current_method = name
+            t0 = self.timer.now()
+            try:
+                outs = self.evaluator.predict(name, [ctxs[i] for i in todo])
+            except Exception as exc:  # one method failing must not lose the others' records
+                for i in todo:
+                    per_sample[ids[i]].append(Record.failure(**self._base(ids[i], setting), method=name,
+                                                             error=f"{type(exc).__name__}: {exc}"))
+                continue
+            finally:
+                seconds = self.timer.now() - t0
+                self.timer.add(f"predict:{name}", seconds)
+                self.timer.current_method = None
+            secs = seconds / max(len(todo), 1)
+            for i, out in zip(todo, outs):
+                sid = ids[i]
+                rec = Record.prediction(**self._base(sid, setting), method=name, output=out, seconds=secs)
+                per_sample[sid].append(rec.with_attack(attack_info.get(sid)))
+            if self.on_outputs is not None:
+                self.on_outputs(name, setting, [ids[i] for i in todo], outs)

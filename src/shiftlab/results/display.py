@@ -1,0 +1,56 @@
+"""How runs are written for people: attack budgets, model weights, run titles.
+
+One formatter per thing, used by summary.md (shiftlab.results.summary) and the HTML report
+(shiftlab.report), so the two never describe the same run differently.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+_RANDOM = ("none", "random")
+
+
+def format_eps(eps: object) -> str:
+    """0.00392 -> 'eps=1/255'; budgets are quoted in 1/255 units in papers. '' when unknown."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or math.isnan(eps):
+        return ""
+    k = eps * 255
+    return f"eps={round(k)}/255" if abs(k - round(k)) < 1e-3 else f"eps={eps:.4g}"
+
+
+def is_random_weights(pretrained: object) -> bool:
+    return pretrained is None or str(pretrained).strip().lower() in _RANDOM
+
+
+def weights_label(pretrained: object) -> str:
+    """'openai' -> 'openai'; '/ckpt/RN50.pt' -> 'checkpoint RN50.pt'; None -> 'random weights'."""
+    if is_random_weights(pretrained):
+        return "random weights"
+    text = str(pretrained)
+    if "/" in text or "\\" in text or text.endswith((".pt", ".pth", ".bin", ".safetensors")):
+        return f"checkpoint {os.path.basename(text.replace(chr(92), '/')) or text}"
+    return text
+
+
+def model_label(model: object, pretrained: object) -> str:
+    """'RN50 (openai)', 'RN50 (checkpoint x.pt)', 'shiftlab-tiny (random weights)'."""
+    name = str(model or "?")
+    weights = weights_label(pretrained)
+    return name if f"({weights})" in name else f"{name} ({weights})"
+
+
+def attack_label(attack: dict | None) -> str:
+    """'pgd eps=4/255' for an attack config (or summary entry); '' when there is none."""
+    attack = attack or {}
+    name = attack.get("name")
+    if not name or name == "none":
+        return ""
+    return f"{name} {format_eps(attack.get('eps'))}".rstrip()
+
+
+def run_label(model: object, pretrained: object, dataset: object, attack: dict | None = None) -> str:
+    """'RN50 (openai) on imagenet-r, attack pgd eps=1/255'."""
+    text = f"{model_label(model, pretrained)} on {dataset or 'unknown'}"
+    attacked = attack_label(attack)
+    return f"{text}, attack {attacked}" if attacked else text

@@ -1,0 +1,235 @@
+"""A run's summary: summary.json (scores from the records, identity, timings) and summary.md.
+
+records.jsonl is the source of truth (shiftlab.rundir.records owns it and its scoring); the
+summary is rewritten from it by one function, `finish_run`, at the end of every run and by
+`shiftlab merge`. Its labels and config come from run.json (the identity, and the `config`
+section the run wrote when it started), so a merge after a stopped torchrun job writes the
+summary the run would have written.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..rundir import record_files
+from ..rundir import records as run_records
+from ..rundir.record_files import run_dir_error
+from . import metrics
+from .display import attack_label, is_random_weights, model_label
+from .scoring import score_records
+
+SUMMARY = "summary.json"
+SUMMARY_MD = "summary.md"
+
+
+# -- finishing a run -------------------------------------------------------------------
+
+def finish_run(run_dir: Path, timings: dict | None = None,
+               warn: Callable[[str], None] | None = None) -> tuple[dict, str]:
+    """merge -> score -> summary.json and summary.md of a run directory; returns (summary, markdown).
+
+    Lines the run's schema (`run_schema`) refuses are quarantined first, shards are folded into
+    records.jsonl, and the summary is made from the records, run.json's identity and config, and
+    `timings` (None: the timings of the summary the directory already has). The caller holds the
+    run lock. Raises RunIdentityError for a damaged run.json and RunDirError for an unwritable folder.
+    """
+    from ..rundir import identity as run_identity
+    from .published import published_for_run
+    run_dir = Path(run_dir)
+    ident = run_identity.read(run_dir) or {}
+    schema = run_schema(ident)
+    record_files.quarantine(run_dir, warn, schema)
+    record_files.merge_records(run_dir, schema)
+    recs = record_files.load_records(run_dir, schema)
+    from ..rundir.probs import merge_probs
+    merge_probs(run_dir, recs)   # torchrun: the ranks' probs/ files folded in
+    previous = _read_summary(run_dir)
+    if timings is None:
+        timings = previous.get("timings") if isinstance(previous.get("timings"), dict) else None
+    recorded = {k: v for k, v in ident.items() if k != CONFIG} or None
+    summary = summarize(recs, run_config(ident, previous), timings, recorded)
+    return summary, write_summary(run_dir, summary, published_for_run(summary))
+
+
+CONFIG = "config"   # run.json's section holding the summary's config (written when the run starts)
+
+
+def run_config(ident: dict, previous: dict | None = None) -> dict:
+    """The summary's config: run.json's `config`; for a run.json written before it had one, the
+    earlier summary's, else what the identity says (dataset, model, weights, settings, methods)."""
+    cfg = ident.get(CONFIG)
+    if isinstance(cfg, dict):
+        return cfg
+    cfg = (previous or {}).get("config")
+    if isinstance(cfg, dict) and cfg:
+        return cfg
+    shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
+    methods = ident.get("methods") if isinstance(ident.get("methods"), dict) else {}
+    keep = ("dataset", "model", "pretrained", "protocol", "views", "augmix", "seed", "order", "limit", "attack",
+            "clean_and_robust", "precision", "n_samples", "checkpoint_sha256", "weights_source")
+    cfg = {k: shared[k] for k in keep if k in shared}
+    if "model" in shared:
+        cfg["model_resolved"] = shared["model"]
+    return {**cfg, "methods": list(methods), "method_settings": methods} if methods else cfg
+
+
+def run_schema(ident: dict | None, stream: bool = True, **known: Any) -> run_records.RecordSchema:
+    """The records' schema of the run whose run.json holds `ident`: its methods, settings and samples
+    (with `stream`, the stream its seed, order and --limit make; this imports torch, which the report
+    does without: a finished run's records were checked against it by `finish_run`), and its classes
+    when run.json's config lists them."""
+    ident = ident if isinstance(ident, dict) else {}
+    shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
+    n, limit = shared.get("n_samples"), shared.get("limit")
+    if stream and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
+            limit is None or isinstance(limit, int)):
+        from ..rundir.stream import stream_order
+        try:
+            known["ids"] = frozenset(stream_order(n, str(shared.get("order")), shared["seed"])[:limit])
+        except ValueError:   # an order this version does not know: ids are checked against n_samples only
+            pass
+    names = (ident.get(CONFIG) or {}).get("classnames") if isinstance(ident.get(CONFIG), dict) else None
+    if "n_classes" not in known and isinstance(names, list):
+        known["n_classes"] = len(names)
+    return run_records.RecordSchema.of_run(ident or None, **known)
+
+
+def _read_summary(run_dir: Path) -> dict:
+    path = Path(run_dir) / SUMMARY
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# -- summaries -------------------------------------------------------------------------
+
+def previous_timings(run_dir: Path) -> dict | None:
+    """The timings of the summary a run directory already has (None when it has none)."""
+    path = Path(run_dir) / SUMMARY
+    try:
+        timings = json.loads(path.read_text()).get("timings") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return timings if isinstance(timings, dict) and timings.get("images") else None
+
+
+def combine_timings(old: dict | None, new: dict) -> dict:
+    """Timings of a resumed run: the earlier sessions' plus this one's. A resume with nothing left
+    to do keeps the timings it had (its own would say 0 seconds per image)."""
+    if not old:
+        return new
+    if not new.get("images"):
+        return old
+    images = old["images"] + new["images"]
+    shared = (old.get("shared_seconds_per_image", 0.0) * old["images"]
+              + new.get("shared_seconds_per_image", 0.0) * new["images"]) / images
+    return {**new, "wall_seconds": old.get("wall_seconds", 0.0) + new.get("wall_seconds", 0.0), "images": images,
+            "shared_seconds_per_image": shared, "sessions": old.get("sessions", 1) + new.get("sessions", 1)}
+
+
+def summarize(records: list[dict], config: dict, timings: dict[str, float] | None = None,
+              identity: dict | None = None) -> dict:
+    """summary.json content from records (the source of truth), measured timings and the run's identity."""
+    by: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    failed: Counter[tuple[str | None, str]] = Counter()   # (method or None: every method's, setting)
+    errors = 0
+    for r in records:
+        if "error" in r:
+            errors += 1
+            failed[(r.get("method"), r.get("setting", "clean"))] += 1
+            continue
+        by[(r["method"], r.get("setting", "clean"))].append(r)
+    methods: dict[str, dict] = {}
+    attack_setting = None
+    for (name, setting), recs in sorted(by.items()):
+        entry = methods.setdefault(name, {})
+        scored = {**score_records(recs), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        seconds = sum(r.get("seconds", 0.0) for r in recs) / max(len(recs), 1)
+        if setting == "clean":
+            entry.update(scored)
+            entry["method_seconds_per_image"] = seconds
+        else:
+            attack_setting = setting
+            entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
+    timings = timings or {}
+    shared = timings.get("shared_seconds_per_image", 0.0)
+    for entry in methods.values():
+        own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
+        entry["seconds_per_image"] = own + shared
+    summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
+    if identity is not None:
+        summary["identity"] = identity
+    if attack_setting is not None:
+        # `flipped` is measured on the zero-shot model and is the same in every method's record of a
+        # sample, so count each attacked sample once, whichever methods ran.
+        flips = {r["id"]: r["attack"]["flipped"] for r in records
+                 if r.get("setting") == attack_setting and "attack" in r}
+        summary["attack"] = {**config.get("attack", {}),
+                             "success_rate": metrics.top1(list(flips.values())) if flips else None,
+                             "n": len(flips)}
+    return summary
+
+
+def _fmt(x: Any) -> str:
+    return "—" if x is None or (isinstance(x, float) and x != x) else f"{x:.2f}"
+
+
+def summary_markdown(summary: dict, published: dict[str, dict] | None = None) -> str:
+    published = published or {}
+    robust = any("robust" in m for m in summary["methods"].values())
+    head = ["method", "top-1", "top-5", "ECE", "ECE20", "NLL", "n", "s/img"]
+    if robust:
+        head += ["robust top-1"]
+    if published:
+        head += ["published top-1"]
+    published_ece = any(row.get("paper_ece") is not None for row in published.values())
+    if published_ece:
+        head += ["published ECE (20 bins)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in summary["methods"].items():
+        row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
+               _fmt(m.get("nll")),
+               str(m.get("n", 0)), f"{m.get('seconds_per_image', 0.0):.3f}"]
+        if robust:
+            row.append(_fmt(m.get("robust", {}).get("top1")))
+        if published:
+            row.append(_published_cell(published.get(name)))
+        if published_ece:
+            row.append(_fmt((published.get(name) or {}).get("paper_ece")))
+        lines.append("| " + " | ".join(row) + " |")
+    cfg = summary.get("config", {})
+    title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"
+    if is_random_weights(cfg.get("pretrained")):
+        title += " · RANDOM WEIGHTS: accuracies are meaningless"
+    notes = [f"errors: {summary.get('errors', 0)}"]
+    if "attack" in summary:
+        a = summary["attack"]
+        notes.append(f"attack {attack_label(a)} steps={a.get('steps')}, "
+                     f"success rate on zero-shot {_fmt(a.get('success_rate'))}%")
+    return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
+
+
+def _published_cell(row: dict | None) -> str:
+    if not row:
+        return "—"
+    vals = [str(v) for k, v in row.items() if k in ("seed_leaderboard", "paper") and v is not None]
+    return " / ".join(vals) if vals else "—"
+
+
+def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
+    run_dir = Path(run_dir)
+    tmp = run_dir / (SUMMARY + ".tmp")
+    md = summary_markdown(summary, published)
+    try:
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
+        os.replace(tmp, run_dir / SUMMARY)
+        (run_dir / SUMMARY_MD).write_text(md)
+    except OSError as exc:
+        raise run_dir_error(run_dir / SUMMARY, exc) from None
+    return md

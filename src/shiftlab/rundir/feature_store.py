@@ -1,0 +1,293 @@
+"""Encode once: a directory of view features keyed by everything that decides them.
+
+    store = FeatureStore("feats")                       # read-only; many readers at once
+    entry = store.find(model="RN50", n_views=64)        # the one entry that matches
+    feats = entry.features(sample_id)                   # (N, D) float32, or None
+
+Layout (also in docs/ARCHITECTURE.md)::
+
+    DIR/store.json                 {"format": FORMAT}
+    DIR/run.lock                   one writer at a time (runtime.lock; readers take no lock)
+    DIR/<digest>/key.json          an entry's full key; <digest> = first 16 hex of its SHA-256
+    DIR/<digest>/<shard>.bin       raw little-endian features (n, N, D) in the entry's storage dtype
+    DIR/<digest>/<shard>.json      the shard's index, written last (its presence commits the shard):
+                                   sample ids, each sample's file (path, size, mtime_ns, sha256),
+                                   each row's SHA-256, shape, dtype, the .bin's SHA-256
+
+A key (`feature_key`) holds the sample list digest, the model's checkpoint or weights digest, its
+preprocessing, the view recipe (family + the count encoded) and seed, the precision, the device
+type, the storage dtype and the view generator's version; a different key is another entry, so
+nothing is mixed. A sample's own file is checked by size and mtime (one stat); when they changed,
+its content is hashed and compared with the digest taken when it was stored. A row whose bytes do
+not match their SHA-256 (a damaged or truncated shard) is not served: the caller recomputes it,
+with one warning per shard. Shard names carry the torchrun rank and the writer's pid, so ranks
+write their own shards into one store; each file is written to a temporary name and renamed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..views.generator import VIEW_GENERATOR_VERSION
+
+FORMAT = 1
+STORAGE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+SHARD_ROWS = 256          # samples per shard: RN50 64 views fp16 is 32 MiB a shard
+_TMP = ".tmp"
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_info(path: str | os.PathLike) -> list:
+    """[path, size, mtime_ns, sha256] of a sample's file (sha256 None when it cannot be read)."""
+    try:
+        st = os.stat(path)
+        return [str(path), st.st_size, st.st_mtime_ns, file_digest(path)]
+    except OSError:
+        return [str(path), -1, -1, None]
+
+
+def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, seed: int, precision: str,
+                storage: str = "fp16", checkpoint_sha256: str | None = None,
+                weights_sha256: str | None = None) -> dict[str, Any]:
+    """The key of an entry: every input that decides its features (see the module docstring)."""
+    if storage not in STORAGE_DTYPES:
+        raise ValueError(f"features dtype must be one of {sorted(STORAGE_DTYPES)}, got {storage!r}")
+    family = recipe.family.to_dict() if hasattr(recipe, "family") else dict(recipe)
+    return {"format": FORMAT, "view_generator": VIEW_GENERATOR_VERSION, "samples_sha256": samples_sha256,
+            "model": getattr(model, "name", str(model)),
+            "checkpoint_sha256": checkpoint_sha256 or getattr(model, "checkpoint_sha256", None),
+            "weights_sha256": None if checkpoint_sha256 else weights_sha256,
+            "preprocess": dataclasses.asdict(model.preprocess) if hasattr(model, "preprocess") else None,
+            "recipe": json.loads(json.dumps(family)), "n_views": int(n_views), "seed": int(seed),
+            "precision": precision, "device": getattr(getattr(model, "device", None), "type", "cpu"),
+            "storage": storage}
+
+
+def key_digest(key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _warn(msg: str) -> None:
+    print(f"shiftlab: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f"{_TMP}{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Entry:
+    """The stored features of one key: `features(sid)` -> (N, D) float32 tensor or None."""
+
+    def __init__(self, root: Path, key: Mapping[str, Any]):
+        self.root, self.key = Path(root), dict(key)
+        self.dir = self.root / key_digest(key)
+        # sid -> its copies (bin, row, file info, row sha256): a sample re-stored after its shard was
+        # found damaged has two, and the first intact one is read
+        self._rows: dict[int, list[tuple[Path, int, list, str]]] = {}
+        self._shape: dict[Path, tuple[int, int, str, str]] = {}   # bin -> (N, D, storage, encoder's dtype)
+        self._seen: set[Path] = set()
+        self._bad: set[Path] = set()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the index files of shards committed since the last call (not their features)."""
+        if not self.dir.is_dir():
+            return
+        for index in sorted(self.dir.glob("*.json")):
+            if index.name == "key.json" or index in self._seen:
+                continue
+            self._seen.add(index)
+            try:
+                meta = json.loads(index.read_text())
+                binary = index.with_suffix(".bin")
+                n, d = int(meta["shape"][1]), int(meta["shape"][2])
+                self._shape[binary] = (n, d, meta["dtype"], meta.get("features_dtype", "float32"))
+                for row, (sid, info, sha) in enumerate(zip(meta["ids"], meta["files"], meta["rows_sha256"])):
+                    self._rows.setdefault(int(sid), []).append((binary, row, info, sha))
+            except (OSError, ValueError, KeyError, TypeError, IndexError):
+                _warn(f"feature store: unreadable shard index {index}; its samples are encoded again")
+
+    def __contains__(self, sid: int) -> bool:
+        return self.has(sid)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def ids(self) -> list[int]:
+        return sorted(self._rows)
+
+    def has(self, sid: int, path: str | os.PathLike | None = None) -> bool:
+        """Whether `sid` is stored and, given `path`, still names the file it was encoded from."""
+        found = self._copy(sid)
+        return found is not None and (path is None or _same_file(found[2], path))
+
+    def _copy(self, sid: int) -> tuple[Path, int, list, str] | None:
+        return next((c for c in self._rows.get(sid, ()) if c[0] not in self._bad), None)
+
+    def features(self, sid: int, path: str | os.PathLike | None = None) -> torch.Tensor | None:
+        """(N, D) features of sample `sid` in the encoder's dtype (None: not stored, file changed, or damaged)."""
+        if not self.has(sid, path):
+            return None
+        binary, row, _, sha = self._copy(sid)
+        n, d, dtype, out = self._shape[binary]
+        storage = STORAGE_DTYPES[dtype]
+        size = n * d * torch.empty((), dtype=storage).element_size()
+        try:
+            with open(binary, "rb") as fh:
+                fh.seek(row * size)
+                data = fh.read(size)
+        except OSError:
+            data = b""
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+            self._bad.add(binary)
+            _warn(f"feature store: shard {binary} is damaged or truncated; its samples are encoded again")
+            return self.features(sid, path)   # another intact copy, or None
+        return torch.frombuffer(bytearray(data), dtype=storage).view(n, d).to(getattr(torch, out))
+
+
+def _same_file(info: Sequence, path: str | os.PathLike) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if [st.st_size, st.st_mtime_ns] == list(info[1:3]):
+        return True
+    return st.st_size == info[1] and info[3] is not None and file_digest(path) == info[3]
+
+
+class FeatureStore:
+    """A feature store directory; mode "r" (no lock, many readers) or "w" (one writer: the lock).
+
+    `lock` (mode "w") is a held runtime.lock.RunLock or None; the engine takes it per job with
+    `engine.distributed.acquire_for_job` under torchrun and passes `lock=False` on ranks other than 0."""
+
+    def __init__(self, root: str | os.PathLike, mode: str = "r", rank: int = 0, lock: Any = None):
+        if mode not in ("r", "w"):
+            raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
+        self.root, self.mode, self.rank = Path(root), mode, int(rank)
+        self._entries: dict[str, Entry] = {}
+        self._pending: dict[str, list[tuple[int, list, torch.Tensor, torch.dtype]]] = {}
+        self._count = 0
+        self.lock = None
+        if mode == "r":
+            if not (self.root / "store.json").is_file():
+                raise FileNotFoundError(f"{self.root} is not a feature store (no store.json)")
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        if lock is None:
+            from .lock import RunLock
+            lock = RunLock(self.root, purpose="feature store").acquire()
+        self.lock = lock or None
+        if not (self.root / "store.json").is_file():
+            _atomic_write(self.root / "store.json", json.dumps({"format": FORMAT}).encode())
+
+    # reading
+    def keys(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.root.glob("*/key.json")):
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def entry(self, key: Mapping[str, Any]) -> Entry:
+        digest = key_digest(key)
+        if digest not in self._entries:
+            self._entries[digest] = Entry(self.root, key)
+        return self._entries[digest]
+
+    def find(self, **match: Any) -> Entry:
+        """The one entry whose key has these values (e.g. model="RN50", n_views=64, storage="fp16")."""
+        hits = [k for k in self.keys() if all(k.get(f) == v for f, v in match.items())]
+        if len(hits) != 1:
+            raise ValueError(f"{len(hits)} entries of {self.root} match {match}; narrow the match "
+                             f"(keys differ in: {_differing(hits)})" if hits else
+                             f"no entry of {self.root} matches {match}")
+        return self.entry(hits[0])
+
+    # writing
+    def put(self, key: Mapping[str, Any], sid: int, path: str | os.PathLike, features: torch.Tensor) -> None:
+        """Buffer (N, D) features of `sid`; a full shard is written at once, the rest by `flush`."""
+        if self.mode != "w":
+            raise ValueError("put() needs a store opened with mode='w'")
+        digest = key_digest(key)
+        entry = self.entry(key)
+        if sid in entry:
+            return
+        buf = self._pending.setdefault(digest, [])
+        if buf and features.dtype != buf[0][3]:
+            self._write(digest)
+            buf = self._pending.setdefault(digest, [])
+        buf.append((int(sid), file_info(path), features.detach().to("cpu", STORAGE_DTYPES[key["storage"]], copy=True),
+                    features.dtype))
+        if len(buf) >= SHARD_ROWS:
+            self._write(digest)
+
+    def flush(self) -> None:
+        for digest in list(self._pending):
+            self._write(digest)
+
+    def _write(self, digest: str) -> None:
+        rows = self._pending.pop(digest, [])
+        if not rows:
+            return
+        entry = self._entries[digest]
+        entry.dir.mkdir(parents=True, exist_ok=True)
+        if not (entry.dir / "key.json").is_file():
+            _atomic_write(entry.dir / "key.json", json.dumps(entry.key, sort_keys=True, indent=1).encode())
+        feats = torch.stack([r[2] for r in rows]).contiguous()
+        blobs = [r[2].contiguous().view(torch.uint8).numpy().tobytes() for r in rows]
+        self._count += 1
+        name = f"r{self.rank:03d}-{os.getpid()}-{time.time_ns()}-{self._count:05d}"
+        data = b"".join(blobs)
+        _atomic_write(entry.dir / f"{name}.bin", data)
+        meta = {"ids": [r[0] for r in rows], "files": [r[1] for r in rows],
+                "features_dtype": str(rows[0][3]).removeprefix("torch."),
+                "rows_sha256": [hashlib.sha256(b).hexdigest() for b in blobs], "shape": list(feats.shape),
+                "dtype": entry.key["storage"], "sha256": hashlib.sha256(data).hexdigest()}
+        _atomic_write(entry.dir / f"{name}.json", json.dumps(meta).encode())   # commits the shard
+        entry.refresh()
+
+    def close(self) -> None:
+        if self.mode == "w":
+            self.flush()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> FeatureStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Entry]:
+        return (self.entry(k) for k in self.keys())
+
+
+def _differing(keys: Sequence[Mapping[str, Any]]) -> str:
+    fields = sorted({f for k in keys for f in k if len({json.dumps(x.get(f), sort_keys=True) for x in keys}) > 1})
+    return ", ".join(fields) or "nothing"
+

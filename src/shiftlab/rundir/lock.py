@@ -1,0 +1,91 @@
+"""One writer per run directory: an exclusive `fcntl.flock` on `RUN_DIR/run.lock`.
+
+`shiftlab run` holds it from before it reads the run directory until it has written the
+summary; `shiftlab merge` holds it while it rewrites records.jsonl. A second process on the
+same directory is refused at once, naming the holder's pid, host and start time (written
+into the lock file by the holder). The kernel releases a flock when its process dies, so a
+killed run never leaves a stale lock; the file itself stays (removing it would let two
+processes lock two different files).
+
+Under torchrun, rank 0 takes the lock for the whole job and every rank learns the outcome
+through a collective (`engine.distributed.acquire_for_job`), so all ranks of a refused job stop before any of
+them reads or writes; ranks other than 0 do not hold the flock themselves (they are the
+same run). The lock is only as good as the filesystem's flock: on a local disk and on most
+NFSv4 mounts it is shared between nodes; the run directory of a multi-node job must be on
+such a filesystem anyway (docs/SCALE_OUT.md).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+from pathlib import Path
+
+from .record_files import run_dir_error
+
+LOCK_FILE = "run.lock"
+
+
+class RunLockedError(FileExistsError):
+    """Another process holds the run directory (a FileExistsError: the CLI prints it as one line)."""
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a run directory; use as a context manager or acquire/release."""
+
+    def __init__(self, run_dir: Path, purpose: str = "run"):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.purpose = purpose
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise run_dir_error(self.path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunLockedError(f"{self.run_dir} is in use by another shiftlab process ({holder}); wait for it "
+                                 "to finish or choose another --out") from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
+                "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise run_dir_error(self.path, exc) from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # closing the descriptor releases the flock
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "holder unknown"
+    return (f"shiftlab {info.get('purpose', 'run')}, pid {info.get('pid', '?')} on {info.get('host', '?')}, "
+            f"started {info.get('started', '?')}")

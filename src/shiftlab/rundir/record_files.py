@@ -1,0 +1,261 @@
+"""records.jsonl and its shards on disk: the append-only writer, the readers, the quarantine and
+the merge (the record itself and its schema: rundir/records.py).
+
+Records are appended one sample at a time with a single write and a flush, so a process
+killed at any point leaves at most one partial last line, which readers ignore and writers
+cut off before appending. A complete line that is not a valid record (garbage, a NUL-filled
+block after a crash of the filesystem, a well-formed object that breaks the schema, a record
+of another run's sample or method) is skipped by readers and, when a run resumes or is merged,
+moved to `records.quarantine.jsonl` with its file and line number (`quarantine`), so the
+sample is redone. Under torchrun each rank appends to its own shard in `shards/`;
+`merge_records` folds shards into records.jsonl (deduplicated, sorted), and is idempotent."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .records import _FIELDS_ONLY, Key, Record, RecordSchema, dumps, record_key
+
+if TYPE_CHECKING:
+    pass
+
+
+RECORDS = "records.jsonl"
+SHARDS = "shards"
+QUARANTINE = "records.quarantine.jsonl"
+
+
+class RunDirError(OSError):
+    """The run directory cannot be written (a file in the way, read-only, disk full): an OSError whose
+    `filename` is always the path concerned, so the CLI prints one line naming it."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)   # one decoder: json.loads(**kw) builds one per call
+
+
+# -- reading -------------------------------------------------------------------------------
+
+@dataclass
+class Line:
+    """One complete line of a records file: `record` is None when the line is not a valid record."""
+    number: int            # 1-based
+    raw: bytes
+    record: dict[str, Any] | None
+    problem: str = ""
+
+
+def scan(path: Path, include_torn: bool = False, schema: RecordSchema | None = None) -> Iterator[Line]:
+    """Every complete line of a records file, parsed and validated (`schema`, default: the fields
+    only); a torn last line (a killed writer's) is yielded as invalid only with `include_torn`
+    (readers that count damage)."""
+    schema = schema or _FIELDS_ONLY
+    path = Path(path)
+    if not path.is_file():
+        return
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.endswith(b"\n"):
+                if include_torn and raw.strip():
+                    yield Line(number, raw, None, "incomplete last line")
+                break  # torn write of a killed process
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                data = _STRICT.decode(text.decode("utf-8"))
+                schema.check(data)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                yield Line(number, raw, None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            yield Line(number, raw, data)
+
+
+def iter_records(path: Path, schema: RecordSchema | None = None) -> Iterator[dict]:
+    """Valid records of a file as dicts (torn last line and invalid lines skipped)."""
+    for line in scan(path, schema=schema):
+        if line.record is not None:
+            yield line.record
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    run_dir = Path(run_dir)
+    files = [run_dir / RECORDS] if (run_dir / RECORDS).is_file() else []
+    shard_dir = run_dir / SHARDS
+    if shard_dir.is_dir():
+        files += sorted(shard_dir.glob("*.jsonl"))
+    return files
+
+
+def load_records(run_dir: Path, schema: RecordSchema | None = None) -> list[dict]:
+    """All valid records of a run (merged file and shards), first occurrence of each key wins."""
+    seen: set = set()
+    out = []
+    for path in record_files(run_dir):
+        for rec in iter_records(path, schema):
+            key = record_key(rec)
+            if key not in seen:
+                seen.add(key)
+                out.append(rec)
+    return out
+
+
+def done_keys(records: Iterable[Mapping[str, Any] | Record]) -> set[Key]:
+    return {record_key(r) for r in records}
+
+
+def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema: RecordSchema | None = None) -> int:
+    """Move invalid complete lines (`scan` with `schema`) of every records file to
+    records.quarantine.jsonl; returns how many.
+
+    Each quarantined line is kept as {"file", "line", "problem", "text"} so nothing is lost, and
+    `warn` (default: print to stderr) gets one line per damaged line naming file and line number.
+    `reject(record)` returns why a valid record must go too (None: it stays); those are said in one
+    line per file. Called by a writer holding the run lock (resume, merge), never by readers.
+    """
+    import sys
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    run_dir = Path(run_dir)
+    moved = 0
+    for path in record_files(run_dir):
+        bad = [line for line in scan(path, schema=schema) if line.record is None]
+        if not bad:
+            continue
+        with open(run_dir / QUARANTINE, "a", encoding="utf-8") as fh:
+            for line in bad:
+                fh.write(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
+                                     "problem": line.problem,
+                                     "text": line.raw.decode("utf-8", "backslashreplace").rstrip("\n")}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        numbers = {line.number for line in bad}
+        tmp = path.with_name(path.name + ".tmp")
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            for number, raw in enumerate(src, start=1):
+                if number not in numbers:
+                    dst.write(raw)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, path)
+        # a problem shared by many lines (a method missing from run.json) is one warning, not 30,000
+        for problem in dict.fromkeys(line.problem for line in bad):
+            lines = [line.number for line in bad if line.problem == problem]
+            if len(lines) <= 3:
+                for number in lines:
+                    warn(f"shiftlab: {path}:{number}: damaged record ({problem}) moved to "
+                         f"{run_dir / QUARANTINE}; the sample is redone")
+            else:
+                warn(f"shiftlab: {path}: {len(lines)} record(s) moved to {run_dir / QUARANTINE} ({problem}; "
+                     f"lines {lines[0]}, ...); their samples are redone")
+        moved += len(bad)
+    return moved
+
+
+def _sort_key(rec: Mapping[str, Any]) -> tuple:
+    return (rec["id"], rec.get("setting", "clean"), rec.get("method") or "")
+
+
+def merge_records(run_dir: Path, schema: RecordSchema | None = None) -> Path:
+    """Fold shards into records.jsonl, deduplicated and sorted by (id, setting, method). Call
+    `quarantine` first: a line this reader refuses would be dropped."""
+    run_dir = Path(run_dir)
+    records = sorted(load_records(run_dir, schema), key=_sort_key)
+    target = run_dir / RECORDS
+    tmp = run_dir / (RECORDS + ".tmp")
+    with open_for_writing(tmp, "w") as fh:
+        for rec in records:
+            fh.write(dumps(rec))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    shard_dir = run_dir / SHARDS
+    if shard_dir.is_dir():
+        for shard in shard_dir.glob("*.jsonl"):
+            shard.unlink()
+        shard_dir.rmdir() if not any(shard_dir.iterdir()) else None
+    return target
+
+
+# -- writing -------------------------------------------------------------------------------
+
+def run_dir_error(path: Path, exc: OSError) -> RunDirError:
+    """An OSError while creating or writing a run directory -> a RunDirError naming the path
+    (a failed write() on an open file carries no file name of its own)."""
+    return RunDirError(exc.errno, exc.strerror or str(exc), str(exc.filename or path))
+
+
+def ensure_run_dir(run_dir: Path) -> Path:
+    """Create the run directory; a RunDirError naming it when that is impossible."""
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise run_dir_error(run_dir, exc) from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirError(errno.EACCES, "Permission denied (the folder is not writable)", str(run_dir))
+    return run_dir
+
+
+def open_for_writing(path: Path, mode: str) -> TextIO:
+    try:
+        return open(path, mode, encoding="utf-8")
+    except OSError as exc:
+        raise run_dir_error(path, exc) from None
+
+
+class RecordWriter:
+    """Appends one sample's records per call with a single write + flush. With `probs` (a
+    shiftlab.rundir.probs.ProbsWriter), the records' probability vectors are written and flushed first, so a
+    killed process never leaves a record without its vector."""
+
+    def __init__(self, path: Path, probs: Any = None):
+        self.path = Path(path)
+        self.probs = probs
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _cut_torn_tail(self.path)
+        except OSError as exc:
+            raise run_dir_error(self.path, exc) from None
+        self._fh = open_for_writing(self.path, "a")
+
+    def write(self, records: Sequence[Mapping[str, Any] | Record]) -> None:
+        if records:
+            try:
+                if self.probs is not None:
+                    self.probs.write([(r.key, r.probs) for r in records
+                                      if isinstance(r, Record) and r.probs is not None and r.error is None])
+                self._fh.write("".join(dumps(r) for r in records))
+                self._fh.flush()
+            except OSError as exc:
+                raise run_dir_error(self.path, exc) from None
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:
+            pass  # the write that failed has already raised
+        if self.probs is not None:
+            self.probs.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cut_torn_tail(path: Path) -> None:
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
