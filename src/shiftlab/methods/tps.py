@@ -31,9 +31,9 @@ from ..text import encode_texts
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
 
-# "zeroshot": 'a photo of a {}.' (save_class_embeds.py:196); "ensemble": CLIP's 80 templates
-# (save_class_embeds.py:194, --x_templates, every dataset); "descriptors": the class's descriptor
-# sentences (save_concepts.py:355); "ensemble_descriptors": the two means averaged (learnable_shift.py:77,
+# "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
+# (save_class_embeds.py:84, --x_templates, every dataset); "descriptors": the class's descriptor
+# sentences (save_concepts.py:120); "ensemble_descriptors": the two means averaged (learnable_shift.py:77,
 # --with_concepts --with_templates: the README's recipe)
 TEXT_HEADS = ("zeroshot", "ensemble", "descriptors", "ensemble_descriptors")
 SHIFTS = ("per_class", "shared")
@@ -51,8 +51,8 @@ class TPSConfig(ViewMethodConfig):
     weight_decay: float = param(0.01, ge=0)         # AdamW's default: shift_classification.py:181 passes lr only
     selection_ratio: float = param(0.1, gt=0, le=1)   # args.py:20 --selection_p 0.1 (int(64 x 0.1) = 6 views)
     loss_scale: float = param(1000.0, gt=0)         # shift_classification.py:185 GradScaler(init_scale=1e3)
-    # "per_class": scripts/shift/*per_class*.sh --per_label, one shift per class (shifter.py:307-308);
-    # "shared": scripts/shift/shift_text_shared*.sh, one shift for all classes (shifter.py:311)
+    # "per_class": scripts/shift/*per_class*.sh --per_label, one shift per class (shifter.py:36-37);
+    # "shared": scripts/shift/shift_text_shared*.sh, one shift for all classes (shifter.py:40)
     shift: str = param("per_class", choices=SHIFTS)
     text_head: str = param("ensemble", choices=TEXT_HEADS)
     # their GPT-4 descriptors (gpt4_descriptors/<set>-gpt4.json: class -> phrases); not shipped
@@ -60,7 +60,7 @@ class TPSConfig(ViewMethodConfig):
 
 
 def descriptor_sentence(name: str, phrase: str) -> str:
-    """The prompt their save_concepts.py:287-296,355 builds from a class name and one descriptor phrase.
+    """The prompt their save_concepts.py:52-61,120 builds from a class name and one descriptor phrase.
     The tests are on the phrase's first characters, not its first word (as theirs): 'antlers' reads as
     if it began with the article 'a'."""
     if phrase.startswith("a"):
@@ -75,7 +75,7 @@ def descriptor_sentence(name: str, phrase: str) -> str:
 def load_descriptors(path: str, classnames: Sequence[str], field: str = "tps.descriptors_file") -> list[list[str]]:
     """Per class, its descriptor phrases from a JSON file {class: [phrase, ...]} (their format). A class is
     found by name ('_' read as ' ', any case); when some are not, the file's entries pair with the classes
-    by position, as their save_concepts.py:343 zips them: entry i is class i when the file lists as many
+    by position, as their save_concepts.py:108 zips them: entry i is class i when the file lists as many
     classes as the run, or ImageNet class i when it lists ImageNet's 1000 (their ImageNet file names some
     classes otherwise: 'eft' for newt). A file that fits none of these is refused in one line."""
     try:
@@ -116,7 +116,7 @@ def load_descriptors(path: str, classnames: Sequence[str], field: str = "tps.des
 
 def marginal_entropy_authors(selected: torch.Tensor) -> torch.Tensor:
     """Entropy of the mean probability of the selected views, (..., k, C) -> (...), in the order of their
-    run_utils.py:369-374 (z - logsumexp(z), not log_softmax): the same value, and their gradient's rounding."""
+    run_utils.py:22-27 (z - logsumexp(z), not log_softmax): the same value, and their gradient's rounding."""
     logp = selected - selected.logsumexp(-1, keepdim=True)
     avg = logp.logsumexp(-2) - math.log(selected.shape[-2])
     avg = avg.clamp(min=torch.finfo(avg.dtype).min)
@@ -204,7 +204,7 @@ class TPS(Method):
     def objective(self, prototypes: torch.Tensor, shift: torch.Tensor,
                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample losses (B,) at `shift` and the views they keep (B, k): the marginal entropy of the
-        confident views, selected anew at every step (shift_classification.py:41-49, run_utils.py:363-374)."""
+        confident views, selected anew at every step (shift_classification.py:41-49, run_utils.py:16-27)."""
         logits = self.logits(prototypes, shift, features).float()
         kept = select_confident(logits.detach(), self.config.selection_ratio)
         chosen = torch.gather(logits, 1, kept.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
@@ -215,7 +215,7 @@ class TPS(Method):
         cfg = self.config
         protos = self.prototypes()
         rows = protos.shape[0] if cfg.shift == "per_class" else 1
-        # zeros, reset before every image (shifter.py:308,325-327; shift_classification.py:243-248)
+        # zeros, reset before every image (shifter.py:37,54-56; shift_classification.py:243-248)
         shift = torch.nn.Parameter(protos.new_zeros(features.shape[0], rows, protos.shape[1]))
         optimizer = torch.optim.AdamW([shift], lr=cfg.lr, weight_decay=cfg.weight_decay)
         scaled = self.precision.loss_scaling
