@@ -8,6 +8,7 @@ import open_clip
 import torch
 
 from _golden import FEATURES, FIXTURES, INDEX_KEY, MODEL_FILE, TIP_TEMPLATES, TOKEN_KEY, assert_close, tensor_sha256
+from shiftlab.methods.tps import descriptor_sentence
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
 
@@ -68,6 +69,7 @@ def test_every_prompt_token_of_the_online_fixtures_is_kept(golden_dir):
     prompts += [d for c in names for d in info["dmn"]["descriptions"][c]]
     prompts += [t.format(c) for t in info["dpe"]["templates"] for c in names] + [
         d for c in names for d in info["dpe"]["descriptions"][c]]
+    prompts += [descriptor_sentence(c, d) for c in names for d in info["tps"]["descriptors"][c]]
     index = torch.load(FIXTURES / "tiny_clip_compact.pt", weights_only=True)[INDEX_KEY]
     assert torch.isin(open_clip.tokenize(prompts).unique(), index).all()
 

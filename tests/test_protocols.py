@@ -25,6 +25,8 @@ def cupl_file(tmp_path_factory) -> str:
 def _method(tiny_model, name, cupl_file=None, **kw):
     if hasattr(get_method_class(name).config_class, "cupl_file") and kw.get("protocol") == "paper":
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
+    if hasattr(get_method_class(name).config_class, "descriptors_file") and kw.get("protocol") == "paper":
+        kw.setdefault("descriptors_file", cupl_file)   # TPS's descriptor phrases: the same {class: [text]} format
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 
 
@@ -55,6 +57,9 @@ def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
     assert paper["dmn_zs"].config.precision == "fp32"
     assert (paper["dmn_zs"].config.memory_size, paper["dmn_zs"].config.beta) == (50, 5.5)
     assert paper["dmn_zs"].config.text_head == "tip_cupl"
+    assert paper["tps"].view_recipe == LEADERBOARD_VIEWS and paper["tps"].config.precision == "fp16"
+    assert paper["tps"].config.text_head == "ensemble_descriptors" and _method(tiny_model, "tps").config.text_head \
+        == "ensemble"
     # on the CPU every policy computes in float32
     assert all(m.precision.amp_dtype is None for m in paper.values())
 

@@ -75,6 +75,9 @@ def entries() -> list[dict[str, Any]]:
 def text_head_text(cls: type, fields: dict[str, Any]) -> str:
     """The class head a method reads under an effective config (`fields`), in words."""
     head = fields.get("text_head")
+    own = getattr(cls, "text_head_words", {})      # a method's own heads, described beside its code
+    if head in own:
+        return own[head]
     if head == "ensemble" and fields.get("head_templates"):     # OnZeta: its authors' own template list
         return f"{len(fields['head_templates'])} templates of the method's code (head_templates)"
     if head == "ensemble":

@@ -76,6 +76,10 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # ECALP (Yushu-Li/ECALP main.py): DMN's float32 features, one per image; neighbour ties in
         # torch.topk's order, as their code leaves them.
         "ecalp": {"precision": "fp32", "ties": "topk"},
+        # TPS (elaine-sui/TPS): mirrors shiftlab.methods.tps.TPS.protocols (sources cited there): fp16 autocast +
+        # GradScaler(1e3), the 80 templates + GPT-4 descriptors head (not shipped: refused until --set
+        # tps.descriptors_file=PATH, or another head with --set).
+        "tps": {"precision": "fp16", "text_head": "ensemble_descriptors"},
     },
 }
 

@@ -1,0 +1,164 @@
+"""TPS (shiftlab.methods.tps): behaviour and pieces; the whole method against its authors' code is
+tests/test_golden_tps.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shiftlab
+from shiftlab.context import ClassHeads, SampleContext
+from shiftlab.methods.confidence import marginal_entropy
+from shiftlab.methods.tps import TPS, descriptor_sentence, load_descriptors, marginal_entropy_authors
+
+CLASSNAMES = ["cat", "dog", "hen", "tree", "boat"]
+
+
+def _views(model, seed: int, n: int = 16) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return model.normalize(torch.rand(n, 3, model.image_size, model.image_size, generator=gen))
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_model):
+    return ClassHeads(tiny_model, CLASSNAMES)
+
+
+def _tps(model, heads, **kw):
+    kw.setdefault("views", 16)
+    return shiftlab.create_method("tps", model, CLASSNAMES, heads=heads, **kw)
+
+
+def test_episodic_a_b_a_gives_a_twice(tiny_model, heads):
+    tps = _tps(tiny_model, heads, lr=0.05)
+    a, b = _views(tiny_model, 0), _views(tiny_model, 1)
+    first = tps.predict(a)
+    shift_a = tps.last_shifts.clone()
+    tps.predict(b)
+    assert not torch.equal(tps.last_shifts, shift_a)          # b moved the shifts elsewhere
+    assert torch.equal(tps.predict(a), first)
+    assert torch.equal(tps.last_shifts, shift_a)
+
+
+def test_batch_equals_one_at_a_time(tiny_model, heads):
+    for kw in ({}, {"steps": 3, "lr": 0.05}, {"shift": "shared"}):
+        tps = _tps(tiny_model, heads, **kw)
+        ctxs = [SampleContext(tiny_model, heads, _views(tiny_model, s)) for s in (2, 3, 4, 5)]
+        singles = [tps.predict_context(c) for c in ctxs]
+        batched = tps.predict_batch(ctxs)
+        for s, b in zip(singles, batched):
+            torch.testing.assert_close(b.logits, s.logits, rtol=0, atol=1e-6)
+            assert b.extras["selected"] == s.extras["selected"]
+            assert b.extras["loss"] == pytest.approx(s.extras["loss"], abs=1e-7)
+
+
+def test_it_reads_only_view_features(tiny_model, heads):
+    """A feature store hands over features without pixels: the same prediction."""
+    assert TPS.needs_pixels is False
+    tps = _tps(tiny_model, heads)
+    views = _views(tiny_model, 6)
+    with_pixels = tps.predict_context(SampleContext(tiny_model, heads, views))
+    feats = tiny_model.encode_views(views)
+    stored = tps.predict_context(SampleContext(tiny_model, heads, None, image_features=feats))
+    assert torch.equal(stored.logits, with_pixels.logits)
+
+
+def test_one_step_is_a_fresh_adamw_step_from_zero(tiny_model, heads):
+    """A fresh AdamW's first step from zero: -lr * g / (|g| + eps), weight decay inert at zero."""
+    tps = _tps(tiny_model, heads, lr=0.01)
+    feats = tiny_model.encode_views(_views(tiny_model, 7))[None]
+    protos = tps.prototypes()
+    shift0 = torch.zeros(1, *protos.shape, requires_grad=True)
+    losses, kept = tps.objective(protos, shift0, feats)
+    (g,) = torch.autograd.grad(losses.sum(), shift0)
+    tuned, extras = tps.tune(feats)
+    torch.testing.assert_close(tuned, -0.01 * g / (g.abs() + 1e-8), rtol=0, atol=1e-8)
+    assert kept.shape == (1, 1) and extras["selected"].tolist() == kept.tolist()   # int(16 x 0.1) = 1 view
+
+
+def test_zero_steps_is_the_prototypes_zero_shot(tiny_model, heads):
+    tps = _tps(tiny_model, heads, steps=0)
+    views = _views(tiny_model, 8)
+    out = tps.predict_context(SampleContext(tiny_model, heads, views))
+    want = tiny_model.logit_scale * tiny_model.encode_views(views)[0] @ heads.ensemble.T
+    torch.testing.assert_close(out.logits, want, rtol=0, atol=1e-4)
+    assert out.extras == {}
+
+
+def test_shared_shift_is_one_vector_for_every_class(tiny_model, heads):
+    tps = _tps(tiny_model, heads, shift="shared")
+    tps.predict(_views(tiny_model, 9))
+    dim = heads.ensemble.shape[1]
+    assert tps.last_shifts.shape == (1, 1, dim)
+    per_class = _tps(tiny_model, heads)
+    per_class.predict(_views(tiny_model, 9))
+    assert per_class.last_shifts.shape == (1, len(CLASSNAMES), dim)
+
+
+def test_the_loss_is_the_marginal_entropy():
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 6, 10, generator=gen) * 5
+    torch.testing.assert_close(marginal_entropy_authors(z), marginal_entropy(z))
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"steps": -1}, "tps.steps: -1 is out of range; must be an integer >= 0"),
+    ({"lr": float("nan")}, "tps.lr: nan is not finite"),
+    ({"selection_ratio": 0.0}, "tps.selection_ratio: 0.0"),
+    ({"shift": "per_view"}, "tps.shift: 'per_view' is not a choice; must be one of 'per_class', 'shared'"),
+    ({"text_head": "cupl"}, "tps.text_head: 'cupl' is not a choice"),
+    ({"text_head": "ensemble_descriptors"}, "tps.descriptors_file: text_head 'ensemble_descriptors' needs"),
+    ({"precision": "fp16-pure"}, "tps.precision: 'fp16-pure'"),
+])
+def test_bad_values_are_refused_in_one_line(tiny_model, kw, message):
+    with pytest.raises(ValueError) as err:
+        shiftlab.create_method("tps", tiny_model, CLASSNAMES, **kw)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_descriptor_sentences_follow_their_rules():
+    assert descriptor_sentence("hen", "a red comb") == "hen, which is a red comb"
+    assert descriptor_sentence("hen", "antlers") == "hen, which is antlers"          # their startswith('a')
+    assert descriptor_sentence("hen", "can fly short distances") == "hen, which can fly short distances"
+    assert descriptor_sentence("hen", "used for eggs") == "hen, which is used for eggs"
+    assert descriptor_sentence("hen", "feathers") == "hen, which has feathers"
+
+
+def test_descriptors_are_found_by_name_then_by_position(tmp_path, monkeypatch):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"Dog": ["x"], "cat": ["y", "z"], "hot_dog": ["w"]}))
+    assert load_descriptors(str(path), ["cat", "hot dog"]) == [["y", "z"], ["w"]]
+    path.write_text(json.dumps({"eft": ["x"], "cat": ["y"]}))           # their zip: entry i is class i
+    assert load_descriptors(str(path), ["newt", "cat"]) == [["x"], ["y"]]
+    # their ImageNet file names class 1 'eft' (shiftlab: 'newt'): a subset pairs by ImageNet index
+    monkeypatch.setattr("shiftlab.datasets.classnames", lambda name: ["tench", "newt", "cat", "dog"])
+    path.write_text(json.dumps({"tench": ["a"], "eft": ["b"], "cat": ["c"], "dog": ["d"]}))
+    assert load_descriptors(str(path), ["dog", "newt"]) == [["d"], ["b"]]
+    with pytest.raises(ValueError, match=r"has no entry for 1 of 2 classes \('owl'\)"):
+        load_descriptors(str(path), ["cat", "owl"])
+    with pytest.raises(ValueError, match="is a directory"):
+        load_descriptors(str(tmp_path), ["cat"])
+    path.write_text(json.dumps({"cat": []}))
+    with pytest.raises(ValueError, match="no descriptor for 1 classes: 'cat'"):
+        load_descriptors(str(path), ["cat"])
+
+
+def test_descriptor_heads_average_the_two_unnormalised_means(tiny_model, tmp_path):
+    from shiftlab.datasets.classes import load_templates
+    from shiftlab.text import encode_texts
+    names = ["cat", "dog"]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"cat": ["whiskers", "a tail"], "dog": ["can bark"]}))
+    heads = ClassHeads(tiny_model, names)
+    both = shiftlab.create_method("tps", tiny_model, names, heads=heads, text_head="ensemble_descriptors",
+                                  descriptors_file=str(path)).prototypes()
+    only = shiftlab.create_method("tps", tiny_model, names, heads=heads, text_head="descriptors",
+                                  descriptors_file=str(path)).prototypes()
+    sentences = [["cat, which has whiskers", "cat, which is a tail"], ["dog, which can bark"]]
+    desc = torch.stack([encode_texts(tiny_model, s).mean(0) for s in sentences])
+    temp = torch.stack([encode_texts(tiny_model, [t.format(n) for t in load_templates()]).mean(0) for n in names])
+    torch.testing.assert_close(only, F.normalize(desc, dim=-1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(both, F.normalize(desc + temp, dim=-1), rtol=0, atol=1e-6)
+    assert float((both - F.normalize(F.normalize(desc, dim=-1) + F.normalize(temp, dim=-1), dim=-1)).abs().max()) > 1e-4
