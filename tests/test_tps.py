@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.context import ClassHeads, SampleContext
 from shiftlab.methods.confidence import marginal_entropy
+from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.tps import TPS, descriptor_sentence, load_descriptors, marginal_entropy_authors
 
 CLASSNAMES = ["cat", "dog", "hen", "tree", "boat"]
@@ -147,7 +147,7 @@ def test_descriptors_are_found_by_name_then_by_position(tmp_path, monkeypatch):
 
 def test_descriptor_heads_average_the_two_unnormalised_means(tiny_model, tmp_path):
     from shiftlab.datasets.classes import load_templates
-    from shiftlab.text import encode_texts
+    from shiftlab.models.text import encode_texts
     names = ["cat", "dog"]
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"cat": ["whiskers", "a tail"], "dog": ["can bark"]}))

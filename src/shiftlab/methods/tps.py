@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..context import SampleContext
-from ..head_cache import cached_head
+from ..models.head_cache import cached_head
+from ..models.text import encode_texts
 from ..params import param
-from ..text import encode_texts
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
+from .context import SampleContext
 
 # "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
 # (save_class_embeds.py:84, --x_templates, every dataset); "descriptors": the class's descriptor
