@@ -76,6 +76,10 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # ECALP (Yushu-Li/ECALP main.py): DMN's float32 features, one per image; neighbour ties in
         # torch.topk's order, as their code leaves them.
         "ecalp": {"precision": "fp32", "ties": "topk"},
+        # DynaPrompt (zzzx1224/DynaPrompt dynap_classification.py:102, 230, 419: fp16 autocast with
+        # GradScaler(init_scale=1000); :119, 123: torch.topk's order of equal prompt statistics).
+        # mirrors DynaPrompt.protocols (methods/dynaprompt.py)
+        "dynaprompt": {"precision": "fp16", "ties": "topk"},
     },
 }
 
