@@ -77,13 +77,13 @@ def test_tps_matches_the_authors_code_sample_by_sample(golden_model, golden_dir,
     _close(protos, want["text_features"], FEATURES, "prototypes")
     steps, lr = info["tta_steps"], info["lr"]
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = tps_module.marginal_entropy_authors
+    original = tps_module.marginal_entropy_as_tpt
 
     def recording(selected):
         losses = original(selected)
         seen.append((losses.detach().clone(), selected.detach().clone()))
         return losses
-    monkeypatch.setattr(tps_module, "marginal_entropy_authors", recording)
+    monkeypatch.setattr(tps_module, "marginal_entropy_as_tpt", recording)
     kept_steps: list[torch.Tensor] = []
     select = tps_module.select_confident
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.methods.confidence import marginal_entropy
+from shiftlab.methods.confidence import marginal_entropy, marginal_entropy_as_tpt
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.tps import TPS, descriptor_sentence, load_descriptors, marginal_entropy_authors
+from shiftlab.methods.tps import TPS, descriptor_sentence, load_descriptors
 
 CLASSNAMES = ["cat", "dog", "hen", "tree", "boat"]
 
@@ -100,7 +100,7 @@ def test_shared_shift_is_one_vector_for_every_class(tiny_model, heads):
 def test_the_loss_is_the_marginal_entropy():
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(3, 6, 10, generator=gen) * 5
-    torch.testing.assert_close(marginal_entropy_authors(z), marginal_entropy(z))
+    torch.testing.assert_close(marginal_entropy_as_tpt(z), marginal_entropy(z))
 
 
 @pytest.mark.parametrize("kw, message", [

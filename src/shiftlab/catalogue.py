@@ -93,7 +93,9 @@ def text_head_text(cls: type, fields: dict[str, Any]) -> str:
         if fields.get("ctx_checkpoint"):
             return f"{fields['n_ctx']} tuned context tokens from {fields['ctx_checkpoint']} + '{{}}.'"
         init = fields["ctx_init"]
-        return f"{fields['n_ctx']} tuned context tokens from " + (f"'{init}'" if init else "random") + " + '{}.'"
+        # a method without an n_ctx field tunes one token per word of ctx_init
+        n_ctx = fields["n_ctx"] if "n_ctx" in fields else len(init.split())
+        return f"{n_ctx} tuned context tokens from " + (f"'{init}'" if init else "random") + " + '{}.'"
     return "CLIP's 80 templates" if cls.fixed_text_head == "ensemble" else "'a photo of a {}.'"
 
 

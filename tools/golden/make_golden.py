@@ -29,6 +29,7 @@ import torch
 from driver_boostadapter import run_boostadapter  # noqa: E402  (tools/golden is sys.path[0])
 from driver_dota import run_dota  # noqa: E402
 from driver_dpe import run_dpe  # noqa: E402
+from driver_dynaprompt import run_dynaprompt  # noqa: E402
 from driver_ecalp import run_ecalp  # noqa: E402
 from driver_onzeta import run_onzeta  # noqa: E402
 from driver_tps import run_tps  # noqa: E402
@@ -48,9 +49,10 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dpe": ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP"),
          "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta"),
          "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP"),
-         "tps": ("TPS", "https://github.com/elaine-sui/TPS")}
+         "tps": ("TPS", "https://github.com/elaine-sui/TPS"),
+         "dynaprompt": ("DynaPrompt", "https://github.com/zzzx1224/DynaPrompt")}
 WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp,
-               tps=run_tps)
+               tps=run_tps, dynaprompt=run_dynaprompt)
 # (fixture name, driver, variant) in the order they are made
 JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
         ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
@@ -60,7 +62,8 @@ JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn",
         ("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a"),
         ("onzeta", "onzeta", "authors"),
         ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small"),
-        ("tps", "tps", "authors"), ("tps_steps", "tps", "steps")]
+        ("tps", "tps", "authors"), ("tps_steps", "tps", "steps"),
+        ("dynaprompt", "dynaprompt", "authors"), ("dynaprompt_small", "dynaprompt", "small")]
 
 
 # -- orchestration ---------------------------------------------------------------------------------

@@ -28,6 +28,17 @@ def marginal_entropy(selected_logits: torch.Tensor) -> torch.Tensor:
     return -(avg * avg.exp()).sum(-1)
 
 
+def marginal_entropy_as_tpt(selected_logits: torch.Tensor) -> torch.Tensor:
+    """`marginal_entropy` evaluated in the order of TPT's `avg_entropy` (z - logsumexp(z), not log_softmax):
+    the same value, but the gradient of a confident view's top class is a small difference of large terms,
+    and where a method's update reads the sign of tiny gradient entries (a first AdamW step), this order
+    gives the authors' signs."""
+    logp = selected_logits - selected_logits.logsumexp(-1, keepdim=True)
+    avg = torch.logsumexp(logp, dim=-2) - math.log(logp.shape[-2])
+    avg = avg.clamp(min=torch.finfo(avg.dtype).min)
+    return -(avg * avg.exp()).sum(-1)
+
+
 def mean_entropy(selected_logits: torch.Tensor) -> torch.Tensor:
     """Mean of per-view entropies (R-TPT's loss): (..., k, C) -> (...)."""
     return entropy(selected_logits).mean(-1)

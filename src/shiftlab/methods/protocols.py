@@ -80,6 +80,10 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # GradScaler(1e3), the 80 templates + GPT-4 descriptors head (not shipped: refused until --set
         # tps.descriptors_file=PATH, or another head with --set).
         "tps": {"precision": "fp16", "text_head": "ensemble_descriptors"},
+        # DynaPrompt (zzzx1224/DynaPrompt dynap_classification.py:102, 230, 419: fp16 autocast with
+        # GradScaler(init_scale=1000); :119, 123: torch.topk's order of equal prompt statistics).
+        # mirrors DynaPrompt.protocols (methods/dynaprompt.py)
+        "dynaprompt": {"precision": "fp16", "ties": "topk"},
     },
 }
 

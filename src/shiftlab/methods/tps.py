@@ -15,7 +15,6 @@ and `utils/save_concepts.py` (the prototypes' prompts), `scripts/shift/*.sh` (th
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from ..models.head_cache import cached_head
 from ..models.text import encode_texts
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
-from .confidence import select_confident
+from .confidence import marginal_entropy_as_tpt, select_confident
 from .context import SampleContext
 
 # "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
@@ -112,15 +111,6 @@ def load_descriptors(path: str, classnames: Sequence[str], field: str = "tps.des
         raise ValueError(f"{field}: {path!r} has no descriptor for {len(empty)} classes: {empty[0]!r}"
                          + (", ..." if len(empty) > 1 else ""))
     return [list(p) for p in chosen]
-
-
-def marginal_entropy_authors(selected: torch.Tensor) -> torch.Tensor:
-    """Entropy of the mean probability of the selected views, (..., k, C) -> (...), in the order of their
-    run_utils.py:22-27 (z - logsumexp(z), not log_softmax): the same value, and their gradient's rounding."""
-    logp = selected - selected.logsumexp(-1, keepdim=True)
-    avg = logp.logsumexp(-2) - math.log(selected.shape[-2])
-    avg = avg.clamp(min=torch.finfo(avg.dtype).min)
-    return -(avg * avg.exp()).sum(-1)
 
 
 def _mean_features(model, sentences: Sequence[Sequence[str]], tag: str) -> torch.Tensor:
@@ -208,7 +198,7 @@ class TPS(Method):
         logits = self.logits(prototypes, shift, features).float()
         kept = select_confident(logits.detach(), self.config.selection_ratio)
         chosen = torch.gather(logits, 1, kept.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return marginal_entropy_authors(chosen), kept
+        return marginal_entropy_as_tpt(chosen), kept
 
     def tune(self, features: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(B, N, D) frozen view features -> tuned shifts (B, C or 1, D) and per-sample extras."""
