@@ -76,6 +76,9 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # ECALP (Yushu-Li/ECALP main.py): DMN's float32 features, one per image; neighbour ties in
         # torch.topk's order, as their code leaves them.
         "ecalp": {"precision": "fp32", "ties": "topk"},
+        # TTL (Razaimam45/TTL-Test-Time-Low-Rank-Adaptation ttl.py:79, 222, 351): the LoRA step and the readout
+        # under fp16 autocast, GradScaler(init_scale=1000); views as leaderboard. Mirrors TTL.protocols.
+        "ttl": {"precision": "fp16"},
     },
 }
 
