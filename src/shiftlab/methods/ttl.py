@@ -18,11 +18,12 @@ weights with only its attention swapped for adapted copies, so the shared model 
 
 What their code never does, and shiftlab does not either: LoRA dropout (0.05 in their config) is
 inactive, since the model is in eval mode throughout (ttl.py:312); `--selection_p` is unused on
-this path (DeYO's `--filter_ent 0` keeps every view); their image tower is always Hugging Face's
-ViT-B/16 (`CLIPModel.from_pretrained("openai/clip-vit-base-patch16")`, custom_clip.py:581) whatever
-`--arch` says, so no TTL number exists for RN50. On a ResNet tower shiftlab adapts the one
-attention layer it has, the attention pool (no counterpart in their code); a tower with no
-attention it knows is refused when the method is built.
+this path (their `--filter_ent 0`, ttl.py:421, keeps every view with H <= ln 1000, deyo.py:107).
+Their image tower is always Hugging Face's ViT-B/16 (`CLIPModel.from_pretrained(
+"openai/clip-vit-base-patch16")`, custom_clip.py:581) whatever `--arch` says, so no TTL number
+exists for RN50. On a ResNet tower shiftlab adapts the one attention layer it has, the attention
+pool (no counterpart in their code); a tower with no attention it knows is refused when the
+method is built.
 """
 from __future__ import annotations
 
