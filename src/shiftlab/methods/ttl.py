@@ -13,7 +13,7 @@ scripts/test_ttl.sh -> ttl.py -> deyo.py, model in clip/custom_clip.py), for eve
    GradScaler(init_scale=1000);
 4. view 0 through the adapted tower against the same head.
 
-The tower is `shiftlab.lora_tower.LoRATower`: a private module tree over the shared model's own
+The tower is `shiftlab.models.lora_tower.LoRATower`: a private module tree over the shared model's own
 weights with only its attention swapped for adapted copies, so the shared model is never changed.
 
 What their code never does, and shiftlab does not either: LoRA dropout (0.05 in their config) is
