@@ -1,12 +1,13 @@
 """The golden fixtures as tracked (compact, lossless for what the tests compute) and as the tests read them.
 
-tests/fixtures/golden/ stores two files in a compact form (see its README, "Provenance"):
+tests/fixtures/golden/ stores three files in a compact form (see its README, "Provenance"):
   * ``tiny_clip_compact.pt``: the tiny CLIP's OpenAI-format state dict without the 49408x64 token
     embedding, plus the rows of the tokens that the fixtures' prompts use and their indices;
+  * ``tiny_vit_compact.pt``: the same for the tiny ViT CLIP (`shiftlab-tiny-vit`, TTL's fixtures);
   * ``inputs_uint8.pt``: the views as uint8 (every value was k/255).
-``materialize(dst)`` writes the files the golden tests load (tiny_clip_openai.pt, inputs.pt and
-the rest copied as they are) into ``dst``: the token embedding is rebuilt with zero rows for the
-tokens no fixture uses, the views as float32 k/255.
+``materialize(dst)`` writes the files the golden tests load (tiny_clip_openai.pt, tiny_vit_openai.pt,
+inputs.pt and the rest copied as they are) into ``dst``: the token embeddings are rebuilt with zero rows
+for the tokens no fixture uses, the views as float32 k/255.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ ROWS_KEY = "compact/token_embedding.rows"
 INDEX_KEY = "compact/token_embedding.index"
 SHAPE_KEY = "compact/token_embedding.shape"
 MODEL_FILE, COMPACT_MODEL_FILE = "tiny_clip_openai.pt", "tiny_clip_compact.pt"
+# the tiny ViT (shiftlab-tiny-vit) of the fixtures of methods that tune the image tower's attention (TTL)
+VIT_MODEL_FILE, COMPACT_VIT_FILE = "tiny_vit_openai.pt", "tiny_vit_compact.pt"
 INPUTS_FILE, COMPACT_INPUTS_FILE = "inputs.pt", "inputs_uint8.pt"
 
 
@@ -66,10 +69,13 @@ def materialize(dst: Path, src: Path = FIXTURES) -> Path:
     for item in src.iterdir():
         if item.is_dir():
             shutil.copytree(item, dst / item.name, dirs_exist_ok=True)
-        elif item.name not in (COMPACT_MODEL_FILE, COMPACT_INPUTS_FILE):
+        elif item.name not in (COMPACT_MODEL_FILE, COMPACT_INPUTS_FILE, COMPACT_VIT_FILE):
             shutil.copyfile(item, dst / item.name)
     compact = torch.load(src / COMPACT_MODEL_FILE, map_location="cpu", weights_only=True)
     torch.save(full_state_dict(compact), dst / MODEL_FILE)
+    if (src / COMPACT_VIT_FILE).is_file():
+        compact = torch.load(src / COMPACT_VIT_FILE, map_location="cpu", weights_only=True)
+        torch.save(full_state_dict(compact), dst / VIT_MODEL_FILE)
     compact_in = torch.load(src / COMPACT_INPUTS_FILE, map_location="cpu", weights_only=True)
     torch.save(full_inputs(compact_in), dst / INPUTS_FILE)
     return dst

@@ -7,7 +7,18 @@ import json
 import open_clip
 import torch
 
-from _golden import FEATURES, FIXTURES, INDEX_KEY, MODEL_FILE, TIP_TEMPLATES, TOKEN_KEY, assert_close, tensor_sha256
+from _golden import (
+    COMPACT_VIT_FILE,
+    FEATURES,
+    FIXTURES,
+    INDEX_KEY,
+    MODEL_FILE,
+    TIP_TEMPLATES,
+    TOKEN_KEY,
+    VIT_MODEL_FILE,
+    assert_close,
+    tensor_sha256,
+)
 from shiftlab.methods.tps import descriptor_sentence
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
@@ -37,6 +48,22 @@ def test_rebuilt_model_has_every_original_tensor(golden_dir):
     dropped = torch.ones(table.shape[0], dtype=torch.bool)
     dropped[index] = False
     assert not table[dropped].any()
+
+
+def test_rebuilt_vit_has_every_original_tensor_and_ttls_prompt_tokens(golden_dir):
+    record = json.loads((FIXTURES / "compact.json").read_text())[COMPACT_VIT_FILE]
+    state = torch.load(golden_dir / VIT_MODEL_FILE, map_location="cpu", weights_only=True)
+    index = torch.load(FIXTURES / COMPACT_VIT_FILE, weights_only=True)[INDEX_KEY]
+    table = state.pop(TOKEN_KEY)
+    got = {k: [str(v.dtype), list(v.shape), tensor_sha256(v)] for k, v in state.items()}
+    got[TOKEN_KEY + "[kept rows]"] = [str(table.dtype), [len(index), table.shape[1]], tensor_sha256(table[index])]
+    assert got == record["original_tensor_sha256"]
+    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
+    prompts = open_clip.tokenize([f"a photo of a {c.replace('_', ' ')}." for c in names])   # shiftlab's head
+    assert torch.isin(prompts.unique(), index).all()
+    for name in ("ttl", "ttl_steps"):
+        theirs = torch.load(golden_dir / "online" / f"{name}.pt", weights_only=True)["prompt_tokens"]
+        assert torch.equal(theirs, prompts.unique())    # their tokenizer gave the same tokens
 
 
 def test_every_prompt_token_of_the_fixtures_is_kept(golden_dir):

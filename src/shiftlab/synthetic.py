@@ -17,13 +17,19 @@ RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic
               "sculpture", "sketch", "sticker", "tattoo", "toy", "videogame")
 
 
-
 def tiny_clip(seed: int = 0, device: str | torch.device = "cpu") -> ClipModel:
     """A tiny random-weight CLIP (the golden fixtures' architecture), the same for the same `seed` in every
     process (`load_model(..., pretrained=None, seed=seed)`); accuracy is meaningless."""
     from .models import load_model
     from .models.architectures import TINY_CLIP_NAME
     return load_model(TINY_CLIP_NAME, None, device=device, seed=seed)
+
+
+def tiny_vit(seed: int = 0, device: str | torch.device = "cpu") -> ClipModel:
+    """A tiny random-weight ViT CLIP (`shiftlab-tiny-vit`), the same for the same `seed` in every process."""
+    from .models import load_model
+    from .models.architectures import TINY_VIT_NAME
+    return load_model(TINY_VIT_NAME, None, device=device, seed=seed)
 
 
 def random_image(size: tuple[int, int] = (40, 30), seed: int = 0) -> Image.Image:

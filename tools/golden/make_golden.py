@@ -33,6 +33,7 @@ from driver_dynaprompt import run_dynaprompt  # noqa: E402
 from driver_ecalp import run_ecalp  # noqa: E402
 from driver_onzeta import run_onzeta  # noqa: E402
 from driver_tps import run_tps  # noqa: E402
+from driver_ttl import run_ttl, tiny_vit_state  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,9 +51,12 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta"),
          "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP"),
          "tps": ("TPS", "https://github.com/elaine-sui/TPS"),
-         "dynaprompt": ("DynaPrompt", "https://github.com/zzzx1224/DynaPrompt")}
+         "dynaprompt": ("DynaPrompt", "https://github.com/zzzx1224/DynaPrompt"),
+         "ttl": ("TTL-Test-Time-Low-Rank-Adaptation", "https://github.com/Razaimam45/TTL-Test-Time-Low-Rank-Adaptation")}
 WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp,
-               tps=run_tps, dynaprompt=run_dynaprompt)
+               tps=run_tps, dynaprompt=run_dynaprompt, ttl=run_ttl)
+# drivers that run on the tiny ViT (tests/fixtures/golden/tiny_vit_compact.pt) instead of the tiny ResNet
+VIT_WORKERS = {"ttl"}
 # (fixture name, driver, variant) in the order they are made
 JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
         ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
@@ -63,7 +67,8 @@ JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn",
         ("onzeta", "onzeta", "authors"),
         ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small"),
         ("tps", "tps", "authors"), ("tps_steps", "tps", "steps"),
-        ("dynaprompt", "dynaprompt", "authors"), ("dynaprompt_small", "dynaprompt", "small")]
+        ("dynaprompt", "dynaprompt", "authors"), ("dynaprompt_small", "dynaprompt", "small"),
+        ("ttl", "ttl", "authors"), ("ttl_steps", "ttl", "steps")]
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -92,6 +97,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkouts", required=True, help="folder with the authors' checkouts (see REPOS)")
     ap.add_argument("--model", help="the full tiny CLIP (default: rebuilt from tests/fixtures/golden)")
+    ap.add_argument("--vit-model", help="the full tiny ViT CLIP (default: rebuilt from tests/fixtures/golden, "
+                    "or made anew by driver_ttl.tiny_vit_state when it is not there)")
     ap.add_argument("--only", nargs="*", help="fixture names to (re)make, e.g. tda tda_small")
     ap.add_argument("--commit", nargs="*", metavar="DIR=SHA",
                     help="the commit of a checkout that is not a git repository (e.g. a `git archive` export)")
@@ -106,6 +113,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="golden-"))
     golden = G.materialize(tmp / "golden")
     model = args.model or str(golden / G.MODEL_FILE)
+    vit_model = args.vit_model or str(golden / G.VIT_MODEL_FILE)
+    if not Path(vit_model).is_file():
+        torch.save(tiny_vit_state(), vit_model)
     classnames = json.loads((golden / "golden.json").read_text())["classnames"]
     (tmp / "classnames.json").write_text(json.dumps(classnames))
     stream = make_stream()
@@ -123,7 +133,8 @@ def main() -> None:
         checkout = Path(args.checkouts) / REPOS[worker][0]
         result = tmp / f"{name}.result.pt"
         subprocess.run([sys.executable, __file__, "--checkouts", args.checkouts, "--worker", worker,
-                        "--checkout", str(checkout), "--model", model, "--inputs", str(OUT / "stream.pt"),
+                        "--checkout", str(checkout), "--model", vit_model if worker in VIT_WORKERS else model,
+                        "--inputs", str(OUT / "stream.pt"),
                         "--classnames", str(tmp / "classnames.json"), "--result", str(result),
                         "--variant", variant], check=True)
         res = torch.load(result, weights_only=True)
@@ -133,11 +144,14 @@ def main() -> None:
                                   "variant": variant, "n_tokens": int(res["tokens"].numel()),
                                   **json.loads(Path(str(result) + ".json").read_text())}
         info_path.write_text(json.dumps(info, indent=1, default=str) + "\n")   # keep what is done
+    vit_fixtures = {n for n, w, _ in JOBS if w in VIT_WORKERS}
+    compact_vit(vit_model, [torch.load(OUT / f"{n}.pt", weights_only=True)["prompt_tokens"]
+                            for n in sorted(vit_fixtures) if (OUT / f"{n}.pt").is_file()], not args.vit_model)
     # keep every token row that some fixture's prompt reads; the rows come from the model used
     full = torch.load(model, map_location="cpu", weights_only=True)
     tokens = [torch.load(golden / "expected.pt", weights_only=True)["init/tokenized_prompts"].flatten()]
     tokens += [torch.load(p, weights_only=True)["prompt_tokens"]
-               for p in sorted(OUT.glob("*.pt")) if p.name != "stream.pt"]
+               for p in sorted(OUT.glob("*.pt")) if p.name != "stream.pt" and p.stem not in vit_fixtures]
     needed = torch.unique(torch.cat(tokens))
     table = full[G.TOKEN_KEY]
     if not args.model and not table[needed].any(-1).all():
@@ -159,6 +173,32 @@ def main() -> None:
     info["files_sha256"] = {p.name: sha256(p) for p in sorted(OUT.glob("*.pt"))}
     info_path.write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(f"wrote {OUT} ({', '.join(sorted(info['fixtures']))}); compact model keeps {needed.numel()} token rows")
+
+
+def compact_vit(vit_model: str, tokens: list[torch.Tensor], from_fixture: bool) -> None:
+    """Write tests/fixtures/golden/tiny_vit_compact.pt (the token rows of `tokens` only) and its record
+    in compact.json."""
+    if not tokens:
+        return
+    full = torch.load(vit_model, map_location="cpu", weights_only=True)
+    needed = torch.unique(torch.cat(tokens))
+    table = full[G.TOKEN_KEY]
+    if from_fixture and not table[needed].any(-1).all():
+        raise SystemExit("a prompt needs token rows that the compact ViT dropped: pass --vit-model FULL_FILE")
+    torch.save(G.compact_state_dict(full, needed), G.FIXTURES / G.COMPACT_VIT_FILE)
+    info_path = G.FIXTURES / "compact.json"
+    info = json.loads(info_path.read_text())
+    state = {k: v for k, v in full.items() if k != G.TOKEN_KEY}
+    sums = {k: [str(v.dtype), list(v.shape), G.tensor_sha256(v)] for k, v in state.items()}
+    sums[G.TOKEN_KEY + "[kept rows]"] = [str(table.dtype), [int(needed.numel()), table.shape[1]],
+                                         G.tensor_sha256(table[needed])]
+    info[G.COMPACT_VIT_FILE] = {
+        "made_by": "tools/golden/driver_ttl.py tiny_vit_state(seed=0): shiftlab.synthetic.tiny_vit(0) "
+                   "(shiftlab-tiny-vit, open_clip's seeded random init) in float16, logit_scale float32 ln(25)",
+        "token_embedding_shape": list(table.shape), "kept_token_rows": int(needed.numel()),
+        "kept_tokens": "every token id of the prompts TTL's text head reads (online/ttl*.pt, prompt_tokens)",
+        "original_tensor_sha256": sums}
+    info_path.write_text(json.dumps(info, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     prompt_tuning,
     tda,
     tps,
+    ttl,
     zero,
 )
 from .api import predict

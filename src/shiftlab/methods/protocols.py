@@ -84,6 +84,9 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # GradScaler(init_scale=1000); :119, 123: torch.topk's order of equal prompt statistics).
         # mirrors DynaPrompt.protocols (methods/dynaprompt.py)
         "dynaprompt": {"precision": "fp16", "ties": "topk"},
+        # TTL (Razaimam45/TTL-Test-Time-Low-Rank-Adaptation ttl.py:79, 222, 351): the LoRA step and the readout
+        # under fp16 autocast, GradScaler(init_scale=1000); views as leaderboard. Mirrors TTL.protocols.
+        "ttl": {"precision": "fp16"},
     },
 }
 

@@ -23,6 +23,10 @@ from .checkpoints import (
 # The tiny CLIP of the golden fixtures, the tests and the demo: ModifiedResNet (1,1,1,1) width 16 at 64x64,
 # a 2-layer text tower (configs/shiftlab-tiny.json); `--model shiftlab-tiny`.
 TINY_CLIP_NAME = "shiftlab-tiny"
+# A tiny ViT of ViT-B/16's design (16-px patches, class token, pre-LN blocks, QuickGELU) at 64x64: 4 blocks of
+# width 64 (one head: OpenAI's `build_model` derives heads = width // 64), the tiny CLIP's text tower
+# (configs/shiftlab-tiny-vit.json). What methods that tune the image tower's attention (TTL) are made golden on.
+TINY_VIT_NAME = "shiftlab-tiny-vit"
 CONFIGS = Path(__file__).parent / "configs"
 _CONFIG_DIR: Path | None = None
 _REGISTERED: set[str] = set()
