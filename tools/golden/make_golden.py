@@ -31,6 +31,7 @@ from driver_dota import run_dota  # noqa: E402
 from driver_dpe import run_dpe  # noqa: E402
 from driver_ecalp import run_ecalp  # noqa: E402
 from driver_onzeta import run_onzeta  # noqa: E402
+from driver_rlcf import run_rlcf  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +47,10 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dota": ("DOTA", "https://github.com/skylineeeeen/DOTA"),
          "dpe": ("DPE-CLIP", "https://github.com/zhangce01/DPE-CLIP"),
          "onzeta": ("OnZeta", "https://github.com/idstcv/OnZeta"),
-         "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP")}
-WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp)
+         "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP"),
+         "rlcf": ("RLCF", "https://github.com/mzhaoshuai/RLCF")}
+WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp,
+               rlcf=run_rlcf)
 # (fixture name, driver, variant) in the order they are made
 JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn", "authors"),
         ("dmn_small", "dmn", "small"), ("zero", "zero", "authors"), ("zero_ties", "zero", "ties"),
@@ -56,7 +59,8 @@ JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn",
         ("dota", "dota", "authors"), ("dota_strong", "dota", "strong"),
         ("dpe", "dpe", "authors"), ("dpe_a", "dpe", "imagenet_a"),
         ("onzeta", "onzeta", "authors"),
-        ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small")]
+        ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small"),
+        ("rlcf", "rlcf", "authors")]
 
 
 # -- orchestration ---------------------------------------------------------------------------------
