@@ -1,6 +1,6 @@
 """Registered test-time methods; importing this package fills the registry."""
 # each module registers its methods
-from . import baselines, boostadapter, dmn, dota, dpe, ecalp, mta, onzeta, prompt_tuning, tda, zero  # noqa: F401
+from . import baselines, boostadapter, dmn, dota, dpe, ecalp, mta, onzeta, prompt_tuning, rlcf, tda, zero  # noqa: F401
 from .api import predict
 from .base import Method, MethodConfig, MethodOutput, create_method, get_method_class, list_methods, register_method
 

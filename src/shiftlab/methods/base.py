@@ -77,6 +77,9 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
+    # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
+    # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
+    offline_config: dict[str, Any] = {}
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
@@ -98,6 +101,19 @@ class Method:
     def needed_views(cls, config: Any) -> int:
         """The fewest views (incl. the original) this method can use under `config`."""
         return cls.min_views
+
+    @classmethod
+    def extra_models(cls, config: Any) -> list[tuple[str, str | None, int]]:
+        """The CLIPs this method loads itself besides the run's model under `config` (RLCF's reward model),
+        as (architecture, pretrained, random-weight seed) for `models.load_shared_model`. `shiftlab run`
+        loads them with the run's weight flags before any work and refuses one that cannot be loaded."""
+        return []
+
+    def loaded_weights(self) -> dict[str, Any]:
+        """What decides this method's results besides its config and the run's model: the weights it
+        loaded itself (a checkpoint's SHA-256, or the digest of random weights), as JSON scalars. The run
+        identity records them beside the method's config, so a --resume with other weights is refused."""
+        return {}
 
     @property
     def view_recipe(self) -> ViewRecipe:

@@ -76,6 +76,8 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # ECALP (Yushu-Li/ECALP main.py): DMN's float32 features, one per image; neighbour ties in
         # torch.topk's order, as their code leaves them.
         "ecalp": {"precision": "fp32", "ties": "topk"},
+        # mirrors RLCF.protocols (methods/rlcf.py): fp16 autocast + GradScaler(init_scale=1000), tpt_cls_rl.py:52,127
+        "rlcf": {"precision": "fp16"},
     },
 }
 
