@@ -25,6 +25,7 @@ def cupl_file(tmp_path_factory) -> str:
 def _method(tiny_model, name, cupl_file=None, **kw):
     if hasattr(get_method_class(name).config_class, "cupl_file") and kw.get("protocol") == "paper":
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
+    kw = {**get_method_class(name).offline_config, **kw}   # RLCF: a random-weight reward model, no download
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 
 

@@ -290,28 +290,29 @@ def load_extra_models(args: argparse.Namespace, cfg: RunConfig, say: Any) -> lis
     from ..models import ModelLoadError, load_shared_model
     names = list_methods() if "all" in cfg.methods else cfg.methods
     run_views = ({"n_views": cfg.views} if cfg.views is not None else {}) | ({"augmix": True} if cfg.augmix else {})
-    wanted: dict[tuple, str] = {}
+    wanted: dict[tuple, tuple[str, str]] = {}
     for dataset in dataset_names(args):
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:
             config = effective_config(name, cfg.protocol, canonical, cfg.precision, run_views,
                                       **cfg.method_config.get(name, {}))
-            for spec in get_method_class(name).extra_models(config):
-                wanted.setdefault(spec, name)
+            for extra in get_method_class(name).extra_models(config):
+                wanted.setdefault((extra.arch, extra.pretrained, extra.seed), (name, extra.settings))
     device = resolve_device(cfg.device)
     dist = distributed.context()
     if dist.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     problems = []
-    for (arch, pretrained, seed), method in wanted.items():
+    for (arch, pretrained, seed), (method, settings) in wanted.items():
         try:
             say(f"shiftlab run: loading {arch} ({pretrained or 'random weights'}) for {method} ...")
             load_shared_model(arch, pretrained, device=device, seed=seed, cache_dir=cfg.cache_dir,
                               allow_download=cfg.download, trust_checkpoint=cfg.trust_checkpoint)
         except ModelLoadError as exc:
-            problems.append(f"{method}: model {arch}: {one_line(exc)}")
+            problems.append(f"{method}: its model {arch} ({pretrained}): {one_line(exc)} (for {method}: {settings})")
         except OSError as exc:
-            problems.append(f"{method}: model {arch}: downloading {arch}/{pretrained} failed ({one_line(exc)})")
+            problems.append(f"{method}: downloading its model {arch}/{pretrained} failed ({one_line(exc)}); "
+                            f"put the weights in the cache or choose others ({settings})")
     return problems
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,6 +41,15 @@ class MethodOutput:
 
     def probabilities(self) -> torch.Tensor:
         return self.probs if self.probs is not None else self.logits.float().softmax(-1)
+
+
+class ExtraModel(NamedTuple):
+    """A CLIP a method loads itself: `load_shared_model(arch, pretrained, seed=seed)`; `settings` says how to
+    choose another (e.g. "--set rlcf.reward_model=ARCH --set rlcf.reward_pretrained=TAG|FILE|hf-hub:ORG/REPO")."""
+    arch: str
+    pretrained: str | None
+    seed: int
+    settings: str
 
 
 @dataclass
@@ -103,10 +112,10 @@ class Method:
         return cls.min_views
 
     @classmethod
-    def extra_models(cls, config: Any) -> list[tuple[str, str | None, int]]:
+    def extra_models(cls, config: Any) -> list[ExtraModel]:
         """The CLIPs this method loads itself besides the run's model under `config` (RLCF's reward model),
-        as (architecture, pretrained, random-weight seed) for `models.load_shared_model`. `shiftlab run`
-        loads them with the run's weight flags before any work and refuses one that cannot be loaded."""
+        for `models.load_shared_model`. `shiftlab run` loads them with the run's weight flags before any
+        work and refuses one that cannot be loaded."""
         return []
 
     def loaded_weights(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ..models import ClipModel, load_shared_model
 from ..models.text import class_head
 from ..params import param
-from .base import MethodOutput, register_method
+from .base import ExtraModel, MethodOutput, register_method
 from .context import SampleContext
 from .prompt_tuning import PromptTuning, PromptTuningConfig
 
@@ -116,8 +116,9 @@ class RLCF(PromptTuning):
         self._reward_text: torch.Tensor | None = None
 
     @classmethod
-    def extra_models(cls, config: RLCFConfig) -> list[tuple[str, str | None, int]]:
-        return [(config.reward_model, reward_weights(config), config.reward_seed)]
+    def extra_models(cls, config: RLCFConfig) -> list[ExtraModel]:
+        return [ExtraModel(config.reward_model, reward_weights(config), config.reward_seed,
+                           "--set rlcf.reward_model=ARCH --set rlcf.reward_pretrained=TAG|FILE|hf-hub:ORG/REPO|none")]
 
     def loaded_weights(self) -> dict[str, Any]:
         r = self.reward
