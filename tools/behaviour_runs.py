@@ -35,7 +35,15 @@ def record(out: Path) -> None:
                "--out", str(out / protocol)]
         if protocol == "paper":
             cmd += ["--set", f"dmn_zs.cupl_file={cupl}", "--set", f"dpe.cupl_file={cupl}"]
+        cmd += offline_settings()
         subprocess.run(cmd, check=True)
+
+
+def offline_settings() -> list[str]:
+    """--set flags of every method's `offline_config` (RLCF: a random-weight reward model, nothing downloaded)."""
+    from shiftlab.methods.base import get_method_class, list_methods
+    return [flag for name in list_methods() for field, value in get_method_class(name).offline_config.items()
+            for flag in ("--set", f"{name}.{field}={value}")]
 
 
 def _records(run_dir: Path) -> list[dict]:
