@@ -42,7 +42,8 @@ from shiftlab.models import register_architecture
 
 PASSES = {"authors": {}, "batch": {"reward_baseline": "batch", "reward_std": True}}
 # the standardised rewards of pass `batch` divide CLIP-score differences by their std (~0.1 here), so their
-# FEATURES-sized noise grows by as much; compared relative to their largest entry, as gradients are
+# FEATURES-sized noise grows by as much; compared relative to their largest entry, as gradients are, and the
+# loss (a mean of reward x cross-entropy) with LOSS after the same division
 REWARDS_RTOL = GRAD_RTOL
 
 
@@ -164,12 +165,13 @@ def test_rlcf_matches_the_authors_code_sample_by_sample(golden_model, golden_dir
                                                       want[f"{q}/rewards"])
             assert torch.equal(got_cls, ref_cls), q
             track("clip_score", got_score, ref_score, FEATURES, f"{q} CLIP scores")
-            if flags["reward_amplify"]:
+            if flags["reward_amplify"]:   # standardised: relative to the largest reward, the loss too
                 scale = float(ref_reward.abs().max())
                 track("rewards", got_reward / scale, ref_reward / scale, REWARDS_RTOL, f"{q} rewards (relative)")
             else:
+                scale = 1.0
                 track("rewards", got_reward, ref_reward, FEATURES, f"{q} rewards")
-            track("loss", c["loss"][s], want[f"{q}/loss"], LOSS, f"{q} loss")
+            track("loss", c["loss"][s] / scale, want[f"{q}/loss"] / scale, LOSS, f"{q} loss")
             gscale = float(want[f"{q}/grad"].abs().max())
             track("grad", c["grad"][s] / gscale, want[f"{q}/grad"] / gscale, GRAD_RTOL, f"{q} prompt gradient")
             track("ctx", c["ctx"][s], want[f"{q}/ctx"], PARAMS, f"{q} prompt after the step")

@@ -56,6 +56,8 @@ def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
     assert paper["dmn_zs"].config.precision == "fp32"
     assert (paper["dmn_zs"].config.memory_size, paper["dmn_zs"].config.beta) == (50, 5.5)
     assert paper["dmn_zs"].config.text_head == "tip_cupl"
+    assert paper["rlcf"].view_recipe == LEADERBOARD_VIEWS and paper["rlcf"].config.precision == "fp16"
+    assert (paper["rlcf"].config.steps, paper["rlcf"].config.sample_k) == (3, 3)
     # on the CPU every policy computes in float32
     assert all(m.precision.amp_dtype is None for m in paper.values())
 

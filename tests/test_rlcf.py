@@ -13,7 +13,7 @@ import shiftlab
 from _synthetic import make_imagenet_r
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets.settings import method_settings, view_settings
-from shiftlab.methods.base import get_method_class
+from shiftlab.methods.base import effective_config, get_method_class
 from shiftlab.methods.protocols import protocol_overrides
 from shiftlab.methods.rlcf import RLCF, reward_baseline
 from shiftlab.models import ClipModel, ModelLoadError, Preprocess
@@ -110,6 +110,9 @@ def test_the_class_attributes_are_what_the_protocol_tables_say():
             got["views"] = view_settings(dataset, "rlcf")
         assert got == values, dataset
     assert RLCF.dataset_settings["dtd"] == {"steps": 5, "views": {"augmix": True}}
+    fine, r = effective_config("rlcf", "paper", "dtd"), effective_config("rlcf", "paper", "imagenet-r")
+    assert (fine.steps, fine.views.augmix, fine.precision) == (5, True, "fp16")
+    assert (r.steps, r.views.augmix, r.precision) == (3, False, "fp16")
     assert RLCF.published == ()
 
 
