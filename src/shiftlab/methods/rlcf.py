@@ -46,6 +46,9 @@ _FINE_GRAINED = ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", 
 
 @dataclass
 class RLCFConfig(PromptTuningConfig):
+    # inherited from TPT's config and equal to theirs: 64 views (scripts/rlcf-prompt.sh:21 batch_size=64, no AugMix
+    # on ImageNet-R: tpt_cls_rl.py:150), selection_ratio 0.1 (:22), n_ctx 4 (params.py:39), ctx_init "a photo of a"
+    # (:15), loss_scale 1000 (GradScaler(init_scale=1000), tpt_cls_rl.py:127), AdamW (tpt_cls_rl.py:120)
     steps: int = param(3, ge=0)                  # scripts/rlcf-prompt.sh:16,38 (tta_steps=3)
     lr: float = param(7e-3, ge=0)                # scripts/rlcf-prompt.sh:17,39
     weight_decay: float = param(5e-4, ge=0)      # scripts/rlcf-prompt.sh:18 (params.py:30)
