@@ -147,6 +147,13 @@ LOGITS = 2e-4
 """Logits = logit_scale (100) x cosine: FEATURES-sized noise scaled by 100 (measured 1.1e-4
 between the authors' code and shiftlab); golden/README.md recommends the same."""
 
+TUNED_LOGITS = 1e-3
+"""Logits through parameters tuned at test time (a prompt after several steps, LoRA weights): the inputs'
+LOGITS-size difference decides the sign of gradient entries that nearly cancel, and AdamW's first step
+moves such an entry by about lr whatever its size, so the tuned parameters, and every later step, carry
+it; FEATURES-sized noise x 100 (measured: RLCF 1.8e-4 after 3 steps, TTL 1.0e-4 after 4, on the machine
+that made the fixtures). Each step's own inputs from the authors' state are still held to LOGITS."""
+
 PARAMS = 1e-6
 """The learnable prompt context (values ~1e-2): the initial context is a copy of fp16 token rows
 (exact), and one AdamW step moves each entry by lr x m/(sqrt(v) + eps), which is lr x sign(grad)

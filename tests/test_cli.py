@@ -215,7 +215,12 @@ def test_failed_download_leaves_no_data_folder(data, tmp_path, capsys, monkeypat
     code = cli_main(["run", "--data", str(root), "--download", "--model", "shiftlab-tiny", "--pretrained",
                      str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run")])
     assert code == 1
-    one_line_error(capsys, code, "shiftlab run: error: dataset imagenet-r:", "no network")
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 2 and "Traceback" not in captured.err, captured.err
+    assert err[0].startswith("shiftlab run: error: dataset imagenet-r:") and "no network" in err[0]
+    # every problem at once: --methods all includes RLCF, whose reward model (OpenAI's ViT-L/14) is not cached either
+    assert err[1].startswith("shiftlab run: error: rlcf: its model ViT-L-14 (openai): no internet connection")
     assert not (tmp_path / "cache").exists()
     assert not (tmp_path / "run").exists()
 
@@ -346,7 +351,8 @@ def test_version_flag_prints_the_package_version():
 ])
 def test_missing_dataset_hints_the_download_only_where_it_can_help(tmp_path, capsys, tiny_checkpoint, dataset, hint):
     code = cli_main(["run", "--dataset", dataset, "--data", str(tmp_path / "nothing"), "--model", "shiftlab-tiny",
-                     "--pretrained", str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run")])
+                     "--pretrained", str(tiny_checkpoint), "--device", "cpu", "--out", str(tmp_path / "run"),
+                     "--methods", "zeroshot"])   # (all methods: RLCF's reward model would be a second problem)
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and hint in err
     assert ("shiftlab download" in err) == (dataset == "imagenet-r")

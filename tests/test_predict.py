@@ -8,6 +8,7 @@ import torch
 
 import shiftlab
 from shiftlab.engine.step import Evaluator
+from shiftlab.methods.base import get_method_class
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.models.precision import Precision
 from shiftlab.models.precision import resolve as resolve_precision
@@ -55,10 +56,11 @@ def test_predict_refuses_bad_views_with_one_line(tiny_model, bad, message):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["zeroshot", "view_ensemble", "mta"])
+@pytest.mark.parametrize("name", ["zeroshot", "view_ensemble", "mta", "rlcf"])
 def test_predict_equals_the_engine(tiny_model, name):
     views = [_views(tiny_model, seed=s) for s in range(3)]
-    evaluator = Evaluator(tiny_model, CLASSES, [name])
+    offline = dict(get_method_class(name).offline_config)   # RLCF: a random-weight reward model, no download
+    evaluator = Evaluator(tiny_model, CLASSES, [name], method_config={name: offline})
     ctxs = evaluator.contexts(views, [0, 1, 2])
     method = evaluator.methods[name]
     for u8, ctx in zip(views, ctxs):

@@ -27,6 +27,7 @@ def _method(tiny_model, name, cupl_file=None, **kw):
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
     if hasattr(get_method_class(name).config_class, "descriptors_file") and kw.get("protocol") == "paper":
         kw.setdefault("descriptors_file", cupl_file)   # TPS's descriptor phrases: the same {class: [text]} format
+    kw = {**get_method_class(name).offline_config, **kw}   # RLCF: a random-weight reward model, no download
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 
 
@@ -60,6 +61,8 @@ def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
     assert paper["tps"].view_recipe == LEADERBOARD_VIEWS and paper["tps"].config.precision == "fp16"
     assert paper["tps"].config.text_head == "ensemble_descriptors" and _method(tiny_model, "tps").config.text_head \
         == "ensemble"
+    assert paper["rlcf"].view_recipe == LEADERBOARD_VIEWS and paper["rlcf"].config.precision == "fp16"
+    assert (paper["rlcf"].config.steps, paper["rlcf"].config.sample_k) == (3, 3)
     # on the CPU every policy computes in float32
     assert all(m.precision.amp_dtype is None for m in paper.values())
 

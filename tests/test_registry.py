@@ -22,6 +22,11 @@ from shiftlab.params import check_config
 CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
 
 
+def _offline(name: str) -> dict:
+    """What the method needs to run with nothing downloaded (RLCF: a random-weight reward model)."""
+    return dict(get_method_class(name).offline_config)
+
+
 def _views(model, seed: int, n: int = 8) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return model.normalize(torch.rand(n, 3, model.image_size, model.image_size, generator=gen))
@@ -34,7 +39,7 @@ def heads(tiny_model):
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())
 def test_method_predicts_finite_scores(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads)
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
     method.prepare()
     logits = method.predict(_views(tiny_model, 0))
     assert logits.shape == (len(CLASSNAMES),) and torch.isfinite(logits).all()
@@ -46,7 +51,7 @@ def test_method_predicts_finite_scores(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
 def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads)
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
     a, b = _views(tiny_model, 2), _views(tiny_model, 3)
     first = method.predict(a)
     method.predict(b)
@@ -55,7 +60,7 @@ def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
 def test_batch_prediction_equals_one_at_a_time(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads)
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
     ctxs = [SampleContext(tiny_model, heads, _views(tiny_model, s)) for s in (4, 5, 6)]
     singles = [method.predict_context(c).logits for c in ctxs]
     batched = [o.logits for o in method.predict_batch(ctxs)]
@@ -291,7 +296,7 @@ def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
 def test_each_method_runs_at_its_declared_minimum_and_is_refused_below_it(name, tiny_model, heads):
     cls = get_method_class(name)
     needed = cls.needed_views(cls.config_class())
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, views=needed)
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, views=needed, **_offline(name))
     method.prepare()
     assert torch.isfinite(method.predict(_views(tiny_model, 0, n=needed))).all()
     if needed > 1:

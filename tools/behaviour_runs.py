@@ -34,8 +34,26 @@ def record(out: Path) -> None:
                "--limit", str(N_IMAGES), "--seed", "0", "--workers", "0", "--no-progress", "--allow-partial",
                "--out", str(out / protocol)]
         if protocol == "paper":
-            cmd += ["--set", f"dmn_zs.cupl_file={cupl}", "--set", f"dpe.cupl_file={cupl}"]
+            cmd += description_files(cupl)
+        cmd += offline_settings()
         subprocess.run(cmd, check=True)
+
+
+def description_files(path: Path) -> list[str]:
+    """--set flags giving every method whose paper recipe reads a file of class descriptions (CuPL's for DMN-ZS
+    and DPE, GPT-4 descriptors for TPS: the same {class: [sentences]} format) the stand-in file."""
+    import dataclasses
+
+    from shiftlab.methods.base import get_method_class, list_methods
+    return [flag for name in list_methods() for field in dataclasses.fields(get_method_class(name).config_class)
+            if field.name in ("cupl_file", "descriptors_file") for flag in ("--set", f"{name}.{field.name}={path}")]
+
+
+def offline_settings() -> list[str]:
+    """--set flags of every method's `offline_config` (RLCF: a random-weight reward model, nothing downloaded)."""
+    from shiftlab.methods.base import get_method_class, list_methods
+    return [flag for name in list_methods() for field, value in get_method_class(name).offline_config.items()
+            for flag in ("--set", f"{name}.{field}={value}")]
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -46,9 +64,14 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def compare(a: Path, b: Path) -> int:
+    """Field for field, over the methods both recordings ran (a method added since is listed, not compared)."""
     status = 0
     for protocol in PROTOCOLS:
         ra, rb = _records(a / protocol), _records(b / protocol)
+        ma, mb = {r.get("method") for r in ra}, {r.get("method") for r in rb}
+        if ma != mb:
+            print(f"{protocol}: methods in one recording only (not compared): {sorted(map(str, ma ^ mb))}")
+        ra, rb = [r for r in ra if r.get("method") in mb], [r for r in rb if r.get("method") in ma]
         diffs = [(x, y) for x, y in zip(ra, rb) if x != y]
         if len(ra) != len(rb) or diffs:
             status = 1

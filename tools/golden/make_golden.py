@@ -32,6 +32,7 @@ from driver_dpe import run_dpe  # noqa: E402
 from driver_dynaprompt import run_dynaprompt  # noqa: E402
 from driver_ecalp import run_ecalp  # noqa: E402
 from driver_onzeta import run_onzeta  # noqa: E402
+from driver_rlcf import run_rlcf  # noqa: E402
 from driver_tps import run_tps  # noqa: E402
 from driver_ttl import run_ttl, tiny_vit_state  # noqa: E402
 from drivers import WORKERS, make_stream  # noqa: E402
@@ -52,9 +53,10 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "ecalp": ("ECALP", "https://github.com/Yushu-Li/ECALP"),
          "tps": ("TPS", "https://github.com/elaine-sui/TPS"),
          "dynaprompt": ("DynaPrompt", "https://github.com/zzzx1224/DynaPrompt"),
-         "ttl": ("TTL-Test-Time-Low-Rank-Adaptation", "https://github.com/Razaimam45/TTL-Test-Time-Low-Rank-Adaptation")}
+         "ttl": ("TTL-Test-Time-Low-Rank-Adaptation", "https://github.com/Razaimam45/TTL-Test-Time-Low-Rank-Adaptation"),
+         "rlcf": ("RLCF", "https://github.com/mzhaoshuai/RLCF")}
 WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp,
-               tps=run_tps, dynaprompt=run_dynaprompt, ttl=run_ttl)
+               tps=run_tps, dynaprompt=run_dynaprompt, ttl=run_ttl, rlcf=run_rlcf)
 # drivers that run on the tiny ViT (tests/fixtures/golden/tiny_vit_compact.pt) instead of the tiny ResNet
 VIT_WORKERS = {"ttl"}
 # (fixture name, driver, variant) in the order they are made
@@ -68,7 +70,8 @@ JOBS = [("tda", "tda", "authors"), ("tda_small", "tda", "small"), ("dmn", "dmn",
         ("ecalp", "ecalp", "authors"), ("ecalp_small", "ecalp", "small"),
         ("tps", "tps", "authors"), ("tps_steps", "tps", "steps"),
         ("dynaprompt", "dynaprompt", "authors"), ("dynaprompt_small", "dynaprompt", "small"),
-        ("ttl", "ttl", "authors"), ("ttl_steps", "ttl", "steps")]
+        ("ttl", "ttl", "authors"), ("ttl_steps", "ttl", "steps"),
+        ("rlcf", "rlcf", "authors")]
 
 
 # -- orchestration ---------------------------------------------------------------------------------

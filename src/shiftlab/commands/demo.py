@@ -20,8 +20,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..datasets.folders import build_dataset
-    from ..engine.config import RunConfig
+    from ..engine.config import RunConfig, expand_methods
     from ..engine.loop import run as run_engine
+    from ..methods import get_method_class
     from ..synthetic import make_imagenet_r, tiny_clip
 
     with tempfile.TemporaryDirectory(prefix="shiftlab-demo-") as tmp:
@@ -32,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
         print("shiftlab demo: synthetic ImageNet-R images and a tiny RANDOM-WEIGHT CLIP.\n"
               "The accuracies below are meaningless; the demo only checks that every method runs end to end.\n")
         dataset = build_dataset("imagenet-r", data)
+        methods = expand_methods(args.methods)
+        offline = {n: dict(get_method_class(n).offline_config) for n in methods if get_method_class(n).offline_config}
         cfg = RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny (random weights)",
-                        pretrained=None, methods=list(args.methods), views=args.views,
+                        pretrained=None, methods=methods, method_config=offline, views=args.views,
                         limit=args.images, out=str(out), workers=0, batch_size=4)
         try:
             run_engine(cfg, model=tiny_clip(0), dataset=dataset)

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     distributed.context()
     try:
         try:
-            cfg, model, datasets = run_command.prepare(args)
+            # the methods that load models of their own need pixels, which encode never stores
+            cfg, model, datasets = run_command.prepare(args, method_models=False)
         except run_command.CannotStart as exc:
             for problem in exc.problems:
                 print(f"shiftlab encode: error: {problem}", file=sys.stderr)

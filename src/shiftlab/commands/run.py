@@ -220,8 +220,10 @@ def args_progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
-def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, FolderDataset]]:
-    """Check data and weights before any heavy work, downloading them when asked.
+def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunConfig, ClipModel,
+                                                                           dict[str, FolderDataset]]:
+    """Check data and weights before any heavy work, downloading them when asked; with `method_models`, also
+    load the models the methods load themselves (`load_extra_models`).
 
     Every problem is reported at once (each dataset and the weights), each with what to download
     and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
@@ -258,6 +260,8 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
     except OSError as exc:  # network failures inside open_clip's download
         problems.append(f"model: downloading {cfg.model}/{cfg.pretrained} failed ({one_line(exc)}); on a machine "
                         "without internet put the checkpoint in the cache or pass --pretrained /path/to/file")
+    if method_models:   # RLCF's reward model: refused here too, before any work
+        problems += load_extra_models(args, cfg, say)
     for name, dataset in datasets.items():
         for warning in dataset.warnings:  # empty classes, skipped files and links: said before any work
             print(f"shiftlab run: warning: {name}: {warning}", file=sys.stderr)
@@ -270,6 +274,46 @@ def prepare(args: argparse.Namespace) -> tuple[RunConfig, ClipModel, dict[str, F
     if problems:
         raise CannotStart(problems)
     return cfg, model, datasets
+
+
+def load_extra_models(args: argparse.Namespace, cfg: RunConfig, say: Any) -> list[str]:
+    """Load the CLIPs the methods load themselves (`Method.extra_models`: RLCF's reward model), each once per
+    process (`models.load_shared_model`, where the methods then find them), with the run's weight flags and
+    on the device the engine gives the run's model; returns one line per model that cannot be loaded."""
+    import torch
+
+    from ..datasets.folders import DATASETS
+    from ..engine import distributed
+    from ..engine.config import resolve_device
+    from ..methods import get_method_class, list_methods
+    from ..methods.base import effective_config
+    from ..models import ModelLoadError, load_shared_model
+    names = list_methods() if "all" in cfg.methods else cfg.methods
+    run_views = ({"n_views": cfg.views} if cfg.views is not None else {}) | ({"augmix": True} if cfg.augmix else {})
+    wanted: dict[tuple, tuple[str, str]] = {}
+    for dataset in dataset_names(args):
+        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
+        for name in names:
+            config = effective_config(name, cfg.protocol, canonical, cfg.precision, run_views,
+                                      **cfg.method_config.get(name, {}))
+            for extra in get_method_class(name).extra_models(config):
+                wanted.setdefault((extra.arch, extra.pretrained, extra.seed), (name, extra.settings))
+    device = resolve_device(cfg.device)
+    dist = distributed.context()
+    if dist.world_size > 1 and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    problems = []
+    for (arch, pretrained, seed), (method, settings) in wanted.items():
+        try:
+            say(f"shiftlab run: loading {arch} ({pretrained or 'random weights'}) for {method} ...")
+            load_shared_model(arch, pretrained, device=device, seed=seed, cache_dir=cfg.cache_dir,
+                              allow_download=cfg.download, trust_checkpoint=cfg.trust_checkpoint)
+        except ModelLoadError as exc:
+            problems.append(f"{method}: its model {arch} ({pretrained}): {one_line(exc)} (for {method}: {settings})")
+        except OSError as exc:
+            problems.append(f"{method}: downloading its model {arch}/{pretrained} failed ({one_line(exc)}); "
+                            f"put the weights in the cache or choose others ({settings})")
+    return problems
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     mta,
     onzeta,
     prompt_tuning,
+    rlcf,
     tda,
     tps,
     ttl,

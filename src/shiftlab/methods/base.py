@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,6 +41,15 @@ class MethodOutput:
 
     def probabilities(self) -> torch.Tensor:
         return self.probs if self.probs is not None else self.logits.float().softmax(-1)
+
+
+class ExtraModel(NamedTuple):
+    """A CLIP a method loads itself: `load_shared_model(arch, pretrained, seed=seed)`; `settings` says how to
+    choose another (e.g. "--set rlcf.reward_model=ARCH --set rlcf.reward_pretrained=TAG|FILE|hf-hub:ORG/REPO")."""
+    arch: str
+    pretrained: str | None
+    seed: int
+    settings: str
 
 
 @dataclass
@@ -77,6 +86,9 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
+    # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
+    # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
+    offline_config: dict[str, Any] = {}
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
@@ -98,6 +110,19 @@ class Method:
     def needed_views(cls, config: Any) -> int:
         """The fewest views (incl. the original) this method can use under `config`."""
         return cls.min_views
+
+    @classmethod
+    def extra_models(cls, config: Any) -> list[ExtraModel]:
+        """The CLIPs this method loads itself besides the run's model under `config` (RLCF's reward model),
+        for `models.load_shared_model`. `shiftlab run` loads them with the run's weight flags before any
+        work and refuses one that cannot be loaded."""
+        return []
+
+    def loaded_weights(self) -> dict[str, Any]:
+        """What decides this method's results besides its config and the run's model: the weights it
+        loaded itself (a checkpoint's SHA-256, or the digest of random weights), as JSON scalars. The run
+        identity records them beside the method's config, so a --resume with other weights is refused."""
+        return {}
 
     @property
     def view_recipe(self) -> ViewRecipe:

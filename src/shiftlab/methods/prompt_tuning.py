@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT.
+"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf.py).
 
 One shared recipe (TPT, Shu et al. 2022): learnable context vectors start from the
 embeddings of "a photo of a" for every image; the image tower is frozen, so the
@@ -118,6 +118,10 @@ class PromptTuning(Method):
         """Per-sample losses (B,) and per-sample extras {name: (B,) tensor}."""
         raise NotImplementedError
 
+    def on_selection(self, selected: torch.Tensor) -> None:
+        """The views the first step selected (B, k), once per tuning, before the first loss (RLCF encodes
+        them with its reward model here)."""
+
     def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Tuned class features (B, C, D) -> logits (B, C) and extras."""
         scale = self.model.logit_scale
@@ -147,6 +151,7 @@ class PromptTuning(Method):
             logits = logits.float()
             if selected is None:  # the authors select once, at the first step, and keep the views
                 selected = select_confident(logits.detach(), cfg.selection_ratio)   # (B, k)
+                self.on_selection(selected)
             chosen = torch.gather(logits, 1, selected.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
             losses, step_extras = self.loss(chosen, text.float())
             extras.setdefault("loss", losses.detach())

@@ -87,6 +87,8 @@ _OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         # TTL (Razaimam45/TTL-Test-Time-Low-Rank-Adaptation ttl.py:79, 222, 351): the LoRA step and the readout
         # under fp16 autocast, GradScaler(init_scale=1000); views as leaderboard. Mirrors TTL.protocols.
         "ttl": {"precision": "fp16"},
+        # mirrors RLCF.protocols (methods/rlcf.py): fp16 autocast + GradScaler(init_scale=1000), tpt_cls_rl.py:52,127
+        "rlcf": {"precision": "fp16"},
     },
 }
 

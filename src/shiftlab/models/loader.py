@@ -203,6 +203,37 @@ def _finish(clip: nn.Module, name: str, label: str | None, preprocess: dict[str,
     return model.to(device).eval()
 
 
+_SHARED: dict[tuple, ClipModel] = {}
+
+
+def _device_key(device: str | torch.device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def load_shared_model(name: str, pretrained: str | None, *, device: str | torch.device = "cpu", seed: int = 0,
+                      cache_dir: str | None = None, allow_download: bool = False,
+                      trust_checkpoint: bool = False) -> ClipModel:
+    """`load_model`, once per process for each (name, pretrained, random-weight seed, device): a CLIP that
+    a method loads besides the run's model (RLCF's reward model), frozen and in eval mode like every
+    model here. `shiftlab run` loads it first with the run's weight flags (--download, --cache-dir,
+    --trust-checkpoint), before any work, so that a missing one is refused there; the method then finds
+    it here. A checkpoint file is keyed by its path, size and modification time too, so a file replaced
+    on disk is read again."""
+    stamp = None
+    path = os.path.expanduser(str(pretrained).removeprefix("file:")) if pretrained is not None else ""
+    if os.path.isfile(path):
+        st = os.stat(path)
+        stamp = (st.st_size, st.st_mtime_ns)
+    key = (name, pretrained, seed if pretrained is None else None, stamp, _device_key(device))
+    if key not in _SHARED:
+        _SHARED[key] = load_model(name, pretrained, device=device, cache_dir=cache_dir, allow_download=allow_download,
+                                  trust_checkpoint=trust_checkpoint, seed=seed)
+    return _SHARED[key]
+
+
 def run_model_seed(config: Any) -> int:
     """The seed of a run's random weights: `config.model_seed`, else the run's `config.seed`."""
     seed = getattr(config, "model_seed", None)

@@ -3,7 +3,7 @@
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
                 "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
                 "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size"},
-     "methods": {name: effective config (dataclasses.asdict(method.config))},
+     "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
      "shiftlab": version}
 
 `--resume` continues a run only when the identity matches (`check_resume`), and otherwise
@@ -105,8 +105,12 @@ def jsonable(value: Any) -> Any:
 
 
 def method_config(method: Any) -> dict[str, Any]:
+    """A method's effective config and the weights it loaded itself (`Method.loaded_weights`: RLCF's reward
+    model), which decide its records as much as its config does."""
     cfg = getattr(method, "config", None)
-    return jsonable(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else {}
+    out = jsonable(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else {}
+    loaded = getattr(method, "loaded_weights", None)
+    return {**out, **jsonable(loaded())} if callable(loaded) else out
 
 
 def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], version: str) -> dict[str, Any]:
