@@ -21,8 +21,8 @@ from shiftlab.datasets.classes import imagenet_a_wnids
 from shiftlab.engine import suite as suite_runs
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
-from shiftlab.results.summary import summarize
 from shiftlab.results.published_suites import openai_sha256, sources, suite_rows, table_rows
+from shiftlab.results.summary import summarize
 from shiftlab.rundir import record_files, records
 
 
@@ -289,11 +289,11 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
 
 
 def test_every_suite_dataset_is_a_canonical_registered_name():
-    from shiftlab.datasets.folders import DATASETS
+    from shiftlab.datasets import DATASETS
 
     for suite in suites.SUITES.values():
         assert all(d in DATASETS and DATASETS.canonical(d) == d for d in suite.datasets), suite.name
-        assert set(suite.ood) <= set(suite.datasets) and all(d in suite_table.SHORT_NAMES for d in suite.datasets)
+        assert set(suite.ood) <= set(suite.datasets) and all(DATASETS.get(d).short for d in suite.datasets)
 
 
 # ------------------------------------------------ a suite continued with fewer datasets

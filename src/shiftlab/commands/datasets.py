@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def found_under(name: str, root: Path) -> str | None:
     """The folder `shiftlab run --dataset name --data root` would read, when one of its names is there."""
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     for dirname in sorted(DATASETS.get(name).dirnames, key=lambda d: -d.count("/")):
         if (root / dirname).is_dir():
             return str(root / dirname)
@@ -31,7 +31,7 @@ def found_under(name: str, root: Path) -> str | None:
 
 
 def dataset_rows(root: str | None) -> list[dict]:
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     rows = []
     for name in DATASETS.names():
         spec = DATASETS.get(name)
