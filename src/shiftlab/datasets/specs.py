@@ -16,11 +16,15 @@ from .classes import source_names, source_size, source_wnids
 
 __all__ = ["LAYOUTS", "COOP_DATASETS_MD", "DatasetSpec", "SplitLayout", "DATASETS", "list_datasets", "classnames"]
 
-# "wnid": class folders named by wnid, label = position in the class list; "index": folders 0..N-1,
-# label = int(folder); "any": any class folders (imagefolder); "split": a test split listed in a file
-# (datasets/splits.py). CLIP_benchmark's webdataset shards and Hugging Face tables of a "wnid" or
-# "index" dataset are read too (datasets/build.py looks at what the folder holds).
-LAYOUTS = ("wnid", "index", "any", "split")
+# Each layout with how `shiftlab datasets` describes it; datasets/build.py picks the loader by it (and,
+# for the class-folder layouts, reads CLIP_benchmark's webdataset shards or a Hugging Face table instead
+# when the folder holds one).
+LAYOUTS = {
+    "wnid": "one folder per class named by wnid: <wnid>/*.JPEG",            # label = place in the class list
+    "index": "one folder per class named 0..999: <index>/*.jpeg",           # label = int(folder)
+    "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",  # datasets/splits.py
+    "any": "one folder per class (names sorted; --classnames FILE for CLIP names)",   # imagefolder
+}
 COOP_DATASETS_MD = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
 
 
