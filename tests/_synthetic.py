@@ -61,13 +61,13 @@ def make_split_dataset(root: str | Path, name: str, layout: str = "coop", split_
     """
     import json
 
-    from shiftlab.datasets.folders import DATASETS
+    from shiftlab.datasets import DATASETS
     spec = DATASETS.get(name)
     image_dir = Path(root) / SPLIT_LAYOUTS[layout][spec.name]
     n, size = spec.num_classes, spec.split.test_size
     if spec.split.split_file is None:  # FGVCAircraft: images/<id>.jpg listed in images_variant_test.txt
-        from shiftlab.datasets.crossdataset import crossdataset_classnames
-        names = crossdataset_classnames(spec.name)
+        from shiftlab.datasets import classnames
+        names = classnames(spec.name)
         listed = [(f"images/{1000000 + k}.jpg", k % n) for k in range(size)]
         image_dir.mkdir(parents=True, exist_ok=True)
         (image_dir / "images_variant_test.txt").write_text(

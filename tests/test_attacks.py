@@ -20,7 +20,7 @@ from shiftlab.attacks import (
     register_attack,
 )
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.engine.step import Evaluator

@@ -195,7 +195,7 @@ def test_bench_without_baseline_and_table_output(capsys):
 
 @pytest.mark.slow
 def test_bench_reads_the_first_images_of_a_dataset(tiny_model, tmp_path):
-    from shiftlab.datasets.folders import build_dataset
+    from shiftlab.datasets import build_dataset
     from shiftlab.synthetic import make_imagenet_r
     dataset = build_dataset("imagenet-r", make_imagenet_r(tmp_path, classes=[0, 1, 2], size=(96, 80)))
     result = run_bench(tiny_model, dataset.classnames, BenchConfig(

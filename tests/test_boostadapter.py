@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.boostadapter import boosted_cache, fifo_update

@@ -364,7 +364,7 @@ def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_pa
     (tmp_path / "imagenet-rendition" / "imagenet-r").mkdir(parents=True)
     assert cli_main(["datasets", "--data", str(tmp_path), "--json"]) == 0
     rows = {r["name"]: r for r in _json.loads(capsys.readouterr().out)}
-    from shiftlab.datasets.folders import list_datasets
+    from shiftlab.datasets import list_datasets
     assert set(rows) == set(list_datasets())
     assert rows["flowers102"]["found"] == str(tmp_path / "oxford_flowers")
     assert "flowers" in rows["flowers102"]["aliases"]

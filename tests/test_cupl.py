@@ -232,8 +232,7 @@ def _sentences(dataset: str, classnames: list[str]) -> dict[str, list[str]]:
 
 def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monkeypatch):
     from _synthetic import make_split_dataset
-    from shiftlab.datasets import suites
-    from shiftlab.datasets.folders import build_dataset
+    from shiftlab.datasets import build_dataset, suites
     from shiftlab.datasets.settings import templates
     from shiftlab.engine import suite as suite_runs
     from shiftlab.engine.config import RunConfig

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from _synthetic import make_imagenet_r, make_split_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.datasets.classes import load_templates
-from shiftlab.datasets.folders import build_dataset
 from shiftlab.datasets.settings import method_settings
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run

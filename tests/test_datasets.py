@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from _synthetic import SPLIT_LAYOUTS, make_image_folder, make_imagenet_r, make_split_dataset
+from shiftlab.datasets import DATASETS, DatasetError, build_dataset, classnames, list_datasets
 from shiftlab.datasets.classes import (
     classnames_for_wnids,
     imagenet_a_wnids,
@@ -20,8 +21,6 @@ from shiftlab.datasets.classes import (
     imagenet_wnids,
     load_templates,
 )
-from shiftlab.datasets.crossdataset import crossdataset_classnames
-from shiftlab.datasets.folders import DATASETS, DatasetError, build_dataset, list_datasets
 
 # ----------------------------------------------------------------------------------- class table
 
@@ -298,7 +297,7 @@ def test_every_cross_dataset_set_is_registered_with_coop_sizes():
     for name in CROSS:
         spec = DATASETS[name]
         assert (spec.num_classes, spec.split.test_size) == SIZES[name]
-        assert len(crossdataset_classnames(name)) == spec.num_classes
+        assert len(classnames(name)) == SIZES[name][0]
 
 
 @pytest.mark.parametrize("name, layout", [(n, lay) for lay in SPLIT_LAYOUTS for n in CROSS if n in SPLIT_LAYOUTS[lay]])
@@ -557,7 +556,7 @@ def test_paper_protocol_layers_the_per_dataset_settings():
 
 
 def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
-    from shiftlab.datasets.folders import DatasetError, build_dataset
+    from shiftlab.datasets import DatasetError, build_dataset
     root = tmp_path / "imagenet-val"
     root.mkdir()
     for i in range(1, 4):
@@ -568,7 +567,7 @@ def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):
 
 def test_dataset_root_template_is_expanded_per_dataset(tmp_path):
     # CLIP_benchmark's --dataset_root 'DIR/{dataset}': the dataset's own name, an alias, or '_' for '-'
-    from shiftlab.datasets.folders import build_dataset, expand_root
+    from shiftlab.datasets import build_dataset, expand_root
     from shiftlab.synthetic import make_imagenet_r
     folder = make_imagenet_r(tmp_path / "imagenet_r", classes=[0, 1])    # DIR/imagenet_r/imagenet-r/<wnid>
     ds = build_dataset("imagenet-r", str(tmp_path / "{dataset}"))

@@ -22,7 +22,7 @@ import torch
 
 from _runs import comparable as _strip
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine import distributed, planning
 from shiftlab.engine import loop as engine
 from shiftlab.engine.config import RunConfig

@@ -16,15 +16,15 @@ import pytest
 
 from _synthetic import make_imagenet_r
 from shiftlab.commands import download as download_command
-from shiftlab.datasets.download import (
+from shiftlab.datasets import (
     ChecksumError,
     DownloadError,
     UnsafeArchiveError,
+    build_dataset,
     download_dataset,
     download_file,
     safe_extract,
 )
-from shiftlab.datasets.folders import build_dataset
 
 PAYLOAD = bytes(range(256)) * 4000  # 1 MB, position-dependent content so misplaced bytes are caught
 

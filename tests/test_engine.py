@@ -15,7 +15,7 @@ import torch
 
 from _runs import comparable as _strip
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.datasets.imageio import decode_image
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.base import get_method_class, list_methods

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.datasets.imageio import decode_image
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run

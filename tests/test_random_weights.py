@@ -17,7 +17,7 @@ import torch
 import shiftlab
 from _runs import comparable
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine import config, distributed
 from shiftlab.engine import loop as engine
 from shiftlab.engine.distributed import DistContext

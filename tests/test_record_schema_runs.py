@@ -15,7 +15,7 @@ import torch
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
 from shiftlab.engine.step import Evaluator

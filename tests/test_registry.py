@@ -12,8 +12,8 @@ import torch
 import shiftlab
 from shiftlab import params
 from shiftlab.commands.checks import method_override
+from shiftlab.datasets import DATASETS
 from shiftlab.datasets.classes import classnames_for_wnids, imagenet_r_wnids
-from shiftlab.datasets.folders import DATASETS
 from shiftlab.methods.base import effective_config, get_method_class, make_config
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.protocols import PROTOCOLS
@@ -114,7 +114,7 @@ def test_list_methods_by_kind():
 
 def test_unknown_names_read_as_one_plain_line():
     from shiftlab.attacks import build_attack
-    from shiftlab.datasets.folders import DatasetError, build_dataset
+    from shiftlab.datasets import DatasetError, build_dataset
     with pytest.raises(KeyError) as info:
         get_method_class("nope")
     assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
@@ -123,7 +123,7 @@ def test_unknown_names_read_as_one_plain_line():
     assert str(info.value) == "unknown attack 'fgsm'; known: none, pgd"
     with pytest.raises(DatasetError) as info:
         build_dataset("nope", ".")
-    from shiftlab.datasets.folders import list_datasets
+    from shiftlab.datasets import list_datasets
     assert str(info.value) == f"unknown dataset 'nope'; known: {', '.join(list_datasets())}"
     assert "imagenet-r" in list_datasets() and "flowers102" in list_datasets()
 
@@ -154,7 +154,7 @@ def test_registry_aliases_filters_and_duplicates():
 
 
 def test_unknown_names_suggest_the_closest_registered_name():
-    from shiftlab.datasets.folders import DatasetError, build_dataset
+    from shiftlab.datasets import DatasetError, build_dataset
     with pytest.raises(DatasetError, match=r"^unknown dataset 'imagenet-rr' \(did you mean 'imagenet-r'\?\); known: "):
         build_dataset("imagenet-rr", ".")
     with pytest.raises(KeyError, match=r"unknown method 'TDAA' \(did you mean 'tda'\?\)"):

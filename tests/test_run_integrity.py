@@ -21,7 +21,7 @@ import shiftlab
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
 from shiftlab.cli import main as cli_main
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.rundir import identity, record_files, records

@@ -17,7 +17,7 @@ import torch
 
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
-from shiftlab.datasets.folders import build_dataset
+from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.results import metrics

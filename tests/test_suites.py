@@ -289,11 +289,11 @@ def test_vit_b16_runs_end_to_end_and_loads_from_an_openai_state_dict(tmp_path):
 
 
 def test_every_suite_dataset_is_a_canonical_registered_name():
-    from shiftlab.datasets.folders import DATASETS
+    from shiftlab.datasets import DATASETS
 
     for suite in suites.SUITES.values():
         assert all(d in DATASETS and DATASETS.canonical(d) == d for d in suite.datasets), suite.name
-        assert set(suite.ood) <= set(suite.datasets) and all(d in suite_table.SHORT_NAMES for d in suite.datasets)
+        assert set(suite.ood) <= set(suite.datasets) and all(DATASETS.get(d).short for d in suite.datasets)
 
 
 # ------------------------------------------------ a suite continued with fewer datasets

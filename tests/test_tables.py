@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shiftlab
-from shiftlab.datasets.folders import DatasetError, build_dataset
+from shiftlab.datasets import DatasetError, build_dataset
 from shiftlab.synthetic import random_image
 
 pa = pytest.importorskip("pyarrow")

@@ -142,7 +142,7 @@ def test_no_view_below_the_entropy_bound_means_no_step(vit):
 
 @pytest.mark.slow
 def test_a_run_with_a_feature_store_decodes_ttls_samples(tmp_path, vit):
-    from shiftlab.datasets.folders import build_dataset
+    from shiftlab.datasets import build_dataset
     from shiftlab.engine.config import RunConfig
     from shiftlab.engine.loop import run
     from shiftlab.rundir import record_files

@@ -25,7 +25,7 @@ def record(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = make_imagenet_r(out / "data", classes=range(0, 200, 200 // N_IMAGES), size=(96, 80))
     cupl = out / "cupl.json"   # a stand-in for CuPL's descriptions, which the paper recipes of DMN-ZS and DPE read
-    from shiftlab.datasets.names import classnames
+    from shiftlab.datasets import classnames
     names = classnames("imagenet-r")
     cupl.write_text(json.dumps({c: [f"a {c} seen up close.", f"a drawing of a {c}."] for c in names}))
     for protocol in PROTOCOLS:

@@ -19,15 +19,17 @@ _EXPORTS = {
     "predict": "methods",
     "Prediction": "methods.prediction",
     "classnames": "datasets",
+    "build_dataset": "datasets",
     "ClassHeads": "methods.context",
     "SampleContext": "methods.context",
     "FeatureStore": "rundir.feature_store",
 }
 __all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "predict", "Prediction",
-           "classnames", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
+           "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
 
 if TYPE_CHECKING:
-    from .datasets.names import classnames
+    from .datasets.build import build_dataset
+    from .datasets.specs import classnames
     from .methods.api import predict
     from .methods.base import create_method, list_methods
     from .methods.context import ClassHeads, SampleContext

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     source = None
     classnames = bench_classnames(args.classes)
     if args.data:
-        from ..datasets.folders import build_dataset
+        from ..datasets.build import build_dataset
         source = build_dataset(args.dataset, args.data)
         classnames = source.classnames
     pretrained = None if str(args.pretrained).lower() in ("none", "random") else args.pretrained

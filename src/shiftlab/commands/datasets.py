@@ -6,13 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-LAYOUTS = {
-    "wnid": "one folder per class named by wnid: <wnid>/*.JPEG",
-    "index": "one folder per class named 0..999: <index>/*.jpeg",
-    "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",
-    "any": "one folder per class (names sorted; --classnames FILE for CLIP names)",
-}
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("datasets", help="list dataset names, aliases, layouts, downloads and what --data holds")
@@ -23,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def found_under(name: str, root: Path) -> str | None:
     """The folder `shiftlab run --dataset name --data root` would read, when one of its names is there."""
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     for dirname in sorted(DATASETS.get(name).dirnames, key=lambda d: -d.count("/")):
         if (root / dirname).is_dir():
             return str(root / dirname)
@@ -31,7 +24,7 @@ def found_under(name: str, root: Path) -> str | None:
 
 
 def dataset_rows(root: str | None) -> list[dict]:
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS, LAYOUTS
     rows = []
     for name in DATASETS.names():
         spec = DATASETS.get(name)

@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..datasets.folders import build_dataset
+    from ..datasets.build import build_dataset
     from ..engine.config import RunConfig, expand_methods
     from ..engine.loop import run as run_engine
     from ..methods import get_method_class

@@ -14,7 +14,7 @@ class _Downloadable(Sequence):
     for `shiftlab --help` must not import the dataset package (urllib, tqdm, ...)."""
 
     def _names(self) -> list[str]:
-        from ..datasets.folders import DATASETS
+        from ..datasets.specs import DATASETS
         return sorted(name for name, spec in DATASETS.items() if spec.dirnames)
 
     def __getitem__(self, index):  # type: ignore[override]
@@ -52,8 +52,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..datasets.download import DownloadError, download_dataset
-    from ..datasets.folders import DatasetError, build_dataset
+    from ..datasets.base import DatasetError
+    from ..datasets.build import build_dataset
+    from ..datasets.fetch import DownloadError
+    from ..datasets.install import download_dataset
     try:
         path = download_dataset(args.dataset, args.root, url=args.url, sha256=args.sha256, size=args.size,
                                 progress=not args.no_progress, keep_archive=args.keep_archive)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import checks
 
 if TYPE_CHECKING:
-    from ..datasets.folders import FolderDataset
+    from ..datasets.base import FolderDataset
     from ..engine.config import RunConfig
     from ..models import ClipModel
 
@@ -112,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                    "steps": args.steps, "random_start": args.random_start, "quantize": args.quantize}
     pretrained = None if _random_weights(args) else args.pretrained
     methods = args.methods if isinstance(args.methods, list) else checks.method_names(args.methods)
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
     return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
                      methods=list(methods), method_config=checks.method_config(args.method_config),
@@ -157,8 +157,8 @@ def _missing_dirs(path: Path) -> list[Path]:
 
 def _download_dataset(name: str, root: str, classnames: list[str] | None) -> FolderDataset:
     """Download then build a dataset; a failed download leaves no empty folders behind."""
-    from ..datasets.download import download_dataset
-    from ..datasets.folders import build_dataset, expand_root
+    from ..datasets.build import build_dataset, expand_root
+    from ..datasets.install import download_dataset
     root = str(expand_root(root, name))
     created = _missing_dirs(Path(root).expanduser())
     try:
@@ -176,7 +176,8 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
 def unknown_dataset(args: argparse.Namespace) -> str | None:
     """An unknown --dataset or --datasets name as one line, or None: said before torch is imported and
     the model loaded (the dataset registry is data)."""
-    from ..datasets.folders import DATASETS, DatasetError
+    from ..datasets.base import DatasetError
+    from ..datasets.specs import DATASETS
     for name in dataset_names(args):
         try:
             DATASETS.canonical(name)
@@ -206,8 +207,8 @@ def dataset_names(args: argparse.Namespace) -> list[str]:
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
-    from ..datasets.crossdataset import SplitFileMissing
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
+    from ..datasets.splits import SplitFileMissing
     if name not in DATASETS or isinstance(exc, SplitFileMissing):
         return ""
     spec = DATASETS.get(name)
@@ -229,8 +230,9 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
     and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
     # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
-    from ..datasets.download import DownloadError
-    from ..datasets.folders import DatasetError, build_dataset
+    from ..datasets.base import DatasetError
+    from ..datasets.build import build_dataset
+    from ..datasets.fetch import DownloadError
     from ..engine.config import resolve_device
     from ..models import ModelLoadError, load_run_model
 
@@ -282,7 +284,7 @@ def load_extra_models(args: argparse.Namespace, cfg: RunConfig, say: Any) -> lis
     on the device the engine gives the run's model; returns one line per model that cannot be loaded."""
     import torch
 
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     from ..engine import distributed
     from ..engine.config import resolve_device
     from ..methods import get_method_class, list_methods

@@ -65,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _defaults(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     from ..methods.base import effective_config
     canonical = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else None
     run_views = ({"n_views": args.views} if args.views is not None else {}) | ({"augmix": True} if args.augmix else {})

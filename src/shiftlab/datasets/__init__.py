@@ -1,4 +1,7 @@
-"""Data layer: the ImageNet class table, folder datasets, and download + safe extraction."""
+"""Data layer: every dataset's spec (specs.py), the one builder (build.py) and its loaders per layout
+(folders, splits, shards, tables), class names, downloads (fetch, extract, install), suites."""
+from .base import IMAGE_EXTENSIONS, MAX_EMPTY_FRACTION, DatasetError, FolderDataset
+from .build import build_dataset, expand_root, find_dataset_dir
 from .classes import (
                       classnames_for_wnids,
                       imagenet_a_wnids,
@@ -8,27 +11,19 @@ from .classes import (
                       imagenet_wnids,
                       load_templates,
 )
-from .crossdataset import CROSS_DATASETS, SplitFileMissing, crossdataset_classnames
-from .download import ChecksumError, DownloadError, UnsafeArchiveError, download_dataset, download_file, safe_extract
-from .folders import (
-                      DATASETS,
-                      IMAGE_EXTENSIONS,
-                      MAX_EMPTY_FRACTION,
-                      DatasetError,
-                      DatasetSpec,
-                      FolderDataset,
-                      build_dataset,
-                      find_dataset_dir,
-                      list_datasets,
-)
-from .names import classnames
+from .extract import UnsafeArchiveError, safe_extract
+from .fetch import ChecksumError, DownloadError, download_file
+from .install import download_dataset
 from .settings import cupl_file_name, method_settings, setting_source, templates, view_settings
+from .specs import DATASETS, DatasetSpec, SplitLayout, classnames, list_datasets
+from .splits import SplitFileMissing
 
 __all__ = [
     "classnames", "cupl_file_name", "method_settings", "setting_source", "templates", "view_settings",
-    "CROSS_DATASETS", "SplitFileMissing", "crossdataset_classnames",
+    "SplitFileMissing", "SplitLayout",
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",
     "download_dataset", "download_file", "safe_extract", "DATASETS", "IMAGE_EXTENSIONS", "DatasetError",
-    "DatasetSpec", "FolderDataset", "MAX_EMPTY_FRACTION", "build_dataset", "find_dataset_dir", "list_datasets",
+    "DatasetSpec", "FolderDataset", "MAX_EMPTY_FRACTION", "build_dataset", "expand_root", "find_dataset_dir",
+    "list_datasets",
 ]

@@ -1,9 +1,16 @@
-"""The ImageNet class table shipped with shiftlab (data/imagenet_classes.tsv) and CLIP's templates.
+"""The class tables shipped with shiftlab (``data/``) and CLIP's templates.
 
-The table lists the 1000 ImageNet-1k classes in their standard index order (which is also the
-sorted order of their WordNet ids), each with CLIP's cleaned class name (identical to
-``open_clip.IMAGENET_CLASSNAMES``) and whether the class is one of the 200 of ImageNet-R / ImageNet-A.
-Reading it from the package (not from open_clip) keeps the data layer importable without torch.
+A dataset names where its class names are (``DatasetSpec.classes``), as a file under ``data/``:
+
+- ``imagenet_classes.tsv``: the 1000 ImageNet-1k classes in their standard index order (which is
+  also the sorted order of their WordNet ids), each with CLIP's cleaned class name (identical to
+  ``open_clip.IMAGENET_CLASSNAMES``) and whether it is one of the 200 of ImageNet-R / ImageNet-A;
+  ``imagenet_classes.tsv:<column>`` is the rows marked 1 in that column (ImageNet-R's 200), in order.
+  These datasets have wnids (their class folders' names);
+- ``classes/<name>.txt``: one class name per line in label order (``#`` lines are comments naming the
+  source), ``_`` read as a space as the methods' code does.
+
+Reading them from the package (not from open_clip) keeps the data layer importable without torch.
 """
 from __future__ import annotations
 
@@ -15,7 +22,8 @@ from typing import NamedTuple
 
 __all__ = [
     "ClassRow", "imagenet_classes", "imagenet_wnids", "imagenet_classnames", "imagenet_r_wnids",
-    "imagenet_a_wnids", "classnames_for_wnids", "load_templates",
+    "imagenet_a_wnids", "classnames_for_wnids", "load_templates", "source_wnids", "source_names", "source_size",
+    "raw_names",
 ]
 
 _TABLE = "imagenet_classes.tsv"
@@ -41,9 +49,10 @@ def _rows() -> tuple[ClassRow, ...]:
         ClassRow(int(r["index"]), r["wnid"], r["name"], r["in_imagenet_r"] == "1", r["in_imagenet_a"] == "1")
         for r in reader
     )
-    # A broken table would silently mislabel every sample, so fail loudly here instead.
-    if [r.index for r in rows] != list(range(1000)):
-        raise RuntimeError(f"shiftlab/data/{_TABLE} must list indices 0..999 in order")
+    # A broken table would silently mislabel every sample, so fail loudly here instead; a subset's labels
+    # are positions in table order, which is then the sorted order of its wnids (as the authors' loaders sort).
+    if [r.index for r in rows] != list(range(1000)) or [r.wnid for r in rows] != sorted(r.wnid for r in rows):
+        raise RuntimeError(f"shiftlab/data/{_TABLE} must list indices 0..999 in order, its wnids sorted")
     return rows
 
 
@@ -69,12 +78,12 @@ def imagenet_classnames() -> list[str]:
 
 def imagenet_r_wnids() -> list[str]:
     """The 200 ImageNet-R wnids, sorted; position in this list = ImageNet-R label."""
-    return sorted(r.wnid for r in _rows() if r.in_imagenet_r)
+    return [r.wnid for r in _rows() if r.in_imagenet_r]
 
 
 def imagenet_a_wnids() -> list[str]:
     """The 200 ImageNet-A wnids, sorted; position in this list = ImageNet-A label."""
-    return sorted(r.wnid for r in _rows() if r.in_imagenet_a)
+    return [r.wnid for r in _rows() if r.in_imagenet_a]
 
 
 def classnames_for_wnids(wnids: Iterable[str]) -> list[str]:
@@ -101,3 +110,54 @@ def _templates() -> tuple[str, ...]:
 def load_templates() -> list[str]:
     """CLIP's 80 ImageNet prompt templates, each with one ``{}`` placeholder for the class name."""
     return list(_templates())
+
+
+# --------------------------------------------------------------------- a dataset's class source
+
+def _split_source(source: str) -> tuple[str, str | None]:
+    file, _, column = source.partition(":")
+    return file, column or None
+
+
+def source_wnids(source: str) -> list[str] | None:
+    """The wnids of class source ``source`` in label order (see the module docstring), or None when its
+    classes have none (a ``.txt`` list)."""
+    file, column = _split_source(source)
+    if file != _TABLE:
+        return None
+    if column is None:
+        return imagenet_wnids()
+    if column not in ClassRow._fields or not column.startswith("in_"):
+        raise KeyError(f"{source}: {_TABLE} has no subset column {column!r}")
+    return [r.wnid for r in _rows() if getattr(r, column)]
+
+
+@functools.cache
+def _list_file(file: str) -> tuple[str, ...]:
+    if not file.endswith(".txt"):
+        raise KeyError(f"{file}: a class source is {_TABLE}[:column] or a .txt list under shiftlab/data")
+    lines = (line.strip() for line in _read_data_text(file).splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
+def raw_names(source: str) -> list[str]:
+    """The names of a ``.txt`` class source as written there (``_`` kept: a dataset's own files use them)."""
+    return list(_list_file(_split_source(source)[0]))
+
+
+@functools.cache
+def _source_names(source: str) -> tuple[str, ...]:
+    wnids = source_wnids(source)
+    if wnids is not None:
+        return tuple(classnames_for_wnids(wnids))
+    return tuple(name.replace("_", " ") for name in raw_names(source))
+
+
+def source_names(source: str) -> list[str]:
+    """The CLIP class names of class source ``source`` in label order."""
+    return list(_source_names(source))
+
+
+def source_size(source: str) -> int:
+    """How many classes class source ``source`` has."""
+    return len(_source_names(source))

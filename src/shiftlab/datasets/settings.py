@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from .classes import load_templates
-from .folders import DATASETS
+from .specs import DATASETS
 
 __all__ = ["method_settings", "view_settings", "templates", "setting_source", "cupl_file_name", "TEMPLATE_SOURCES"]
 

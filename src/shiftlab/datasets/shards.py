@@ -19,8 +19,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from .folders import IMAGE_EXTENSIONS, DatasetError, DatasetSpec, FolderDataset, format_listing
+from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing
 from .imageio import ImageDecodeError, decode_image_bytes
+from .specs import DatasetSpec
 
 CLASSNAMES_FILE = "classnames.txt"
 SPLITS = ("test", "val", "validation", "")

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
+from .specs import DATASETS
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,6 @@ def resolve_suite(suite: str | None, datasets: str | Sequence[str] | None) -> Su
             raise SuiteError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
         return SUITES[suite]
     names = [d.strip() for d in (datasets.split(",") if isinstance(datasets, str) else datasets or ()) if d.strip()]
-    from .folders import DATASETS
     names = [DATASETS.canonical(n) if n in DATASETS else n for n in names]  # R, imagenet_r, flowers -> canonical
     if not names:
         raise SuiteError("--datasets needs at least one dataset name, e.g. --datasets imagenet-r,imagenet-a")

@@ -18,8 +18,9 @@ from typing import Any
 
 from PIL import Image
 
-from .folders import DatasetError, DatasetSpec, FolderDataset
+from .base import DatasetError, FolderDataset
 from .imageio import ImageDecodeError, decode_image_bytes
+from .specs import DatasetSpec
 
 SPLIT_PREFERENCE = ("test", "validation", "val")
 

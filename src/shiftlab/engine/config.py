@@ -51,7 +51,7 @@ class RunConfig:
 
     def canonical_dataset(self) -> str | None:
         """The registry's name for `dataset` (the key of its per-dataset method settings); None if unknown."""
-        from ..datasets.folders import DATASETS
+        from ..datasets.specs import DATASETS
         return DATASETS.canonical(self.dataset) if self.dataset in DATASETS else None
 
     def settings(self) -> list[str]:
@@ -63,7 +63,7 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     --clean-and-robust, or a method whose effective config (defaults <- the protocol, with its values for
     each of `datasets` (default: the run's) <- --views/--augmix <- --set) is refused, e.g. MTA under
     --views 4. The CLI asks before it loads anything; `engine.loop.run` before it touches the run directory."""
-    from ..datasets.folders import DATASETS
+    from ..datasets.specs import DATASETS
     from ..methods.base import effective_config
     names = expand_methods(config.methods)
     online = [n for n in names if not get_method_class(n).episodic]

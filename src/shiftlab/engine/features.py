@@ -71,7 +71,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     Returns {"samples", "stored_before", "encoded", "errors"}."""
     from torch.utils.data import DataLoader
 
-    from ..datasets.folders import build_dataset
+    from ..datasets.build import build_dataset
     from ..methods.base import get_method_class
     from ..models import load_run_model
     from ..rundir import identity

@@ -60,7 +60,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
-    from ..datasets.folders import build_dataset
+    from ..datasets.build import build_dataset
 
     hooks = hooks or RunHooks()
     dist = distributed.context()

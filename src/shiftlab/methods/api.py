@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..datasets.names import classnames
+from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
 from .base import create_method
 from .prediction import Prediction

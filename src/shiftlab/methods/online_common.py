@@ -67,8 +67,8 @@ def dataset_cupl_file(path: str, dataset: str, field: str = "cupl_file") -> str:
     """`path` when it is a file; when it is a directory of CuPL's per-dataset files, the one DMN's code
     reads on `dataset` (its `ID_to_gptprompts_path` names, data/method_settings.json "cupl_files"). A
     one-line ValueError naming the directory, the dataset and the expected file when that is missing."""
-    from ..datasets.folders import DATASETS
     from ..datasets.settings import cupl_file_name
+    from ..datasets.specs import DATASETS
     if not os.path.isdir(os.path.expanduser(path)):
         return path
     expected = cupl_file_name(dataset) if dataset in DATASETS else None

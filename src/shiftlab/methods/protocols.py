@@ -126,8 +126,8 @@ def dataset_overrides(protocol: str, method: str, dataset: str | None) -> dict[s
     weight, TPT's AugMix on the fine-grained sets); {} under `leaderboard` or without a dataset."""
     if check_protocol(protocol) != "paper" or dataset is None:
         return {}
-    from ..datasets.folders import DATASETS
     from ..datasets.settings import method_settings, view_settings
+    from ..datasets.specs import DATASETS
     if dataset not in DATASETS:
         return {}
     out = method_settings(dataset, method)

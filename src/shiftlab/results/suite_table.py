@@ -8,26 +8,13 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ..datasets.specs import DATASETS
 from ..datasets.suites import Suite, SuiteError
-
-if TYPE_CHECKING:
-    pass
-
 
 SUITE_FILE = "suite.json"
 SUITE_MD = "suite.md"
 SUITE_CSV = "suite.csv"
-
-# Column headers as the papers print them.
-SHORT_NAMES = {
-    "imagenet": "ImageNet", "imagenet-a": "-A", "imagenet-v2": "-V2", "imagenet-r": "-R",
-    "imagenet-sketch": "-Sketch", "flowers102": "Flowers102", "dtd": "DTD", "oxford-pets": "Pets",
-    "stanford-cars": "Cars", "ucf101": "UCF101", "caltech101": "Caltech101", "food101": "Food101",
-    "sun397": "SUN397", "fgvc-aircraft": "Aircraft", "eurosat": "EuroSAT",
-}
-
 
 def dataset_dir(suite_dir: str | Path, dataset: str) -> Path:
     return Path(suite_dir) / dataset
@@ -143,7 +130,11 @@ def table_columns(table: dict) -> list[str]:
 
 
 def column_title(column: str) -> str:
-    return {"average": "Average", "ood_average": "OOD Average"}.get(column, SHORT_NAMES.get(column, column))
+    """A column's header as the papers print it: the dataset's `short` title (datasets/specs.py)."""
+    if column in ("average", "ood_average"):
+        return {"average": "Average", "ood_average": "OOD Average"}[column]
+    known = column in DATASETS and DATASETS.canonical(column) == column
+    return (DATASETS.get(column).short or column) if known else column
 
 
 def row_values(table: dict, method: str) -> list[float | None]:

@@ -1,9 +1,10 @@
-"""The ten cross-dataset sets of the TPT line of papers, with CoOp's test splits.
+"""The "split" layout: a test split listed in a file, as the ten cross-dataset sets of the TPT line of
+papers are read with CoOp's test splits (their entries: datasets/specs.py).
 
 Each set is read from CoOp's split file ``split_zhou_<Name>.json`` (``{"test": [[path, label,
 classname], ...], ...}``, paths relative to the set's image folder) except FGVCAircraft, whose test
-split is the dataset's own ``images_variant_test.txt``. Class names are TPT's lists
-(``data/crossdataset_classes.json``), indexed by the split's labels.
+split is the dataset's own ``images_variant_test.txt``. Class names are the spec's class file
+(TPT's lists), indexed by the split's labels.
 
 Where things are looked for (so that CoOp's, TPT's and CLIP_benchmark's folder layouts all work with
 just the data root):
@@ -21,122 +22,22 @@ Every test image must exist; missing ones are dropped, counted in ``warnings`` a
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path, PureWindowsPath
 
-from .folders import DATASETS, DatasetError, DatasetSpec, FolderDataset, format_listing, is_inside
+from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing, is_inside
+from .classes import raw_names
+from .specs import COOP_DATASETS_MD, DatasetSpec
 
-__all__ = ["SplitLayout", "SplitFileMissing", "CROSS_DATASETS", "build_split_dataset", "crossdataset_classnames"]
-
-_CLASSES_FILE = "crossdataset_classes.json"
-_COOP_DATASETS_MD = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
+__all__ = ["SplitFileMissing", "build_split_dataset", "dataset_dirs", "split_images_in"]
 
 
 class SplitFileMissing(DatasetError):
     """The images may be there, but CoOp's split file was not found."""
 
-
-@dataclass(frozen=True)
-class SplitLayout:
-    """Where a cross-dataset set's test split and images are.
-
-    ``split_file``: CoOp's split file name (None: FGVCAircraft's own ``images_variant_test.txt``);
-    ``image_dirs``: candidate image folders relative to the set's folder, the split's paths start
-    there; ``test_size``: the number of test images in CoOp's split (another count = another file).
-    """
-
-    split_file: str | None
-    image_dirs: tuple[str, ...]
-    test_size: int
-
-
-@functools.cache
-def _class_table() -> dict[str, tuple[str, ...]]:
-    text = resources.files("shiftlab").joinpath("data", _CLASSES_FILE).read_text(encoding="utf-8")
-    return {k: tuple(v) for k, v in json.loads(text).items() if not k.startswith("_")}
-
-
-def crossdataset_classnames(name: str) -> list[str]:
-    """The class names of a cross-dataset set in label order, '_' replaced by ' ' (as the methods' code does)."""
-    return [c.replace("_", " ") for c in _class_table()[DATASETS.canonical(name)]]
-
-
-def _vgg(path: str) -> str:
-    return f"https://www.robots.ox.ac.uk/~vgg/data/{path}"
-
-
-def _manual(what: str) -> str:
-    return (what + " Put the result so that {target} holds it (see docs/DATA.md for the layout), "
-            "and CoOp's split file next to it (" + _COOP_DATASETS_MD + ").")
-
-
-# (name, aliases, dirnames, layout, num_classes, url, archive_name, manual)
-CROSS_DATASETS: tuple[DatasetSpec, ...] = (
-    DatasetSpec("flowers102", 102, "split", ("oxford_flowers", "Flower102", "flowers", "flowers102"),
-                url=_vgg("flowers/102/102flowers.tgz"), archive_name="102flowers.tgz",
-                split=SplitLayout("split_zhou_OxfordFlowers.json", ("jpg", "flowers-102/jpg", ""), 2463)),
-    DatasetSpec("dtd", 47, "split", ("dtd", "DTD"),
-                url=_vgg("dtd/download/dtd-r1.0.1.tar.gz"), archive_name="dtd-r1.0.1.tar.gz",
-                split=SplitLayout("split_zhou_DescribableTextures.json",
-                                  ("images", "dtd/images", "dtd/dtd/images", ""), 1692)),
-    DatasetSpec("oxford-pets", 37, "split", ("oxford_pets", "OxfordPets", "pets"),
-                url=_vgg("pets/data/images.tar.gz"), archive_name="oxford_pets_images.tar.gz",
-                split=SplitLayout("split_zhou_OxfordPets.json", ("images", "oxford-iiit-pet/images", ""), 3669)),
-    DatasetSpec("stanford-cars", 196, "split", ("stanford_cars", "StanfordCars", "cars"),
-                manual=_manual("Stanford Cars' original download (ai.stanford.edu/~jkrause/cars) is offline; "
-                               "get cars_test/ (8,041 images) from a mirror such as Kaggle's "
-                               "'jessicali9530/stanford-cars-dataset'."),
-                split=SplitLayout("split_zhou_StanfordCars.json", ("", "stanford_cars"), 8041)),
-    DatasetSpec("ucf101", 101, "split", ("ucf101", "UCF101"),
-                manual=_manual("UCF101 is used as CoOp's middle frames of each video: download "
-                               "UCF-101-midframes.zip from the Google Drive link in CoOp's DATASETS.md and unzip it."),
-                split=SplitLayout("split_zhou_UCF101.json", ("UCF-101-midframes", ""), 3783)),
-    DatasetSpec("caltech101", 100, "split", ("caltech-101", "Caltech101", "caltech101"),
-                manual=_manual("Caltech101 is published as a zip holding another archive "
-                               "(data.caltech.edu/records/mzrjq-6wc02): extract 101_ObjectCategories.tar.gz from it."),
-                split=SplitLayout("split_zhou_Caltech101.json",
-                                  ("101_ObjectCategories", "caltech101/101_ObjectCategories", ""), 2465)),
-    DatasetSpec("food101", 101, "split", ("food-101", "Food101", "food101"),
-                url="http://data.vision.ee.ethz.ch/cvl/food-101.tar.gz", archive_name="food-101.tar.gz",
-                split=SplitLayout("split_zhou_Food101.json", ("images", "food-101/images", ""), 30300)),
-    DatasetSpec("sun397", 397, "split", ("sun397", "SUN397"),
-                url="http://vision.princeton.edu/projects/2010/SUN/SUN397.tar.gz", archive_name="SUN397.tar.gz",
-                split=SplitLayout("split_zhou_SUN397.json", ("SUN397", ""), 19850)),
-    DatasetSpec("fgvc-aircraft", 100, "split", ("fgvc_aircraft", "fgvc-aircraft-2013b/data", "fgvc-aircraft"),
-                url=_vgg("fgvc-aircraft/archives/fgvc-aircraft-2013b.tar.gz"),
-                archive_name="fgvc-aircraft-2013b.tar.gz",
-                split=SplitLayout(None, ("", "fgvc-aircraft-2013b/data", "data"), 3333)),
-    DatasetSpec("eurosat", 10, "split", ("eurosat", "EuroSAT"),
-                url="https://huggingface.co/datasets/torchgeo/eurosat/resolve/"
-                    "c877bcd43f099cd0196738f714544e355477f3fd/EuroSAT.zip", archive_name="EuroSAT.zip",
-                split=SplitLayout("split_zhou_EuroSAT.json", ("2750", "eurosat/2750", ""), 8100)),
-)
-
-# CLIP_benchmark's and TPT's names (and CoOp's class names) for the same sets; '_' and '-' are one.
-_ALIASES = {
-    "flowers102": ("flowers", "flower102", "oxford-flowers", "oxfordflowers", "flowers-102"),
-    "dtd": ("describabletextures", "describable-textures"),
-    "oxford-pets": ("pets", "oxfordpets", "oxford-iiit-pet"),
-    "stanford-cars": ("cars", "stanfordcars"),
-    "ucf101": ("ucf-101",),
-    "caltech101": ("caltech-101",),
-    "food101": ("food-101",),
-    "sun397": ("sun-397",),
-    "fgvc-aircraft": ("aircraft", "fgvcaircraft"),
-    "eurosat": ("euro-sat",),
-}
-
-for _spec in CROSS_DATASETS:
-    DATASETS.register(_spec.name, _spec, aliases=_ALIASES[_spec.name])
-
-
-# ------------------------------------------------------------------------------------------ building
 
 def _existing(paths: Sequence[Path]) -> list[Path]:
     seen, out = set(), []
@@ -150,6 +51,18 @@ def _existing(paths: Sequence[Path]) -> list[Path]:
 def dataset_dirs(spec: DatasetSpec, root: Path) -> list[Path]:
     """Existing candidate folders of the set: ``root/<dirname>`` for each dirname, then ``root`` itself."""
     return _existing([root / d for d in spec.dirnames] + [root])
+
+
+def split_images_in(spec: DatasetSpec, folder: Path) -> bool:
+    """Whether one of the set's candidate image folders under ``folder`` holds at least one image."""
+    for base in dataset_dirs(spec, folder):
+        for sub in spec.split.image_dirs:
+            candidate = base / sub if sub else base
+            if sub and candidate.is_dir():
+                for _dirpath, _dirs, files in os.walk(candidate):
+                    if any(os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS for f in files):
+                        return True
+    return False
 
 
 def split_file_places(spec: DatasetSpec, root: Path, extra: Sequence[Path] = ()) -> list[Path]:
@@ -167,7 +80,7 @@ def _find_split_file(spec: DatasetSpec, root: Path, extra: Sequence[Path] = ()) 
     target = root / spec.dirnames[0]
     raise SplitFileMissing(
         f"{spec.name}: CoOp's split file {spec.split.split_file} was not found (looked in "
-        f"{', '.join(str(p) for p in places) or root}); download it from the link in {_COOP_DATASETS_MD} "
+        f"{', '.join(str(p) for p in places) or root}); download it from the link in {COOP_DATASETS_MD} "
         f"and put it in {target}/ or {root}/")
 
 
@@ -201,9 +114,10 @@ def _read_aircraft_split(data_dir: Path, spec: DatasetSpec, classnames: Sequence
 
 
 def _check_test_split(spec: DatasetSpec, samples: list[tuple[str, int]], path: Path) -> None:
-    bad = [label for _, label in samples if not 0 <= label < spec.num_classes]
+    n = spec.num_classes
+    bad = [label for _, label in samples if not 0 <= label < n]
     if bad:
-        raise DatasetError(f"{spec.name}: {path} has labels outside 0..{spec.num_classes - 1}: {format_listing(bad)}")
+        raise DatasetError(f"{spec.name}: {path} has labels outside 0..{n - 1}: {format_listing(bad)}")
     if len(samples) != spec.split.test_size:
         raise DatasetError(f"{spec.name}: {path} lists {len(samples)} test images, CoOp's test split has "
                            f"{spec.split.test_size}; is it the right file?")
@@ -255,11 +169,11 @@ def build_split_dataset(spec: DatasetSpec, root: str | os.PathLike, classnames: 
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         raise DatasetError(f"{spec.name} root {what}: {root}")
-    default_names = crossdataset_classnames(spec.name)
+    default_names = spec.classnames()
     if spec.split.split_file is None:  # FGVCAircraft: its own test list, next to images/
         image_dir = _find_image_dir(spec, root, "images_variant_test.txt", "FGVCAircraft's test list")
         split_path = image_dir / "images_variant_test.txt"
-        listed = _read_aircraft_split(image_dir, spec, _class_table()[spec.name])
+        listed = _read_aircraft_split(image_dir, spec, raw_names(spec.classes))
     else:
         split_path = _find_split_file(spec, root, split_places)
         listed = _read_split(split_path, spec)

@@ -1,0 +1,84 @@
+"""What every loader returns and shares: `FolderDataset` (a sorted sample list that answers `image(i)`),
+`DatasetError`, the image extensions, the rule for what a dataset may read (`is_inside`) and how a
+long list is shortened in a message (`format_listing`)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .imageio import decode_image
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+__all__ = ["IMAGE_EXTENSIONS", "MAX_EMPTY_FRACTION", "DatasetError", "FolderDataset", "format_listing", "is_inside"]
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+MAX_EMPTY_FRACTION = 0.05  # more empty classes than this: refused by `shiftlab run` unless --allow-partial
+_MAX_LISTED = 10
+
+
+class DatasetError(ValueError):
+    """The dataset folder is missing or does not have the expected layout."""
+
+
+def format_listing(items: Sequence[Any]) -> str:
+    """The first few items, and how many there are: 'a, b, c (3)' or 'a, ..., j, ... (25 in total)'."""
+    shown = ", ".join(str(item) for item in items[:_MAX_LISTED])
+    return shown + (f", ... ({len(items)} in total)" if len(items) > _MAX_LISTED else f" ({len(items)})")
+
+
+def is_inside(root_real: str, path_real: str) -> bool:
+    """Whether ``path_real`` is ``root_real`` or below it (both already ``os.path.realpath``'d):
+    the one rule for what a dataset may read, used by the folder scan and by split files."""
+    return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+@dataclass
+class FolderDataset:
+    root: Path  # the dataset folder itself (after resolving a parent root)
+    samples: list[tuple[str, int]]  # (relative posix path, label), sorted by path
+    classnames: list[str]  # label -> CLIP class name
+    wnids: list[str] | None  # label -> wnid (None for imagefolder)
+    name: str
+    warnings: list[str] = field(default_factory=list)
+    empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
+    missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def path(self, i: int) -> Path:
+        return self.root / self.samples[i][0]
+
+    def image(self, i: int) -> Image.Image:
+        """Sample i decoded to RGB (shiftlab.datasets.imageio: an undecodable file raises ImageDecodeError)."""
+        return decode_image(self.path(i))
+
+    def label(self, i: int) -> int:
+        return self.samples[i][1]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)
+
+    @property
+    def labels(self) -> list[int]:
+        return [label for _, label in self.samples]
+
+    def require_complete(self, max_empty_fraction: float = MAX_EMPTY_FRACTION) -> None:
+        """Raise ``DatasetError`` when more than ``max_empty_fraction`` of the classes have no sample:
+        a partly copied or extracted dataset would otherwise score as if it were the real one."""
+        if len(self.empty_classes) > max_empty_fraction * self.num_classes:
+            share = len(self.empty_classes) / self.num_classes
+            raise DatasetError(
+                f"{self.name}: {len(self.empty_classes)} of {self.num_classes} classes ({share:.0%}) have no images "
+                f"in {self.root} (more than {max_empty_fraction:.0%}): {format_listing(self.empty_classes)}")
+        listed = len(self.samples) + self.missing_samples
+        if self.missing_samples > max_empty_fraction * listed:
+            raise DatasetError(
+                f"{self.name}: {self.missing_samples} of the {listed} test images listed in its split are missing "
+                f"from {self.root} ({self.missing_samples / listed:.0%}, more than {max_empty_fraction:.0%})")

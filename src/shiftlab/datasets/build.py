@@ -1,0 +1,81 @@
+"""`build_dataset(name, root)`: the one builder. It finds the dataset's folder under `root` and picks
+the loader by the dataset's layout (datasets/specs.py) and what the folder holds:
+
+- layout ``split``: the test split listed in a file (datasets/splits.py);
+- otherwise CLIP_benchmark's webdataset shards (datasets/shards.py) or a Hugging Face parquet /
+  save_to_disk table (datasets/tables.py) when the folder holds them, else its class folders
+  (datasets/folders.py).
+
+``root`` may be the dataset folder itself (``.../imagenet-r``) or its parent; the parent form is
+used when ``root`` contains one of the dataset's folder names (``DatasetSpec.dirnames``, e.g.
+``imagenet-r/``; for ImageNet-V2 also the archive's ``imagenetv2-matched-frequency-format-val/``)
+or the hub's ``wds_<name>``. Every loader returns a ``FolderDataset`` (sorted samples: a sample's
+index is its id in every run) that answers ``image(i)``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .base import DatasetError, FolderDataset
+from .folders import build_folder_dataset
+from .shards import build_shard_dataset, shard_dir
+from .specs import DATASETS
+from .splits import build_split_dataset
+from .tables import build_table_dataset, table_files
+
+__all__ = ["build_dataset", "find_dataset_dir", "expand_root"]
+
+# what a folder may hold besides class folders: (its test, its loader), tried in order
+_HUB_LOADERS = ((shard_dir, build_shard_dataset), (table_files, build_table_dataset))
+
+
+def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] | None = None) -> FolderDataset:
+    """List and validate dataset ``name`` (or an alias) under ``root``; raise ``DatasetError`` on a bad layout.
+
+    ``classnames`` overrides the class names (one per label, in label order); for ``imagefolder`` the
+    default is ``<root>/classnames.txt`` if it exists, else the folder names with ``_`` as spaces.
+    """
+    spec = DATASETS.get(name)   # DatasetError naming the known datasets
+    root = expand_root(root, spec.name)
+    if spec.layout == "split":
+        return build_split_dataset(spec, root, classnames)
+    directory = find_dataset_dir(spec.name, root)
+    for holds, load in _HUB_LOADERS:
+        if holds(directory):
+            expected = spec.classnames() if spec.classes else None
+            return load(spec, directory, expected, list(classnames) if classnames is not None else None)
+    return build_folder_dataset(spec, directory, root.expanduser(), classnames)
+
+
+def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
+    """The dataset folder for ``root``: ``root/<dirname>`` if one exists, else ``root`` itself."""
+    spec = DATASETS.get(name)
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise DatasetError(f"{spec.name} root {what}: {root}" + spec.folder_hint(root))
+    for dirname in sorted(spec.dirnames, key=lambda d: -d.count("/")):  # nested layouts first
+        if (root / dirname).is_dir():
+            return root / dirname
+    for alias in DATASETS.aliases(name):   # the hub's CLIP_benchmark shards: wds_imagenet-r, wds_imagenet_sketch
+        for dirname in dict.fromkeys((f"wds_{alias}", f"wds_{alias.replace('-', '_')}")):
+            if (root / dirname).is_dir():
+                return root / dirname
+    return root
+
+
+def expand_root(root: str | os.PathLike, name: str) -> Path:
+    """`root` with "{dataset}" replaced by the dataset's folder name (CLIP_benchmark's `--dataset_root
+    'DIR/{dataset}'`): the first of its names and aliases, as given or with '_' for '-'
+    (imagenet_sketch), that is a folder; the canonical name when none is."""
+    text = os.fspath(root)
+    if "{dataset}" not in text:
+        return Path(text)
+    names = [n for alias in DATASETS.aliases(name) for n in dict.fromkeys((alias, alias.replace("-", "_")))]
+    for candidate in names:
+        path = Path(text.replace("{dataset}", candidate)).expanduser()
+        if path.is_dir():
+            return path
+    return Path(text.replace("{dataset}", name)).expanduser()
