@@ -12,7 +12,9 @@ import torch
 import shiftlab
 from _golden import LOGITS, assert_close
 from shiftlab.bench.baseline import BASELINES, create_baseline
-from shiftlab.bench.runner import DEFAULT_METHODS, BenchConfig, PeakMemory, bench_classnames, run_bench
+from shiftlab.bench.images import bench_classnames
+from shiftlab.bench.memory import PeakMemory
+from shiftlab.bench.runner import DEFAULT_METHODS, BenchConfig, run_bench
 from shiftlab.cli import main
 from shiftlab.engine.phases import text_tower_timer
 from shiftlab.synthetic import random_image

@@ -8,8 +8,9 @@ import statistics
 
 import pytest
 
+from shiftlab.bench.images import bench_classnames
 from shiftlab.bench.rounds import IMAGENET_R_IMAGES, projection, spread, summarize_rounds
-from shiftlab.bench.runner import BenchConfig, bench_classnames, run_bench
+from shiftlab.bench.runner import BenchConfig, run_bench
 from shiftlab.cli import build_parser
 from shiftlab.commands.bench import QUICK, settings
 
@@ -51,6 +52,30 @@ def test_bench_rounds_report_floor_ratios_and_projection(tiny_model):
         tpt["seconds_per_image"]["median"] + 3 * tpt["encode_seconds_per_image"]["median"], loader))
     assert proj["methods_seconds"]["zeroshot"] == pytest.approx(     # view 0 only: nothing to scale
         30_000 * max(rounds["methods"]["zeroshot"]["seconds_per_image"]["median"], loader))
+
+
+def test_bench_rounds_rerun_every_method_from_a_feature_store(tiny_model):
+    result = run_bench(tiny_model, CLASSNAMES, BenchConfig(
+        methods=["zeroshot", "tda"], images=2, warmup=0, views=8, workers=0, repeats=2, baseline=False,
+        alone=False), log=None)
+    rounds = result["rounds"]
+    store = rounds["store"]
+    floor = rounds["floor_seconds_per_image"]["values"]
+    allm = rounds["all_methods_seconds_per_image"]["values"]
+    spent, read = store["seconds_per_image"]["values"], store["read_seconds_per_image"]["values"]
+    assert len(spent) == 2 and all(0 < r <= s for r, s in zip(read, spent))   # reading is part of the re-run
+    assert store["read_speedup"]["values"] == pytest.approx([f / r for f, r in zip(floor, read)])
+    budget = [max(a - f, 0.0) + 0.05 * f for a, f in zip(allm, floor)]
+    assert store["budget_seconds_per_image"]["values"] == pytest.approx(budget)
+    assert store["over_budget"]["values"] == pytest.approx([s / b for s, b in zip(spent, budget)])
+    assert set(store["method_ratio_to_floor"]) == {"zeroshot", "tda"}
+    proj = result["projection"]
+    assert proj["later_runs_seconds"] == pytest.approx(
+        IMAGENET_R_IMAGES * (statistics.median(spent) + statistics.median(read) * (64 / 8 - 1)))
+    quiet = run_bench(tiny_model, CLASSNAMES, BenchConfig(methods=["zeroshot"], images=1, warmup=0, views=4,
+                                                          workers=0, repeats=1, baseline=False, alone=False,
+                                                          store=False), log=None)
+    assert "store" not in quiet["rounds"] and quiet["projection"]["later_runs_seconds"] is None
 
 
 def test_bench_without_rounds(tiny_model):

@@ -56,6 +56,16 @@ def format_report(result: dict) -> str:
             lines.append(row(name, r["seconds_per_image"], r["ratio_to_floor"], r.get("speedup")))
         lines.append(row("all methods", rounds["all_methods_seconds_per_image"], rounds["all_methods_ratio_to_floor"]))
         lines.append(row("  its encoding", rounds["all_methods_encode_seconds_per_image"], None))
+        store = rounds.get("store")
+        if store:
+            lines.append(row("from the store", store["seconds_per_image"], store["ratio_to_floor"]))
+            lines.append(row("  its reading", store["read_seconds_per_image"], None))
+            budget = store["budget_seconds_per_image"]["median"]
+            lines.append(f"re-run from a feature store: {store['over_budget']['median']:.2f}x its budget of "
+                         f"{budget:.3f} s/image (the methods' own share + 0.05 x floor); reading "
+                         f"{store['read_speedup']['median']:.0f}x faster than encoding; one more sweep point, "
+                         "x floor: " + ", ".join(f"{m} {r['median']:.3f}"
+                                                  for m, r in store["method_ratio_to_floor"].items()))
         lines.append("(all methods x floor: each round's all-methods pass over its own encoding, so >= 1; "
                      "a method alone x floor: over the floor row)")
         lines += projection_lines(result["projection"], rounds)
@@ -75,6 +85,8 @@ def projection_lines(pr: dict, rounds: dict) -> list[str]:
              f"projected ImageNet-R ({pr['images']} images, {pr['views']} views each) on this device: "
              f"floor {pr['floor_seconds'] / 3600:.2f} h, all methods {pr['all_methods_seconds'] / 3600:.2f} h "
              f"(loader alone {pr['loader_seconds'] / 3600:.2f} h)"]
+    if pr.get("later_runs_seconds") is not None:
+        lines.append(f"  every later run of all methods, from a feature store: {pr['later_runs_seconds'] / 3600:.2f} h")
     if pr.get("extrapolated"):
         lines.append(f"  extrapolated, not measured: {pr['extrapolated']}")
     return lines

@@ -6,7 +6,10 @@ One round runs, on the same decoded views (decoded once, before the rounds):
    method reading the views must pay);
 2. each method **alone**, through the engine's step (`Runner.step`: encode + the method);
 3. with a baseline, that method's straightforward **baseline** right after it;
-4. **all methods** in one step.
+4. **all methods** in one step;
+5. **all methods from a feature store**: the same pass re-run with every feature read from a store
+   filled before the rounds (what every run after the first costs: `shiftlab run --features DIR`,
+   `shiftlab sweep`), with its reading (`store_read`) and each method's own share (a sweep point).
 
 Rounds repeat A, B, C, ... A, B, C, ... in one process, so that a busy machine's load changes
 hit every measurement alike; each figure is the median over rounds with its spread (min, max),
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 from ..engine.phases import PhaseTimer
-from ..engine.step import DEFAULT_RECIPE, BatchItem, Evaluator, Runner
+from ..engine.step import BatchItem, Evaluator, Runner
 
 IMAGENET_R_IMAGES = 30_000
 FULL_VIEWS = 64        # the leaderboard recipe's views per image (docs/PROTOCOL: view 0 + 63 augmented)
@@ -48,62 +51,106 @@ def _batches(items: Sequence[BatchItem], size: int):
 
 
 def _floor(ev: Evaluator, items: Sequence[BatchItem], batch_size: int, now: Callable[[], float]) -> float:
+    """The image tower over every view of every recipe family the items carry, nothing else."""
     t0 = now()
     for batch in _batches(items, batch_size):
-        ev.contexts([item.views[DEFAULT_RECIPE] for item in batch], [item.sample_id for item in batch],
-                    all_views=True)
+        for key in batch[0].views:
+            ev.contexts([item.views[key] for item in batch], [item.sample_id for item in batch], all_views=True)
     return now() - t0
 
 
 def _pass(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: Sequence[str], batch_size: int,
-          timer: PhaseTimer) -> tuple[float, float]:
-    """(wall seconds, seconds of its `encode` phase) of one engine pass over `items`."""
-    runner = Runner(ev, source, {}, methods=list(methods), timer=timer)
+          timer: PhaseTimer, recipes: Mapping[str, Any], features: Any = None) -> tuple[float, dict[str, float]]:
+    """(wall seconds, its phases' seconds) of one engine pass of `methods` over `items`; with `features` (a
+    filled store) every item is read from it instead of encoded."""
+    runner = Runner(ev, source, recipes, methods=list(methods), timer=timer, features=features)
+    if features is not None:
+        items = [BatchItem(item.sample_id, from_store=True) for item in items]
     timer.take()
     t0 = timer.now()
     for batch in _batches(items, batch_size):
         runner.step(batch)
     seconds = timer.now() - t0
-    return seconds, timer.take().get("encode", 0.0)
+    return seconds, timer.take()
+
+
+def fill_store(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: Sequence[str], batch_size: int,
+               recipes: Mapping[str, Any], root: Any) -> Any:
+    """A feature store in `root` holding every encoding the all-methods pass makes of `items` (fp16, the
+    default storage), as the run's view of it (`engine.features.RunFeatures`); None when a method needs pixels."""
+    from ..engine.features import RunFeatures
+    from ..rundir.feature_store import FeatureStore
+    if any(ev.methods[m].needs_pixels for m in methods):
+        return None
+    model = ev.model
+    store = FeatureStore(root, "w", lock=False)
+    base = {"samples_sha256": "bench", "model": model, "seed": next(iter(recipes.values())).seed,
+            "checkpoint_sha256": model.checkpoint_sha256, "weights_sha256": None, "storage": "fp16"}
+    features = RunFeatures(store, base, source, writable=True)
+    runner = Runner(ev, source, recipes, methods=list(methods), features=features)
+    for batch in _batches(items, batch_size):
+        runner.fill_store(batch)
+    store.flush()
+    return features
 
 
 def measure_rounds(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: Sequence[str], rounds: int,
-                   batch_size: int, timer: PhaseTimer,
+                   batch_size: int, timer: PhaseTimer, recipes: Mapping[str, Any],
                    baselines: Mapping[str, Callable[[BatchItem], torch.Tensor]] | None = None,
-                   log: Callable[[str], None] = lambda msg: None, alone: bool = True) -> dict[str, Any]:
+                   log: Callable[[str], None] = lambda msg: None, alone: bool = True,
+                   store: bool = True) -> dict[str, Any]:
     """Seconds per image over `rounds` interleaved rounds (see the module docstring); `alone=False`
-    skips each method's own pass (and its baseline): floor and all methods only."""
+    skips each method's own pass (and its baseline), `store=False` the re-run from a feature store."""
+    import tempfile
     baselines = baselines if alone and baselines else {}
     alone_methods = list(methods) if alone else []
     n = len(items)
     per_image: dict[str, list[float]] = {"floor": [], "all_methods": [], "all_methods_encode": []}
     per_image |= {f"{k}:{m}": [] for m in alone_methods for k in ("alone", "alone_encode")}
     per_image |= {f"baseline:{m}": [] for m in baselines}
-    for r in range(rounds):
-        timer.take()
-        per_image["floor"].append(_floor(ev, items, batch_size, timer.now) / n)
-        for name in alone_methods:
-            seconds, encode = _pass(ev, source, items, [name], batch_size, timer)
-            per_image[f"alone:{name}"].append(seconds / n)
-            per_image[f"alone_encode:{name}"].append(encode / n)
-            if name in baselines:
-                t0 = timer.now()
-                for item in items:
-                    baselines[name](item)
-                per_image[f"baseline:{name}"].append((timer.now() - t0) / n)
-        seconds, encode = _pass(ev, source, items, methods, batch_size, timer)
-        per_image["all_methods"].append(seconds / n)
-        per_image["all_methods_encode"].append(encode / n)
-        log(f"  round {r + 1}/{rounds}: floor {per_image['floor'][-1]:.3f} s/image, all methods "
-            f"{per_image['all_methods'][-1]:.3f} s/image (its encoding {per_image['all_methods_encode'][-1]:.3f})")
-    return summarize_rounds(per_image, alone_methods, list(baselines), n)
+    with tempfile.TemporaryDirectory(prefix="shiftlab-bench-store-") as root:
+        features = fill_store(ev, source, items, methods, batch_size, recipes, root) if store else None
+        if features is not None:
+            per_image |= {"store": [], "store_read": []} | {f"store_method:{m}": [] for m in methods}
+        for r in range(rounds):
+            timer.take()
+            per_image["floor"].append(_floor(ev, items, batch_size, timer.now) / n)
+            for name in alone_methods:
+                seconds, phases = _pass(ev, source, items, [name], batch_size, timer, recipes)
+                per_image[f"alone:{name}"].append(seconds / n)
+                per_image[f"alone_encode:{name}"].append(phases.get("encode", 0.0) / n)
+                if name in baselines:
+                    t0 = timer.now()
+                    for item in items:
+                        baselines[name](item)
+                    per_image[f"baseline:{name}"].append((timer.now() - t0) / n)
+            seconds, phases = _pass(ev, source, items, methods, batch_size, timer, recipes)
+            per_image["all_methods"].append(seconds / n)
+            per_image["all_methods_encode"].append(phases.get("encode", 0.0) / n)
+            line = (f"  round {r + 1}/{rounds}: floor {per_image['floor'][-1]:.3f} s/image, all methods "
+                    f"{per_image['all_methods'][-1]:.3f} s/image "
+                    f"(its encoding {per_image['all_methods_encode'][-1]:.3f})")
+            if features is not None:
+                seconds, phases = _pass(ev, source, items, methods, batch_size, timer, recipes, features)
+                if phases.get("encode", 0.0) or phases.get("decode_views", 0.0):
+                    raise RuntimeError("the feature-store pass decoded or encoded: its store does not serve every item")
+                per_image["store"].append(seconds / n)
+                per_image["store_read"].append(phases.get("store_read", 0.0) / n)
+                for m in methods:
+                    per_image[f"store_method:{m}"].append(phases.get(f"predict:{m}", 0.0) / n)
+                line += f", from the store {per_image['store'][-1]:.3f}"
+            log(line)
+        if features is not None:
+            features.close()
+    return summarize_rounds(per_image, alone_methods, list(baselines), n, store_methods=methods)
 
 
 def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence[str], baselines: Sequence[str],
-                     images: int) -> dict[str, Any]:
+                     images: int, store_methods: Sequence[str] = ()) -> dict[str, Any]:
     """The rounds' result from seconds per image per round: keys `floor`, `all_methods`,
     `all_methods_encode` (that pass's encode phase), `alone:<m>` and `alone_encode:<m>` for `methods`,
-    `baseline:<m>` for `baselines`; each a list with one value per round."""
+    `baseline:<m>` for `baselines`, and, when the rounds re-ran from a feature store, `store`,
+    `store_read` and `store_method:<m>` for `store_methods`; each a list with one value per round."""
     floor = list(per_image["floor"])
 
     def ratio(key: str, to: Sequence[float]) -> dict[str, Any]:
@@ -131,7 +178,36 @@ def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence
             row["baseline_seconds_per_image"] = spread(per_image[f"baseline:{name}"])
             row["speedup"] = ratio(f"baseline:{name}", per_image[f"alone:{name}"])
         out["methods"][name] = row
+    if "store" in per_image:
+        out["store"] = store_summary(per_image, floor, store_methods)
     return out
+
+
+# what a re-run from the store may cost beyond the methods' own share, and a sweep point, as shares of the floor
+STORE_OVERHEAD, SWEEP_POINT = 0.05, 0.05
+
+
+def store_summary(per_image: Mapping[str, Sequence[float]], floor: Sequence[float],
+                  methods: Sequence[str]) -> dict[str, Any]:
+    """The feature-store re-run against its targets, each taken within a round: the re-run of all methods
+    costs at most the methods' own share (the all-methods pass minus the floor) + STORE_OVERHEAD x floor;
+    reading is `read_speedup` times faster than encoding; each method's own time in the re-run (what one
+    more sweep point of it costs, the reading shared) as a share of the floor."""
+    store, read, full = per_image["store"], per_image["store_read"], per_image["all_methods"]
+    budget = [max(a - f, 0.0) + STORE_OVERHEAD * f for a, f in zip(full, floor)]
+    return {
+        "seconds_per_image": spread(store),
+        "read_seconds_per_image": spread(read),
+        "ratio_to_floor": spread([s / f for s, f in zip(store, floor)]),
+        "budget_seconds_per_image": spread(budget),
+        "over_budget": spread([s / b if b > 0 else float("inf") for s, b in zip(store, budget)]),
+        "read_speedup": spread([f / r if r > 0 else float("inf") for f, r in zip(floor, read)]),
+        "method_ratio_to_floor": {m: spread([s / f for s, f in zip(per_image[f"store_method:{m}"], floor)])
+                                  for m in methods},
+        "targets": {"over_budget": "<= 1 (budget: the all-methods pass minus the floor + "
+                                   f"{STORE_OVERHEAD:g} x floor)", "read_speedup": ">= 20",
+                    "method_ratio_to_floor": f"<= {SWEEP_POINT:g} for a training-free method (a sweep point)"},
+    }
 
 
 def projection(rounds: dict[str, Any], loader_seconds_per_image: float | None,
@@ -159,6 +235,7 @@ def projection(rounds: dict[str, Any], loader_seconds_per_image: float | None,
         scaled = view_methods is None or name in view_methods
         methods[name] = wall(r["seconds_per_image"]["median"],
                              r.get("encode_seconds_per_image", {"median": 0.0})["median"] if scaled else 0.0)
+    store = rounds.get("store")
     out = {
         "images": images, "views": target_views, "measured_views": views,
         "encode_scale": factor,
@@ -166,8 +243,11 @@ def projection(rounds: dict[str, Any], loader_seconds_per_image: float | None,
         "floor_seconds": wall(encode, encode),
         "all_methods_seconds": wall(rounds["all_methods_seconds_per_image"]["median"], encode),
         "methods_seconds": methods,
+        # a re-run reads features instead of decoding (no loader); of it only the reading scales with the views
+        "later_runs_seconds": images * (store["seconds_per_image"]["median"]
+                                        + store["read_seconds_per_image"]["median"] * (factor - 1)) if store else None,
         "note": "median model seconds per image x images, or the loader's seconds if larger; the floor is "
-                "the all-methods pass's own encode phase",
+                "the all-methods pass's own encode phase; later runs: the all-methods re-run from a feature store",
     }
     if factor != 1:
         out["extrapolated"] = (f"measured at {views} views: image-tower phases and the loader scaled x{factor:g} "

@@ -77,6 +77,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=checks.int_in(0, 100), default=None,
                    help="interleaved rounds of the floor (views encoded alone), each method alone (+ its "
                         "baseline) and all methods: medians, spread, ratios to the floor, projection (0: none)")
+    p.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
+                   help="the rounds also re-run all methods from a feature store (what every run after the first "
+                        "costs) and report reading vs encoding and one more sweep point per method")
     p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.steps=2 (repeatable)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
@@ -94,9 +97,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..bench.images import bench_classnames
     from ..bench.model import load_bench_model
     from ..bench.report import format_report
-    from ..bench.runner import BenchConfig, bench_classnames, run_bench
+    from ..bench.runner import BenchConfig, run_bench
     from ..engine.config import resolve_device
     from ..models import ModelLoadError
 
@@ -119,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed, batch_size=args.batch_size, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
                          method_config=checks.method_config(args.method_config), image_size=args.image_size,
-                         threads=args.threads, precision=args.precision)
+                         threads=args.threads, precision=args.precision, store=args.store)
     try:
         result = run_bench(model, classnames, config, source=source, model_info=info)
     except (KeyError, TypeError, ValueError) as exc:

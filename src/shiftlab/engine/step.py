@@ -1,6 +1,6 @@
 """The engine step: a batch of decoded samples -> records, for every method and setting.
 
-    runner = Runner(evaluator, dataset, {DEFAULT_RECIPE: view_generator})
+    runner = Runner(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, seed))
     records = runner.step(runner.load(ids))       # or batches of BatchItem from a DataLoader
 
 A `BatchItem` carries its views keyed by view recipe family (`recipe_key`: recipes that differ
@@ -33,8 +33,6 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.preprocess import Preprocess
 from ..views.recipe import ViewRecipe
 from .phases import PhaseTimer, text_tower_timer
-
-DEFAULT_RECIPE = "default"
 
 
 def recipe_key(recipe: ViewRecipe) -> str:
@@ -200,13 +198,8 @@ class Runner:
         self.features = features   # a feature_store.RunFeatures, or None
 
     def recipe_of(self, method: str) -> str:
-        """The key of the recipe family a method reads (DEFAULT_RECIPE when the runner was given
-        one generator for every method, as `shiftlab bench` does)."""
-        key = recipe_key(self.evaluator.methods[method].view_recipe)
-        return key if key in self.recipes else DEFAULT_RECIPE
-
-    def _all_views(self, recipe: str) -> bool:
-        return any(self.evaluator.methods[n].needs_views for n in self.methods if self.recipe_of(n) == recipe)
+        """The key of the recipe family a method reads (`recipe_key`)."""
+        return recipe_key(self.evaluator.methods[method].view_recipe)
 
     def _groups(self, names: list[str]) -> list[tuple[list[str], int]]:
         """The methods of one recipe family grouped by precision, with the group's view count (from
@@ -219,8 +212,8 @@ class Runner:
         return [(g, max(methods[n].view_recipe.n_views for n in g)) for g in groups.values()]
 
     def store_keys(self) -> list[dict]:
-        """The feature-store key of every encoding a clean step makes (empty: the bench's single
-        generator, an attack, or a method that needs pixels; those runs decode every sample)."""
+        """The feature-store key of every encoding a clean step makes (empty: no store, an attack, or a
+        method that needs pixels; those runs decode every sample)."""
         methods = self.evaluator.methods
         if (self.features is None or self.settings != ["clean"]
                 or any(getattr(methods[n], "needs_pixels", False) for n in self.methods)):
@@ -228,8 +221,6 @@ class Runner:
         keys = []
         for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
             names = [n for n in self.methods if self.recipe_of(n) == recipe]
-            if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
-                return []
             for group, n_max in self._groups(names):
                 keys.append(self.features.key(methods[group[0]].view_recipe, methods[group[0]].precision.key, n_max))
         return keys
@@ -277,10 +268,6 @@ class Runner:
         """Each method's contexts: one encoding per precision of the family's views (as many as the
         group's longest recipe), each method reading its first n_views of it."""
         methods = self.evaluator.methods
-        if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
-            with self.timer.phase("encode"):   # one generator for every method (bench): the old behaviour
-                ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
-            return {n: ctxs for n in names}
         out: dict[str, list[SampleContext]] = {}
         clean = self.features is not None and self.settings == ["clean"] and bool(self.store_keys())
         for group, n_max in self._groups(names):

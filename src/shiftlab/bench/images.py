@@ -1,0 +1,47 @@
+"""What the bench measures on: synthetic JPEG files decoded like a dataset's, and class names."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+from ..datasets.imageio import decode_image
+
+
+def bench_classnames(n: int) -> list[str]:
+    """The first `n` ImageNet-R class names (n <= 200), else the first `n` ImageNet-1k names."""
+    from ..datasets.classes import classnames_for_wnids, imagenet_classnames, imagenet_r_wnids
+    if n <= 200:
+        return classnames_for_wnids(imagenet_r_wnids())[:n]
+    return imagenet_classnames()[:n]
+
+
+class SyntheticImages:
+    """`n` JPEG files of `random_image(size, seed)` in a temporary folder, decoded like dataset files."""
+
+    def __init__(self, n: int, size: tuple[int, int] = (320, 256), seed: int = 0):
+        from ..synthetic import random_image
+        self.root = Path(tempfile.mkdtemp(prefix="shiftlab-bench-"))
+        self.paths = []
+        for i in range(n):
+            path = self.root / f"img_{i:05d}.jpg"
+            random_image(tuple(size), seed=seed * 1_000_003 + i).save(path, format="JPEG", quality=90)
+            self.paths.append(path)
+        self.samples = [(p.name, 0) for p in self.paths]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def path(self, i: int) -> Path:
+        return self.paths[i]
+
+    def image(self, i: int) -> Image.Image:
+        return decode_image(self.paths[i])
+
+    def label(self, i: int) -> int:
+        return 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
