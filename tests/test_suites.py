@@ -200,7 +200,7 @@ def test_suite_requests_that_cannot_run_are_one_line_errors(tmp_path, capsys):
     assert "lists a dataset twice" in capsys.readouterr().err
     # Every missing dataset is reported at once, before anything runs.
     assert cli_main(base + ["--datasets", "imagenet-r,imagenet-a", "--pretrained", "none",
-                            "--model", "no-such-model"]) == 1
+                            "--model", "no-such-model", "--methods", "zeroshot"]) == 1
     message = capsys.readouterr().err
     assert len(message.splitlines()) == 3   # one line per problem
     assert "dataset imagenet-r:" in message and "dataset imagenet-a:" in message and "model:" in message

@@ -45,7 +45,7 @@ from ..engine.step import BatchItem, Evaluator, Runner, ViewDataset, recipe_key,
 from ..methods.base import MethodOutput, list_methods
 from ..models import ClipModel
 from ..views.generator import ViewGenerator
-from .baseline import BASELINES, BaselineUnsupported, create_baseline
+from .baseline import BASELINES, BaselineMethod, BaselineUnsupported, create_baseline
 from .images import SyntheticImages
 from .memory import PeakMemory, process_peak_rss_mib
 from .rounds import FULL_VIEWS, measure_rounds, projection
@@ -255,7 +255,7 @@ class Bench:
         steady = (wall - first) / (n - 1) if n > 1 else wall
         return {"workers": workers, "images": n, "seconds_per_image": steady, "startup_seconds": first}
 
-    def baseline(self, row: dict, name: str, alone: dict, warm_ids: Sequence[int]):
+    def baseline(self, row: dict, name: str, alone: dict, warm_ids: Sequence[int]) -> BaselineMethod | None:
         """Measure `name`'s baseline into `row` on the views its method read; returns the set-up baseline
         (None if unsupported)."""
         method = self.ev.methods[name]
