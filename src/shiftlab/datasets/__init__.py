@@ -1,6 +1,7 @@
 """Data layer: the ImageNet class table, folder datasets, and download + safe extraction."""
 from .classes import (
                       classnames_for_wnids,
+                      dataset_templates,
                       imagenet_a_wnids,
                       imagenet_classes,
                       imagenet_classnames,
@@ -22,10 +23,9 @@ from .folders import (
                       list_datasets,
 )
 from .names import classnames
-from .settings import cupl_file_name, method_settings, setting_source, templates, view_settings
 
 __all__ = [
-    "classnames", "cupl_file_name", "method_settings", "setting_source", "templates", "view_settings",
+    "classnames", "dataset_templates",
     "CROSS_DATASETS", "SplitFileMissing", "crossdataset_classnames",
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",

@@ -1,4 +1,5 @@
-"""The ImageNet class table shipped with shiftlab (data/imagenet_classes.tsv) and CLIP's templates.
+"""The ImageNet class table shipped with shiftlab (data/imagenet_classes.tsv), CLIP's templates and CoOp's
+per-dataset template (data/coop_templates.json).
 
 The table lists the 1000 ImageNet-1k classes in their standard index order (which is also the
 sorted order of their WordNet ids), each with CLIP's cleaned class name (identical to
@@ -9,17 +10,19 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
 from collections.abc import Iterable
 from importlib import resources
 from typing import NamedTuple
 
 __all__ = [
     "ClassRow", "imagenet_classes", "imagenet_wnids", "imagenet_classnames", "imagenet_r_wnids",
-    "imagenet_a_wnids", "classnames_for_wnids", "load_templates",
+    "imagenet_a_wnids", "classnames_for_wnids", "load_templates", "dataset_templates",
 ]
 
 _TABLE = "imagenet_classes.tsv"
 _TEMPLATES = "clip_imagenet_templates.txt"
+_COOP_TEMPLATES = "coop_templates.json"
 
 
 class ClassRow(NamedTuple):
@@ -101,3 +104,16 @@ def _templates() -> tuple[str, ...]:
 def load_templates() -> list[str]:
     """CLIP's 80 ImageNet prompt templates, each with one ``{}`` placeholder for the class name."""
     return list(_templates())
+
+
+@functools.cache
+def _coop_templates() -> dict[str, tuple[str, ...]]:
+    table = json.loads(_read_data_text(_COOP_TEMPLATES))["templates"]
+    return {dataset: tuple(entry["templates"]) for dataset, entry in table.items()}
+
+
+def dataset_templates(dataset: str) -> list[str]:
+    """CoOp's prompt template for a dataset (canonical name: its zero-shot CLIP's CUSTOM_TEMPLATES,
+    trainers/zsclip.py), e.g. ``["{} texture."]`` for ``dtd``; ``["a photo of a {}."]`` for a dataset
+    CoOp names none for (``imagefolder``)."""
+    return list(_coop_templates().get(dataset, ("a photo of a {}.",)))

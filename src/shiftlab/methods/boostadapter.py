@@ -19,7 +19,9 @@ from ..params import param
 from .base import MethodOutput, register_method
 from .confidence import entropy, marginal_entropy, select_confident
 from .context import SampleContext
-from .online_common import first_views, text_head
+from .facts import settings_file
+from .heads import text_head
+from .online_common import first_views
 from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, update_cache
 
 
@@ -109,6 +111,15 @@ class BoostAdapter(TDA):
     """
     config_class = BoostAdapterConfig
     summary = "BoostAdapter: TDA's caches plus the sample's confident views as boosting entries (training-free)"
+    label = "BoostAdapter"
+    # taolinzhang/BoostAdapter runner.py, utils.py: TDA's half model with the literal scale 100, the dataset's
+    # templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False)
+    protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0}}
+    # configs/<set>.yaml and runner.py per dataset; its datasets/*.py template lists are TDA's, list for list
+    dataset_settings = settings_file("boostadapter", templates_of="tda")
+    published = ()     # its README prints no table
+    fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
+                "`logit_scale=100`)")
 
     def reset(self) -> None:
         super().reset()
