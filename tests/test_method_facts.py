@@ -63,6 +63,9 @@ def test_every_text_head_a_method_can_name_is_declared_once(name):
         assert "cupl_file" in {f.name for f in dataclasses.fields(cls.config_class)}
         assert set(facts.declared(cls, "cupl_files")) == set(DATASETS.names()) - {"imagefolder"}
         assert heads.cupl_templates(cls) in heads.CUPL_TEMPLATES
+
+
+def test_a_head_kind_is_declared_once():
     with pytest.raises(ValueError, match="declared twice"):
         heads.register_head("zeroshot", lambda cls, fields: "")
 
@@ -84,6 +87,17 @@ def test_aliases_name_one_method_each():
             assert canonical_method(alias) == name
     assert canonical_method("C-TPT") == "ctpt" and canonical_method("CLIP") == "zeroshot"
     assert canonical_method("ensemble80") == "prompt_ensemble" and canonical_method("nope") is None
+
+
+def test_the_papers_suite_tables_name_methods_by_registry_names_and_agree_with_them():
+    from shiftlab import catalogue
+    from shiftlab.results.published_suites import _data
+    entries = {e["name"]: e for e in catalogue.build()}
+    for row in _data()["rows"]:
+        assert row["method"] is None or row["method"] in METHODS, row["label"]
+        if row["method"] and row["backbone"] == "RN50" and "imagenet-r" in row["values"]:
+            # the same number the method declares for its own recipe (suite rows are all `paper` runs)
+            assert row["values"]["imagenet-r"] == catalogue.published_value(entries[row["method"]], PAPER), row
 
 
 # -- per-dataset values: the authors' own -------------------------------------------------------------------
