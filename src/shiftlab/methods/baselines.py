@@ -19,7 +19,7 @@ class ZeroShot(Method):
     summary = "CLIP zero-shot, 'a photo of a {name}.', view 0"
     label = "CLIP zero-shot"
     aliases = ("clip", "clip zero-shot", "zs")
-    protocols: dict = {}     # no code of its own: `paper` runs it as `leaderboard`
+    protocols = {}     # no code of its own: `paper` runs it as `leaderboard`
     published = (
         dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=56.1,
              source=R_TPT_TABLE),
@@ -41,7 +41,7 @@ class PromptEnsemble(Method):
     text_head = "ensemble"
     label = "Prompt ensemble (80 templates)"
     aliases = ("ensemble80",)
-    protocols: dict = {}     # as `leaderboard`
+    protocols = {}     # as `leaderboard`
     published = (
         # the README's "Ensembled prompt" row
         dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=60.72, source=TPT_README),
@@ -67,7 +67,7 @@ class ViewEnsemble(Method):
     summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
     label = "Ensemble (64 views)"
     aliases = ("ensemble",)
-    protocols: dict = {}     # as `leaderboard`
+    protocols = {}     # as `leaderboard`
     published = (
         # the R-TPT table's "Ensemble" row (its 60.72 beside it is the prompt ensemble's, a method of its own)
         dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=51.3,
