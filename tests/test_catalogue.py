@@ -22,6 +22,29 @@ def test_the_committed_catalogue_is_the_registrys():
         f"{catalogue.PATH.name} is out of date with the method registry: run `{catalogue.COMMAND}`")
 
 
+def test_the_readme_methods_table_is_the_registrys():
+    text = catalogue.README.read_text(encoding="utf-8")
+    assert catalogue.readme_with_table(text, catalogue.build()) == text, (
+        f"README.md's methods table is out of date with the method registry: run `{catalogue.COMMAND}`")
+    cells = [[c.strip() for c in line.strip("|").split(" | ")]
+             for line in catalogue.readme_table(catalogue.build()).splitlines() if line.startswith("| `")]
+    rows = {row[0].strip("`"): row for row in cells}
+    assert list(rows) == shiftlab.list_methods(kind="episodic") + shiftlab.list_methods(kind="online")
+    # each cell read from the method's own class: its published numbers (leaderboard, paper), recipe, fidelity
+    assert rows["tpt"][3:5] == ["58.9", "59.11"] and rows["tda"][3:5] == ["—", "62.58"]
+    assert rows["zeroshot"][5] == "as leaderboard" and rows["mta"][5] == "precision fp16"
+    assert "its code's values on 15 datasets" in rows["ctpt"][5] and rows["ctpt"][6] == "golden (λ 20, 50)"
+
+
+def test_the_protocols_and_published_numbers_read_from_the_file_are_the_registrys(from_file):
+    from shiftlab.methods import protocols
+    assert catalogue.protocols() == protocols.PROTOCOLS
+    assert catalogue.default_protocol() == protocols.DEFAULT_PROTOCOL
+    assert catalogue.unrecorded_protocol() == protocols.UNRECORDED_PROTOCOL
+    assert catalogue.published()["ctpt"]["aliases"] == ["ctpt20"]
+    assert [p["value"] for p in catalogue.published()["ctpt"]["published"]] == [57.7, 58.0, 4.57]
+
+
 @pytest.fixture
 def from_file(monkeypatch):
     """Answers from the committed file, as in a fresh `shiftlab` process (no registry imported)."""
@@ -97,8 +120,14 @@ def test_a_method_registered_at_run_time_is_listed_and_checked(capsys):
 def test_the_check_command_says_when_the_file_is_stale(tmp_path, monkeypatch, capsys):
     stale = tmp_path / "methods.json"
     stale.write_text(catalogue.render().replace('"lr": 0.005', '"lr": 0.006', 1), encoding="utf-8")
+    readme = tmp_path / "README.md"
+    text = catalogue.README.read_text(encoding="utf-8")
+    readme.write_text(text.replace("| `tpt` | ", "| `tpt` | (stale) ", 1), encoding="utf-8")
     monkeypatch.setattr(catalogue, "PATH", stale)
+    monkeypatch.setattr(catalogue, "README", readme)
     assert catalogue.main([]) == 1
-    assert catalogue.COMMAND in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert catalogue.COMMAND in err and "methods.json" in err and "README.md" in err
     assert catalogue.main(["--write"]) == 0 and catalogue.main([]) == 0
     assert stale.read_text(encoding="utf-8") == catalogue.render()
+    assert readme.read_text(encoding="utf-8") == text

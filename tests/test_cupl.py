@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from conftest import make_tiny_model
-from shiftlab.methods.online_common import text_head
+from shiftlab.methods.heads import text_head
 from shiftlab.models.text import TIP_TEMPLATES, tip_cupl_head
 
 NAMES = ["great_white_shark", "cat", "hot dog"]
@@ -233,10 +233,11 @@ def _sentences(dataset: str, classnames: list[str]) -> dict[str, list[str]]:
 def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monkeypatch):
     from _synthetic import make_split_dataset
     from shiftlab.datasets import build_dataset, suites
-    from shiftlab.datasets.settings import templates
     from shiftlab.engine import suite as suite_runs
     from shiftlab.engine.config import RunConfig
     from shiftlab.methods.context import ClassHeads
+    from shiftlab.methods.dmn import DMNZeroShot
+    from shiftlab.methods.protocols import dataset_overrides
     from shiftlab.synthetic import tiny_clip
 
     root = tmp_path / "data"
@@ -272,7 +273,7 @@ def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monk
         assert classnames == datasets[name].classnames
         summary = json.loads((tmp_path / "suite" / name / "summary.json").read_text())
         assert summary["config"]["method_settings"]["dmn_zs"]["cupl_file"] == f"{folder}/{files[name]}"
-        want = _pooled(model, classnames, templates(name, "dmn_zs"), sentences[name])
+        want = _pooled(model, classnames, dataset_overrides("paper", DMNZeroShot, name)["templates"], sentences[name])
         torch.testing.assert_close(head, want, rtol=0, atol=1e-5)
     # the second dataset's file missing: the suite stops before its first dataset runs
     (tmp_path / "gpt3_prompts" / files["dtd"]).unlink()

@@ -10,9 +10,10 @@ import pytest
 from _synthetic import make_imagenet_r, make_split_dataset
 from shiftlab.datasets import build_dataset
 from shiftlab.datasets.classes import load_templates
-from shiftlab.datasets.settings import method_settings
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
+from shiftlab.methods.protocols import dataset_overrides
+from shiftlab.methods.tda import TDA
 from shiftlab.models.text import TIP_TEMPLATES
 from shiftlab.synthetic import tiny_clip
 
@@ -47,7 +48,8 @@ def test_paper_runs_the_fine_grained_settings_and_templates(flowers, tmp_path):
     ctpt, tda, dmn = (_config(settings, m) for m in METHODS)
     assert ctpt["lambda_atfd"] == 50.0 and ctpt["ctx_init"] == "a photo of a"
     assert tda["pos_beta"] == 5.0                                   # TDA configs/oxford_flowers.yaml
-    assert {k: tda[k] for k in method_settings("flowers102", "tda")} == method_settings("flowers102", "tda")
+    flowers = {k: v for k, v in dataset_overrides("paper", TDA, "flowers102").items() if k != "templates"}
+    assert {k: tda[k] for k in flowers} == flowers
     assert list(tda["templates"]) == ["a photo of a {}, a type of flower."]
     assert dmn["dynamic_weight"] == 10.0
     assert list(dmn["templates"]) == ["a photo of a {}, a type of flower."]   # DMN's ID_to_prompts['flower102']
@@ -76,7 +78,7 @@ def test_the_dataset_templates_are_the_head_the_method_uses():
     import torch
 
     from shiftlab.methods.base import create_method
-    from shiftlab.methods.online_common import text_head
+    from shiftlab.methods.heads import text_head
     from shiftlab.models.text import class_head
     model = tiny_clip(0)
     names = ["banded", "blotchy", "braided"]

@@ -1,9 +1,7 @@
 """Class table and folder dataset builders (offline, synthetic data)."""
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -463,72 +461,17 @@ def test_listing_30000_files_needs_no_stat_per_file(tmp_path, monkeypatch):
     assert calls["stat"] < 30_000 / 10, f"{calls['stat']} stat calls for 30,000 files"
 
 
-# ------------------------------------------------------- issue 16: per-dataset method settings (data)
+# ------------------------------------------------------- CoOp's per-dataset templates (data)
 
-def test_method_settings_are_the_authors_values():
-    from shiftlab.datasets.settings import method_settings, setting_source, view_settings
-    assert method_settings("flowers", "ctpt") == {"lambda_atfd": 50.0}        # scripts/test_tpt_ctpt_fg.sh
-    assert method_settings("R", "ctpt") == {"lambda_atfd": 20.0}              # scripts/test_tpt_ctpt_ds.sh
-    assert view_settings("R", "ctpt") == {"augmix": True} and view_settings("R", "tpt") == {"augmix": False}
-    assert view_settings("dtd", "tpt") == {"augmix": True}                    # augmix=len(set_id)>1
-    tda_r = method_settings("imagenet_r", "tda")                               # configs/imagenet_r.yaml
-    assert (tda_r["pos_capacity"], tda_r["pos_alpha"], tda_r["pos_beta"]) == (3, 1.0, 8.0)
-    assert (tda_r["neg_alpha"], tda_r["neg_entropy_lower"], tda_r["neg_mask_lower"]) == (0.117, 0.2, 0.03)
-    assert (method_settings("K", "tda")["pos_alpha"], method_settings("K", "tda")["pos_beta"]) == (2.363, 7.45)
-    assert method_settings("caltech101", "tda")["pos_alpha"] == 5.0              # configs/caltech101.yaml
-    assert method_settings("flowers102", "dmn_zs") == {"dynamic_weight": 10.0}
-    assert method_settings("R", "dmn_zs") == {"dynamic_weight": 0.3}
-    assert method_settings("R", "zeroshot") == {} and method_settings("imagefolder", "tda") == {}
-    assert setting_source("R", "tda") == "github.com/kdiAAA/TDA configs/imagenet_r.yaml"
-    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
-        method_settings("nope", "tda")
-
-
-def test_every_setting_is_a_config_field_of_its_method_and_cites_a_source():
-    import json
-    from importlib import resources
-
-    from shiftlab.methods.base import get_method_class, make_config
-    table = json.loads(resources.files("shiftlab").joinpath("data", "method_settings.json").read_text())
-    for method, per_dataset in table["methods"].items():
-        for dataset, entry in per_dataset.items():
-            assert dataset in list_datasets() and entry["source"].startswith("github.com/")
-            make_config(get_method_class(method), **entry["config"])  # a misspelt field raises TypeError
-    for per_dataset in table["templates"].values():
-        for dataset, entry in per_dataset.items():
-            assert dataset in list_datasets() and entry["source"].startswith("github.com/")
-    for method, per_dataset in table["cupl_files"].items():   # DMN's CuPL file per set: all 15, named as theirs
-        assert "cupl_file" in {f.name for f in dataclasses.fields(get_method_class(method).config_class)}
-        assert set(per_dataset) == set(list_datasets()) - {"imagefolder"}
-        for entry in per_dataset.values():
-            assert re.fullmatch(r"CuPL_prompts_[a-z0-9]+\.json", entry["file"]) and "YBZh/DMN" in entry["source"]
-
-
-def test_cupl_file_names_follow_dmns_table():
-    from shiftlab.datasets.settings import cupl_file_name
-    assert cupl_file_name("pets") == "CuPL_prompts_oxfordpets.json" == cupl_file_name("oxford-pets")
-    assert cupl_file_name("flower102") == "CuPL_prompts_flowers102.json"
-    assert cupl_file_name("aircraft") == "CuPL_prompts_fgvcaircraft.json"
-    assert cupl_file_name("stanford-cars") == "CuPL_prompts_stanfordcars.json"
-    assert {cupl_file_name(d) for d in ("I", "A", "V", "R", "K")} == {"CuPL_prompts_imagenet.json"}
-    assert cupl_file_name("imagefolder") is None
-
-
-def test_templates_per_dataset_and_method():
-    from shiftlab.datasets.settings import templates
-    assert templates("flowers102", "tda") == ["a photo of a {}, a type of flower."]
-    assert templates("flower102", "dmn_zs") == ["a photo of a {}, a type of flower."]
-    assert templates("stanford-cars", "dmn_zs") == ["a photo of a {}, a type of car."]
-    assert templates("stanford-cars") == ["a photo of a {}."]                   # CoOp's
-    assert templates("dtd") == ["{} texture."] and templates("eurosat") == ["a centered satellite photo of {}."]
-    assert templates("imagenet-r", "tda") == load_templates()                    # TDA: CLIP's 80 on R and K
-    assert templates("imagenet-a", "tda")[0] == "itap of a {}." and len(templates("A", "tda")) == 7
-    assert templates("food101", "ctpt") == ["a photo of a {}."] == templates("R", "rtpt")
-    assert templates("ucf101", "mta") == ["a photo of a person doing {}."]      # no own table: CoOp's
-    assert templates("imagefolder") == ["a photo of a {}."]
+def test_coop_templates_per_dataset():
+    from shiftlab.datasets.classes import dataset_templates
+    assert dataset_templates("stanford-cars") == ["a photo of a {}."]
+    assert dataset_templates("dtd") == ["{} texture."]
+    assert dataset_templates("eurosat") == ["a centered satellite photo of {}."]
+    assert dataset_templates("ucf101") == ["a photo of a person doing {}."]
+    assert dataset_templates("imagefolder") == ["a photo of a {}."]              # CoOp names none
     for name in CROSS:
-        for method in (None, "tpt", "tda", "dmn_zs"):
-            assert all(t.count("{}") == 1 for t in templates(name, method))
+        assert all(t.count("{}") == 1 for t in dataset_templates(name))
 
 
 def test_suite_dataset_lists_accept_the_same_aliases():
@@ -537,22 +480,6 @@ def test_suite_dataset_lists_accept_the_same_aliases():
     assert resolve_suite(None, "I,A,V,R,K").name == "natural-shift"   # TPT's --test_sets A/R/V/K/I order aside
     assert resolve_suite(None, "flower102,dtd,pets,cars,ucf101,caltech101,food101,sun397,aircraft,eurosat").name \
         == "cross-dataset"
-
-
-def test_paper_protocol_layers_the_per_dataset_settings():
-    from shiftlab.methods.base import get_method_class, make_config
-    from shiftlab.methods.protocols import method_overrides
-    flowers = method_overrides("paper", "ctpt", dataset="flower102")
-    assert flowers["lambda_atfd"] == 50.0 and flowers["views"] == {"augmix": True} and flowers["precision"] == "fp16"
-    assert method_overrides("paper", "ctpt", dataset="R")["lambda_atfd"] == 20.0
-    assert method_overrides("paper", "ctpt", dataset="flowers102", user={"lambda_atfd": 1.0})["lambda_atfd"] == 1.0
-    tda = method_overrides("paper", "tda", dataset="dtd")                      # configs/dtd.yaml over R's recipe
-    assert (tda["pos_alpha"], tda["pos_beta"]) == (2.0, 3.0) and tda["views"] == {"n_views": 64, "augmix": True}
-    assert make_config(get_method_class("tda"), **tda).views.augmix is True
-    assert method_overrides("paper", "tpt", dataset="dtd")["views"] == {"augmix": True}
-    assert method_overrides("paper", "tpt", dataset="imagenet-r")["views"] == {"augmix": False}  # len(set_id)==1
-    assert method_overrides("leaderboard", "ctpt", dataset="flowers102") == {}    # the leaderboard is one recipe
-    assert method_overrides("paper", "ctpt") == method_overrides("paper", "ctpt", dataset="imagefolder")
 
 
 def test_raw_ilsvrc_validation_layout_is_recognised(tmp_path):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dota import discriminant, gaussian_scores, shared_covariance, shrunk, update_estimates
+from shiftlab.methods.dota import DOTA, discriminant, gaussian_scores, shared_covariance, shrunk, update_estimates
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat"]
 
@@ -136,10 +136,10 @@ def test_bad_config_is_refused_in_one_line(tiny_model, heads, field, value):
 
 def test_paper_protocol_reads_the_dataset_configs():
     from shiftlab.methods.protocols import method_overrides
-    r = method_overrides("paper", "dota", dataset="imagenet-r")
+    r = method_overrides("paper", DOTA, dataset="imagenet-r")
     assert (r["rho"], r["eta"], r["epsilon"], r["sigma"]) == (0.0025, 0.3, 0.0001, 0.002)
     assert r["views"] == {"n_views": 64, "augmix": True} and r["precision"] == "fp16-pure"
-    i = method_overrides("paper", "dota", dataset="imagenet")
+    i = method_overrides("paper", DOTA, dataset="imagenet")
     assert i["views"]["n_views"] == 1 and (i["rho"], i["eta"]) == (0.005, 0.2) and len(i["templates"]) == 7
-    assert method_overrides("paper", "dota", dataset="dtd")["templates"] == ("{} texture.",)
-    assert method_overrides("leaderboard", "dota", dataset="imagenet-r") == {}
+    assert method_overrides("paper", DOTA, dataset="dtd")["templates"] == ("{} texture.",)
+    assert method_overrides("leaderboard", DOTA, dataset="imagenet-r") == {}

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dpe import PrototypeCache, adamw_first_step, cache_readout, info_nce, prediction_entropy
+from shiftlab.methods.dpe import DPE, PrototypeCache, adamw_first_step, cache_readout, info_nce, prediction_entropy
 from shiftlab.methods.protocols import method_overrides
 from shiftlab.methods.tda import CacheEntry, update_cache
 
@@ -168,18 +168,18 @@ def test_confident_readout_reads_the_views_selected_with_the_adapted_head(tiny_m
 
 
 def test_paper_protocol_is_the_authors_recipe_per_dataset():
-    r = method_overrides("paper", "dpe", dataset="imagenet-r")
+    r = method_overrides("paper", DPE, dataset="imagenet-r")
     assert (r["precision"], r["views"], r["text_head"], r["logit_scale"]) == (
         "fp16-pure", {"n_views": 64, "augmix": True}, "tip_cupl", 100.0)
     assert (r["pos_alpha"], r["pos_beta"], r["lr_text"], r["align"]) == (3.0, 8.0, 0.0006, 0.0)
     assert "templates" not in r                            # CLIP's 80, DPE's default
-    a = method_overrides("paper", "dpe", dataset="imagenet-a")
+    a = method_overrides("paper", DPE, dataset="imagenet-a")
     assert a["readout"] == "confident" and a["align"] == 2.5 and len(a["templates"]) == 7
-    flowers = method_overrides("paper", "dpe", dataset="flowers102")
+    flowers = method_overrides("paper", DPE, dataset="flowers102")
     assert flowers["views"]["n_views"] == 1 and flowers["templates"] == ("a photo of a {}, a type of flower.",)
-    cars = method_overrides("paper", "dpe", dataset="stanford-cars")
+    cars = method_overrides("paper", DPE, dataset="stanford-cars")
     assert cars["templates"][0] == "a photo of a {}." and len(cars["templates"]) == 2
-    assert method_overrides("leaderboard", "dpe", dataset="imagenet-r") == {}
+    assert method_overrides("leaderboard", DPE, dataset="imagenet-r") == {}
 
 
 def test_bad_settings_are_refused_in_one_line(tiny_model):

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
+from shiftlab.methods.base import describe
 from shiftlab.methods.ecalp import (
     Graph,
     feature_weights,
@@ -16,7 +17,6 @@ from shiftlab.methods.ecalp import (
     reweighted_similarity,
     top,
 )
-from shiftlab.methods.protocols import describe
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

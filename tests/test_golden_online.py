@@ -33,7 +33,7 @@ from _golden import (
 )
 from shiftlab.methods.confidence import entropy, n_selected
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.online_common import text_head
+from shiftlab.methods.heads import text_head
 
 
 @pytest.fixture(autouse=True)

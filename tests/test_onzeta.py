@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import shiftlab
+from shiftlab.methods.base import describe
 from shiftlab.methods.onzeta import ONZETA_TEMPLATES, dual_step, proxy_step, text_label
-from shiftlab.methods.protocols import describe
 from shiftlab.models.text import TIP_TEMPLATES
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]

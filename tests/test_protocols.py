@@ -85,7 +85,7 @@ def test_run_precision_replaces_the_protocols_but_not_a_set(tiny_model):
     assert _method(tiny_model, "rtpt", protocol="paper").precision.name == "fp32"
     set_by_user = _method(tiny_model, "rtpt", protocol="paper", run_precision="bf16", precision="fp16")
     assert set_by_user.precision.name == "fp16"
-    assert method_overrides("paper", "rtpt", run_precision="fp32") == {}
+    assert method_overrides("paper", get_method_class("rtpt"), run_precision="fp32") == {}
 
 
 def test_unknown_protocol_is_one_clear_error(tiny_model):

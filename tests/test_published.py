@@ -120,3 +120,17 @@ def test_weights_read_content_verified_from_the_official_hub_repo_are_openai_wei
     assert published_for_run(_summary(checkpoint_sha256=sha, weights_source="hf-hub:someorg/rn50")) == {}
     assert published_for_run(_summary(model="ViT-B-16", checkpoint_sha256=sha, weights_source=verified)) == {}
     assert weights_source(copy, OPENAI_RN50_SHA256) == "openai-url"
+
+
+def test_the_rows_are_what_each_method_declares(monkeypatch):
+    from shiftlab.methods.base import get_method_class
+    from shiftlab.methods.facts import TPT_README
+    mta = get_method_class("mta")
+    paper = dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=60.5, source=TPT_README)
+    vit = {**paper, "backbone": "ViT-B/16", "value": 70.0}
+    monkeypatch.setattr(mta, "published", (*mta.published, vit, paper))
+    row = published_for_run(_summary(protocol="paper"))["mta"]
+    assert (row["label"], row["paper"], row["paper_ece"]) == ("MTA", 60.5, None)    # the RN50 number, not the ViT's
+    assert published_for_run(_summary())["mta"]["seed_leaderboard"] == 58.4
+    # a method without an RN50 ImageNet-R number has no row
+    assert "zero" not in published_for_run(_summary(protocol="paper"))

@@ -30,6 +30,13 @@ def run(args: argparse.Namespace) -> int:
             extra = "".join(f", {k}={v}" for k, v in p["sets"].items())
             print(" " * 27 + f"{protocol + ':':<13} {p['views_text']}; precision {p['precision']}; "
                   f"text {p['text_head']}{extra}")
+        if r["paper_datasets"]:
+            print(" " * 27 + f"per dataset:  {len(r['paper_datasets'])} datasets get their values from the "
+                  "authors' code under paper")
+        if r["published"]:
+            print(" " * 27 + "published:    " + "; ".join(
+                f"{p['value']} {p['metric']} ({p['dataset']}, {p['backbone']}, {p['protocol']})"
+                for p in r["published"]))
     print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "
           "'fp16-pure' is the model itself in float16 on CUDA (the authors' clip.load), float32 on CPU.")
     return 0

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import catalogue
 from . import checks
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01 "
                    "(repeatable; the value must have the field's type and lie in its range: `shiftlab methods --json` "
                    "lists them)")
-    p.add_argument("--protocol", choices=["leaderboard", "paper"], default="leaderboard",
+    p.add_argument("--protocol", choices=catalogue.protocols(), default=catalogue.default_protocol(),
                    help="leaderboard: every method on the seed table's 64 shared views; paper: each method's "
                         "own authors' recipe (views, text head, precision); see `shiftlab methods`")
     p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=None,

@@ -4,6 +4,7 @@ from .base import IMAGE_EXTENSIONS, MAX_EMPTY_FRACTION, DatasetError, FolderData
 from .build import build_dataset, expand_root, find_dataset_dir
 from .classes import (
                       classnames_for_wnids,
+                      dataset_templates,
                       imagenet_a_wnids,
                       imagenet_classes,
                       imagenet_classnames,
@@ -14,12 +15,11 @@ from .classes import (
 from .extract import UnsafeArchiveError, safe_extract
 from .fetch import ChecksumError, DownloadError, download_file
 from .install import download_dataset
-from .settings import cupl_file_name, method_settings, setting_source, templates, view_settings
 from .specs import DATASETS, DatasetSpec, SplitLayout, classnames, list_datasets
 from .splits import SplitFileMissing
 
 __all__ = [
-    "classnames", "cupl_file_name", "method_settings", "setting_source", "templates", "view_settings",
+    "classnames", "dataset_templates",
     "SplitFileMissing", "SplitLayout",
     "classnames_for_wnids", "imagenet_a_wnids", "imagenet_classes", "imagenet_classnames", "imagenet_r_wnids",
     "imagenet_wnids", "load_templates", "ChecksumError", "DownloadError", "UnsafeArchiveError",

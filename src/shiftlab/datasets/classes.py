@@ -1,4 +1,5 @@
-"""The class tables shipped with shiftlab (``data/``) and CLIP's templates.
+"""The class tables shipped with shiftlab (``data/``), CLIP's templates and CoOp's per-dataset template
+(data/coop_templates.json).
 
 A dataset names where its class names are (``DatasetSpec.classes``), as a file under ``data/``:
 
@@ -16,18 +17,20 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
 from collections.abc import Iterable
 from importlib import resources
 from typing import NamedTuple
 
 __all__ = [
     "ClassRow", "imagenet_classes", "imagenet_wnids", "imagenet_classnames", "imagenet_r_wnids",
-    "imagenet_a_wnids", "classnames_for_wnids", "load_templates", "source_wnids", "source_names", "source_size",
-    "raw_names",
+    "imagenet_a_wnids", "classnames_for_wnids", "load_templates", "dataset_templates", "source_wnids",
+    "source_names", "source_size", "raw_names",
 ]
 
 _TABLE = "imagenet_classes.tsv"
 _TEMPLATES = "clip_imagenet_templates.txt"
+_COOP_TEMPLATES = "coop_templates.json"
 
 
 class ClassRow(NamedTuple):
@@ -161,3 +164,16 @@ def source_names(source: str) -> list[str]:
 def source_size(source: str) -> int:
     """How many classes class source ``source`` has."""
     return len(_source_names(source))
+
+
+@functools.cache
+def _coop_templates() -> dict[str, tuple[str, ...]]:
+    table = json.loads(_read_data_text(_COOP_TEMPLATES))["templates"]
+    return {dataset: tuple(entry["templates"]) for dataset, entry in table.items()}
+
+
+def dataset_templates(dataset: str) -> list[str]:
+    """CoOp's prompt template for a dataset (canonical name: its zero-shot CLIP's CUSTOM_TEMPLATES,
+    trainers/zsclip.py), e.g. ``["{} texture."]`` for ``dtd``; ``["a photo of a {}."]`` for a dataset
+    CoOp names none for (``imagefolder``)."""
+    return list(_coop_templates().get(dataset, ("a photo of a {}.",)))

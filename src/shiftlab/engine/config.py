@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..methods.base import get_method_class, list_methods
+from ..methods.protocols import DEFAULT_PROTOCOL
 from ..rundir import records
 from . import distributed
 
@@ -24,7 +25,7 @@ class RunConfig:
     model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    protocol: str = "leaderboard"    # each method's views, text head and precision (shiftlab.methods.protocols)
+    protocol: str = DEFAULT_PROTOCOL    # each method's views, text head and precision (shiftlab.methods.protocols)
     views: int | None = None         # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
     seed: int = 0

@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from ..datasets.imageio import ImageDecodeError
 from ..methods.base import Method, MethodOutput, create_method
 from ..methods.context import ClassHeads, SampleContext
+from ..methods.protocols import DEFAULT_PROTOCOL
 from ..models import ClipModel
 from ..models.precision import Precision
 from ..models.precision import resolve as resolve_precision
@@ -114,7 +115,7 @@ class Evaluator:
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
-                 text_timer: PhaseTimer | None = None, protocol: str = "leaderboard",
+                 text_timer: PhaseTimer | None = None, protocol: str = DEFAULT_PROTOCOL,
                  run_views: Mapping[str, Any] | None = None, dataset: str | None = None):
         self.model = model
         self.classnames = list(classnames)

@@ -139,12 +139,13 @@ def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None 
     CuPL file missing from a `cupl_file` directory or lacking one of the dataset's classes (when
     `datasets` holds the built dataset)."""
     from ..methods.base import get_method_class, make_config
-    from ..methods.online_common import check_descriptions
+    from ..methods.heads import check_descriptions
     from ..methods.protocols import method_overrides
 
     for name in suite.datasets:
         classnames = getattr((datasets or {}).get(name), "classnames", None)
         for method in config.methods:
-            overrides = method_overrides(config.protocol, method, (config.method_config or {}).get(method),
+            cls = get_method_class(method)
+            overrides = method_overrides(config.protocol, cls, (config.method_config or {}).get(method),
                                          config.precision, dataset=name)
-            check_descriptions(method, make_config(get_method_class(method), **overrides), classnames)
+            check_descriptions(method, make_config(cls, **overrides), classnames)

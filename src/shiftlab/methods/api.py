@@ -14,6 +14,7 @@ from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
 from .base import create_method
 from .prediction import Prediction
+from .protocols import DEFAULT_PROTOCOL
 
 
 def resolve_classes(classes: str | Sequence[str]) -> list[str]:
@@ -22,7 +23,7 @@ def resolve_classes(classes: str | Sequence[str]) -> list[str]:
 
 
 def predict(image: Any, method: str = "zeroshot", *, model: ClipModel | str, classes: str | Sequence[str],
-            protocol: str = "leaderboard", seed: int = 0, **config: Any) -> Prediction:
+            protocol: str = DEFAULT_PROTOCOL, seed: int = 0, **config: Any) -> Prediction:
     """One call: `image` (path, PIL image, uint8 array) classified by `method` among `classes` (a dataset
     name such as "imagenet-r", or a list of class names), with the method's own view recipe.
 

@@ -3,6 +3,8 @@
 A method turns one sample's `SampleContext` into class scores. Register a new one
 with `@register_method("name")` in its own module under `shiftlab/methods/` and
 add the module to `methods/__init__.py`; tests are parametrised over the registry.
+What is known about a method (its recipe per protocol, its published numbers, its per-dataset
+values) is declared in its class too (shiftlab.methods.facts).
 
 Every config field declares its valid range beside its default (`shiftlab.params.param`);
 `make_config` is the one check of a config (ranges, types, the method's minimum views) that
@@ -26,6 +28,7 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.recipe import ViewRecipe
 from .context import ClassHeads, SampleContext
 from .prediction import Prediction, load_image, make_prediction
+from .protocols import DEFAULT_PROTOCOL, merge_views, method_overrides, protocol_overrides
 
 _REGISTRY: Registry[type[Method]] = Registry("method")
 METHOD_KINDS = ("episodic", "online")
@@ -79,9 +82,8 @@ class Method:
     needs_pixels: bool = False
     summary: str = ""           # one line for `shiftlab methods`
     supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
-    # the class head of a method without a `text_head` or `ctx_init` config field ("zeroshot": "a photo of a
-    # {}.", "ensemble": CLIP's 80 templates); `shiftlab methods` prints it
-    fixed_text_head: str = "zeroshot"
+    # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
+    text_head: str = "zeroshot"
     # the fewest views (incl. the original) the method's computation is defined for; a method whose
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
@@ -290,21 +292,28 @@ def check_method_config(cls: type[Method], config: Any) -> Any:
     return config
 
 
-def effective_config(name: str, protocol: str = "leaderboard", dataset: str | None = None,
+def effective_config(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
                      run_precision: str = "auto", run_views: dict[str, Any] | None = None,
                      **config: Any) -> MethodConfig:
     """The config a run gives method `name`, checked, without building it: its defaults <- the
     protocol (with its per-dataset values for `dataset`) <- the run's `run_views` ({"n_views": 4,
     "augmix": True}: --views, --augmix; view-reading methods only) <- `config` (--set)."""
-    from .protocols import merge_views, method_overrides
     cls = get_method_class(name)
     if run_views and cls.needs_views:
         config["views"] = merge_views(dict(run_views), config.get("views", {}))
-    return make_config(cls, **method_overrides(protocol, name, config, run_precision, dataset=dataset))
+    return make_config(cls, **method_overrides(protocol, cls, config, run_precision, dataset=dataset))
+
+
+def describe(protocol: str, name: str) -> dict[str, Any]:
+    """What method `name` runs with under a protocol, without a dataset: `views` (its recipe as a dict),
+    `precision` and `config` (the other fields of its effective config)."""
+    fields = dataclasses.asdict(make_config(get_method_class(name),
+                                            **protocol_overrides(protocol, get_method_class(name))))
+    return {"views": fields.pop("views", {"n_views": 1}), "precision": fields.pop("precision"), "config": fields}
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
-                  run_precision: str = "auto", protocol: str = "leaderboard", dataset: str | None = None,
+                  run_precision: str = "auto", protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
                   run_views: dict[str, Any] | None = None, allow_duplicate_names: bool = False,
                   **config: Any) -> Method:
     """Build a registered method as `protocol` runs it (shiftlab.methods.protocols: "leaderboard", the

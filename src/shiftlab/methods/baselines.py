@@ -9,6 +9,7 @@ import torch
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .context import SampleContext
+from .facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
 
 
 @register_method("zeroshot")
@@ -16,6 +17,17 @@ class ZeroShot(Method):
     """CLIP zero-shot: "a photo of a {name}." on view 0."""
     needs_views = False
     summary = "CLIP zero-shot, 'a photo of a {name}.', view 0"
+    label = "CLIP zero-shot"
+    aliases = ("clip", "clip zero-shot", "zs")
+    protocols = {}     # no code of its own: `paper` runs it as `leaderboard`
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=56.1,
+             source=R_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=56.15, source=TPT_README),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=56.0, source=C_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="ece20", value=2.07, source=C_TPT_TABLE),
+    )
+    fidelity = "golden"
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return MethodOutput(ctx.zeroshot_logits)
@@ -26,7 +38,15 @@ class PromptEnsemble(Method):
     """CLIP's 80 ImageNet templates averaged per class (normalised mean of normalised embeddings), view 0."""
     needs_views = False
     summary = "CLIP's 80-template prompt ensemble, view 0"
-    fixed_text_head = "ensemble"
+    text_head = "ensemble"
+    label = "Prompt ensemble (80 templates)"
+    aliases = ("ensemble80",)
+    protocols = {}     # as `leaderboard`
+    published = (
+        # the README's "Ensembled prompt" row
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=60.72, source=TPT_README),
+    )
+    fidelity = "head golden (TDA's text features)"
 
     def prepare(self) -> None:
         _ = self.heads.ensemble
@@ -45,6 +65,15 @@ class ViewEnsemble(Method):
     """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
     config_class = ViewEnsembleConfig
     summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
+    label = "Ensemble (64 views)"
+    aliases = ("ensemble",)
+    protocols = {}     # as `leaderboard`
+    published = (
+        # the R-TPT table's "Ensemble" row (its 60.72 beside it is the prompt ensemble's, a method of its own)
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=51.3,
+             source=R_TPT_TABLE),
+    )
+    fidelity = ""
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         view_logits = ctx.zeroshot_view_logits

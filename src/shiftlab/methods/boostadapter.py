@@ -19,7 +19,9 @@ from ..params import param
 from .base import MethodOutput, register_method
 from .confidence import entropy, marginal_entropy, select_confident
 from .context import SampleContext
-from .online_common import first_views, text_head
+from .facts import settings_file
+from .heads import text_head
+from .online_common import first_views
 from .tda import TDA, Cache, CacheEntry, TDAConfig, TDASample, update_cache
 
 
@@ -29,7 +31,7 @@ class BoostAdapterConfig(TDAConfig):
     (line numbers below), the read-out from `runner.py` (`run_test_tda`, mode "boostadapter", lines
     128-160) and `utils.py` (`get_clip_logits`, `select_confident_samples`); the classifier is
     `clip_classifier` (utils.py:54-71) over `datasets/imagenet_r.py`'s template list (CLIP's 80; the
-    other sets' lists equal TDA's, shiftlab/data/method_settings.json). Their model is `clip.load` on
+    other sets' lists equal TDA's, shiftlab/data/settings/tda.json). Their model is `clip.load` on
     CUDA, half precision, with the literal logit scale 100 (utils.py:84): the `paper` protocol's
     `precision="fp16-pure"`, `logit_scale=100`. Their views: the original (Resize 224 bicubic +
     CenterCrop) and 63 RandomResizedCrop(224) + flip, no AugMix (utils.py:122 `augmix=False`), which
@@ -109,6 +111,15 @@ class BoostAdapter(TDA):
     """
     config_class = BoostAdapterConfig
     summary = "BoostAdapter: TDA's caches plus the sample's confident views as boosting entries (training-free)"
+    label = "BoostAdapter"
+    # taolinzhang/BoostAdapter runner.py, utils.py: TDA's half model with the literal scale 100, the dataset's
+    # templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False)
+    protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0}}
+    # configs/<set>.yaml and runner.py per dataset; its datasets/*.py template lists are TDA's, list for list
+    dataset_settings = settings_file("boostadapter", templates_of="tda")
+    published = ()     # its README prints no table
+    fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
+                "`logit_scale=100`)")
 
     def reset(self) -> None:
         super().reset()

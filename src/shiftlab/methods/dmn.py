@@ -17,7 +17,9 @@ from ..views.recipe import ViewRecipe
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import lowest
 from .context import SampleContext
-from .online_common import STATE_VERSION, check_descriptions, check_state, first_views, text_head
+from .facts import cupl_file_names, settings_file
+from .heads import check_descriptions, text_head
+from .online_common import STATE_VERSION, check_state, first_views
 
 
 class DynamicMemory:
@@ -130,7 +132,7 @@ class DMNConfig(ViewMethodConfig):
     cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl", or a
     #                                    directory of CuPL's per-dataset files: the run's dataset picks its own
     # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
-    # sets the dataset's (data/method_settings.json: DMN's `ID_to_prompts` on the fine-grained sets)
+    # sets the dataset's (data/settings/dmn_zs.json: DMN's `ID_to_prompts` on the fine-grained sets)
     templates: tuple[str, ...] | None = None
 
 
@@ -149,6 +151,22 @@ class DMNZeroShot(Method):
     config_class = DMNConfig
     episodic = False
     summary = "DMN-ZS: online per-class memory of test features, attention readout (training-free)"
+    label = "DMN-ZS"
+    aliases = ("dmn",)
+    # YBZh/DMN scripts/run.sh, data/datautils.py: 32 views of RandomResizedCrop(224, scale=(0.5, 1)) + flip,
+    # float32, memory 50, beta 5.5, --text_prompt tip_cupl (7 Tip-Adapter templates + CuPL descriptions). The
+    # descriptions are not shipped (no licence): the run refuses until the user passes
+    # --set dmn_zs.cupl_file=PATH (or picks another head with --set).
+    protocols = {"paper": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
+                           "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"}}
+    # the mixing weight of its logs and the templates of data/imagnet_prompts.py, per dataset
+    dataset_settings = settings_file("dmn_zs")
+    cupl_files = cupl_file_names("dmn_zs")     # data/imagnet_prompts.py ID_to_gptprompts_path
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=61.44,
+             source="github.com/YBZh/DMN README.md@c6c218c, 'Out-of-Distribution Generalization' table (CLIP RN50)"),
+    )
+    fidelity = "golden (24-sample stream, memory after every sample; `tip_cupl`, memory 50 and 2)"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -17,7 +17,9 @@ from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import select_confident
 from .context import SampleContext
-from .online_common import STATE_VERSION, check_state, first_views, text_head
+from .facts import settings_file
+from .heads import text_head
+from .online_common import STATE_VERSION, check_state, first_views
 
 
 @dataclass
@@ -113,6 +115,17 @@ class DOTA(Method):
     episodic = False
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA), as TDA's
     summary = "DOTA: online per-class Gaussian estimates of the test features mixed with zero-shot (training-free)"
+    label = "DOTA"
+    # skylineeeeen/DOTA dota.py, utils.py: TDA's pipeline: 63 AugMix views + the original on A/V/R/S
+    # (get_ood_preprocess), the half model of `clip.load`, logit scale 100, the dataset's templates;
+    # configs/vit/imagenet_r.yaml (the defaults). ImageNet and the cross-domain sets: one view (per dataset).
+    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
+                           "logit_scale": 100.0}}
+    # configs/vit/<set>.yaml and the views utils.py gives each set; its datasets/*.py hold TDA's templates
+    # (checked file by file, bc67d44)
+    dataset_settings = settings_file("dota", templates_of="tda")
+    published = ()     # its README prints no table (docs/SUITES.md)
+    fidelity = "golden (24-sample stream, estimates after every sample; `logit_scale=100`; rho 0.0025 and 3)"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -16,18 +16,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..datasets.classes import load_templates
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
 from .context import SampleContext
-from .online_common import STATE_VERSION, check_cupl_file, check_descriptions, check_state, first_views, text_head
+from .dmn import DMNZeroShot
+from .facts import settings_file
+from .heads import check_descriptions, text_head
+from .online_common import STATE_VERSION, check_state, first_views
 
 
 @dataclass
 class DPEConfig(ViewMethodConfig):
     """DPE's ImageNet-R settings (`configs/imagenet_r.yaml` and `main_dpe.py` of zhangce01/DPE-CLIP;
-    other datasets: data/method_settings.json under `--protocol paper`)."""
+    other datasets: data/settings/dpe.json under `--protocol paper`)."""
     pos_capacity: int = param(3, ge=1)              # configs/imagenet_r.yaml:6 positive.shot_capacity
     pos_alpha: float = param(3.0, ge=0)             # configs/imagenet_r.yaml:7 (cache logits weight)
     pos_beta: float = param(8.0, ge=0)              # configs/imagenet_r.yaml:8 (affinity sharpness)
@@ -151,8 +153,20 @@ class DPE(Method):
     config_class = DPEConfig
     episodic = False
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
-    cupl_templates = "CLIP's 80 templates (the dataset's own with a dataset under paper)"   # `shiftlab methods`
+    cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7
     summary = "DPE: evolving textual and visual prototypes with per-sample residuals (one AdamW step)"
+    label = "DPE"
+    # zhangce01/DPE-CLIP utils.py get_preprocess, clip_classifier, get_clip_logits: 63 AugMix views + the original,
+    # the half model of `clip.load` on CUDA under autocast, logit scale 100, CLIP's 80 templates + CuPL
+    # descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set)
+    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
+                           "logit_scale": 100.0}}
+    # configs/<set>.yaml, the views utils.py gives each set and the templates of datasets/<set>.py
+    dataset_settings = settings_file("dpe")
+    cupl_files = DMNZeroShot.cupl_files    # a directory of CuPL files is searched by DMN's names
+    published = ()
+    fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "
+                "ImageNet-R and ImageNet-A configs)")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -172,10 +186,6 @@ class DPE(Method):
 
     def class_head(self) -> torch.Tensor:
         """The initial (C, D) head; DPE's `templates` default to CLIP's 80 in every head."""
-        cfg = self.config
-        if cfg.text_head == "tip_cupl":
-            templates = tuple(cfg.templates) if cfg.templates else tuple(load_templates())
-            return self.heads.tip_cupl(check_cupl_file(self), f"{self.name}.cupl_file", templates)
         return text_head(self)
 
     # -- the algorithm -------------------------------------------------------------------------

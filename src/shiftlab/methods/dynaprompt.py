@@ -100,9 +100,12 @@ class DynaPrompt(Method):
 
     # --protocol paper (ImageNet-R): TPT's fp16 autocast with GradScaler(init_scale=1000)
     # (dynap_classification.py:102, 230, 419) and torch.topk's order of equal statistics (:119, 123)
+    text_head = "prompt"      # its prompts over the text tower (methods.heads)
     protocols = {"paper": {"precision": "fp16", "ties": "topk"}}
     # the repository prints no results (README.md; _site/ is TPT's project page), and holds no logs
     published = ()
+    fidelity = ("golden (24-sample stream, buffer, order and counts after every sample, from the authors' state "
+                'and along the whole stream; `ties=topk`; 12 and 3 prompts)')
     # dynap_classification.py:252-253 AugMixAugmenter(..., augmix=len(set_id) > 1): AugMix on the fine-grained sets
     dataset_settings = {**{name: {"views": {"augmix": False}} for name in
                            ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")},

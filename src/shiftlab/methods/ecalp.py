@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from ..params import param
 from .base import Method, MethodConfig, MethodOutput, register_method
 from .context import SampleContext
-from .online_common import STATE_VERSION, check_state, text_head
+from .heads import text_head
+from .online_common import STATE_VERSION, check_state
 
 
 @dataclass
@@ -171,6 +172,13 @@ class ECALP(Method):
     episodic = False
     needs_views = False         # one feature per image, as the authors' features files hold
     summary = "ECALP: label propagation on a kNN graph of text + all test features so far (training-free)"
+    label = "ECALP"
+    # Yushu-Li/ECALP main.py: DMN's float32 features, one per image; neighbour ties in torch.topk's order, as
+    # their code leaves them
+    protocols = {"paper": {"precision": "fp32", "ties": "topk"}}
+    published = ()
+    fidelity = ("golden (24-sample stream, neighbour lists and carried labels after every sample; `ties=topk`; "
+                "k_image 8 and 3)")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -27,6 +27,7 @@ import torch
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .context import SampleContext
+from .facts import R_TPT_TABLE
 
 # A bandwidth of 0 (every neighbour a duplicate view) would make the density 0/0. The
 # floor is far below any real neighbour distance (cdist's own rounding is ~1e-4).
@@ -120,6 +121,13 @@ class MTA(Method):
     zero-shot class features. Reuses the shared view features and zero-shot view logits."""
     config_class = MTAConfig
     summary = "MTA: training-free mean-shift mode of the view features with inlierness weights"
+    label = "MTA"
+    protocols = {"paper": {"precision": "fp16"}}   # MaxZanella/MTA mta.py solve_mta: the features under fp16 autocast
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=58.4,
+             source=R_TPT_TABLE),
+    )
+    fidelity = "golden"
     min_views_why = "each view's bandwidth needs k = int(neighbour_ratio * (N - 1)) >= 1 nearest neighbours"
 
     @classmethod

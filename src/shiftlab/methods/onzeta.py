@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..params import param
 from .base import Method, MethodConfig, MethodOutput, register_method
 from .context import SampleContext
+from .heads import text_head
 from .online_common import STATE_VERSION, check_state
 
 # Tip-Adapter's 7 ImageNet templates in OnZeta's order (main_online.py:204-212, `imagenet_7_templates`)
@@ -80,6 +81,12 @@ class OnZeta(Method):
     needs_views = False         # the authors' code reads one centre-cropped image per sample
     supports_pure_fp16 = True
     summary = "OnZeta: online label learning + vision proxies on view 0 (training-free)"
+    label = "OnZeta"
+    # idstcv/OnZeta main_online.py:218-242: one centre-cropped image per sample, the half model of `clip.load`
+    # on CUDA, its 7 templates; the arithmetic after the encoders float32 (their .float())
+    protocols = {"paper": {"precision": "fp16-pure"}}
+    published = ()
+    fidelity = "golden (24-sample stream, rho and proxies after every sample; `stream_length=24`)"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -87,9 +94,7 @@ class OnZeta(Method):
 
     def text(self) -> torch.Tensor:
         """(C, D) float32 text head (their `.float()` after the half model)."""
-        if self.config.text_head == "zeroshot":
-            return self.heads.zeroshot.float()
-        return self.heads.templated(list(self.config.head_templates)).float()
+        return text_head(self).float()
 
     def prepare(self) -> None:
         _ = self.text()

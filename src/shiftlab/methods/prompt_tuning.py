@@ -23,11 +23,16 @@ from typing import Any
 
 import torch
 
+from ..datasets.suites import SUITES
 from ..models.text import ContextPrompt
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, mean_entropy, select_confident
 from .context import SampleContext
+from .facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
+
+IMAGENET_SETS = SUITES["natural-shift"].datasets     # TPT's one-letter set ids I/A/V/R/K
+FINE_GRAINED = SUITES["cross-dataset"].datasets
 
 
 def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:
@@ -79,6 +84,7 @@ class PromptTuningConfig(ViewMethodConfig):
 class PromptTuning(Method):
     """Shared machinery; subclasses define `loss` and `readout`."""
     config_class = PromptTuningConfig
+    text_head = "prompt"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -230,6 +236,21 @@ def _scalar(value: torch.Tensor):
 class TPT(PromptTuning):
     """TPT: marginal entropy of the confident views, one AdamW step, predict view 0."""
     summary = "TPT: tune 4 context tokens on the 10% most confident views (marginal entropy), predict view 0"
+    label = "TPT"
+    # azshue/TPT tpt_classification.py: fp16 autocast + GradScaler(init_scale=1000); AugMix only for the
+    # fine-grained sets (len(set_id) > 1), so not for ImageNet-R
+    protocols = {"paper": {"precision": "fp16"}}
+    # tpt_classification.py AugMixAugmenter(..., augmix=len(set_id)>1): none for I/A/V/R/K, AugMix on the others
+    dataset_settings = {**{name: {"views": {"augmix": False}} for name in IMAGENET_SETS},
+                        **{name: {"views": {"augmix": True}} for name in FINE_GRAINED}}
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=58.9,
+             source=R_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=59.11, source=TPT_README),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=58.9, source=C_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="ece20", value=9.18, source=C_TPT_TABLE),
+    )
+    fidelity = "golden"
 
     def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return marginal_entropy(selected_logits), {}
@@ -245,6 +266,24 @@ class CTPT(PromptTuning):
     """C-TPT: TPT's loss - lambda * ATFD of the class features in the same forward pass."""
     config_class = CTPTConfig
     summary = "C-TPT: TPT loss - lambda x text feature dispersion (better calibration)"
+    label = "C-TPT"
+    aliases = ("ctpt20",)     # lambda 20, its ImageNet setting
+    # hee-suk-yoon/C-TPT's distribution-shift script passes --I_augmix (AugMix on for ImageNet-R), lambda 20;
+    # precision as TPT's code, which it runs
+    protocols = {"paper": {"precision": "fp16", "views": {"augmix": True}, "lambda_atfd": 20.0}}
+    dataset_settings = {
+        # scripts/test_tpt_ctpt_ds.sh (--lambda_term 20 --I_augmix)
+        **{name: {"lambda_atfd": 20.0, "views": {"augmix": True}} for name in IMAGENET_SETS},
+        # scripts/test_tpt_ctpt_fg.sh (--lambda_term 50; AugMix from augmix=len(set_id)>1 in tpt_classification.py)
+        **{name: {"lambda_atfd": 50.0, "views": {"augmix": True}} for name in FINE_GRAINED},
+    }
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=57.7,
+             source=R_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=58.0, source=C_TPT_TABLE),
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="ece20", value=4.57, source=C_TPT_TABLE),
+    )
+    fidelity = "golden (λ 20, 50)"
 
     def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         entropy_loss = marginal_entropy(selected_logits)
@@ -268,6 +307,13 @@ class RTPT(PromptTuning):
     """R-TPT: mean per-view entropy of the confident views; reliability-weighted ensemble of all views."""
     config_class = RTPTConfig
     summary = "R-TPT: pointwise entropy, then reliability-weighted average of all views' tuned logits"
+    label = "R-TPT"
+    protocols = {"paper": {"precision": "fp32"}}   # rtpt.py: no autocast, no GradScaler: float32 throughout
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=57.6,
+             source=R_TPT_TABLE),
+    )
+    fidelity = "golden; its attack pipeline too (PGD, 8-bit conversion, rebuilt views)"
     min_views = 2
     min_views_why = "its reliability weights rank each view's neighbours (one view has none: NaN weights)"
 

@@ -17,7 +17,9 @@ from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy, select_confident
 from .context import SampleContext
-from .online_common import STATE_VERSION, check_state, first_views, text_head
+from .facts import settings_file
+from .heads import text_head
+from .online_common import STATE_VERSION, check_state, first_views
 
 
 @dataclass
@@ -138,6 +140,18 @@ class TDA(Method):
     episodic = False
     supports_pure_fp16 = True   # --set tda.precision=fp16-pure: the authors' half model (on CUDA)
     summary = "TDA: online positive/negative feature caches over confident views (training-free)"
+    label = "TDA"
+    # kdiAAA/TDA: 63 AugMix views + the original, 80 templates (configs/imagenet_r.yaml). The authors run the
+    # model itself in fp16 (`clip.load` on CUDA, no autocast: "fp16-pure", float32 on the CPU as every
+    # precision) with the logit scale fixed at 100.
+    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
+                           "logit_scale": 100.0}}
+    dataset_settings = settings_file("tda")     # configs/<set>.yaml and datasets/<set>.py's templates
+    published = (
+        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=62.58,
+             source="github.com/kdiAAA/TDA README.md@e697fb0, 'Results' table 'OOD Benchmark' (CLIP ResNet-50)"),
+    )
+    fidelity = "golden (24-sample stream, caches after every sample; `logit_scale=100`)"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -29,12 +29,17 @@ from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy_as_tpt, select_confident
 from .context import SampleContext
+from .heads import register_head
 
 # "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
 # (save_class_embeds.py:84, --x_templates, every dataset); "descriptors": the class's descriptor
 # sentences (save_concepts.py:120); "ensemble_descriptors": the two means averaged (learnable_shift.py:77,
 # --with_concepts --with_templates: the README's recipe)
 TEXT_HEADS = ("zeroshot", "ensemble", "descriptors", "ensemble_descriptors")
+# TPS's own heads: it builds their prototypes itself (`TPS.prototypes`), the kinds only say what they are
+register_head("descriptors", lambda cls, fields: "descriptor sentences (descriptors_file)")
+register_head("ensemble_descriptors",
+              lambda cls, fields: "CLIP's 80 templates + descriptor sentences (descriptors_file)")
 SHIFTS = ("per_class", "shared")
 # the largest (samples x classes x dim) shift tensor tuned at once (floats); ImageNet-R RN50: 327 images
 _GROUP_FLOATS = 2 ** 26
@@ -132,8 +137,6 @@ class TPS(Method):
     entropy of its confident views; predicts view 0 with the shifted prototypes."""
     config_class = TPSConfig
     summary = "TPS: shift the class prototypes per image (one AdamW step, 10% most confident views), predict view 0"
-    text_head_words = {"descriptors": "descriptor sentences (descriptors_file)",
-                       "ensemble_descriptors": "CLIP's 80 templates + descriptor sentences (descriptors_file)"}
     # --protocol paper on ImageNet-R (README.md:48 runs scripts/shift/shift_text_per_class_mean_init_template_and_
     # gpt4_micro.sh): fp16 autocast + GradScaler(1e3) (shift_classification.py:54,185,254) on the float32 model of
     # their clip (model/model.py:434 leaves convert_weights commented out), 63 views + the original without AugMix
@@ -141,6 +144,8 @@ class TPS(Method):
     # 15-17). Their descriptors are not shipped: the run refuses until --set tps.descriptors_file=PATH.
     protocols = {"paper": {"precision": "fp16", "text_head": "ensemble_descriptors"}}
     published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log
+    fidelity = ('golden (24-sample stream: prototypes, first-step gradients, kept views, losses, shifts, logits; '
+                'templates + stand-in descriptors, 1 step; templates, 3 steps)')
     # shift_classification.py:98-99: AugMix on for every set id longer than one letter (the fine-grained sets)
     dataset_settings = {name: {"views": {"augmix": True}} for name in _FINE_GRAINED}
 

@@ -114,6 +114,11 @@ class Zero(Method):
     """
     config_class = ZeroConfig
     summary = "ZERO: majority vote (zero temperature) of the 30% lowest-entropy views; confidence = vote share"
+    label = "ZERO"
+    protocols = {"paper": {"precision": "fp16"}}   # FarinaMatteo/zero: the zero-shot forward under fp16 autocast
+    # its ViT-B/16 tables are suite rows (data/published_suites.json); no RN50 number
+    published = ()
+    fidelity = "golden (`vote_rule=authors`; 64 and 8 views)"
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         if self.config.vote_rule == "authors":

@@ -1,21 +1,19 @@
-"""Published numbers to reproduce, as data (source: the table in PROTOCOL.md).
+"""When a run is comparable with published numbers, and the numbers it is compared with.
 
-Every number here is CLIP RN50 (OpenAI weights) on ImageNet-R, in percent.
-They mean nothing for another backbone, other weights, another dataset or another
-protocol, which is why the only way to get them is `published_rows(dataset, model,
-weights_sha256=..., protocol=...)` (or `published_for_run(summary)`), which returns {}
-for anything not comparable.
+The numbers are declared by each method in its own module (`Method.published`, shiftlab.methods.facts),
+and read here through the method catalogue (shiftlab.catalogue: the registry, or its generated copy, so the
+report imports no torch). This module keeps the rule: only CLIP RN50 with OpenAI's weights on ImageNet-R,
+each number beside runs of the protocol it was published with. They mean nothing for another backbone,
+other weights, another dataset or another protocol, which is why the only way to get them is
+`published_rows(dataset, model, weights_sha256=..., protocol=...)` (or `published_for_run(summary)`),
+which returns {} for anything not comparable.
 
-Columns:
-- ``seed_leaderboard``: the R-TPT paper's table (the project's seed leaderboard).
-- ``paper``: the method's own paper or README.
-- ``paper_ece`` / ``paper_ece_top1``: ECE (20 equal-width bins, C-TPT's `ECE_Loss(20)`)
-  and the top-1 printed beside it in the C-TPT paper (only TPT, C-TPT and CLIP zero-shot
-  have them); compare them with a run's `ece20`.
-
-The PROTOCOL table has one "Ensemble" row whose two columns are two different
-methods: 51.3 is the 64-view ensemble, 60.72 the 80-template prompt ensemble.
-They are split here so neither is compared with the wrong method.
+A row per method, with columns:
+- ``seed_leaderboard``: its top-1 published under `leaderboard` (the R-TPT paper's table, the project's
+  seed leaderboard).
+- ``paper``: its first top-1 published under `paper` (the method's own paper or README).
+- ``paper_ece`` / ``paper_ece_top1``: ECE (20 equal-width bins, C-TPT's `ECE_Loss(20)`) and the top-1 the
+  same source prints beside it (only TPT, C-TPT and CLIP zero-shot have them); compare them with a run's `ece20`.
 """
 from __future__ import annotations
 
@@ -23,49 +21,57 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .. import catalogue
+
 _COLUMNS = ("seed_leaderboard", "paper", "paper_ece", "paper_ece_top1")
-
-# canonical method name -> row; a None column means "not published".
-PUBLISHED_RN50_IMAGENET_R: dict[str, dict] = {
-    "tpt": {"label": "TPT", "seed_leaderboard": 58.9, "paper": 59.11,
-            "paper_ece": 9.18, "paper_ece_top1": 58.9},
-    "mta": {"label": "MTA", "seed_leaderboard": 58.4, "paper": None},
-    "ctpt": {"label": "C-TPT", "seed_leaderboard": 57.7, "paper": 58.0,
-             "paper_ece": 4.57, "paper_ece_top1": 58.0},
-    "rtpt": {"label": "R-TPT", "seed_leaderboard": 57.6, "paper": None},
-    "zeroshot": {"label": "CLIP zero-shot", "seed_leaderboard": 56.1, "paper": 56.15,
-                 "paper_ece": 2.07, "paper_ece_top1": 56.0},
-    "view_ensemble": {"label": "Ensemble (64 views)", "seed_leaderboard": 51.3, "paper": None},
-    "prompt_ensemble": {"label": "Prompt ensemble (80 templates)", "seed_leaderboard": None,
-                        "paper": 60.72},
-    "tda": {"label": "TDA", "seed_leaderboard": None, "paper": 62.58},
-    "dmn_zs": {"label": "DMN-ZS", "seed_leaderboard": None, "paper": 61.44},
+# The protocol each column was published with: the seed table ran every method on the same
+# views (`leaderboard`); each paper ran its own recipe (`paper`).
+_LEADERBOARD, _PAPER = catalogue.protocols()
+PROTOCOL_COLUMNS: dict[str, tuple[str, ...]] = {
+    _LEADERBOARD: ("seed_leaderboard",),
+    _PAPER: ("paper", "paper_ece", "paper_ece_top1"),
 }
-for _row in PUBLISHED_RN50_IMAGENET_R.values():
-    for _col in _COLUMNS:
-        _row.setdefault(_col, None)
+DATASET, BACKBONE = "imagenet-r", "RN50"     # the only published rows a run is compared with
+RN50_MODELS = ("RN50", "RN50-quickgelu")     # the open_clip models of that backbone
 
-# Spellings a run may use for a method (after lower-casing and dropping
-# everything but letters and digits) -> canonical name above.
-_ALIASES = {
-    "tpt": "tpt", "mta": "mta", "rtpt": "rtpt", "tda": "tda",
-    "ctpt": "ctpt", "ctpt20": "ctpt",  # lambda=20 is C-TPT's ImageNet setting
-    "zeroshot": "zeroshot", "clip": "zeroshot", "clipzeroshot": "zeroshot", "zs": "zeroshot",
-    "ensemble": "view_ensemble", "viewensemble": "view_ensemble",
-    "promptensemble": "prompt_ensemble", "ensemble80": "prompt_ensemble",
-    "dmn": "dmn_zs", "dmnzs": "dmn_zs",
-}
 
-RN50_MODELS = ("RN50", "RN50-quickgelu")
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def _row(facts: dict[str, Any]) -> dict[str, Any] | None:
+    """A method's columns from its published entries for (ImageNet-R, RN50); None without any."""
+    entries = [e for e in facts["published"] if (e["dataset"], e["backbone"]) == (DATASET, BACKBONE)]
+    if not entries:
+        return None
+
+    def first(protocol: str, metric: str, source: str | None = None) -> Any:
+        return next((e["value"] for e in entries if (e["protocol"], e["metric"]) == (protocol, metric)
+                     and source in (None, e["source"])), None)
+
+    ece_source = next((e["source"] for e in entries if (e["protocol"], e["metric"]) == (_PAPER, "ece20")), None)
+    return {"label": facts["label"], "seed_leaderboard": first(_LEADERBOARD, "top1"),
+            "paper": first(_PAPER, "top1"), "paper_ece": first(_PAPER, "ece20"),
+            "paper_ece_top1": first(_PAPER, "top1", ece_source) if ece_source else None}
+
+
+def published_table() -> dict[str, dict]:
+    """{method: row} of every method that publishes a number for CLIP RN50 on ImageNet-R (copies)."""
+    rows = {name: _row(facts) for name, facts in catalogue.published().items()}
+    return {name: row for name, row in rows.items() if row is not None}
+
 
 
 def canonical_method(name: str) -> str | None:
-    """Canonical key in the published table for a run's method name, or None."""
-    return _ALIASES.get(re.sub(r"[^a-z0-9]", "", str(name).lower()))
+    """The registry name a method name means (case and punctuation aside: "C-TPT" is ctpt), or one of the
+    spellings a method declares as its `aliases` ("clip", "zs"); None for none."""
+    spellings = {_normalise(alias): method for method, facts in catalogue.published().items()
+                 for alias in (method, *facts["aliases"])}
+    return spellings.get(_normalise(name))
 
 
 def _is_imagenet_r(dataset: str | None) -> bool:
-    return re.sub(r"[^a-z0-9]", "", str(dataset or "").lower()) == "imagenetr"
+    return _normalise(dataset or "") == _normalise(DATASET)
 
 
 # Weights the published numbers were obtained with, by SHA-256 of the checkpoint file. OpenAI's
@@ -93,14 +99,6 @@ def is_openai_weights(model: str, weights_sha256: str | None, weights_source: st
     return bool(sha and hub and weights_source == f"hf-hub:{hub}")
 
 
-# The protocol each column was published with: the seed table ran every method on the same
-# views (`leaderboard`); each paper ran its own recipe (`paper`). C-TPT's ECEs (and the top-1
-# printed beside them) come from C-TPT's paper, with 20 equal-width bins.
-PROTOCOL_COLUMNS: dict[str, tuple[str, ...]] = {
-    "leaderboard": ("seed_leaderboard",),
-    "paper": ("paper", "paper_ece", "paper_ece_top1"),
-}
-PUBLISHED_ECE_BINS = 20
 
 
 def published_rows(dataset: str | None, model: str | None, pretrained: str | None = None, *,
@@ -119,7 +117,7 @@ def published_rows(dataset: str | None, model: str | None, pretrained: str | Non
     if (str(weights_sha256 or "").lower() not in REFERENCE_WEIGHTS
             and not is_openai_weights(str(model), weights_sha256, weights_source)):
         return {}
-    rows = {k: dict(v) for k, v in PUBLISHED_RN50_IMAGENET_R.items()}
+    rows = published_table()
     if protocol is not None:
         if protocol not in PROTOCOL_COLUMNS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOL_COLUMNS)}, got {protocol!r}")
@@ -143,13 +141,13 @@ def published_for(method: str, dataset: str | None, model: str | None, pretraine
 def published_for_run(summary_or_config: Mapping[str, Any]) -> dict[str, dict]:
     """The published rows comparable with a run, from its summary.json (or its `config`): dataset
     and model from the config, the checkpoint's SHA-256, its source and the protocol from the run's identity
-    (or the config). A run that recorded no protocol ran before protocols existed: `leaderboard`."""
+    (or the config). A run that recorded no protocol ran before protocols existed (`UNRECORDED_PROTOCOL`)."""
     config = summary_or_config.get("config", summary_or_config)
     shared = {**summary_or_config.get("identity", {}).get("shared", {}),
               **config.get("identity", {}).get("shared", {})}
     sha = shared.get("checkpoint_sha256", config.get("checkpoint_sha256"))
     source = shared.get("weights_source", config.get("weights_source"))
-    protocol = shared.get("protocol") or config.get("protocol") or "leaderboard"
+    protocol = shared.get("protocol") or config.get("protocol") or catalogue.unrecorded_protocol()
     model = next((m for m in (config.get("model"), config.get("model_resolved")) if str(m) in RN50_MODELS),
                  config.get("model"))
     return published_rows(config.get("dataset"), model, config.get("pretrained"),

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from .. import catalogue
 from .published import RN50_MODELS, is_openai_weights
 
 # backbone as the papers name it -> (open_clip model names, open_clip model holding the OpenAI file)
@@ -74,8 +75,8 @@ def table_rows(suite: str, backbone: str) -> list[dict]:
 
 def run_identity(summary: Mapping[str, Any]) -> dict[str, Any]:
     """model, pretrained, weights_sha256, weights_source and protocol of a run from its summary.json, wherever the
-    run recorded them (its config, or the run identity); no protocol recorded = `leaderboard`,
-    the only protocol that existed before protocols were recorded."""
+    run recorded them (its config, or the run identity); no protocol recorded = the only protocol that
+    existed before protocols were recorded (`UNRECORDED_PROTOCOL`)."""
     config = summary.get("config", summary) or {}
     shared = {**(summary.get("identity") or {}).get("shared", {}), **(config.get("identity") or {}).get("shared", {})}
     model = next((m for m in (config.get("model"), config.get("model_resolved")) if backbone_of(m)),
@@ -83,4 +84,4 @@ def run_identity(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": model, "pretrained": config.get("pretrained"),
             "weights_sha256": shared.get("checkpoint_sha256", config.get("checkpoint_sha256")),
             "weights_source": shared.get("weights_source", config.get("weights_source")),
-            "protocol": shared.get("protocol") or config.get("protocol") or "leaderboard"}
+            "protocol": shared.get("protocol") or config.get("protocol") or catalogue.unrecorded_protocol()}
