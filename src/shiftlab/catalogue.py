@@ -3,7 +3,8 @@
 import no torch.
 
 The file is generated from the method registry. After adding a method, or changing a config field,
-default, range, summary or protocol recipe, regenerate it (one command):
+default, range, summary or protocol recipe, regenerate it (one command, which also rewrites the attack
+catalogue, data/attacks.json, from the attack registry: `shiftlab.attacks.catalogue`):
 
     python -m shiftlab.catalogue --write        # or: make catalogue
 
@@ -148,22 +149,30 @@ def render() -> str:
                        "methods": build()}, indent=2, allow_nan=False) + "\n"
 
 
+def _files() -> list[tuple[Path, str, str]]:
+    """Each generated file, what it lists and the text the registry gives: the methods', then the attacks'."""
+    from .attacks import catalogue as attacks
+    return [(PATH, "methods", render()), (attacks.PATH, "attacks", attacks.render_file())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shiftlab.catalogue", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite {PATH.name} from the registry")
+    parser.add_argument("--write", action="store_true",
+                        help=f"rewrite {PATH.name} (and attacks.json, the attack catalogue) from the registries")
     args = parser.parse_args(argv)
-    text = render()
-    current = PATH.read_text(encoding="utf-8") if PATH.is_file() else None
-    if args.write:
-        if text != current:
-            PATH.write_text(text, encoding="utf-8")
-        print(f"{PATH}: {len(json.loads(text)['methods'])} methods" + (" (unchanged)" if text == current else ""))
-        return 0
-    if text != current:
-        print(f"{PATH} is out of date with the method registry: run `{COMMAND}`", file=sys.stderr)
-        return 1
-    print(f"{PATH}: up to date")
-    return 0
+    status = 0
+    for path, kind, text in _files():
+        current = path.read_text(encoding="utf-8") if path.is_file() else None
+        if args.write:
+            if text != current:
+                path.write_text(text, encoding="utf-8")
+            print(f"{path}: {len(json.loads(text)[kind])} {kind}" + (" (unchanged)" if text == current else ""))
+        elif text != current:
+            print(f"{path} is out of date with the {kind[:-1]} registry: run `{COMMAND}`", file=sys.stderr)
+            status = 1
+        else:
+            print(f"{path}: up to date")
+    return status
 
 
 if __name__ == "__main__":
