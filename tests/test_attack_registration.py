@@ -6,11 +6,21 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import typing
 
 import pytest
 import torch
 
-from shiftlab.attacks import ImageAttack, attack_seed, eps_255, register_attack
+from shiftlab import params
+from shiftlab.attacks import (
+    ImageAttack,
+    attack_config,
+    attack_seed,
+    eps_255,
+    get_attack_class,
+    list_attacks,
+    register_attack,
+)
 from shiftlab.attacks import catalogue as attack_catalogue
 from shiftlab.attacks.base import ATTACKS, AttackConfig
 from shiftlab.cli import main as cli_main
@@ -145,3 +155,14 @@ def test_a_declaration_that_cannot_work_is_refused(noise):
     with pytest.raises(ValueError, match="'none' means no attack"):
         register_attack("none")(SignNoise)
     assert "wrong" not in ATTACKS
+
+
+@pytest.mark.parametrize("name", list_attacks())
+def test_every_attack_declares_a_range_for_each_number_and_labels_from_its_fields(name):
+    cls = get_attack_class(name)
+    for field, spec in params.field_specs(cls.config_class).items():
+        arms = set(typing.get_args(spec.hint)) or {spec.hint}
+        if arms & {int, float}:
+            assert spec.range is not None, f"{name}.{field} has no declared range"
+    defaults = attack_config({"name": name})
+    assert cls.label(defaults).startswith(name) and set(cls.record_fields()) <= set(defaults)
