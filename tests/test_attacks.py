@@ -50,22 +50,28 @@ def samples():
     return ids, views, [i % len(CLASSNAMES) for i in ids], gen
 
 
+def _build(spec, evaluator):
+    """The attack as the engine builds it: from the model and its zero-shot class head."""
+    return build_attack(spec, evaluator.model, evaluator.heads.zeroshot)
+
+
 # -- registry and config -------------------------------------------------------------------
 
 def test_registry_and_config_errors(evaluator):
     assert "pgd" in list_attacks()
-    assert build_attack({"name": "none"}, evaluator) is None
-    attack = build_attack({"name": "pgd", "eps": 4 / 255}, evaluator)
-    assert (attack.name, attack.eps, attack.alpha, attack.steps, attack.random_start, attack.quantize) == \
+    assert _build({"name": "none"}, evaluator) is None
+    attack = _build({"name": "pgd", "eps": 4 / 255}, evaluator)
+    cfg = attack.config
+    assert (attack.name, cfg.eps, cfg.alpha, cfg.steps, cfg.random_start, cfg.quantize) == \
         ("pgd", 4 / 255, 1 / 255, 7, True, "round")
     with pytest.raises(ValueError, match="unknown attack 'fgsm'"):
-        build_attack({"name": "fgsm"}, evaluator)
+        _build({"name": "fgsm"}, evaluator)
     with pytest.raises(ValueError, match="quantize"):
-        build_attack({"name": "pgd", "quantize": "ceil"}, evaluator)
+        _build({"name": "pgd", "quantize": "ceil"}, evaluator)
     with pytest.raises(ValueError, match="eps"):
-        build_attack({"name": "pgd", "eps": -1.0}, evaluator)
+        _build({"name": "pgd", "eps": -1.0}, evaluator)
     with pytest.raises(TypeError, match="pgd"):
-        build_attack({"name": "pgd", "epsilon": 1.0}, evaluator)
+        _build({"name": "pgd", "epsilon": 1.0}, evaluator)
     with pytest.raises(ValueError, match="already registered"):
         register_attack("pgd")(type("Other", (), {}))
 
@@ -196,7 +202,7 @@ def test_pgd_is_torchattacks_pgd_bit_for_bit(evaluator, samples, random_start):
 @pytest.mark.parametrize("eps,mode", [(1 / 255, "round"), (0.01, "round"), (0.01, "truncate"), (4 / 255, "truncate")])
 def test_perturb_stays_in_the_8bit_eps_ball(evaluator, samples, eps, mode):
     ids, views, labels, gen = samples
-    attack = build_attack({"name": "pgd", "eps": eps, "steps": 3, "quantize": mode}, evaluator)
+    attack = _build({"name": "pgd", "eps": eps, "steps": 3, "quantize": mode}, evaluator)
     adv_views, info = attack.perturb(ids, views, labels, gen)
     assert set(info) == set(ids)
     for sid, clean, adv in zip(ids, views, adv_views):
@@ -216,7 +222,7 @@ def test_perturb_stays_in_the_8bit_eps_ball(evaluator, samples, eps, mode):
 
 def test_perturb_is_deterministic_per_sample(evaluator, samples):
     ids, views, labels, gen = samples
-    attack = build_attack({"name": "pgd", "eps": 4 / 255, "steps": 2}, evaluator)
+    attack = _build({"name": "pgd", "eps": 4 / 255, "steps": 2}, evaluator)
     state = torch.get_rng_state()
     full, info_full = attack.perturb(ids, views, labels, gen)
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is forked, not consumed
@@ -226,7 +232,7 @@ def test_perturb_is_deterministic_per_sample(evaluator, samples):
     for j, i in enumerate(order):
         assert torch.equal(part[j], full[i]) and info_part[ids[i]] == info_full[ids[i]]
     # the random start depends on (run seed, sample id): another run seed gives another image
-    other = build_attack({"name": "pgd", "eps": 4 / 255, "steps": 2, "seed": 99}, evaluator)
+    other = _build({"name": "pgd", "eps": 4 / 255, "steps": 2, "seed": 99}, evaluator)
     assert not torch.equal(other.perturb(ids[:1], views[:1], labels[:1], gen)[0][0][0], full[0][0])
     assert attack_seed(3, 11) != attack_seed(3, 12) and attack_seed(3, 11) != attack_seed(4, 11)
 
@@ -235,7 +241,7 @@ def test_eps_zero_returns_the_clean_views(evaluator, samples):
     ids, views, labels, gen = samples
     # a clean image that already has the model's size, so that its base view is the image itself
     square = [gen(random_image((64, 64), seed=i), i) for i in ids]
-    attack = build_attack({"name": "pgd", "eps": 0.0}, evaluator)
+    attack = _build({"name": "pgd", "eps": 0.0}, evaluator)
     adv, info = attack.perturb(ids, square, labels, gen)
     assert all(torch.equal(a, s) for a, s in zip(adv, square))
     assert all(i["linf_255"] == 0 and not i["flipped"] for i in info.values())

@@ -10,6 +10,7 @@ import pytest
 
 import shiftlab
 from shiftlab import catalogue, params
+from shiftlab.attacks import catalogue as attack_catalogue
 from shiftlab.cli import main as cli_main
 from shiftlab.commands.checks import method_names, method_override
 from shiftlab.methods.base import Method, ViewMethodConfig, get_method_class, register_method
@@ -43,6 +44,23 @@ def test_the_protocols_and_published_numbers_read_from_the_file_are_the_registry
     assert catalogue.unrecorded_protocol() == protocols.UNRECORDED_PROTOCOL
     assert catalogue.published()["ctpt"]["aliases"] == ["ctpt20"]
     assert [p["value"] for p in catalogue.published()["ctpt"]["published"]] == [57.7, 58.0, 4.57]
+
+
+def test_the_committed_attack_catalogue_is_the_registrys():
+    assert attack_catalogue.render_file() == attack_catalogue.PATH.read_text(encoding="utf-8"), (
+        f"{attack_catalogue.PATH.name} is out of date with the attack registry: run `{catalogue.COMMAND}`")
+
+
+def test_the_attack_file_answers_as_the_registry_does(monkeypatch):
+    from shiftlab.attacks import get_attack_class, list_attacks
+    live = {n: (attack_catalogue.field_specs(n), attack_catalogue.defaults(n)) for n in list_attacks()}
+    monkeypatch.setattr(attack_catalogue, "_registry_loaded", lambda: False)
+    assert attack_catalogue.names() == list_attacks()
+    for name, (specs, defaults) in live.items():
+        assert attack_catalogue.field_specs(name) == specs == params.field_specs(get_attack_class(name).config_class)
+        assert attack_catalogue.defaults(name) == defaults
+    # `--set attack.FIELD=V` names the attack, so no method may be called so
+    assert "attack" not in catalogue.names()
 
 
 @pytest.fixture

@@ -307,6 +307,13 @@ RUN = ["run", "--data", "DIR", "--out", "DIR/run"]
     (RUN + ["--set", "tpt.nosuch=1"], 2, "tpt has no setting nosuch"),
     (RUN + ["--methods", "tpt,nope"], 2, "argument --methods: unknown method nope"),
     (RUN + ["--views", "0"], 2, "argument --views: must be between 1"),
+    (RUN + ["--attack", "fgsm"], 2, "argument --attack: unknown attack 'fgsm'; choose from: none, pgd"),
+    (RUN + ["--attack", "pgd", "--set", "attack.eps=2"], 2,
+     "--set attack.eps=2: pgd.eps: 2 is out of range; must be a finite float in [0, 1]"),
+    (RUN + ["--set", "attack.steps=3", "--attack", "pgd", "--quantize", "ceil"], 2,
+     "--quantize: pgd.quantize: 'ceil' is not a choice"),
+    (RUN + ["--attack", "pgd", "--set", "attack.magnitude=1"], 2, "attack pgd has no field magnitude"),
+    (RUN + ["--steps", "3"], 2, "--steps sets a field of the attack, but no attack is chosen"),
     (RUN + ["--precision", "x"], 2, "argument --precision: invalid choice: 'x'"),
     (["run", "--device", "cpu", "--set", "tpt.lr=0.01"], 2, "the following arguments are required: --data, --out"),
     # the dataset registry imports numpy and PIL (not torch): said before the model is loaded

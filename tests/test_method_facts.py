@@ -12,8 +12,8 @@ import pytest
 
 import shiftlab
 from shiftlab import params
-from shiftlab.datasets.classes import load_templates
 from shiftlab.datasets import DATASETS
+from shiftlab.datasets.classes import load_templates
 from shiftlab.methods import facts, heads
 from shiftlab.methods.base import get_method_class, make_config
 from shiftlab.methods.protocols import DEFAULT_PROTOCOL, PAPER, PROTOCOLS, dataset_overrides, method_overrides

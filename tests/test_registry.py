@@ -119,7 +119,7 @@ def test_unknown_names_read_as_one_plain_line():
         get_method_class("nope")
     assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
     with pytest.raises(ValueError) as info:
-        build_attack({"name": "fgsm"}, evaluator=None)
+        build_attack({"name": "fgsm"}, model=None, zeroshot_head=None)
     assert str(info.value) == "unknown attack 'fgsm'; known: none, pgd"
     with pytest.raises(DatasetError) as info:
         build_dataset("nope", ".")

@@ -16,6 +16,7 @@ _EXPORTS = {
     "load_model": "models",
     "create_method": "methods",
     "list_methods": "methods",
+    "list_attacks": "attacks",
     "predict": "methods",
     "Prediction": "methods.prediction",
     "classnames": "datasets",
@@ -24,10 +25,11 @@ _EXPORTS = {
     "SampleContext": "methods.context",
     "FeatureStore": "rundir.feature_store",
 }
-__all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "predict", "Prediction",
-           "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
+__all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "list_attacks", "predict",
+           "Prediction", "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
 
 if TYPE_CHECKING:
+    from .attacks import list_attacks
     from .datasets.build import build_dataset
     from .datasets.specs import classnames
     from .methods.api import predict

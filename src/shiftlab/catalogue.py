@@ -4,7 +4,8 @@ refusing a bad `--methods` or `--set` and reading the published numbers import n
 
 The file is generated from the method registry. After adding a method, or changing a config field,
 default, range, summary, protocol recipe, published number or fidelity note, regenerate it and the
-README's table (one command):
+README's table (one command, which also rewrites the attack catalogue, data/attacks.json, from the attack
+registry: `shiftlab.attacks.catalogue`):
 
     python -m shiftlab.catalogue --write        # or: make catalogue
 
@@ -232,23 +233,26 @@ def readme_with_table(text: str, rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shiftlab.catalogue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true",
-                        help=f"rewrite {PATH.name} (and the README's methods table) from the registry")
+                        help=f"rewrite {PATH.name}, the README's methods table and attacks.json (the attack "
+                             "catalogue) from the registries")
     args = parser.parse_args(argv)
-    text = render()
-    files = {PATH: text}
+    from .attacks import catalogue as attacks
+    text, attacks_text = render(), attacks.render_file()
+    files = {PATH: text, attacks.PATH: attacks_text}
     if README.is_file():
         files[README] = readme_with_table(README.read_text(encoding="utf-8"), json.loads(text)["methods"])
     stale = [path for path, want in files.items() if not path.is_file() or path.read_text(encoding="utf-8") != want]
     if args.write:
         for path in stale:
             path.write_text(files[path], encoding="utf-8")
-        print(f"{PATH}: {len(json.loads(text)['methods'])} methods; "
+        print(f"{PATH}: {len(json.loads(text)['methods'])} methods, {attacks.PATH.name}: "
+              f"{len(json.loads(attacks_text)['attacks'])} attacks; "
               + (f"rewrote {', '.join(p.name for p in stale)}" if stale else "unchanged"))
         return 0
     if stale:
-        print(f"{', '.join(map(str, stale))} out of date with the method registry: run `{COMMAND}`", file=sys.stderr)
+        print(f"{', '.join(map(str, stale))} out of date with the registries: run `{COMMAND}`", file=sys.stderr)
         return 1
-    print(f"{PATH}: up to date")
+    print(f"{PATH}, {attacks.PATH.name}: up to date")
     return 0
 
 

@@ -1,88 +1,179 @@
-"""Threat models: the attack registry, `build_attack`, per-sample attack seeds and 8-bit quantisation."""
+"""What an attack is, without torch: its config dataclass, how it describes itself, the registry.
+
+An attack is one module: a config dataclass whose fields are declared with `shiftlab.params.param`
+(default, range, a comment citing the source) and an `Attack` subclass registered with
+`@register_attack("name")` that names it as `config_class`. The class also says how a run that used
+it is written for people, as two format strings over its config fields:
+
+    label_format = "eps={eps:/255}"     # 'pgd eps=4/255': the setting's label in summaries and reports
+    details_format = "steps={steps}"    # summary.md adds these after the label: 'pgd eps=4/255 steps=7'
+
+`{field:/255}` writes a value in 1/255 units (4/255, else 0.01). The fields those strings name are the
+config fields every attacked record carries (`record_fields`), so a report can label a setting from
+its records alone. Being data, they go into the attack catalogue (`shiftlab.attacks.catalogue`),
+which the CLI's checks and the labels in summaries and reports read without importing torch.
+
+This module imports no torch, numpy or PIL: the catalogue and the CLI import it.
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import string
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import torch
-
+from ..params import check_config
 from ..registry import Registry
 
 if TYPE_CHECKING:
-    from ..engine.step import Evaluator
+    from collections.abc import Sequence
+
+    import torch
+
+    from ..models import ClipModel
     from ..views.generator import ViewGenerator
 
+__all__ = ["ATTACKS", "NO_ATTACK", "Attack", "AttackConfig", "fill_template", "format_255", "register_attack",
+           "template_fields"]
 
-QUANTIZE_MODES = ("round", "truncate")
-_ATTACKS: Registry[type[Attack]] = Registry("attack", also_known=("none",))
-_ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
-
-
-def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
-    """Class decorator: make an `Attack` subclass available as `--attack NAME`."""
-    return _ATTACKS.register(name)
+NO_ATTACK = "none"   # the `--attack` value of a clean run; no registered attack may take it
+ATTACKS: Registry[type[Attack]] = Registry("attack", also_known=(NO_ATTACK,))
 
 
-def list_attacks() -> list[str]:
-    """Registered attack names (`none` is always accepted too and means: no attack)."""
-    return _ATTACKS.names()
+@dataclasses.dataclass
+class AttackConfig:
+    """Base of every attack's config: a dataclass of `param` fields (no field named `name`)."""
 
 
-def build_attack(attack_cfg: dict[str, Any], evaluator: Evaluator) -> Attack | None:
-    """`{"name": "pgd", "eps": ..., ...}` + the run's Evaluator -> an Attack (None for name "none")."""
-    cfg = dict(attack_cfg)
-    name = cfg.pop("name", "none")
-    if name in (None, "none"):
-        return None
-    cls = _ATTACKS.get(name)  # UnknownNameError (a ValueError) naming the known attacks
+def format_255(value: object) -> str:
+    """A value in [0, 1] pixel units as papers quote budgets: 4/255 -> '4/255', 0.01 -> '0.01'; '' if not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return ""
+    k = value * 255
+    return f"{round(k)}/255" if abs(k - round(k)) < 1e-3 else f"{value:.4g}"
+
+
+class _Formatter(string.Formatter):
+    """str.format plus the `/255` spec; a missing or unformattable field makes the whole text ''."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "/255":
+            text = format_255(value)
+            if not text:
+                raise ValueError(f"{value!r} is not a number")
+            return text
+        return super().format_field(value, format_spec)
+
+
+def template_fields(template: str) -> list[str]:
+    """The field names a format string reads, in order: 'eps={eps:/255} n={n}' -> ['eps', 'n']."""
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+def fill_template(template: str, values: Mapping[str, Any]) -> str:
+    """`template` formatted with `values`; '' when a field it names is missing, None or not formattable."""
+    if any(values.get(f) is None for f in template_fields(template)):
+        return ""
     try:
-        return cls(evaluator, **cfg)
-    except TypeError as exc:
-        raise TypeError(f"attack {name!r}: {exc}") from None
-
-
-def attack_seed(run_seed: int, sample_id: int) -> int:
-    """A 63-bit seed for a sample's attack randomness; depends only on (run seed, sample id)."""
-    state = np.random.SeedSequence([int(run_seed), int(sample_id), _ATTACK_SALT]).generate_state(2, dtype=np.uint64)
-    return int(state[0] >> 1)
-
-
-def eps_255(eps: float) -> int:
-    """The eps-ball radius in 8-bit units: the largest integer step that stays within eps."""
-    return int(math.floor(eps * 255 + 1e-6))
-
-
-def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str = "round",
-             clip_to_ball: bool = True) -> torch.Tensor:
-    """An adversarial image in [0, 1] -> uint8, within `eps_255(eps)` grey levels of `clean_u8`.
-
-    `round`: nearest grey level (the honest default). `truncate`: floor(x * 255), what
-    the authors' code does (a float -> uint8 cast). Either way the result is then clipped
-    to clean_u8 +- eps_255(eps) (and to 0..255): rounding alone can leave the ball by one
-    level when eps * 255 is not an integer (eps = 0.01 -> 2.55 levels; a pixel moved by
-    2.55 rounds to 3), and float error can do the same at an integer radius.
-    `clip_to_ball=False` skips that clip, as the authors' code does (their truncation of a
-    pixel at clean - eps can land one grey level further when float32 rounds it below).
-    """
-    if mode not in QUANTIZE_MODES:
-        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
-    scaled = x_adv.detach().to("cpu", torch.float64) * 255 if mode == "round" else x_adv.detach().cpu() * 255
-    q = torch.round(scaled) if mode == "round" else torch.floor(scaled)
-    clean = clean_u8.to("cpu", torch.int16).reshape(q.shape)
-    k = eps_255(eps)
-    q = q.to(torch.int16)
-    if clip_to_ball:
-        q = torch.minimum(torch.maximum(q, clean - k), clean + k)
-    return q.clamp_(0, 255).to(torch.uint8)
+        return _Formatter().vformat(template, (), dict(values))
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+        return ""
 
 
 class Attack:
-    """A threat model. `perturb` returns the adversarial views and one info dict per sample id."""
+    """A threat model: built from its config, the model and the model's zero-shot class head.
 
-    name = "attack"
+    `perturb(ids, views_list, labels, view_generator)` returns each sample's adversarial views and one
+    info dict per sample id, which becomes the `attack` field of that sample's records:
+    `{"name", <record_fields>, ...what the attack measured per sample}`. Most attacks subclass
+    `shiftlab.attacks.pixels.ImageAttack`, which does that loop and asks for one image at a time.
+    """
+
+    name: ClassVar[str] = "attack"               # set by register_attack
+    config_class: ClassVar[type] = AttackConfig
+    summary: ClassVar[str] = ""                  # one line for people (the attack catalogue lists it)
+    label_format: ClassVar[str] = ""             # over config fields, after the name: "eps={eps:/255}"
+    details_format: ClassVar[str] = ""           # summary.md's note, after the label: "steps={steps}"
+
+    def __init__(self, config: AttackConfig, model: ClipModel, zeroshot_head: torch.Tensor):
+        self.config = config
+        self.model = model
+        self.zeroshot_head = zeroshot_head
+
+    # -- the config: one check of every value --------------------------------------------------
+
+    @classmethod
+    def make_config(cls, **fields: Any) -> AttackConfig:
+        """The attack's config from its defaults overridden field by field, each value checked against its
+        declared range (one-line ValueError naming field, value and range; an unknown field is a TypeError),
+        then `resolve`d."""
+        known = [f.name for f in dataclasses.fields(cls.config_class) if f.init]
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise TypeError(f"{cls.name}: unknown config field(s) {unknown}; known: {known}")
+        return cls.resolve(check_config(cls.name, cls.config_class(**fields)))
+
+    @classmethod
+    def resolve(cls, config: AttackConfig) -> AttackConfig:
+        """Fill the fields whose default depends on others (PGD: alpha None -> eps / 4): what a run records."""
+        return config
+
+    def describe(self) -> dict[str, Any]:
+        """The effective config a run records (run.json, summary.json): {"name", every field}."""
+        return {"name": self.name, **dataclasses.asdict(self.config)}
+
+    # -- how it is written for people ------------------------------------------------------------
+
+    @classmethod
+    def record_fields(cls) -> list[str]:
+        """The config fields each attacked record carries: those the label and details name."""
+        return list(dict.fromkeys(template_fields(cls.label_format) + template_fields(cls.details_format)))
+
+    @classmethod
+    def label(cls, config: Mapping[str, Any]) -> str:
+        """'pgd eps=4/255' for a config dict (a run's, a summary's or a record's `attack` entry)."""
+        return f"{cls.name} {fill_template(cls.label_format, config)}".rstrip()
+
+    @classmethod
+    def details(cls, config: Mapping[str, Any]) -> str:
+        """What summary.md adds after the label ('steps=7'); '' when the attack says nothing more."""
+        return fill_template(cls.details_format, config)
+
+    # -- the work ----------------------------------------------------------------------------------
 
     def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
                 view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
         raise NotImplementedError
+
+
+def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
+    """Class decorator: make an `Attack` subclass available as `--attack NAME` (and `--set attack.FIELD=V`).
+
+    Refused: a taken name, "none", a config that is not an `AttackConfig` dataclass, a `name` field, a
+    label or details string naming a field the config lacks."""
+    def register(cls: type[Attack]) -> type[Attack]:
+        if name in ATTACKS and ATTACKS.get(name) is not cls:
+            raise ValueError(f"attack {name!r} is already registered (as {ATTACKS.get(name).__name__})")
+        problem = _declaration_problem(name, cls)
+        if problem:
+            raise ValueError(f"attack {name!r}: {problem}")
+        return ATTACKS.register(name, cls)
+    return register
+
+
+def _declaration_problem(name: str, cls: type) -> str | None:
+    if name == NO_ATTACK:
+        return f"{NO_ATTACK!r} means no attack"
+    if not (isinstance(cls, type) and issubclass(cls, Attack)):
+        return "must be a subclass of shiftlab.attacks.Attack"
+    config = cls.config_class
+    if not (dataclasses.is_dataclass(config) and issubclass(config, AttackConfig)):
+        return "config_class must be a dataclass subclassing AttackConfig"
+    fields = {f.name for f in dataclasses.fields(config)}
+    if "name" in fields:
+        return "a config field may not be called 'name' (the attack's name is recorded under it)"
+    missing = [f for f in template_fields(cls.label_format) + template_fields(cls.details_format) if f not in fields]
+    if missing:
+        return f"label_format/details_format name field(s) {missing} that {config.__name__} does not have"
+    return None

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import catalogue
+from ..attacks import catalogue as attack_catalogue
+from ..attacks.base import NO_ATTACK
 
 MAX_VIEWS = 1024  # 64 is the protocol; far above it a run only ends in an out-of-memory error
 
@@ -118,22 +120,95 @@ def method_override(item: str) -> tuple[str, str, Any]:
 
 
 def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, dict[str, Any]]:
-    """--set values -> {'tpt': {'lr': 0.01}, 'rtpt': {'self_mask': 'threshold'}}; later ones win."""
+    """--set values -> {'tpt': {'lr': 0.01}, 'rtpt': {'self_mask': 'threshold'}}; later ones win. The
+    attack's (`attack.FIELD=V`, see `attack_spec`) are left out."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        method, name, value = method_override(item) if isinstance(item, str) else item
-        out.setdefault(method, {})[name] = value
+        method, name, value = run_override(item) if isinstance(item, str) else item
+        if method != ATTACK:
+            out.setdefault(method, {})[name] = value
     return out
 
 
+# -- the attack: --attack NAME, --set attack.FIELD=V and the shortcuts for fields of those names ------------
+
+ATTACK = "attack"   # `--set attack.FIELD=V` sets a field of the chosen --attack (no method may take this name)
+# shortcut flag -> the attack field it sets (argparse dest = field name)
+ATTACK_SHORTCUTS = {"--eps": "eps", "--alpha": "alpha", "--steps": "steps", "--random-start": "random_start",
+                    "--quantize": "quantize"}
+
+
 def attack_name(text: str) -> str:
-    if text == "none":   # the default: no torch import for a run without an attack
-        return text
-    from ..attacks import list_attacks
-    names = ["none", *list_attacks()]
+    """'none' or a registered attack, read from the attack catalogue (no torch import)."""
+    names = [NO_ATTACK, *attack_catalogue.names()]
     if text not in names:
         raise argparse.ArgumentTypeError(f"unknown attack {text!r}; choose from: {', '.join(names)}")
     return text
+
+
+def run_override(item: str) -> tuple[str, str, Any]:
+    """`--set` of `shiftlab run`: METHOD.FIELD=VALUE, checked here (`method_override`), or attack.FIELD=VALUE,
+    returned as ('attack', field, text) and checked once the attack is known (`attack_spec`), since --attack
+    may come later on the command line."""
+    key, sep, raw = item.partition("=")
+    target, dot, name = key.strip().partition(".")
+    if target != ATTACK:
+        return method_override(item)
+    if not sep or not dot or not name:
+        raise argparse.ArgumentTypeError(f"expected attack.FIELD=VALUE (e.g. attack.eps=4/255), got {item!r}")
+    return ATTACK, name.strip(), raw.strip()
+
+
+def _attack_value(raw: str) -> Any:
+    """The text of `--set attack.FIELD=TEXT` as a value: a Python literal (4, None, True, 'a'), a fraction
+    like 4/255 (budgets are quoted so), or else the text itself."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        return float(Fraction(raw))
+    except (ValueError, ZeroDivisionError):
+        return raw
+
+
+def attack_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's attack as `{"name", the fields the command line sets}`: the shortcut flags (--eps, ...)
+    then `--set attack.FIELD=V` (later wins), each checked against the attack's field as `build_attack`
+    checks it, read from the attack catalogue (no torch import). A one-line ValueError names the flag:
+    a field the attack does not have, a value outside the field's range, a field without an attack."""
+    name = getattr(args, "attack", NO_ATTACK)
+    given: dict[str, tuple[str, Any, str | None]] = {}   # field -> (flag as typed, value, raw text)
+    for flag, field in ATTACK_SHORTCUTS.items():
+        value = getattr(args, field, None)
+        if value is not None:
+            given[field] = (flag, value, None)
+    for item in getattr(args, "method_config", []):
+        target, field, raw = run_override(item) if isinstance(item, str) else item
+        if target == ATTACK:
+            given[field] = (f"--set attack.{field}={raw}", _attack_value(raw), raw)
+    if name == NO_ATTACK:
+        if given:
+            flag = next(iter(given.values()))[0]
+            raise ValueError(f"{flag} sets a field of the attack, but no attack is chosen: add --attack NAME "
+                             f"({', '.join(attack_catalogue.names())})")
+        return {"name": NO_ATTACK}
+    fields = attack_catalogue.field_specs(name)
+    spec: dict[str, Any] = {"name": name}
+    for field, (flag, value, raw) in given.items():
+        if field not in fields:
+            raise ValueError(f"{flag}: attack {name} has no field {field}; its fields: {', '.join(fields)}")
+        try:
+            shown = None if raw is None or isinstance(value, str) else raw
+            spec[field] = fields[field].check(name, field, value, shown=shown)
+        except ValueError as exc:
+            if raw is None or isinstance(value, str):
+                raise ValueError(f"{flag}: {exc}") from None
+            try:   # e.g. a str field given 1: the text
+                spec[field] = fields[field].check(name, field, raw)
+            except ValueError:
+                raise ValueError(f"{flag}: {exc}") from None
+    return spec
 
 
 DEVICE_HELP = ("auto (the first GPU if there is one, else the CPU), cpu, cuda (GPU 0), cuda:N (the N-th "

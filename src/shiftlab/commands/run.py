@@ -32,10 +32,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "to be explicit), hf-hub:ORG/REPO, or 'none' for random weights (README: Getting the weights)")
     p.add_argument("--methods", type=checks.method_names, default=["all"],
                    help="comma-separated method names, or 'all' (see `shiftlab methods`)")
-    p.add_argument("--set", dest="method_config", type=checks.method_override, action="append", default=[],
-                   metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01 "
-                   "(repeatable; the value must have the field's type and lie in its range: `shiftlab methods --json` "
-                   "lists them)")
+    p.add_argument("--set", dest="method_config", type=checks.run_override, action="append", default=[],
+                   metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01, or the "
+                   "attack's, e.g. --set attack.eps=4/255 (repeatable; the value must have the field's type and lie "
+                   "in its range: `shiftlab methods --json` lists the methods', docs/ROBUSTNESS.md the attacks')")
     p.add_argument("--protocol", choices=catalogue.protocols(), default=catalogue.default_protocol(),
                    help="leaderboard: every method on the seed table's 64 shared views; paper: each method's "
                         "own authors' recipe (views, text head, precision); see `shiftlab methods`")
@@ -83,15 +83,20 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
-    a = p.add_argument_group("adversarial evaluation (threat model of the R-TPT paper)")
-    a.add_argument("--attack", type=checks.attack_name, default="none", help="none | pgd")
-    a.add_argument("--eps", type=checks.fraction_in(0, 1), default=1 / 255,
-                   help="L-inf budget on [0, 1] images, e.g. 1/255 (default)")
-    a.add_argument("--alpha", type=checks.fraction_in(0, 1), default=None, help="step size (default eps/4)")
-    a.add_argument("--steps", type=checks.int_in(0), default=7)
-    a.add_argument("--random-start", action=argparse.BooleanOptionalAction, default=True)
-    a.add_argument("--quantize", choices=["round", "truncate"], default="round",
-                   help="8-bit conversion of the adversarial image (the authors' code truncates)")
+    a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
+    a.add_argument("--attack", type=checks.attack_name, default="none",
+                   help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
+                        "set with --set attack.FIELD=VALUE, or with the shortcuts below where it has such a field")
+    a.add_argument("--eps", type=checks.fraction_in(0, 1), default=None,
+                   help="the attack's eps: an L-inf budget on [0, 1] images, e.g. 1/255 (pgd's default)")
+    a.add_argument("--alpha", type=checks.fraction_in(0, 1), default=None,
+                   help="the attack's alpha: its step size (pgd: eps/4 unless given)")
+    a.add_argument("--steps", type=checks.int_in(0), default=None, help="the attack's steps (pgd: 7)")
+    a.add_argument("--random-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="the attack's random_start (pgd: on)")
+    a.add_argument("--quantize", default=None, metavar="MODE",
+                   help="the attack's quantize: 8-bit conversion of the adversarial image (pgd: round | truncate, "
+                        "the authors' code truncates)")
     a.add_argument("--clean-and-robust", action="store_true",
                    help="score clean and adversarial images in one pass")
 
@@ -107,10 +112,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     classnames = None
     if args.classnames is not None:
         classnames = [ln.strip() for ln in Path(args.classnames).read_text().splitlines() if ln.strip()]
-    attack: dict[str, Any] = {"name": args.attack}
-    if args.attack != "none":
-        attack |= {"eps": args.eps, "alpha": args.alpha if args.alpha is not None else args.eps / 4,
-                   "steps": args.steps, "random_start": args.random_start, "quantize": args.quantize}
+    attack = checks.attack_spec(args)
     pretrained = None if _random_weights(args) else args.pretrained
     methods = args.methods if isinstance(args.methods, list) else checks.method_names(args.methods)
     from ..datasets.specs import DATASETS
@@ -188,13 +190,26 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
 
 
 def check_combination(args: argparse.Namespace) -> str | None:
-    """A problem between flags that each parsed fine, or None: the run's settings as the engine checks them
-    (`engine.config.settings_problem`) on every dataset it will run."""
-    from ..engine.config import settings_problem
+    """A problem between flags that each parsed fine, or None: the attack's fields (`checks.attack_spec`), then
+    the run's settings as the engine checks them (`engine.config.settings_problem`) on every dataset it will run."""
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
+    problem = attack_problem(args)
+    if problem:
+        return problem
+    from ..engine.config import settings_problem
     return settings_problem(config_from_args(args), dataset_names(args))
+
+
+def attack_problem(args: argparse.Namespace) -> str | None:
+    """A refused attack field (`checks.attack_spec`) as one line, or None; read from the attack catalogue,
+    so said before torch (or numpy) is imported."""
+    try:
+        checks.attack_spec(args)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def dataset_names(args: argparse.Namespace) -> list[str]:
@@ -320,6 +335,10 @@ def load_extra_models(args: argparse.Namespace, cfg: RunConfig, say: Any) -> lis
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = attack_problem(args)   # read from the attack catalogue: nothing heavy imported yet
+    if problem:
+        print(f"shiftlab run: error: {problem}", file=sys.stderr)
+        return 2
     from ..datasets.suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..attacks import attack_config
 from ..methods.base import get_method_class, list_methods
 from ..methods.protocols import DEFAULT_PROTOCOL
 from ..rundir import records
@@ -36,6 +37,7 @@ class RunConfig:
     workers: int = -1                # DataLoader workers; -1: auto (see resolve_workers)
     batch_size: int = 8              # samples per engine step (shared encoding, batched tuning)
     order: str = "shuffled"          # stream order: "shuffled" (seeded by `seed`) or "sorted"
+    # {"name": an attack, and any of its config fields}; the run fills the rest (shiftlab.attacks.attack_config)
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     clean_and_robust: bool = False
     classnames: list[str] | None = None
@@ -60,10 +62,11 @@ class RunConfig:
 
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
-    """The first reason a run of `config` cannot work, as one line, or None: online methods with
-    --clean-and-robust, or a method whose effective config (defaults <- the protocol, with its values for
-    each of `datasets` (default: the run's) <- --views/--augmix <- --set) is refused, e.g. MTA under
-    --views 4. The CLI asks before it loads anything; `engine.loop.run` before it touches the run directory."""
+    """The first reason a run of `config` cannot work, as one line, or None: an attack config its attack
+    refuses, online methods with --clean-and-robust, or a method whose effective config (defaults <- the
+    protocol, with its values for each of `datasets` (default: the run's) <- --views/--augmix <- --set) is
+    refused, e.g. MTA under --views 4. The CLI asks before it loads anything; `engine.loop.run` before it
+    touches the run directory."""
     from ..datasets.specs import DATASETS
     from ..methods.base import effective_config
     names = expand_methods(config.methods)
@@ -72,6 +75,10 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would mix "
                 "clean and attacked samples; run them once clean and once with --attack, or leave them out of "
                 "--methods")
+    try:
+        attack_config(config.attack)
+    except (TypeError, ValueError) as exc:
+        return f"attack: {exc}"
     for dataset in datasets or [config.dataset]:
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:

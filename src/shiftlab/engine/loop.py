@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ..attacks import attack_config, build_attack
 from ..models import ClipModel
 from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
@@ -79,10 +80,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     model = model.to(device)
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
-    attacker = None
-    if config.attack.get("name", "none") != "none":
-        from ..attacks import build_attack
-        attacker = build_attack(config.attack, evaluator)
+    config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
+    attacker = build_attack(config.attack, model, evaluator.heads.zeroshot)
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shiftlab.results.display import format_eps, run_label
+from shiftlab.results.display import attack_label, run_label
 from shiftlab.results.summary import run_config, run_schema
 from shiftlab.rundir import probs
 from shiftlab.rundir.identity import RunIdentityError
@@ -35,8 +35,8 @@ class Series:
     run: Run
     method: str
     setting: str          # as in the records: "clean" or the attack name
-    setting_label: str    # "clean" or e.g. "pgd eps=1/255", so different budgets never mix
-    attack_eps: float | None
+    setting_label: str    # "clean" or the attack's label, e.g. "pgd eps=1/255", so different budgets never mix
+    attack_eps: float | None   # the attack's `eps` field, for an attack that has one
     ids: np.ndarray
     labels: np.ndarray
     preds: np.ndarray
@@ -104,8 +104,8 @@ class Run:
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def _setting_label(setting: str, eps: float | None) -> str:
-    return setting if setting == "clean" or eps is None else f"{setting} {format_eps(eps)}"
+def _setting_label(setting: str, attack: dict | None) -> str:
+    return setting if setting == "clean" or not attack else attack_label({**attack, "name": setting})
 
 
 def load_run(path: str | Path) -> Run:
@@ -137,13 +137,13 @@ def load_run(path: str | Path) -> Run:
               summary=summary, warnings=warnings)
     schema = run_schema(ident, stream=False)
     problems: list[str] = []
-    summary_eps = (summary.get("attack") or {}).get("eps")
+    summary_attack = summary.get("attack") if isinstance(summary.get("attack"), dict) else None
 
     # (method, setting) -> {id: record}. The first record of a key wins, as in
     # shiftlab.rundir.record_files.load_records (resume never rewrites a finished key).
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     error_keys: set = set()
-    eps_of: dict[str, float | None] = {}
+    attack_of: dict[str, dict | None] = {}   # setting -> its attack config (a record's, else the summary's)
     for file in files:
         for line in scan(file, include_torn=True, schema=schema):
             rec = line.record
@@ -160,17 +160,15 @@ def load_run(path: str | Path) -> Run:
                     error_keys.add(key)
                     run.error_records.append(rec)
                 continue
-            if setting != "clean" and setting not in eps_of:
-                eps = (rec.get("attack") or {}).get("eps", summary_eps)
-                eps_of[setting] = float(eps) if isinstance(eps, (int, float)) else None
+            if setting != "clean" and setting not in attack_of:
+                attack_of[setting] = rec.get("attack") or summary_attack
             bucket = groups.setdefault((str(rec["method"]), setting), {})
             run.duplicates += sid in bucket
             bucket.setdefault(sid, rec)
 
     errors = Counter((r.get("method"), str(r.get("setting") or "clean")) for r in run.error_records)
     for (method, setting), by_id in sorted(groups.items()):
-        eps = eps_of.get(setting)
-        run.series.append(_to_series(run, method, setting, eps, by_id,
+        run.series.append(_to_series(run, method, setting, attack_of.get(setting), by_id,
                                      errors[(method, setting)] + errors[(None, setting)]))
     _attach_probs(run, groups)
     if not run.series:
@@ -183,7 +181,8 @@ def load_run(path: str | Path) -> Run:
     return run
 
 
-def _to_series(run: Run, method: str, setting: str, eps, by_id: dict[int, dict], errors: int) -> Series:
+def _to_series(run: Run, method: str, setting: str, attack: dict | None, by_id: dict[int, dict],
+               errors: int) -> Series:
     recs = [by_id[i] for i in sorted(by_id)]
 
     def floats(name):
@@ -195,11 +194,16 @@ def _to_series(run: Run, method: str, setting: str, eps, by_id: dict[int, dict],
     correct = np.array([bool(r.get("correct", p == y)) for r, p, y in zip(recs, preds, labels)])
     top5 = [r.get("top5") for r in recs]
     return Series(
-        run=run, method=method, setting=setting, setting_label=_setting_label(setting, eps),
-        attack_eps=eps, ids=np.array(sorted(by_id), dtype=np.int64), labels=labels, preds=preds,
+        run=run, method=method, setting=setting, setting_label=_setting_label(setting, attack),
+        attack_eps=_eps(attack), ids=np.array(sorted(by_id), dtype=np.int64), labels=labels, preds=preds,
         correct=correct, confidence=floats("confidence"), true_prob=floats("true_prob"),
         top5=None if any(not isinstance(t, list) for t in top5) else top5,
         paths=[str(r.get("path", "")) for r in recs], seconds=floats("seconds"), errors=errors)
+
+
+def _eps(attack: dict | None) -> float | None:
+    eps = (attack or {}).get("eps")
+    return float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
 
 
 def _attach_probs(run: Run, groups: dict[tuple[str, str], dict[int, dict]]) -> None:

@@ -1,22 +1,24 @@
-"""How runs are written for people: attack budgets, model weights, run titles.
+"""How runs are written for people: attacks, model weights, run titles.
 
 One formatter per thing, used by summary.md (shiftlab.results.summary) and the HTML report
-(shiftlab.report), so the two never describe the same run differently.
+(shiftlab.report), so the two never describe the same run differently. An attack is labelled by
+the attack itself (its `label_format` and `details_format`, read through the attack catalogue
+without importing torch).
 """
 from __future__ import annotations
 
-import math
 import os
+
+from ..attacks import catalogue as attack_catalogue
+from ..attacks.base import format_255
 
 _RANDOM = ("none", "random")
 
 
 def format_eps(eps: object) -> str:
     """0.00392 -> 'eps=1/255'; budgets are quoted in 1/255 units in papers. '' when unknown."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or math.isnan(eps):
-        return ""
-    k = eps * 255
-    return f"eps={round(k)}/255" if abs(k - round(k)) < 1e-3 else f"eps={eps:.4g}"
+    text = format_255(eps)
+    return f"eps={text}" if text else ""
 
 
 def is_random_weights(pretrained: object) -> bool:
@@ -41,12 +43,13 @@ def model_label(model: object, pretrained: object) -> str:
 
 
 def attack_label(attack: dict | None) -> str:
-    """'pgd eps=4/255' for an attack config (or summary entry); '' when there is none."""
-    attack = attack or {}
-    name = attack.get("name")
-    if not name or name == "none":
-        return ""
-    return f"{name} {format_eps(attack.get('eps'))}".rstrip()
+    """'pgd eps=4/255' for an attack config (a summary's entry, a record's `attack`); '' when there is none."""
+    return attack_catalogue.label(attack)
+
+
+def attack_details(attack: dict | None) -> str:
+    """What the attack adds after its label in summary.md ('steps=7'); '' when nothing."""
+    return attack_catalogue.details(attack)
 
 
 def run_label(model: object, pretrained: object, dataset: object, attack: dict | None = None) -> str:

@@ -19,7 +19,7 @@ from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
 from . import metrics
-from .display import attack_label, is_random_weights, model_label
+from .display import attack_details, attack_label, is_random_weights, model_label
 from .scoring import score_records
 
 SUMMARY = "summary.json"
@@ -210,8 +210,8 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     notes = [f"errors: {summary.get('errors', 0)}"]
     if "attack" in summary:
         a = summary["attack"]
-        notes.append(f"attack {attack_label(a)} steps={a.get('steps')}, "
-                     f"success rate on zero-shot {_fmt(a.get('success_rate'))}%")
+        described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
+        notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%")
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 
 

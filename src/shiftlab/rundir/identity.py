@@ -12,8 +12,10 @@ existing record valid: adding methods (the new ones get the same samples and sha
 settings) and raising `--limit` (a limited run is a prefix of the stream). The shiftlab
 version is recorded but not compared (a fix release must be able to finish a run). The
 sample-list fingerprint is what the report uses to decide whether two runs saw the same
-images. A run made before `weights_source` (where the checkpoint verifiably came from) was
-recorded takes it from the resuming run: the checkpoint's SHA-256 already pins the weights.
+images. The attack's config records every field of the attack; a field an older run.json lacks
+is taken from the resuming run when that holds the field's default. A run made before
+`weights_source` (where the checkpoint verifiably came from) was recorded takes it from the
+resuming run: the checkpoint's SHA-256 already pins the weights.
 Random weights are pinned by `model_seed` and `weights_sha256` (the digest of the weights as
 built); a run made before they were recorded takes them from a resuming run with a checkpoint
 (null both), and is refused with random weights (those were unseeded: nothing can rebuild them).
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..attacks import catalogue as attack_catalogue
+from ..attacks.base import NO_ATTACK
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
@@ -236,6 +240,8 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
     diffs = []
     old_shared, new_shared = dict(old.get("shared", {})), dict(new["shared"])
     limit_raised = None
+    if isinstance(old_shared.get("attack"), dict) and isinstance(new_shared.get("attack"), dict):
+        old_shared["attack"] = _attack_fields_added_later(old_shared["attack"], new_shared["attack"])
     for key in sorted(set(old_shared) | set(new_shared)):
         a, b = old_shared.get(key), new_shared.get(key)
         if key not in old_shared and (key in ADDED_LATER or (key in RANDOM_WEIGHTS and b is None)):
@@ -245,6 +251,10 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
             continue
         if key == "limit" and a is not None and (b is None or b > a):
             limit_raised = (a, b)
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):   # the attack's config: the fields that differ
+            fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            diffs.append(f"{key} " + ", ".join(f"{k} {_short(a.get(k))} -> {_short(b.get(k))}" for k in fields))
             continue
         diffs.append(f"{key} {_short(a)} -> {_short(b)}")
     old_methods = dict(old.get("methods", {}))
@@ -267,6 +277,17 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
     identity = {"shared": {**old_shared, "limit": new_shared.get("limit")} if limit_raised else old_shared,
                 "methods": merged, "shiftlab": new.get("shiftlab")}
     return Resume(identity, [n for n in new["methods"] if n not in old_methods], limit_raised)
+
+
+def _attack_fields_added_later(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The old attack config with the fields it does not record taken from the new one where the new one
+    holds that field's default: a run.json written before the attack recorded a field (or by a library
+    call that gave a few) ran it at its default."""
+    name = old.get("name")
+    if name != new.get("name") or name in (None, NO_ATTACK) or name not in attack_catalogue.names():
+        return old
+    defaults = jsonable(attack_catalogue.defaults(name))
+    return {**old, **{k: v for k, v in new.items() if k not in old and k in defaults and defaults[k] == v}}
 
 
 def check_ranks(identities: list[Mapping[str, Any]]) -> None:

@@ -41,7 +41,7 @@ class Record:
     correct: bool | None = None
     seconds: float | None = None         # the method's seconds for this sample (batch mean)
     extras: dict[str, Any] | None = None  # method-specific JSON scalars
-    attack: dict[str, Any] | None = None  # {"name", "eps", "steps", "flipped", "linf_255"}
+    attack: dict[str, Any] | None = None  # {"name", the attack's record_fields, what it measured per sample}
     error: str | None = None
     # not a JSON field: the float16 probability vector (C,) of a prediction, for `--save-probs`
     # (shiftlab.rundir.probs); kept out of records.jsonl, equality and repr

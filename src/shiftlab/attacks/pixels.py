@@ -1,0 +1,121 @@
+"""Attacks on a sample's 8-bit base view: `ImageAttack`, per-sample seeds, 8-bit quantisation, and the
+attacked model (zero-shot CLIP with the initial prompt).
+
+An `ImageAttack` turns each sample's clean 8-bit base view (view 0, `model.image_size` square) into
+an adversarial 8-bit image (`attack_image`, the one thing a subclass writes) and regenerates ALL
+views from it with the same per-sample seed as the clean run; every method then scores those views.
+Each sample's record info is `{"name", <record_fields>, "flipped", "linf_255"}`: `flipped` whether the
+zero-shot prediction changed, `linf_255` the largest change of a pixel in grey levels. See
+docs/ROBUSTNESS.md.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from PIL import Image
+
+from .base import Attack, AttackConfig
+
+if TYPE_CHECKING:
+    from ..models import ClipModel
+    from ..views.generator import ViewGenerator
+
+QUANTIZE_MODES = ("round", "truncate")
+_ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
+
+
+def attack_seed(run_seed: int, sample_id: int) -> int:
+    """A 63-bit seed for a sample's attack randomness; depends only on (run seed, sample id)."""
+    state = np.random.SeedSequence([int(run_seed), int(sample_id), _ATTACK_SALT]).generate_state(2, dtype=np.uint64)
+    return int(state[0] >> 1)
+
+
+def eps_255(eps: float) -> int:
+    """The eps-ball radius in 8-bit units: the largest integer step that stays within eps."""
+    return int(math.floor(eps * 255 + 1e-6))
+
+
+def quantize(x_adv: torch.Tensor, clean_u8: torch.Tensor, eps: float, mode: str = "round",
+             clip_to_ball: bool = True) -> torch.Tensor:
+    """An adversarial image in [0, 1] -> uint8, within `eps_255(eps)` grey levels of `clean_u8`.
+
+    `round`: nearest grey level (the honest default). `truncate`: floor(x * 255), what
+    the authors' code does (a float -> uint8 cast). Either way the result is then clipped
+    to clean_u8 +- eps_255(eps) (and to 0..255): rounding alone can leave the ball by one
+    level when eps * 255 is not an integer (eps = 0.01 -> 2.55 levels; a pixel moved by
+    2.55 rounds to 3), and float error can do the same at an integer radius.
+    `clip_to_ball=False` skips that clip, as the authors' code does (their truncation of a
+    pixel at clean - eps can land one grey level further when float32 rounds it below).
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
+    scaled = x_adv.detach().to("cpu", torch.float64) * 255 if mode == "round" else x_adv.detach().cpu() * 255
+    q = torch.round(scaled) if mode == "round" else torch.floor(scaled)
+    clean = clean_u8.to("cpu", torch.int16).reshape(q.shape)
+    k = eps_255(eps)
+    q = q.to(torch.int16)
+    if clip_to_ball:
+        q = torch.minimum(torch.maximum(q, clean - k), clean + k)
+    return q.clamp_(0, 255).to(torch.uint8)
+
+
+class ZeroShotClassifier(nn.Module):
+    """Images in [0, 1] -> zero-shot CLIP logits with fixed class features (the initial prompt)."""
+
+    def __init__(self, model: nn.Module, class_features: torch.Tensor, logit_scale: float):
+        super().__init__()
+        self.model = model
+        self.logit_scale = float(logit_scale)
+        self.register_buffer("class_features", class_features.detach().float().clone(), persistent=False)
+
+    def forward(self, x01: torch.Tensor) -> torch.Tensor:
+        feats = self.model.encode_pixels(x01).float()
+        return self.logit_scale * feats @ self.class_features.to(feats.device).T
+
+
+class ImageAttack(Attack):
+    """An attack on each sample's base view, one sample at a time (so its image does not depend on the batch).
+
+    Subclasses write `attack_image(clean_u8, label, sample_id, run_seed) -> uint8 image`; seed any
+    randomness with `attack_seed(run_seed, sample_id)`. The run seed is the config's `seed` field when
+    the config has one that is not None, else the view generator's (the run's `--seed`).
+    """
+
+    def __init__(self, config: AttackConfig, model: ClipModel, zeroshot_head: torch.Tensor):
+        super().__init__(config, model, zeroshot_head)
+        self.classifier = ZeroShotClassifier(model, zeroshot_head, model.logit_scale)
+
+    def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
+        """One clean uint8 image (3, S, S) -> its adversarial uint8 image (3, S, S)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def _zeroshot_preds(self, images_u8: torch.Tensor) -> list[int]:
+        x = images_u8.to(self.model.device).float().div(255)
+        return self.classifier(x).argmax(dim=-1).tolist()
+
+    def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
+                view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+        seed = getattr(self.config, "seed", None)
+        run_seed = seed if seed is not None else getattr(view_generator, "seed", 0)
+        described = {"name": self.name, **{f: getattr(self.config, f) for f in self.record_fields()}}
+        adv_views: list[torch.Tensor] = []
+        info: dict[int, dict[str, Any]] = {}
+        for sid, views, label in zip(ids, views_list, labels):
+            clean = views[0]
+            adv = self.attack_image(clean, label, sid, run_seed)
+            pred_clean, pred_adv = self._zeroshot_preds(torch.stack([clean, adv]))
+            adv_pil = Image.fromarray(adv.permute(1, 2, 0).numpy(), "RGB")
+            new_views = view_generator(adv_pil, sid)
+            if new_views.shape != views.shape:
+                raise RuntimeError(f"sample {sid}: adversarial views {tuple(new_views.shape)} "
+                                   f"!= clean views {tuple(views.shape)}")
+            adv_views.append(new_views)
+            info[int(sid)] = {**described, "flipped": bool(pred_clean != pred_adv),
+                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max())}
+        return adv_views, info
