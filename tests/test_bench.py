@@ -138,8 +138,8 @@ def golden(golden_dir):
     ("ctpt", "ctpt20/{i}/logits", {"lambda_atfd": 20.0}), ("ctpt", "ctpt50/{i}/logits", {"lambda_atfd": 50.0}),
     ("rtpt", "rtpt/{i}/logits_all_self_masked", {"self_mask": "index"}), ("mta", "mta/{i}/logits", {})])
 @pytest.mark.slow
-def test_baseline_matches_reference_code(golden, name, key, overrides):
-    torch.set_num_threads(1)   # the golden values were made with one thread
+@pytest.mark.golden
+def test_baseline_matches_reference_code(golden, one_thread, name, key, overrides):
     model, classnames, views, expected = golden
     config = shiftlab.create_method(name, model, classnames, **overrides).config
     baseline = create_baseline(name, model, classnames, config)
@@ -149,7 +149,8 @@ def test_baseline_matches_reference_code(golden, name, key, overrides):
 
 
 @pytest.mark.slow
-def test_view_ensemble_baseline_matches_reference_view_logits(golden):
+@pytest.mark.golden
+def test_view_ensemble_baseline_matches_reference_view_logits(golden, one_thread):
     model, classnames, views, expected = golden
     config = shiftlab.create_method("view_ensemble", model, classnames).config
     baseline = create_baseline("view_ensemble", model, classnames, config)

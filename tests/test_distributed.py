@@ -83,9 +83,7 @@ def online_method():
     method_base._REGISTRY.pop(ONLINE, None)  # other test modules are parametrised over the registry
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny tensors: more threads only add contention (conftest restores the count)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _key_counts(recs):

@@ -26,10 +26,7 @@ from shiftlab.views.preprocess import OPENAI_MEAN, OPENAI_STD
 GOLDEN_FILE = "tiny_clip_openai.pt"
 RN50_URL_NAME = "RN50.pt"
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
@@ -136,7 +133,6 @@ def test_normalisation_is_inside_the_model(tiny_model):
 # -- OpenAI checkpoints --------------------------------------------------------------------------
 
 def test_golden_openai_state_dict_matches_open_clip_loader(golden_dir):
-    torch.set_num_threads(1)
     model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / GOLDEN_FILE))
     ref = open_clip.load_openai_model(str(golden_dir / GOLDEN_FILE), device="cpu").float().eval()
     x = _images(4)

@@ -34,9 +34,7 @@ CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)   # exact comparisons below; the conftest fixture restores the count
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,7 @@ from shiftlab.views.generator import ViewConfig, ViewGenerator
 CLASSES = ["goldfish", "great white shark", "hammerhead"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _views(model: shiftlab.ClipModel, n_views: int = 6, seed: int = 0) -> torch.Tensor:

@@ -29,9 +29,7 @@ from shiftlab.synthetic import make_imagenet_r, tiny_clip
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,7 @@ N = 10      # samples in the dataset
 LIMIT = 6   # of which the runs evaluate the first LIMIT of the stream
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +51,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, model, dataset) -> Path:
+def finished(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
-    torch.set_num_threads(1)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 

@@ -34,9 +34,7 @@ from shiftlab.synthetic import make_imagenet_r, tiny_clip
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +62,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 # -- 1. run identity ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, model, dataset) -> Path:
+def finished(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
-    torch.set_num_threads(1)   # as the tests that redo samples (module fixtures run before _one_thread)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 

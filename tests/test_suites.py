@@ -21,8 +21,8 @@ from shiftlab.datasets.classes import imagenet_a_wnids
 from shiftlab.engine import suite as suite_runs
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
-from shiftlab.results.summary import summarize
 from shiftlab.results.published_suites import openai_sha256, sources, suite_rows, table_rows
+from shiftlab.results.summary import summarize
 from shiftlab.rundir import record_files, records
 
 

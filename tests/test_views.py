@@ -22,11 +22,7 @@ from shiftlab.views.generator import (
 )
 from shiftlab.views.recipe import ViewRecipe
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
