@@ -5,11 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
+from _gate import GatedRun
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets.folders import build_dataset
 from shiftlab.datasets.imageio import decode_image
@@ -404,13 +401,6 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
-# The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
-_PACED_CLI = ("import functools, sys, time; import shiftlab.engine.loop as E\n"
-              "class Paced(E.RunHooks):\n    def before_step(self, ids): time.sleep(0.25)\n"
-              "E.run = functools.partial(E.run, hooks=Paced())\n"
-              "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
 @pytest.mark.slow
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
     argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
@@ -423,24 +413,11 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
     out = tmp_path / "killed"
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-c", _PACED_CLI, *argv, "--out", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    records_file = out / record_files.RECORDS
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if records_file.is_file() and records_file.read_bytes().count(b"\n") >= 3 * 6:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    n_before = len(record_files.load_records(out))
-    assert 3 * 6 <= n_before < 3 * 40 and (out / "online_state.pt").is_file()
+    # killed after its 6th sample of 40: every record of those (the online ones checkpointed each step), no more
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_step:6") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert len(record_files.load_records(out)) == 3 * 6 and (out / "online_state.pt").is_file()
 
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
     assert _records(out) == _records(tmp_path / "whole")

@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import shiftlab
+from _gate import GatedRun, child_env
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
 from shiftlab.cli import main as cli_main
@@ -170,15 +170,6 @@ def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
     run(_cfg(out, resume=True), model=model, dataset=dataset)        # released: the directory is usable
 
 
-# The first run holds after its first step while the gate file exists (no timing guesswork).
-_GATED = ("import functools, os, sys, time; import shiftlab.engine.loop as E\n"
-          "class Gated(E.RunHooks):\n"
-          "    def after_step(self, ids, recs):\n"
-          "        while os.path.exists(os.environ['SHIFTLAB_TEST_GATE']): time.sleep(0.05)\n"
-          "E.run = functools.partial(E.run, hooks=Gated())\n"
-          "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
 @pytest.mark.slow
 def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
     ckpt = tmp_path / "tiny.pt"
@@ -187,29 +178,19 @@ def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
             "--methods", "zeroshot,mta", "--views", "5", "--workers", "0", "--batch-size", "1", "--device", "cpu",
             "--no-progress", "--allow-partial"]
     out = tmp_path / "run"
-    gate = tmp_path / "gate"
-    gate.write_text("")
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1", SHIFTLAB_TEST_GATE=str(gate))
-    first = subprocess.Popen([sys.executable, "-c", _GATED, *argv, "--out", str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "records.jsonl").is_file() or not (out / "records.jsonl").read_bytes().count(b"\n"):
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read().decode()[-2000:]
-            time.sleep(0.05)
+    # the first run holds after its first sample's records, with the directory locked
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_step:1") as first:
+        (pid,) = first.wait_reached().values()
+        assert len(_lines(out / "records.jsonl")) == 2
         second = subprocess.run([sys.executable, "-m", "shiftlab", *argv, "--out", str(out), "--resume"],
-                                env=env, capture_output=True, text=True, timeout=120)
+                                env=child_env(), capture_output=True, text=True, timeout=120)
         assert second.returncode == 2
-        assert f"pid {first.pid} on" in second.stderr and "started" in second.stderr
+        assert f"pid {pid} on" in second.stderr and "started" in second.stderr
         refusal = [ln for ln in second.stderr.splitlines() if "in use by another shiftlab process" in ln]
         assert len(refusal) == 1 and refusal[0].startswith("shiftlab run: ")
-        assert first.poll() is None, "the first run must still be running for this test to mean anything"
-        gate.unlink()
-        assert first.wait(timeout=180) == 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+        assert first.running(), "the first run must still be running for this test to mean anything"
+        first.release()
+        assert first.wait(timeout=180) == 0, first.stderr[-2000:]
     recs = _lines(out / "records.jsonl")
     assert len(recs) == 2 * 10 and len({records.record_key(r) for r in recs}) == 20
 
