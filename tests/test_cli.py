@@ -1,5 +1,6 @@
 """The command line refuses every user mistake with one line (flag + what it accepts), before any work,
-and never shows a traceback for the user's or the machine's problems (issue 13, point 7)."""
+and never shows a traceback for the user's or the machine's problems: a traceback tells the user
+nothing they can act on and hides the one line that does."""
 from __future__ import annotations
 
 import errno

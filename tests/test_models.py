@@ -455,11 +455,11 @@ def test_hf_cache_snapshot_is_found(empty_cache, monkeypatch):
     assert local is None
 
 
-# -- the model is what the user named (issue 13) ---------------------------------------------------
+# -- the model is what the user named -------------------------------------------------------------
 
 def test_openai_checkpoint_of_another_architecture_is_refused_naming_both(tmp_path):
-    # Reproduction: `--model ViT-B-32 --pretrained rn_file.pt` (and `--model RN51`) loaded the file's own
-    # architecture and labelled the run with the wrong name.
+    # Loading the file's own architecture for `--model ViT-B-32 --pretrained rn_file.pt` (or `--model RN51`)
+    # would label the run with a name that is not the model that ran.
     _, sd = _tiny_openai_state_dict(seed=40)
     path = tmp_path / "tiny_openai.pt"
     torch.save(sd, path)
@@ -587,7 +587,7 @@ def test_custom_architectures_go_through_open_clips_registry():
     assert not hasattr(M, "load_model_config")
 
 
-# -- checkpoint errors are one line and accurate (issue 13) -------------------------------------------
+# -- checkpoint errors are one line and accurate -----------------------------------------------------
 
 def _assert_one_line_corrupt(path: Path) -> str:
     with pytest.raises(ModelLoadError) as info:
@@ -699,8 +699,8 @@ def test_offline_hint_names_the_hugging_face_repository(empty_cache):
 
 
 def test_cli_refuses_a_checkpoint_of_another_architecture_in_one_line(tmp_path, capsys, tiny_checkpoint):
-    # Reproduction (issue 13): `shiftlab run --model ViT-B-32 --pretrained rn_file.pt` exited 0 and labelled
-    # the run ViT-B-32.
+    # A ResNet checkpoint run as `--model ViT-B-32` must not finish with exit 0 and records labelled
+    # ViT-B-32: every number in them would be attributed to the wrong architecture.
     from _synthetic import make_imagenet_r
     from shiftlab.cli import main as cli_main
     data = make_imagenet_r(tmp_path / "data", classes=range(200), per_class=1, size=(32, 24)).parent

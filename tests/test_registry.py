@@ -228,7 +228,7 @@ def test_set_and_create_method_refuse_a_value_outside_the_range_with_the_same_li
 
 
 @pytest.mark.parametrize("kw, message", [
-    # reproductions: each was accepted, or failed seven frames deep
+    # each would otherwise be accepted, or fail seven frames deep with nothing naming the field
     ({"lr": "fast"}, "tpt.lr: 'fast' is not a float; must be a finite float >= 0"),
     ({"lr": float("inf")}, "tpt.lr: inf is not finite; must be a finite float >= 0"),
     ({"lr": -1}, "tpt.lr: -1 is out of range; must be a finite float >= 0"),

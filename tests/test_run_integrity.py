@@ -1,7 +1,6 @@
-"""A run directory says exactly what ran (issue 13, points 1, 3, 4): run identity and resume,
-one writer per directory, damaged records quarantined, clear errors for unwritable run directories.
-
-Each test named after a reproduction failed on the code before these changes."""
+"""A run directory says exactly what ran: run identity and resume, one writer per directory, damaged
+records quarantined, clear errors for unwritable run directories. A resume that mixed settings, two
+writers or a damaged line taken at face value would each yield numbers no single run produced."""
 from __future__ import annotations
 
 import dataclasses
@@ -123,7 +122,7 @@ def test_adding_methods_and_nothing_left_to_do(finished, tmp_path, model, datase
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     first = json.loads((out / "summary.json").read_text())
-    assert set(first["config"]["method_settings"]) == {"zeroshot", "tpt"}       # was {} before
+    assert set(first["config"]["method_settings"]) == {"zeroshot", "tpt"}       # what `merge` labels by
     assert first["config"]["method_settings"]["tpt"]["steps"] == 1
     assert first["identity"]["shared"]["samples_sha256"] == identity.samples_fingerprint(dataset)
 

@@ -1,8 +1,8 @@
-"""run.json is validated as a whole, and a method it does not list is a new method (issue 20, point 7).
+"""run.json is validated as a whole, and a method it does not list is a new method.
 
-Reproductions: `shared` as a list failed with "cannot convert dictionary update sequence element #0"
-naming no file; with `methods.tda` deleted, a resume with another `--set tda.pos_alpha` was accepted
-and kept the old tda records."""
+A damaged run.json must be named in one line (`shared` as a list would otherwise fail deep inside with
+"cannot convert dictionary update sequence element #0"), and a method whose entry was deleted must not
+be resumed under other settings while its earlier records are kept as if they matched."""
 from __future__ import annotations
 
 import json

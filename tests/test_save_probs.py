@@ -1,4 +1,4 @@
-"""`shiftlab run --save-probs` (issue 25, point 6): every prediction record's float16 probability vector
+"""`shiftlab run --save-probs`: every prediction record's float16 probability vector
 in probs/, consistent with records.jsonl through kills and resumes and torchrun merges; the report's
 Brier score from them."""
 from __future__ import annotations

@@ -278,7 +278,7 @@ class Runner:
         group's longest recipe), each method reading its first n_views of it."""
         methods = self.evaluator.methods
         if recipe == DEFAULT_RECIPE and recipe not in {recipe_key(methods[n].view_recipe) for n in names}:
-            with self.timer.phase("encode"):   # one generator for every method (bench): the old behaviour
+            with self.timer.phase("encode"):   # one generator for every method (bench): one encoding serves all
                 ctxs = self.evaluator.contexts(views, ids, all_views=self._all_views(recipe))
             return {n: ctxs for n in names}
         out: dict[str, list[SampleContext]] = {}
