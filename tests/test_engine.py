@@ -159,6 +159,29 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(tmp_path, tin
     assert _strip(got) == _strip(want)
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_cuda_run_gives_the_probabilities_of_the_cpu_run(synthetic, tiny_checkpoint, tmp_path):
+    """`--device cuda --precision fp32` (TF32 off) computes what the CPU computes: each saved probability
+    within float16 storage and float32 summation order, the same top-1 wherever the CPU's top two are
+    further apart than that. Continuous methods only: a discrete choice inside a method (TPT's
+    confident views) may flip on a near tie, and then the whole output differs legitimately."""
+    from shiftlab.rundir.probs import load_probs
+    saved = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        assert _cli_run(synthetic, tiny_checkpoint, out, "--methods", "zeroshot,view_ensemble", "--device", device,
+                        "--precision", "fp32", "--save-probs") == 0
+        saved[device] = {k: v.astype("float64") for k, v in load_probs(out).items()}
+    assert saved["cuda"].keys() == saved["cpu"].keys() and len(saved["cpu"]) == 2 * 10
+    for key, want in saved["cpu"].items():
+        got = saved["cuda"][key]
+        assert abs(got - want).max() < 2e-3, key
+        second, first = sorted(want)[-2:]
+        if first - second > 4e-3:
+            assert got.argmax() == want.argmax(), key
+
+
 def test_run_precision_reaches_prompt_tuning_unless_set_per_method(tiny_model):
     from shiftlab.engine.step import Evaluator
     from shiftlab.models.precision import resolve
