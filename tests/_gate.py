@@ -15,7 +15,8 @@ then hold exactly what those N steps wrote, and a test acts on a process that ca
         child.kill()            # or child.signal(SIGTERM), or child.release() and child.wait()
 
 Without SHIFTLAB_TEST_GATE_AT the script is the plain CLI; SHIFTLAB_TEST_SETUP ("module:function",
-imported from tests/) runs first, e.g. to register a test-only method in every torchrun rank.
+imported from tests/, the script's folder) runs first, e.g. to register a test-only method in every
+torchrun rank.
 """
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
-TESTS = SCRIPT.parent
-REPO = TESTS.parent
+REPO = SCRIPT.parents[1]
 DIR_ENV, AT_ENV, SETUP_ENV = "SHIFTLAB_TEST_GATE_DIR", "SHIFTLAB_TEST_GATE_AT", "SHIFTLAB_TEST_SETUP"
 HOOKS = ("before_step", "after_step", "after_checkpoint")
 POLL_SECONDS = 0.02        # how often a held child looks for the gate, and a test for `reached`
@@ -40,8 +40,7 @@ def child_env(setup: str | None = None, **overrides: str | None) -> dict[str, st
     """The environment of a child CLI run: this checkout's sources first, one thread (the tests compare
     records bit for bit with in-process runs made with one thread); `None` removes a variable."""
     env = dict(os.environ, SHIFTLAB_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), str(TESTS), os.environ.get("PYTHONPATH"))
-                                          if p))
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
     env.pop(DIR_ENV, None)
     env.pop(AT_ENV, None)
     if setup is not None:

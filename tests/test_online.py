@@ -401,8 +401,14 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
+# Killed after the 6th sample of 40 (the online state checkpointed at every step): after its step, every
+# record of the 6 samples is written; after its checkpoint, the 6th sample's two online records are only
+# in the checkpoint (written, not yet appended), and the resume must restore them from there.
 @pytest.mark.slow
-def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
+@pytest.mark.parametrize("at,written", [("after_step:6", 3 * 6), ("after_checkpoint:6", 3 * 6 - 2)],
+                         ids=["after-step", "between-checkpoint-and-records"])
+def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint, at, written,
+                                                               capsys):
     argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
             str(tiny_checkpoint),
             "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
@@ -413,13 +419,16 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
     out = tmp_path / "killed"
-    # killed after its 6th sample of 40: every record of those (the online ones checkpointed each step), no more
-    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_step:6") as child:
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at=at) as child:
         child.wait_reached()
         assert child.kill() == -signal.SIGKILL
-    assert len(record_files.load_records(out)) == 3 * 6 and (out / "online_state.pt").is_file()
+    assert len(record_files.load_records(out)) == written and (out / "online_state.pt").is_file()
 
+    capsys.readouterr()
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
+    err, restored = capsys.readouterr().err, 3 * 6 - written
+    assert (f"; {restored} online record(s) restored from the last checkpoint" in err) if restored else \
+        "restored" not in err
     assert _records(out) == _records(tmp_path / "whole")
 
 
