@@ -1,6 +1,8 @@
 """Shared fixtures: a tiny random CLIP, the golden folder, synthetic data."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,9 +65,49 @@ def golden_model(golden_dir) -> tuple[shiftlab.ClipModel, list[str]]:
     return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
 
 
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """torch on one CPU thread inside, the previous count restored after. The golden values were made
+    with one thread and tests compare runs bit for bit: the thread count changes how float32 sums are
+    split, hence their rounding; and the tiny model is fastest on one thread of a shared machine."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the test (`single_thread`); a module uses it for every test with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_thread_module() -> Iterator[None]:
+    """One torch thread for the module-scoped fixtures that request it (a run whose records later tests
+    redo must be computed as they are), and so for the whole module."""
+    with single_thread():
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _deterministic_threads():
-    # The golden values were produced with one thread; thread count changes float rounding.
+def _restore_threads():
+    # A test that sets the thread count itself (the CLI does, from SHIFTLAB_NUM_THREADS) leaves the
+    # next test the count it started with.
     prev = torch.get_num_threads()
     yield
     torch.set_num_threads(prev)
+
+
+def pytest_collection_modifyitems(config, items):
+    # `gpu` tests need CUDA; on a machine without it they are skipped, said once per test in -ra's summary.
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

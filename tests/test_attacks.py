@@ -31,9 +31,7 @@ from shiftlab.views.generator import ViewConfig, ViewGenerator
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # the tiny model is fastest on one thread; conftest restores the count
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

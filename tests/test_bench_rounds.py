@@ -1,4 +1,4 @@
-"""`shiftlab bench`'s interleaved rounds: floor, ratios, baseline per round, projection (issue 15.2).
+"""`shiftlab bench`'s interleaved rounds: floor, ratios, baseline per round, projection.
 
 Timings are never asserted: only that each reported ratio is the per-round quotient of the
 reported seconds, and that the projection follows from the medians."""
@@ -84,7 +84,7 @@ def test_bench_without_rounds(tiny_model):
     assert result["rounds"] is None and result["projection"] is None and result["floor_seconds_per_image"] is None
 
 
-# -- the all-methods ratio comes from the pass that contains its floor (issue 25.8) ----------------
+# -- the all-methods ratio comes from the pass that contains its floor (a busy machine skews the rest) ------
 
 def _per_image(floor, allm, encode, alone=None):
     return {"floor": floor, "all_methods": allm, "all_methods_encode": encode} | (alone or {})
@@ -92,7 +92,7 @@ def _per_image(floor, allm, encode, alone=None):
 
 def test_all_methods_ratio_is_its_pass_over_its_own_encoding():
     # a busy round: the floor timed on its own took 1.0 s, the all-methods pass 0.6 s (of which 0.5 s
-    # encoding); over the separate floor that read "0.60x", below the encoding it contains
+    # encoding); over the separate floor it would read "0.60x", below the encoding it contains
     out = summarize_rounds(_per_image([1.0, 2.0, 0.8], [0.6, 1.3, 1.2], [0.5, 1.0, 0.75],
                                       {"alone:tpt": [1.1, 2.2, 1.0], "alone_encode:tpt": [0.9, 1.8, 0.8]}),
                            ["tpt"], [], images=2)

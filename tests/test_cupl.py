@@ -22,9 +22,7 @@ DESCRIPTIONS = {"great white shark": ["A large grey fish with many teeth.", "Sha
                 "hot dog": ["A sausage in a bun.", "Street food with mustard."]}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -197,7 +197,7 @@ def test_unknown_dataset(tmp_path):
         build_dataset("imagenet-z", tmp_path)
 
 
-# ------------------------------------------------------- issue 13: partial datasets, symlinks
+# ------------------------------------------------------- partial datasets, symlinks
 
 def test_mostly_empty_dataset_is_refused_unless_partial_is_allowed(tmp_path):
     make_imagenet_r(tmp_path, classes=range(40))  # 160 of 200 class folders empty
@@ -273,7 +273,7 @@ def test_symlinks_out_of_the_dataset_root_are_not_followed(tmp_path):
     assert len(build_dataset("imagenet-r", tmp_path / "linked")) == 1
 
 
-# ------------------------------------------------------- issue 16: the cross-dataset sets, names
+# ------------------------------------------------------- the cross-dataset sets, names
 
 CROSS = ["flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101", "sun397",
          "fgvc-aircraft", "eurosat"]

@@ -7,12 +7,10 @@ the slow ones start real torchrun jobs on CPU/gloo and compare them, record for 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from _gate import SCRIPT, GatedRun, child_env
 from _runs import comparable as _strip
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -33,7 +32,6 @@ from shiftlab.rundir import record_files, records, stream
 from shiftlab.rundir.online_state import OnlineState
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 
-TESTS = Path(__file__).resolve().parent
 ONLINE = "test_stream_mean"
 N_IMAGES = 8
 
@@ -83,9 +81,7 @@ def online_method():
     method_base._REGISTRY.pop(ONLINE, None)  # other test modules are parametrised over the registry
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny tensors: more threads only add contention (conftest restores the count)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _key_counts(recs):
@@ -316,22 +312,6 @@ def test_simulated_two_ranks_equal_single_process(data_root, tiny_model, online_
 
 # -- real torchrun jobs (CPU, gloo) ----------------------------------------------------------
 
-LAUNCHER = f"""
-import os, sys, time
-sys.path.insert(0, {str(TESTS)!r})
-import test_distributed
-test_distributed.register_online()
-import functools
-from shiftlab import cli
-from shiftlab.engine import loop as engine
-delay = float(os.environ.get("SHIFTLAB_TEST_BATCH_DELAY", "0"))
-if delay:
-    class Slow(engine.RunHooks):
-        def after_step(self, ids, records):
-            time.sleep(delay)
-    engine.run = functools.partial(engine.run, hooks=Slow())
-sys.exit(cli.main())
-"""
 ALL = f"zeroshot,tpt,view_ensemble,{ONLINE}"
 
 
@@ -341,10 +321,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(**extra):
-    env = dict(os.environ, SHIFTLAB_NUM_THREADS="1", **extra)
-    env.pop("OMP_NUM_THREADS", None)
-    return env
+# tests/_gate.py's SCRIPT is the CLI that first registers the test-only online method, in every rank
+SETUP = "test_distributed:register_online"
+
+
+def _env() -> dict[str, str]:
+    return child_env(SETUP, OMP_NUM_THREADS=None)     # torchrun sets its own
 
 
 def _torchrun(nproc: int) -> list[str]:
@@ -358,14 +340,12 @@ def job(tmp_path_factory):
     make_imagenet_r(root / "data", classes=range(0, 200, 25), per_class=1)
     ckpt = root / "tiny.pt"
     torch.save(tiny_clip(0).clip.state_dict(), ckpt)      # OpenAI key format: loads as shiftlab-tiny
-    launcher = root / "launch.py"
-    launcher.write_text(LAUNCHER)
     args = ["run", "--data", str(root / "data"), "--model", "shiftlab-tiny", "--pretrained", str(ckpt), "--views", "8",
             "--workers", "0", "--no-progress", "--batch-size", "2", "--allow-partial"]     # 4 blocks of 2 in the stream
     ref = root / "ref"
-    subprocess.run([sys.executable, str(launcher), *args, "--methods", ALL, "--out", str(ref)],
+    subprocess.run([sys.executable, str(SCRIPT), *args, "--methods", ALL, "--out", str(ref)],
                    env=_env(), check=True, capture_output=True, timeout=120)
-    return SimpleNamespace(root=root, args=args, launcher=launcher,
+    return SimpleNamespace(root=root, args=args,
                            reference=list(record_files.iter_records(ref / "records.jsonl")))
 
 
@@ -400,53 +380,28 @@ def test_torchrun_two_ranks_equal_single_process(job):
     assert (out / "records.jsonl").read_bytes() == before and not (out / "shards").exists()
 
 
-def _rank_pids(parent: int) -> dict[int, int]:
-    ranks = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode().split("\0") if "=" in kv)
-        except (OSError, ValueError, IndexError):
-            continue
-        if "RANK" in env:
-            ranks[int(env["RANK"])] = int(entry.name)
-    return ranks
-
-
 def _complete_lines(path: Path) -> int:
     return sum(1 for _ in record_files.iter_records(path)) if path.is_file() else 0
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find the rank processes")
 def test_torchrun_rank_killed_then_resumed_with_three_ranks(job):
     out = job.root / "killed"
     shards = out / "shards"
-    cmd = _torchrun(2) + [str(job.launcher), *job.args, "--methods", ALL, "--out", str(out)]
-    log = open(job.root / "killed.log", "w")      # a file, not a pipe nobody reads while it runs
-    proc = subprocess.Popen(cmd, env=_env(SHIFTLAB_TEST_BATCH_DELAY="1.0"), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        # rank 1 (blocks 1 and 3) writes 3 records per sample, rank 0 (online: every block) 4 or 1
-        while not (_complete_lines(shards / "records-rank1.jsonl") >= 3
-                   and _complete_lines(shards / "records-rank0.jsonl") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
-            time.sleep(0.05)
-        os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)        # one rank dies; torchrun stops the other
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    assert proc.returncode != 0
+    # both ranks hold after their first step: rank 1 has written its first block (2 samples x 3 episodic
+    # methods), rank 0 its own; then rank 1 dies and torchrun stops rank 0
+    with GatedRun(job.root / "gate", [*job.args, "--methods", ALL, "--out", str(out)], at="after_step:1",
+                  launcher=_torchrun(2), setup=SETUP, env={"OMP_NUM_THREADS": None}) as child:
+        child.wait_reached(ranks=(0, 1))
+        assert _complete_lines(shards / "records-rank1.jsonl") == 2 * 3
+        assert _complete_lines(shards / "records-rank0.jsonl") >= 2 * 3
+        child.signal(signal.SIGKILL, rank=1)
+        returncode = child.wait(timeout=60)
+    assert returncode != 0
     before = {records.record_key(r): r for r in record_files.load_records(out)}
     assert 0 < len(before) < len(job.reference) and not (out / "records.jsonl").exists()
 
-    cmd = _torchrun(3) + [str(job.launcher), *job.args, "--methods", ALL, "--out", str(out), "--resume"]
+    cmd = _torchrun(3) + [str(SCRIPT), *job.args, "--methods", ALL, "--out", str(out), "--resume"]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     final = list(record_files.iter_records(out / "records.jsonl"))

@@ -316,8 +316,8 @@ def test_download_dataset_invalid_archive_not_published(server, tmp_path):
 
 @pytest.mark.parametrize("bad", ["unsafe", "corrupt", "not_a_dataset"])
 def test_refused_or_corrupt_archive_leaves_no_digest_then_the_genuine_one_is_accepted(server, tmp_path, bad):
-    # issue 13: the digest of a refused archive used to be recorded first, so the genuine one was then
-    # rejected as corrupt until the user found and deleted <root>/<name>.sha256.
+    # A digest recorded before the archive is accepted would pin a refused one: the genuine archive
+    # would then be rejected as corrupt until the user found and deleted <root>/<name>.sha256.
     bad_archive = {
         "unsafe": lambda: _tar(tmp_path / "b.tar", [(_member("imagenet-r/../../evil.txt"), b"x")]),
         "corrupt": lambda: (tmp_path / "b.tar").write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 50) and tmp_path / "b.tar",

@@ -21,9 +21,7 @@ from shiftlab.methods.ecalp import (
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _unit(*shape: int, seed: int) -> torch.Tensor:

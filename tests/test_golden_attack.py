@@ -22,10 +22,7 @@ from shiftlab.attacks import ZeroShotClassifier, eps_255, pgd, quantize
 from shiftlab.models.text import ContextPrompt
 from shiftlab.views.generator import base_view, to_uint8_tensor
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

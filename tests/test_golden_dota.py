@@ -27,9 +27,7 @@ from shiftlab.methods.context import ClassHeads, SampleContext
 LOGITS, FEATURES, FINE, COV, REL_INVERSE = 2e-4, 1e-5, 1e-5, 1e-6, 2e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> float:

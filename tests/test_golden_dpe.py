@@ -28,9 +28,7 @@ RESIDUALS = 1e-6
 FIXTURES = {"dpe": {}, "dpe_a": {"readout": "confident"}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _config(cfg: dict) -> dict:

@@ -50,9 +50,7 @@ FIXTURES = ("dynaprompt", "dynaprompt_small")
 DRIFT = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _method(golden_model, info):

@@ -28,9 +28,7 @@ SIMS, SCORES = 1e-6, 1e-7
 VARIANTS = {"ecalp": {}, "ecalp_small": {"k_image": 3, "k_text": 2, "alpha": 0.8}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _check_graph(m, want, i: int, what: str, scores_atol: float) -> None:

@@ -5,6 +5,7 @@ import hashlib
 import json
 
 import open_clip
+import pytest
 import torch
 
 from _golden import (
@@ -20,6 +21,8 @@ from _golden import (
     tensor_sha256,
 )
 from shiftlab.methods.tps import descriptor_sentence
+
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 MAX_TRACKED_BYTES = 4 * 1024 * 1024
 
@@ -79,7 +82,6 @@ def test_rebuilt_model_reproduces_the_reference_text_features(golden_dir):
     """The rebuilt model is the reference's (its tensors are bit-checked above); its float32
     features are the reference's within FEATURES, not bit for bit: another CPU's kernels sum
     in another order (measured 1.1e-6 on an AVX-512 machine)."""
-    torch.set_num_threads(1)
     expected = torch.load(golden_dir / "expected.pt", weights_only=True)
     model = open_clip.load_openai_model(str(golden_dir / MODEL_FILE), device="cpu").float().eval()
     with torch.no_grad():

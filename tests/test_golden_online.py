@@ -35,10 +35,7 @@ from shiftlab.methods.confidence import entropy, n_selected
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.heads import text_head
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _slot_gap(labels: list[int], losses: list[float], label: int, loss: float, capacity: int) -> float:

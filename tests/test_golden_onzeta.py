@@ -16,7 +16,6 @@ those differences: probabilities 5e-5, rho 1e-4, proxies 2e-4; predictions exact
 from __future__ import annotations
 
 import pytest
-import torch
 
 import shiftlab
 from _golden import FEATURES, online_fixture, stream_views
@@ -27,9 +26,7 @@ PROBS, RHO, PROXY = 5e-5, 1e-4, 2e-4
 REPLAY = PROBS
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _onzeta(model, classnames, heads, info, **overrides):

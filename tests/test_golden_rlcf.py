@@ -41,6 +41,8 @@ from _golden import (
 from shiftlab.methods.confidence import entropy, n_selected
 from shiftlab.models import register_architecture
 
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
+
 PASSES = {"authors": {}, "batch": {"reward_baseline": "batch", "reward_std": True}}
 # the standardised rewards of pass `batch` divide CLIP-score differences by their std (~0.1 here), so their
 # FEATURES-sized noise grows by as much; compared relative to their largest entry, as gradients are, and the
@@ -118,7 +120,6 @@ class Recorder:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PASSES))
 def test_rlcf_matches_the_authors_code_sample_by_sample(golden_model, golden_dir, fixture, reward_file, name):
-    torch.set_num_threads(1)   # the fixture was made with one thread
     model, classnames = golden_model
     want, info = fixture
     flags = info["passes"][name]["flags"]

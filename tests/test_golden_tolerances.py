@@ -20,6 +20,8 @@ from _golden import (
     entropy_tolerance,
 )
 
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
+
 
 def _another_machine(t: torch.Tensor, size: float = 1.1e-6, seed: int = 0) -> torch.Tensor:
     """t moved by up to `size` per value, in most values: what another CPU's float32 kernels give

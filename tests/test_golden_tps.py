@@ -43,9 +43,7 @@ from shiftlab.methods.context import ClassHeads, SampleContext
 ADAM_EPS = 1e-8       # torch.optim.AdamW's default, which their code keeps
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _method(golden_model, info, tmp_path):

@@ -24,6 +24,8 @@ from shiftlab.methods.confidence import entropy
 from shiftlab.methods.prompt_tuning import reliability_weights
 from shiftlab.models.text import ContextPrompt
 
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
+
 METHODS = {"tpt": ("tpt", {}), "ctpt20": ("ctpt", {"lambda_atfd": 20.0}),
            "ctpt50": ("ctpt", {"lambda_atfd": 50.0}), "rtpt": ("rtpt", {})}
 SAMPLES = range(4)
@@ -64,13 +66,8 @@ def _reference_mask_weights(sim, self_masked, k=20, temperature=0.01):
 
 
 @pytest.fixture(scope="module")
-def golden(golden_dir):
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)   # the golden values were made with one thread
-    try:
-        yield _compute(golden_dir)
-    finally:
-        torch.set_num_threads(prev)
+def golden(golden_dir, one_thread_module):
+    return _compute(golden_dir)
 
 
 def _compute(golden_dir):
@@ -191,15 +188,10 @@ def test_rtpt_threshold_mode_is_wired(golden):
     model = golden["model"]
     method = shiftlab.create_method("rtpt", model, golden["info"]["classnames"], heads=golden["heads"],
                                     self_mask="threshold")
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ctx = SampleContext(model, golden["heads"], model.normalize(golden["inputs"]["views_unit"][0]))
-        out = method.predict_context(ctx)
-        feats = ctx.image_features.unsqueeze(0)
-        sim = (feats @ feats.transpose(-1, -2))[0]          # the batched product, as the method forms it
-    finally:
-        torch.set_num_threads(prev)
+    ctx = SampleContext(model, golden["heads"], model.normalize(golden["inputs"]["views_unit"][0]))
+    out = method.predict_context(ctx)
+    feats = ctx.image_features.unsqueeze(0)
+    sim = (feats @ feats.transpose(-1, -2))[0]          # the batched product, as the method forms it
     got = golden["got"]
     assert out.extras["selected"] == got["rtpt/0/selected"].tolist()
     _, weights = _reference_mask_weights(sim, torch.diagonal(sim) >= 1.0)

@@ -51,9 +51,7 @@ CASES = [("ttl", s, 1) for s in range(4)] + [("ttl_steps", s, 4) for s in range(
 END_TO_END_LOGITS = TUNED_LOGITS
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,7 @@ from _golden import (
 from shiftlab.methods.context import SampleContext
 from shiftlab.methods.zero import zero_vote, zero_vote_authors
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 
 
 def _authors_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -67,7 +64,6 @@ def _check_vote_margins(reference: torch.Tensor, kept: torch.Tensor, tied: bool,
 
 @pytest.mark.parametrize("name", ["zero", "zero_ties"])
 def test_zero_matches_the_authors_code(golden_dir, name):
-    torch.set_num_threads(1)
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
     model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
     want, info = online_fixture(golden_dir, name)

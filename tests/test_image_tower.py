@@ -1,4 +1,4 @@
-"""The image tower's execution choices (issue 15.1) change no prediction.
+"""The image tower's execution choices change no prediction: they are for speed only.
 
 Convolutional towers run in channels_last; the features must equal those of the same weights in
 the default (contiguous) layout. Tolerance for float32: features within 1e-5 (measured ~4e-8 on

@@ -1,22 +1,21 @@
-"""SIGINT / SIGTERM during `shiftlab run` (issue 20, point 11): records flushed, one line on stderr
-("interrupted after N of M samples; continue with --resume"), exit 130 / 143, and `--resume` completes
-to the records of an uninterrupted run. Before: a 25-line KeyboardInterrupt traceback, and a silent 143.
+"""SIGINT / SIGTERM during `shiftlab run`: records flushed, one line on stderr ("interrupted after N
+of M samples; continue with --resume"), exit 130 / 143 (128 + the signal, what shells and schedulers
+read), and `--resume` completes to the records of an uninterrupted run. No traceback: an interrupt is
+the user's or the scheduler's decision, not a fault to debug.
 
-Every run is held at a gate (a hook after a step, as the concurrent-run test of test_run_integrity.py
-does), never timed with a sleep: the signal arrives once the first sample's records are written."""
+Every signalled CLI run is held at a gate after its first step (tests/_gate.py): the signal arrives
+once the first sample's records are written, never at a moment guessed with a sleep."""
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from _gate import GatedRun
 from _runs import comparable
 from shiftlab.cli import main as cli_main
 from shiftlab.engine import interrupt
@@ -24,13 +23,10 @@ from shiftlab.engine import loop as engine
 from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r
 
-REPO = Path(__file__).resolve().parents[1]
 MESSAGE = "shiftlab run: interrupted after 1 of 4 samples; continue with --resume"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +47,8 @@ def _strip(path: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory) -> list[str]:
+def reference(data, tmp_path_factory, one_thread_module) -> list[str]:
     out = tmp_path_factory.mktemp("ref") / "run"
-    torch.set_num_threads(1)
     assert cli_main(_argv(data, out, "--workers", "0")) == 0
     return _strip(out / "records.jsonl")
 
@@ -75,8 +70,8 @@ def test_a_signal_in_this_process_ends_in_one_line_and_resumes_exactly(data, ref
                                                                        capsys, sig):
     class SignalAfterFirstStep(engine.RunHooks):
         def after_step(self, ids, recs):
-            os.kill(os.getpid(), sig)      # delivered to the handler cli.main installed
-            time.sleep(5)                  # the handler interrupts this at once
+            os.kill(os.getpid(), sig)      # the handler cli.main installed raises here
+            raise AssertionError(f"{signal.Signals(sig).name} did not interrupt the run")
 
     out = tmp_path / "run"
     previous = signal.getsignal(sig)
@@ -101,38 +96,6 @@ def test_interrupt_helpers():
     assert interrupt.message(exc) == "interrupted after 3 of 24 samples; continue with --resume"
 
 
-# The run holds after its first step while the gate file exists; REACHED says it got there.
-GATED = """
-import functools, os, sys, time, pathlib
-import shiftlab.engine.loop as E
-class Gated(E.RunHooks):
-    def after_step(self, ids, recs):
-        pathlib.Path(os.environ["SHIFTLAB_TEST_REACHED"] + os.environ.get("RANK", "0")).touch()
-        while os.path.exists(os.environ["SHIFTLAB_TEST_GATE"]):
-            time.sleep(0.05)
-E.run = functools.partial(E.run, hooks=Gated())
-from shiftlab.cli import main
-code = main(sys.argv[1:])
-pathlib.Path(os.environ["SHIFTLAB_TEST_REACHED"] + os.environ.get("RANK", "0") + ".exit").write_text(str(code))
-sys.exit(code)
-"""
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    (tmp_path / "gate").write_text("")
-    env = dict(os.environ, SHIFTLAB_NUM_THREADS="1", SHIFTLAB_TEST_GATE=str(tmp_path / "gate"),
-               SHIFTLAB_TEST_REACHED=str(tmp_path / "reached"),
-               PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]), **extra)
-    return env
-
-
-def _wait_for(paths: list[Path], proc: subprocess.Popen, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it reached the gate"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,workers,group", [(signal.SIGINT, 0, False), (signal.SIGTERM, 0, False),
                                                (signal.SIGINT, 1, True), (signal.SIGTERM, 1, True)],
@@ -142,20 +105,12 @@ def test_a_signalled_cli_run_exits_with_one_line_and_resumes_exactly(data, refer
     """`group`: the signal goes to the process group (Ctrl-C in a terminal, a scheduler), DataLoader
     workers included; else to the main process alone (`kill PID`)."""
     out = tmp_path / "run"
-    (tmp_path / "launch.py").write_text(GATED)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "launch.py"), *_argv(data, out, "--workers", str(workers))],
-                            env=_env(tmp_path, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _wait_for([tmp_path / "reached0"], proc)
-        os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + sig
-    _check_interrupted(out, err)
+    with GatedRun(tmp_path / "gate", _argv(data, out, "--workers", str(workers)), at="after_step:1",
+                  new_session=True) as child:
+        child.wait_reached()
+        child.signal(sig, group=group)
+        assert child.wait(timeout=120) == 128 + sig
+    _check_interrupted(out, child.stderr)
     assert cli_main(_argv(data, out, "--workers", "0", "--resume")) == 0
     assert _strip(out / "records.jsonl") == reference
 
@@ -170,26 +125,18 @@ def test_torchrun_ranks_each_handle_the_signal_and_rank0_alone_says_so(data, tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (tmp_path / "launch.py").write_text(GATED)
     logs, out = tmp_path / "logs", tmp_path / "run"
-    env = _env(tmp_path)
-    env.pop("OMP_NUM_THREADS", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-           "--log-dir", str(logs), "--redirects", "3", str(tmp_path / "launch.py"),
-           *_argv(data, out, "--workers", "0", methods=methods)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for([tmp_path / "reached0", tmp_path / "reached1"], proc)
-        proc.send_signal(signal.SIGTERM)
-        _, agent_err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+                "--log-dir", str(logs), "--redirects", "3"]
+    with GatedRun(tmp_path / "gate", _argv(data, out, "--workers", "0", methods=methods), at="after_step:1",
+                  launcher=torchrun, env={"OMP_NUM_THREADS": None}) as child:
+        child.wait_reached(ranks=(0, 1))
+        child.signal(signal.SIGTERM)
+        child.wait(timeout=120)
     rank_err = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
-    assert sorted(rank_err) == [0, 1], agent_err[-2000:]
+    assert sorted(rank_err) == [0, 1], child.stderr[-2000:]
     assert _said(rank_err[0]) == ["shiftlab run: interrupted after 2 of 4 samples; continue with --resume"]
     assert _said(rank_err[1]) == [] and not any("Traceback" in e for e in rank_err.values())
-    assert [(tmp_path / f"reached{r}.exit").read_text() for r in (0, 1)] == ["143", "143"]   # what each rank returned
+    assert [child.exit_code(r) for r in (0, 1)] == [143, 143]   # what each rank returned
     assert cli_main(_argv(data, out, "--workers", "0", "--resume", methods=methods)) == 0
     assert _strip(out / "records.jsonl") == _strip(ref / "records.jsonl")

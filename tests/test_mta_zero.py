@@ -19,8 +19,7 @@ CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 # -- golden fidelity ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def golden(golden_dir):
-    torch.set_num_threads(1)   # the golden values were made with one thread
+def golden(golden_dir, one_thread_module):
     expected = torch.load(golden_dir / "expected.pt", weights_only=True)
     inputs = torch.load(golden_dir / "inputs.pt", weights_only=True)
     classnames = json.loads((golden_dir / "golden.json").read_text())["classnames"]
@@ -29,8 +28,8 @@ def golden(golden_dir):
     return model, classnames, views, expected
 
 
-def test_mta_matches_golden(golden):
-    torch.set_num_threads(1)
+@pytest.mark.golden
+def test_mta_matches_golden(golden, one_thread):
     model, classnames, views, expected = golden
     mta = shiftlab.create_method("mta", model, classnames)
     for i, sample_views in enumerate(views):
@@ -45,8 +44,8 @@ def test_mta_matches_golden(golden):
         assert_close(mta.predict_context(ctx).logits, want("logits"), LOGITS, f"mta {i} predict")
 
 
-def test_zeroshot_matches_golden(golden):
-    torch.set_num_threads(1)
+@pytest.mark.golden
+def test_zeroshot_matches_golden(golden, one_thread):
     model, classnames, views, expected = golden
     zeroshot = shiftlab.create_method("zeroshot", model, classnames)
     assert_close(zeroshot.heads.zeroshot, expected["zeroshot/text_features"], FEATURES, "text features")

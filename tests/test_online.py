@@ -5,11 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
+from _gate import GatedRun
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
 from shiftlab.datasets.imageio import decode_image
@@ -34,9 +31,7 @@ CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)   # exact comparisons below; the conftest fixture restores the count
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -412,15 +407,14 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
-# The real CLI, paced (a short sleep before each engine step) so that the kill lands mid-stream.
-_PACED_CLI = ("import functools, sys, time; import shiftlab.engine.loop as E\n"
-              "class Paced(E.RunHooks):\n    def before_step(self, ids): time.sleep(0.25)\n"
-              "E.run = functools.partial(E.run, hooks=Paced())\n"
-              "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
+# Killed after the 6th sample of 40 (the online state checkpointed at every step): after its step, every
+# record of the 6 samples is written; after its checkpoint, the 6th sample's two online records are only
+# in the checkpoint (written, not yet appended), and the resume must restore them from there.
 @pytest.mark.slow
-def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint):
+@pytest.mark.parametrize("at,written", [("after_step:6", 3 * 6), ("after_checkpoint:6", 3 * 6 - 2)],
+                         ids=["after-step", "between-checkpoint-and-records"])
+def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint, at, written,
+                                                               capsys):
     argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
             str(tiny_checkpoint),
             "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
@@ -431,26 +425,16 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
     out = tmp_path / "killed"
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-c", _PACED_CLI, *argv, "--out", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    records_file = out / record_files.RECORDS
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if records_file.is_file() and records_file.read_bytes().count(b"\n") >= 3 * 6:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    n_before = len(record_files.load_records(out))
-    assert 3 * 6 <= n_before < 3 * 40 and (out / "online_state.pt").is_file()
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at=at) as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert len(record_files.load_records(out)) == written and (out / "online_state.pt").is_file()
 
+    capsys.readouterr()
     assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
+    err, restored = capsys.readouterr().err, 3 * 6 - written
+    assert (f"; {restored} online record(s) restored from the last checkpoint" in err) if restored else \
+        "restored" not in err
     assert _records(out) == _records(tmp_path / "whole")
 
 

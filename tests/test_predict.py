@@ -18,9 +18,7 @@ from shiftlab.views.generator import ViewConfig, ViewGenerator
 CLASSES = ["goldfish", "great white shark", "hammerhead"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _views(model: shiftlab.ClipModel, n_views: int = 6, seed: int = 0) -> torch.Tensor:
@@ -30,7 +28,7 @@ def _views(model: shiftlab.ClipModel, n_views: int = 6, seed: int = 0) -> torch.
 
 
 def test_library_views_at_the_default_size_work(tiny_model):
-    # Reproduction: ViewConfig defaulted to 224 px and a 64-px model failed deep inside open_clip.
+    # Views sized for another model (a fixed 224 px) would fail deep inside open_clip on a 64-px model.
     views = _views(tiny_model)
     assert views.shape == (6, 3, 64, 64)
     logits = shiftlab.create_method("zeroshot", tiny_model, CLASSES).predict(tiny_model.normalize(views.float() / 255))
@@ -46,7 +44,7 @@ def test_library_views_at_the_default_size_work(tiny_model):
     ("list", r"must be a torch.Tensor"),
 ])
 def test_predict_refuses_bad_views_with_one_line(tiny_model, bad, message):
-    # Reproduction: uint8 views failed with a dtype error deep inside the image tower.
+    # Unnormalised uint8 views would otherwise fail with a dtype error deep inside the image tower.
     method = shiftlab.create_method("zeroshot", tiny_model, CLASSES)
     views = {"uint8": _views(tiny_model), "3d": torch.zeros(3, 64, 64), "channels": torch.zeros(2, 1, 64, 64),
              "empty": torch.zeros(0, 3, 64, 64), "size": torch.zeros(2, 3, 224, 224),
@@ -183,7 +181,7 @@ def test_readme_library_section_runs_as_written(tiny_model, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_predict_refuses_non_finite_views_before_an_online_memory_sees_them(tiny_model, value):
-    # Reproduction: one NaN view was written into dmn_zs's memory and poisoned every later prediction.
+    # One NaN view written into dmn_zs's memory would poison every later prediction of the stream.
     x = tiny_model.normalize(_views(tiny_model, n_views=8).float() / 255)
     clean = shiftlab.create_method("dmn_zs", tiny_model, CLASSES)
     method = shiftlab.create_method("dmn_zs", tiny_model, CLASSES)

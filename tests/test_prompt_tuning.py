@@ -26,10 +26,7 @@ NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock"
 N_VIEWS = 32
 LR, WD = 5e-3, 0.01
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -1,7 +1,8 @@
-"""Random weights are a function of a seed, and the run identity pins them (issue 20, point 2).
+"""Random weights are a function of a seed, and the run identity pins them.
 
-`--pretrained none` used to build unseeded weights: two runs disagreed and `--resume` silently
-continued with another model. Each test here fails on that code."""
+Unseeded weights would make two runs of the same command disagree, and a `--resume` silently
+continue with another model than the one that wrote the records; each test here fails if the
+weights do not follow the seed or the identity does not record it."""
 from __future__ import annotations
 
 import hashlib
@@ -29,9 +30,7 @@ from shiftlab.synthetic import make_imagenet_r, tiny_clip
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

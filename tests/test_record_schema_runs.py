@@ -1,8 +1,9 @@
-"""Records are validated where they are read (issue 20, points 3, 8, 12a): resume and `shiftlab merge`
-quarantine what is not one of the run's records and go on; one function finishes a run, so `merge`
-writes the summary the run wrote; the "N of M samples already done" count is honest.
+"""Records are validated where they are read: resume and `shiftlab merge` quarantine what is not one
+of the run's records and go on; one function finishes a run, so `merge` writes the summary the run
+wrote; the "N of M samples already done" count is honest.
 
-Each test is one of the issue's reproductions, which failed on the code before these changes."""
+Each test damages a run directory the way a hand edit, a torn write or a mixed-up copy would, since a
+record taken at face value would be counted in a summary it does not belong to."""
 from __future__ import annotations
 
 import json
@@ -29,9 +30,7 @@ N = 10      # samples in the dataset
 LIMIT = 6   # of which the runs evaluate the first LIMIT of the stream
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +52,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, model, dataset) -> Path:
+def finished(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
-    torch.set_num_threads(1)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 
@@ -86,12 +84,12 @@ class _Count(RunHooks):
         self.records += len(recs)
 
 
-# -- point 3: a well-formed line that is not one of the run's records ---------------------------
+# -- a well-formed line that is not one of the run's records ------------------------------------
 
 def test_a_wellformed_non_record_is_quarantined_by_resume_and_redone(finished, tmp_path, model, dataset, capsys):
     out = _copy(finished, tmp_path)
     path = out / "records.jsonl"
-    gone = _replace_line(path, 4, '{"id": 5, "method": "tpt"}')        # was: `error: label` from run --resume
+    gone = _replace_line(path, 4, '{"id": 5, "method": "tpt"}')        # valid JSON, not a record
     capsys.readouterr()
     hooks = _Count()
     run(_cfg(out, resume=True), model=model, dataset=dataset, hooks=hooks)
@@ -105,7 +103,7 @@ def test_a_wellformed_non_record_is_quarantined_by_resume_and_redone(finished, t
 
 def test_merge_quarantines_a_wellformed_non_record_without_a_traceback(finished, tmp_path, capsys):
     out = _copy(finished, tmp_path)
-    _replace_line(out / "records.jsonl", 4, '{"id": 5, "method": "tpt"}')   # was: a KeyError traceback
+    _replace_line(out / "records.jsonl", 4, '{"id": 5, "method": "tpt"}')   # valid JSON, not a record
     assert cli_main(["merge", str(out)]) == 0
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and "missing field(s): path, label" in captured.err
@@ -120,7 +118,7 @@ def test_records_of_samples_outside_the_run_are_quarantined(finished, tmp_path, 
     path = out / "records.jsonl"
     template = next(r for r in _lines(path) if r["method"] == "zeroshot")
     outside = next(sid for sid in stream_order(N, "shuffled", 0)[LIMIT:])    # a sample past --limit
-    extra = [{**template, "id": N}, {**template, "id": outside}]            # was: zeroshot n=LIMIT + 2
+    extra = [{**template, "id": N}, {**template, "id": outside}]            # would count zeroshot n=LIMIT + 2
     path.write_text(path.read_text() + "".join(records.dumps(r) for r in extra))
     merged = tmp_path / "merged"
     shutil.copytree(out, merged)
@@ -167,7 +165,7 @@ def test_non_finite_scores_are_error_records_in_strict_json(tmp_path, model, dat
     assert summary["methods"]["zeroshot"]["n"] == LIMIT
 
 
-# -- point 8: one function finishes a run ------------------------------------------------------
+# -- one function finishes a run ----------------------------------------------------------------
 
 def _without_timings(summary: dict) -> dict:
     methods = {n: {k: v for k, v in m.items() if k != "seconds_per_image"} for n, m in summary["methods"].items()}
@@ -215,7 +213,7 @@ def test_merge_of_a_run_json_without_a_config_section_still_labels_it(finished, 
     assert (out / "summary.md").read_text().startswith("### imagenet-r · shiftlab-tiny")
 
 
-# -- point 12a: an honest "N of M samples already done" ----------------------------------------
+# -- an honest "N of M samples already done" ---------------------------------------------------
 
 def test_resume_count_after_a_deleted_middle_line_is_what_is_redone(finished, tmp_path, model, dataset, capsys):
     out = _copy(finished, tmp_path)

@@ -120,7 +120,7 @@ def test_schema_requires_every_field_of_each_kind():
     for name in records.BASE_FIELDS:
         with pytest.raises(ValueError, match=f"missing field.*{name}"):
             records.check_record({k: v for k, v in error.items() if k != name})
-    with pytest.raises(ValueError, match="missing field.*label"):     # issue 20's {"id": 5, "method": "tda"}
+    with pytest.raises(ValueError, match="missing field.*label"):     # a hand-edited line that names only a key
         records.check_record({"id": 5, "method": "tda"})
 
 

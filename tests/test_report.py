@@ -261,7 +261,7 @@ def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
     assert _cli(["report", str(a), str(b), "--out", str(out), "--compare", "mta,zeroshot",
                  "--bootstrap", "200", "--pairs", "reference"]) == 0
     keys = {r["method_key"] for r in read_csv(out / "metrics.csv")}
-    # Several runs: every key names its run, not only the keys two runs share (#16).
+    # Several runs: every key names its run, not only the keys two runs share (a key without its run is ambiguous).
     assert keys == {"tpt [rn50run]", "tpt [vitrun]", "zeroshot [rn50run]", "mta [vitrun]"}
     pairs = {(r["a"], r["b"], r["setting"]) for r in read_csv(out / "paired.csv")}
     assert ("mta [vitrun]", "zeroshot [rn50run]", "clean") in pairs         # asked for with --compare
@@ -270,7 +270,7 @@ def test_two_runs_same_method_are_disambiguated_and_compare_flag(tmp_path):
     assert "ViT-B-16 (openai) on imagenet-r" in html
     # Published numbers only beside the RN50 run's methods.
     assert not any("vitrun" in r for r in table_rows(html, "published-table"))
-    # The never-attacked run has no place in the clean-vs-robust table (#16).
+    # The never-attacked run has no place in the clean-vs-robust table: it has no robust number.
     robust = table_rows(html, "robust-table")
     assert len(robust) == 2 and not any("vitrun" in r for r in robust)
     assert any("tpt [rn50run]" in r and ">26.00<" in r for r in robust)
@@ -334,7 +334,7 @@ def test_page_renders_in_headless_chromium_without_js_errors(built, tmp_path):
     assert proc.stdout.count('data-sortable="ready"') == proc.stdout.count('class="sortable"') > 0
 
 
-# ------------------------------------------------------- what a new user saw (#16)
+# ------------------------------------------------------- what a new user reads first
 
 def test_published_section_cites_data_inside_the_package(built):
     _, html = built

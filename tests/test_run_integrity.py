@@ -1,7 +1,6 @@
-"""A run directory says exactly what ran (issue 13, points 1, 3, 4): run identity and resume,
-one writer per directory, damaged records quarantined, clear errors for unwritable run directories.
-
-Each test named after a reproduction failed on the code before these changes."""
+"""A run directory says exactly what ran: run identity and resume, one writer per directory, damaged
+records quarantined, clear errors for unwritable run directories. A resume that mixed settings, two
+writers or a damaged line taken at face value would each yield numbers no single run produced."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,13 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import shiftlab
+from _gate import GatedRun, child_env
 from _runs import comparable as _strip
 from _runs import json_lines as _lines
 from shiftlab.cli import main as cli_main
@@ -34,9 +33,7 @@ from shiftlab.synthetic import make_imagenet_r, tiny_clip
 FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}   # skips the 80-template head
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +61,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 # -- 1. run identity ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, model, dataset) -> Path:
+def finished(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
-    torch.set_num_threads(1)   # as the tests that redo samples (module fixtures run before _one_thread)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 
@@ -126,7 +122,7 @@ def test_adding_methods_and_nothing_left_to_do(finished, tmp_path, model, datase
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     first = json.loads((out / "summary.json").read_text())
-    assert set(first["config"]["method_settings"]) == {"zeroshot", "tpt"}       # was {} before
+    assert set(first["config"]["method_settings"]) == {"zeroshot", "tpt"}       # what `merge` labels by
     assert first["config"]["method_settings"]["tpt"]["steps"] == 1
     assert first["identity"]["shared"]["samples_sha256"] == identity.samples_fingerprint(dataset)
 
@@ -173,15 +169,6 @@ def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
     run(_cfg(out, resume=True), model=model, dataset=dataset)        # released: the directory is usable
 
 
-# The first run holds after its first step while the gate file exists (no timing guesswork).
-_GATED = ("import functools, os, sys, time; import shiftlab.engine.loop as E\n"
-          "class Gated(E.RunHooks):\n"
-          "    def after_step(self, ids, recs):\n"
-          "        while os.path.exists(os.environ['SHIFTLAB_TEST_GATE']): time.sleep(0.05)\n"
-          "E.run = functools.partial(E.run, hooks=Gated())\n"
-          "from shiftlab.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
 @pytest.mark.slow
 def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
     ckpt = tmp_path / "tiny.pt"
@@ -190,29 +177,19 @@ def test_two_concurrent_runs_second_refused_no_records_lost(tmp_path, data):
             "--methods", "zeroshot,mta", "--views", "5", "--workers", "0", "--batch-size", "1", "--device", "cpu",
             "--no-progress", "--allow-partial"]
     out = tmp_path / "run"
-    gate = tmp_path / "gate"
-    gate.write_text("")
-    env = dict(os.environ, OMP_NUM_THREADS="1", SHIFTLAB_NUM_THREADS="1", SHIFTLAB_TEST_GATE=str(gate))
-    first = subprocess.Popen([sys.executable, "-c", _GATED, *argv, "--out", str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "records.jsonl").is_file() or not (out / "records.jsonl").read_bytes().count(b"\n"):
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read().decode()[-2000:]
-            time.sleep(0.05)
+    # the first run holds after its first sample's records, with the directory locked
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_step:1") as first:
+        (pid,) = first.wait_reached().values()
+        assert len(_lines(out / "records.jsonl")) == 2
         second = subprocess.run([sys.executable, "-m", "shiftlab", *argv, "--out", str(out), "--resume"],
-                                env=env, capture_output=True, text=True, timeout=120)
+                                env=child_env(), capture_output=True, text=True, timeout=120)
         assert second.returncode == 2
-        assert f"pid {first.pid} on" in second.stderr and "started" in second.stderr
+        assert f"pid {pid} on" in second.stderr and "started" in second.stderr
         refusal = [ln for ln in second.stderr.splitlines() if "in use by another shiftlab process" in ln]
         assert len(refusal) == 1 and refusal[0].startswith("shiftlab run: ")
-        assert first.poll() is None, "the first run must still be running for this test to mean anything"
-        gate.unlink()
-        assert first.wait(timeout=180) == 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+        assert first.running(), "the first run must still be running for this test to mean anything"
+        first.release()
+        assert first.wait(timeout=180) == 0, first.stderr[-2000:]
     recs = _lines(out / "records.jsonl")
     assert len(recs) == 2 * 10 and len({records.record_key(r) for r in recs}) == 20
 

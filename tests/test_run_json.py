@@ -1,8 +1,8 @@
-"""run.json is validated as a whole, and a method it does not list is a new method (issue 20, point 7).
+"""run.json is validated as a whole, and a method it does not list is a new method.
 
-Reproductions: `shared` as a list failed with "cannot convert dictionary update sequence element #0"
-naming no file; with `methods.tda` deleted, a resume with another `--set tda.pos_alpha` was accepted
-and kept the old tda records."""
+A damaged run.json must be named in one line (`shared` as a list would otherwise fail deep inside with
+"cannot convert dictionary update sequence element #0"), and a method whose entry was deleted must not
+be resumed under other settings while its earlier records are kept as if they matched."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -23,9 +22,7 @@ from shiftlab.synthetic import make_imagenet_r, tiny_clip
 FAST_TDA = {"text_head": "zeroshot"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +47,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, model, dataset) -> Path:
+def finished(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
-    torch.set_num_threads(1)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 

@@ -1,4 +1,4 @@
-"""`shiftlab run --save-probs` (issue 25, point 6): every prediction record's float16 probability vector
+"""`shiftlab run --save-probs`: every prediction record's float16 probability vector
 in probs/, consistent with records.jsonl through kills and resumes and torchrun merges; the report's
 Brier score from them."""
 from __future__ import annotations
@@ -30,9 +30,7 @@ METHODS = ["zeroshot", "tpt", "zero", "tda"]
 CONFIG = {"tpt": {"steps": 1}, "tda": {"text_head": "zeroshot"}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +59,8 @@ def _cfg(out: Path, **kw) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory, model, dataset) -> Path:
+def whole(tmp_path_factory, model, dataset, one_thread_module) -> Path:
     out = tmp_path_factory.mktemp("whole") / "run"
-    torch.set_num_threads(1)
     run(_cfg(out), model=model, dataset=dataset)
     return out
 
@@ -223,7 +220,6 @@ def test_report_without_vectors_has_no_brier(whole, tmp_path):
 
 
 def test_record_writer_writes_vectors_first_and_a_reopened_writer_cuts_a_torn_tail(tmp_path):
-    import torch
 
     from shiftlab.methods.base import MethodOutput
     from shiftlab.rundir.record_files import RecordWriter

@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from _gate import GatedRun, child_env
 from _synthetic import make_image_folder, make_imagenet_r
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import suites
@@ -215,26 +214,19 @@ def test_two_dataset_suite_resumes_after_sigkill_and_writes_the_table(tmp_path, 
     make_imagenet_r(data, classes=range(0, 200, 40), size=(72, 64))            # 5 images
     make_imagenet_a(data, 24)
     suite_dir = tmp_path / "suite"
-    args = [sys.executable, "-m", "shiftlab", "run", "--datasets", "imagenet-r,imagenet-a", "--data", str(data),
-            "--model", "shiftlab-tiny", "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0",
-            "--batch-size", "1", "--methods", "zeroshot,tpt", "--no-progress", "--out", str(suite_dir),
-            "--allow-partial"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    second = suite_dir / "imagenet-a" / "records.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if second.is_file() and second.read_text().count("\n") >= 4:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    n_before = len(list(record_files.iter_records(second)))
-    assert 0 < n_before < 48, "the suite must be killed inside its second dataset for this test to mean anything"
+    argv = ["run", "--datasets", "imagenet-r,imagenet-a", "--data", str(data), "--model", "shiftlab-tiny",
+            "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0", "--batch-size", "1",
+            "--methods", "zeroshot,tpt", "--no-progress", "--out", str(suite_dir), "--allow-partial"]
+    # batches of one: steps 1-5 are imagenet-r's 5 images, 6 and 7 the first two of imagenet-a's 24
+    with GatedRun(tmp_path / "gate", argv, at="after_step:7") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert len(list(record_files.iter_records(suite_dir / "imagenet-a" / "records.jsonl"))) == 2 * 2
     assert len(list(record_files.iter_records(suite_dir / "imagenet-r" / "records.jsonl"))) == 10
     assert not (suite_dir / "suite.md").exists()
 
-    done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "shiftlab", *argv, "--resume"], env=child_env(),
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     for name, n_images in [("imagenet-r", 5), ("imagenet-a", 24)]:
         recs = list(record_files.iter_records(suite_dir / name / "records.jsonl"))

@@ -22,10 +22,7 @@ NAMES = ["goldfish", "great white shark", "jack-o'-lantern", "yellow lady's slip
          "hot_dog", "sea_lion", "T-shirt", "3D printer", "cat", "Rottweiler", "black-and-white colobus",
          "velvet", "St. Bernard"]
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -46,11 +46,6 @@ def _missing_hints(func) -> list[str]:
     return missing
 
 
-# Being rewritten right now by the engine step (issue 12.2); hinted when that lands. This list may only
-# shrink: an entry that is hinted (or gone) fails the test until it is deleted here.
-PENDING: set[str] = set()
-
-
 def test_every_public_function_has_type_hints():
     problems = set()
     for module in _public_modules():
@@ -58,8 +53,7 @@ def test_every_public_function_has_type_hints():
             missing = _missing_hints(func)
             if missing:
                 problems.add(f"{qualname}: {', '.join(missing)}")
-    assert not problems - PENDING, "missing type hints:\n" + "\n".join(sorted(problems - PENDING))
-    assert not PENDING - problems, "hinted now, delete from PENDING:\n" + "\n".join(sorted(PENDING - problems))
+    assert not problems, "missing type hints:\n" + "\n".join(sorted(problems))
 
 
 def test_the_hint_check_sees_a_missing_hint():

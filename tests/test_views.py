@@ -22,11 +22,7 @@ from shiftlab.views.generator import (
 )
 from shiftlab.views.recipe import ViewRecipe
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny ops: one thread is fastest and immune to oversubscribed CPUs (conftest restores the count).
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
@@ -249,8 +245,8 @@ def test_augmix_op_parameters_follow_the_authors_draws(name, severity, size):
 
 
 def test_augmix_severity_one_ranges():
-    """At severity 1 the strengths vary (the old draw made rotation always 3 degrees, solarize
-    always 231, translation always 7 px at 224)."""
+    """At severity 1 the strengths vary over the authors' ranges (a draw that ignores the sampled level
+    would give rotation always 3 degrees, solarize always 231, translation always 7 px at 224)."""
     rng = np.random.default_rng(0)
     ops = {op.name: op for op in AUGMIX_OPS}
     rotate = {ops["rotate"].draw(1, 224, rng) for _ in range(2000)}
@@ -381,7 +377,7 @@ def test_bad_recipe_is_one_clear_error(value, message):
         ViewRecipe.coerce(value)
 
 
-# -- views follow the model's preprocessing (issue 12.5, issue 13: ViewConfig defaulted to 224 px) ---------
+# -- views follow the model's preprocessing (a fixed 224 px would mis-size every other model's views) --------
 
 def test_view_size_defaults_to_the_models_input_size():
     from shiftlab.views.preprocess import Preprocess

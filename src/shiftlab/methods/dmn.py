@@ -170,7 +170,7 @@ class DMNZeroShot(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        check_descriptions(self.name, self.config, self.classnames)   # a missing or incomplete CuPL file: now
+        check_descriptions(self.name, self.config, self.classnames)   # a missing CuPL file: before any sample
         self.reset()
 
     def prepare(self) -> None:

@@ -1,7 +1,7 @@
 """The papers' natural-shift and cross-dataset tables, as data (shiftlab/data/published_suites.json).
 
 Each row cites the source its numbers were read from. A row is shown beside a suite run only
-when the run is comparable, by the rule of shiftlab.results.published (issue 14.5): the same backbone,
+when the run is comparable, by the rule of shiftlab.results.published: the same backbone,
 weights identified as OpenAI's (`shiftlab.results.published.is_openai_weights`: by the SHA-256 in OpenAI's
 official download URL, or read content-verified from open_clip's official Hugging Face repository
 for the backbone), and the `paper` protocol, since every number
