@@ -224,9 +224,20 @@ def list_methods(kind: str | None = None) -> list[str]:
     return _REGISTRY.names(where=lambda cls: method_kind(cls) == kind)
 
 
+# A run's method name may carry a variant: "tda@pos_alpha=2.0" is TDA under its own config, a method of
+# its own in the run (its records, summary row and online state), as `shiftlab sweep` runs a grid point.
+VARIANT = "@"
+
+
+def registered_name(name: str) -> str:
+    """The registered method of a run's method name: "tda@pos_alpha=2.0" -> "tda"."""
+    return name.partition(VARIANT)[0]
+
+
 def get_method_class(name: str) -> type[Method]:
-    """The class registered as `name`; an unknown name raises `UnknownNameError` (a KeyError)."""
-    return _REGISTRY.get(name)
+    """The class registered as `name` (or as the method of a variant, `registered_name`); an unknown name
+    raises `UnknownNameError` (a KeyError)."""
+    return _REGISTRY.get(registered_name(name))
 
 
 def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
@@ -275,7 +286,8 @@ def effective_config(name: str, protocol: str = "leaderboard", dataset: str | No
     cls = get_method_class(name)
     if run_views and cls.needs_views:
         config["views"] = merge_views(dict(run_views), config.get("views", {}))
-    return make_config(cls, **method_overrides(protocol, name, config, run_precision, dataset=dataset))
+    return make_config(cls, **method_overrides(protocol, registered_name(name), config, run_precision,
+                                                dataset=dataset))
 
 
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
