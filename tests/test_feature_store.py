@@ -222,16 +222,38 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
              str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
              "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep"), "--grid", "tda.pos_alpha=1,4"]
+    out_dir = tmp_path / "sweep"
     assert cli_main(flags) == 0
-    err, out = capsys.readouterr().err, (tmp_path / "sweep" / "sweep.md").read_text()
-    assert "0 sample(s) read from the store" in err and "4 sample(s) read from the store" in err
+    err, out = capsys.readouterr().err, (out_dir / "sweep.md").read_text()
+    # one pass: each sample decoded and encoded once, every point reads those features
+    assert "0 sample(s) read from the store" in err and "4 encoded and stored" in err
     assert "| tda.pos_alpha=1.0 * | tda |" in out and "| tda.pos_alpha=4.0 | tda |" in out and out.count("| 4 |") == 2
-    points = sorted(p.name for p in (tmp_path / "sweep" / "points").iterdir())
-    assert points == ["tda.pos_alpha=1.0", "tda.pos_alpha=4.0"]
-    settings = [json.loads((tmp_path / "sweep" / "points" / p / "run.json").read_text())["methods"]["tda"]["pos_alpha"]
-                for p in points]
-    assert settings == [1, 4]
-    assert cli_main(flags) == 0   # resumable: a finished sweep runs again without error
+    run_json = json.loads((out_dir / "run.json").read_text())["methods"]
+    assert {v: c["pos_alpha"] for v, c in run_json.items()} == {"tda@pos_alpha=1.0": 1, "tda@pos_alpha=4.0": 4}
+    recs = list(record_files.iter_records(out_dir / "records.jsonl"))
+    assert sorted({r["method"] for r in recs}) == ["tda@pos_alpha=1.0", "tda@pos_alpha=4.0"] and len(recs) == 8
+    # each point is the method itself under that setting: the records of a plain run with --set (no store:
+    # the sweep's own pass used the features it encoded, not their fp16 copies)
+    plain_flags = [f for f in flags[1:flags.index("--features")]]
+    assert cli_main(["run", *plain_flags, "--out", str(tmp_path / "plain"), "--methods", "tda",
+                     "--set", "tda.pos_alpha=4"]) == 0
+    plain = {r["id"]: {k: v for k, v in r.items() if k not in ("seconds", "method")}
+             for r in record_files.iter_records(tmp_path / "plain" / "records.jsonl")}
+    point = {r["id"]: {k: v for k, v in r.items() if k not in ("seconds", "method")}
+             for r in recs if r["method"] == "tda@pos_alpha=4.0"}
+    assert point == plain
+    capsys.readouterr()
+    # more grid values later: the same directory gains the new point, read from the store
+    assert cli_main([*flags[:-1], "tda.pos_alpha=1,4,8"]) == 0
+    err, out = capsys.readouterr().err, (out_dir / "sweep.md").read_text()
+    assert "4 sample(s) read from the store" in err and "0 encoded" in err
+    assert "| tda.pos_alpha=8.0 | tda |" in out and out.count("| 4 |") == 3
+    assert json.loads((out_dir / "sweep.json").read_text())["rows"][0]["variant"] == "tda@pos_alpha=1.0"
+    from shiftlab.report.build import build_report
+    build_report([out_dir], tmp_path / "report")
+    html = (tmp_path / "report" / "report.html").read_text()
+    section = re.search(r'<section id="sweep">.*?</section>', html, re.S).group(0)
+    assert section.count("tda.pos_alpha=") == 3 and "tda.pos_alpha=1.0 *" in section
     monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
     assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
 

@@ -1,11 +1,14 @@
-"""`shiftlab sweep`: every point of a hyperparameter grid from a feature store, one record set per point.
+"""`shiftlab sweep`: every point of a hyperparameter grid in one pass over a feature store.
 
     shiftlab sweep --grid tda.pos_alpha=1,2,4 --grid tda.neg_alpha=0.117,0.2 --features feats \\
         --dataset imagenet-r --data DIR --out runs/sweep
 
-Each point is a resumable run directory OUT/points/<point>; the first point encodes into the store
-what it lacks, every later one reads it (no decoding). OUT/sweep.md and sweep.csv give top-1, ECE
-and n per point and method; `*` marks the point with the method's own (published) setting.
+A point of a method is a method of its own in ONE run directory OUT: `tda@pos_alpha=2.0,neg_alpha=0.2`
+(shiftlab.methods.base.VARIANT), with its own records, summary row and, for an online method, its own
+state along the one stream. Each sample's features are read from the store once (encoded into it the
+first time) and shared by every point; the run is resumable, and a later sweep with more grid values adds
+its new points to the same directory. OUT/sweep.md, sweep.csv and sweep.json give top-1, ECE and n per
+point and method; `*` marks the point with the method's own (published) setting.
 """
 from __future__ import annotations
 
@@ -14,13 +17,14 @@ import csv
 import dataclasses
 import itertools
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import checks
 from . import run as run_command
+
+SWEEP_JSON = "sweep.json"
 
 
 def grid_arg(text: str) -> tuple[str, str, list[Any]]:
@@ -48,8 +52,10 @@ def point_label(point: dict[str, dict[str, Any]]) -> str:
     return ",".join(f"{m}.{f}={v}" for m, cfg in point.items() for f, v in cfg.items())
 
 
-def point_dir(point: dict[str, dict[str, Any]]) -> str:
-    return re.sub(r"[^A-Za-z0-9._=,-]", "_", point_label(point))
+def variant_name(method: str, fields: dict[str, Any]) -> str:
+    """The run's name of `method` under one point's values: 'tda@pos_alpha=2.0,neg_alpha=0.2'."""
+    from ..methods.base import VARIANT
+    return method + VARIANT + ",".join(f"{f}={v}" for f, v in fields.items())
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,12 +70,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _defaults(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
-    from ..datasets.specs import DATASETS
+def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
+    """Each method's effective config without the grid (the point that matches it is the published one)."""
     from ..methods.base import effective_config
-    canonical = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else None
-    run_views = ({"n_views": args.views} if args.views is not None else {}) | ({"augmix": True} if args.augmix else {})
-    return {m: effective_config(m, args.protocol, canonical, args.precision, run_views) for m in methods}
+    return {m: effective_config(m, cfg.protocol, cfg.canonical_dataset(), cfg.precision, cfg.run_views(),
+                                **cfg.method_config.get(m, {})) for m in methods}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,24 +101,30 @@ def run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 1
-    defaults = _defaults(args, methods)
+    points = grid_points(args.grid)
+    variants: dict[str, dict[str, Any]] = {}   # the run's method name -> its config (one per method and point)
+    for point in points:
+        for m, fields in point.items():
+            variants[variant_name(m, fields)] = dict(cfg.method_config.get(m, {})) | fields
     out = Path(cfg.out)
+    try:
+        summary = run_engine(dataclasses.replace(cfg, methods=list(variants), method_config=variants, resume=True),
+                             model=model, dataset=datasets[args.dataset])
+    except (FileExistsError, KeyError, TypeError, ValueError) as exc:
+        print(f"shiftlab sweep: error: {run_command.one_line(exc)}", file=sys.stderr)
+        return 2
+    if not summary:   # torchrun: ranks other than 0 leave the table to rank 0
+        return 0
+    defaults = _defaults(cfg, methods)
     rows = []
-    for point in grid_points(args.grid):
-        config = {m: dict(cfg.method_config.get(m, {})) | point.get(m, {}) for m in methods}
-        try:
-            run_engine(dataclasses.replace(cfg, methods=list(methods), method_config=config, resume=True,
-                                           out=str(out / "points" / point_dir(point)), progress=False),
-                       model=model, dataset=datasets[args.dataset])
-        except (FileExistsError, KeyError, TypeError, ValueError) as exc:
-            print(f"shiftlab sweep: error: {point_label(point)}: {run_command.one_line(exc)}", file=sys.stderr)
-            return 2
-        summary = json.loads((out / "points" / point_dir(point) / "summary.json").read_text())
+    for point in points:
         published = all(getattr(defaults[m], f) == v for m, c in point.items() for f, v in c.items())
-        for m in methods:
-            s = summary["methods"].get(m, {})
+        for m, fields in point.items():
+            s = summary["methods"].get(variant_name(m, fields), {})
             rows.append({"point": point_label(point), "published": published, "method": m,
-                         "top1": s.get("top1"), "ece": s.get("ece"), "n": s.get("n")})
+                         "variant": variant_name(m, fields), "top1": s.get("top1"), "ece": s.get("ece"),
+                         "n": s.get("n")})
+    (out / SWEEP_JSON).write_text(json.dumps({"grid": [list(g) for g in args.grid], "rows": rows}, indent=1))
     _write_table(out, rows)
     return 0
 

@@ -251,9 +251,20 @@ def list_methods(kind: str | None = None) -> list[str]:
     return _REGISTRY.names(where=lambda cls: method_kind(cls) == kind)
 
 
+# A run's method name may carry a variant: "tda@pos_alpha=2.0" is TDA under its own config, a method of
+# its own in the run (its records, summary row and online state), as `shiftlab sweep` runs a grid point.
+VARIANT = "@"
+
+
+def registered_name(name: str) -> str:
+    """The registered method of a run's method name: "tda@pos_alpha=2.0" -> "tda"."""
+    return name.partition(VARIANT)[0]
+
+
 def get_method_class(name: str) -> type[Method]:
-    """The class registered as `name`; an unknown name raises `UnknownNameError` (a KeyError)."""
-    return _REGISTRY.get(name)
+    """The class registered as `name` (or as the method of a variant, `registered_name`); an unknown name
+    raises `UnknownNameError` (a KeyError)."""
+    return _REGISTRY.get(registered_name(name))
 
 
 def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:

@@ -71,6 +71,34 @@ def results_section(data: ReportData) -> Section | None:
          "errors", "s / image"], rows, text_cols=3, id_="metrics-table"))
 
 
+def sweep_section(data: ReportData) -> Section | None:
+    """Each sweep run (`shiftlab sweep`: a sweep.json beside its records): top-1, ECE and n per grid point
+    and method, from the point's records, with the method's own (published) setting marked."""
+    import json
+    body = ""
+    for run in data.runs:
+        path = Path(run.path) / "sweep.json"
+        try:
+            rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+        except (OSError, ValueError, KeyError, TypeError):
+            rows = []
+        clean = {s.method: s for s in run.series if s.setting == "clean"}
+        cells = []
+        for row in rows:
+            s = clean.get(row.get("variant"))
+            m = data.m(s) if s is not None else {}
+            cells.append([str(row.get("point")) + (" *" if row.get("published") else ""), str(row.get("method")),
+                          num(m.get("top1")), num(m.get("ece")), num(m.get("n"), 0)])
+        if cells:
+            body += f"<h3>{esc(run.name)}</h3>" + table(["point", "method", "top-1 %", "ECE %", "n"], cells,
+                                                         text_cols=2)
+    if not body:
+        return None
+    return ("sweep", "Sweeps", "<p>Every point of a hyperparameter grid, read from one pass over a feature "
+            "store (each point's records are those of the method run with that setting). <code>*</code>: the "
+            "method's own (published) setting.</p>" + body)
+
+
 def suite_section(data: ReportData) -> Section | None:
     """Each suite's table (datasets x methods, averages) with the papers' comparable rows below."""
     if not data.suites:
@@ -358,6 +386,6 @@ def errors_section(data: ReportData) -> Section | None:
     return ("errors", "Errors", body or "<p>No error records: every sample was predicted.</p>")
 
 
-ALL = [runs_section, suite_section, results_section, paired_section, published_section, cost_section,
+ALL = [runs_section, suite_section, sweep_section, results_section, paired_section, published_section, cost_section,
        calibration_section, robust_section, renditions_section, per_class_section,
        confusions_section, errors_section]
