@@ -344,9 +344,16 @@ def test_listing_methods_and_refusing_a_flag_import_nothing_heavy(tmp_path, argv
 
 def test_lazy_package_attributes():
     import shiftlab
+    from shiftlab.engine.config import RunConfig
+    from shiftlab.engine.loop import run
     from shiftlab.models import load_model
+    from shiftlab.views.generator import ViewGenerator
     assert shiftlab.load_model is load_model and "load_model" in dir(shiftlab)
     assert set(shiftlab.__all__) <= set(dir(shiftlab))
+    # what a library user needs is one attribute away: every public name resolves
+    assert (shiftlab.RunConfig, shiftlab.run, shiftlab.ViewGenerator) == (RunConfig, run, ViewGenerator)
+    for name in shiftlab.__all__:
+        assert getattr(shiftlab, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         shiftlab.nosuch  # noqa: B018
 

@@ -24,20 +24,30 @@ _EXPORTS = {
     "ClassHeads": "methods.context",
     "SampleContext": "methods.context",
     "FeatureStore": "rundir.feature_store",
+    "ViewRecipe": "views.recipe",
+    "ViewConfig": "views.generator",
+    "ViewGenerator": "views.generator",
+    "RunConfig": "engine.config",
+    "run": "engine.loop",
 }
 __all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "list_attacks", "predict",
-           "Prediction", "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "__version__"]
+           "Prediction", "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "ViewRecipe",
+           "ViewConfig", "ViewGenerator", "RunConfig", "run", "__version__"]
 
 if TYPE_CHECKING:
     from .attacks import list_attacks
     from .datasets.build import build_dataset
     from .datasets.specs import classnames
+    from .engine.config import RunConfig
+    from .engine.loop import run
     from .methods.api import predict
     from .methods.base import create_method, list_methods
     from .methods.context import ClassHeads, SampleContext
     from .methods.prediction import Prediction
     from .models import ClipModel, ModelLoadError, load_model
     from .rundir.feature_store import FeatureStore
+    from .views.generator import ViewConfig, ViewGenerator
+    from .views.recipe import ViewRecipe
 
 
 def __getattr__(name: str) -> Any:
