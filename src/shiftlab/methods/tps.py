@@ -14,7 +14,6 @@ and `utils/save_concepts.py` (the prototypes' prompts), `scripts/shift/*.sh` (th
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.head_cache import cached_head
-from ..models.text import encode_texts
+from ..models.text import encode_texts, read_class_sentences
 from ..params import param
 from .base import Method, MethodOutput, ViewMethodConfig, register_method
 from .confidence import marginal_entropy_as_tpt, select_confident
@@ -83,18 +82,12 @@ def load_descriptors(path: str, classnames: Sequence[str], field: str = "tps.des
     classes as the run, or ImageNet class i when it lists ImageNet's 1000 (their ImageNet file names some
     classes otherwise: 'eft' for newt). A file that fits none of these is refused in one line."""
     try:
-        with open(os.path.expanduser(path), encoding="utf-8") as f:
-            data = json.load(f)
-    except IsADirectoryError:
-        raise ValueError(f"{field}: {path!r} is a directory; pass the dataset's file (their "
-                         "gpt4_descriptors/<set>-gpt4.json)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{field}: cannot read {path!r} ({getattr(err, 'strerror', None) or err})") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{field}: {path!r} is not JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(data, dict) or not all(
-            isinstance(v, list) and all(isinstance(s, str) for s in v) for v in data.values()):
-        raise ValueError(f"{field}: {path!r} must map each class name to a list of descriptor phrases")
+        data = read_class_sentences(path, field, "descriptor phrases")
+    except ValueError as err:
+        if os.path.isdir(os.path.expanduser(path)):   # their descriptors come one file per dataset
+            raise ValueError(f"{field}: {path!r} is a directory; pass the dataset's file (their "
+                             "gpt4_descriptors/<set>-gpt4.json)") from None
+        raise err from None
     rows = list(data.values())
     by_name = {k.replace("_", " ").lower(): v for k, v in data.items()}
     keys = [c.replace("_", " ").lower() for c in classnames]

@@ -158,22 +158,31 @@ def pooled_class_head(model: ClipModel, prompts_per_class: Sequence[Sequence[str
     return F.normalize(torch.stack([f.mean(0) for f in feats.split(sizes)]), dim=-1)
 
 
-def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_file") -> list[list[str]]:
-    """Per class, its sentences from a CuPL-format JSON file ({class name: [sentence, ...]}), looked up
-    by the name with "_" read as " " (as DMN does). A class missing from the file, or mapped to no
-    sentence (`[]`, or only blank strings), is refused: a one-line ValueError naming `field`."""
+def read_class_sentences(path: str, field: str, what: str = "sentences (CuPL's format)") -> dict[str, list[str]]:
+    """A JSON file {class name: [sentence, ...]} (CuPL's descriptions, TPS's descriptors), or a one-line
+    ValueError naming `field` (unreadable, a directory, not JSON, not that shape)."""
     import json
     import os
     try:
         with open(os.path.expanduser(path), encoding="utf-8") as f:
             data = json.load(f)
+    except IsADirectoryError:
+        raise ValueError(f"{field}: {path!r} is a directory; pass the file itself") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{field}: cannot read {path!r} ({getattr(err, 'strerror', None) or err})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{field}: {path!r} is not JSON ({err.msg}, line {err.lineno})") from None
     if not isinstance(data, dict) or not all(
             isinstance(v, list) and all(isinstance(s, str) for s in v) for v in data.values()):
-        raise ValueError(f"{field}: {path!r} must map each class name to a list of sentences (CuPL's format)")
+        raise ValueError(f"{field}: {path!r} must map each class name to a list of {what}")
+    return data
+
+
+def load_descriptions(path: str, classnames: Sequence[str], field: str = "cupl_file") -> list[list[str]]:
+    """Per class, its sentences from a CuPL-format JSON file ({class name: [sentence, ...]}), looked up
+    by the name with "_" read as " " (as DMN does). A class missing from the file, or mapped to no
+    sentence (`[]`, or only blank strings), is refused: a one-line ValueError naming `field`."""
+    data = read_class_sentences(path, field)
     names = [c.replace("_", " ") for c in classnames]
     # a class that is absent, or listed with no sentence (or only blank ones), has no description
     missing = [n for n in names if not any(s.strip() for s in data.get(n, []))]
