@@ -24,6 +24,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.engine.step import Evaluator
+from shiftlab.methods.base import get_method_class, list_methods
 from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
@@ -319,3 +320,19 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     # resume: nothing left to do, same records
     assert cli_main(argv + ["--resume"]) == 0
     assert len(record_files.load_records(out)) == len(recs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list_methods(kind="episodic"))
+def test_every_episodic_method_scores_clean_and_robust_accuracy_and_ece_in_one_pass(name, tmp_path):
+    """Each episodic method (the tuners too: TTL through its own LoRA tower, RLCF with its reward model)
+    scores the clean and the attacked images of one run: top-1 and ECE for both settings, no error."""
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=1, size=(72, 64))
+    cfg = RunConfig(data=str(data), methods=[name], method_config={name: dict(get_method_class(name).offline_config)},
+                    views=8, workers=0, progress=False, seed=1, device="cpu", out=str(tmp_path / "run"),
+                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, clean_and_robust=True)
+    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    entry = summary["methods"][name]
+    assert entry["n"] == 3 and 0 <= entry["ece"] <= 100
+    assert entry["robust"]["setting"] == "pgd" and entry["robust"]["n"] == 3 and 0 <= entry["robust"]["ece"] <= 100
+    assert summary["errors"] == 0 and summary["attack"]["n"] == 3
