@@ -256,4 +256,8 @@ def test_peak_memory_sees_an_allocation():
     with PeakMemory(torch.device("cpu")) as mem:
         block = torch.ones(16 << 20)   # 64 MiB, written, alive when the phase ends
     assert mem.mib - idle.mib >= 48, (idle.mib, mem.mib)
+    assert mem.added_mib >= 48, (mem.added_mib, mem.mib)       # the block, over what the process held before
+    with PeakMemory(torch.device("cpu")) as held:
+        pass
+    assert held.added_mib < 32 and held.mib - mem.mib > -16   # still held: in the peak, not added by this phase
     del block
