@@ -261,3 +261,32 @@ def test_peak_memory_sees_an_allocation():
         pass
     assert held.added_mib < 32 and held.mib - mem.mib > -16   # still held: in the peak, not added by this phase
     del block
+
+
+def test_own_models_get_the_bench_models_kind_of_weights():
+    from shiftlab.bench.model import own_models_config
+    methods = ["tpt", "rlcf"]
+    random = own_models_config(methods, {"name": "RN50-quickgelu", "pretrained": None}, {})
+    assert random == {"rlcf": {"reward_pretrained": "none"}}          # ViT-L/14 kept: the same cost, no download
+    tiny = own_models_config(methods, {"name": "shiftlab-tiny", "pretrained": None}, {"tpt": {"steps": 2}})
+    assert tiny == {"tpt": {"steps": 2}, "rlcf": get_method_class("rlcf").offline_config}
+    mine = own_models_config(methods, {"name": "RN50", "pretrained": None}, {"rlcf": {"reward_pretrained": "x.pt"}})
+    assert mine["rlcf"] == {"reward_pretrained": "x.pt"}                # what the user sets wins
+    assert own_models_config(methods, {"name": "RN50", "pretrained": "openai"}, {}) == {}
+
+
+@pytest.mark.slow
+def test_bench_of_the_tuning_methods_end_to_end(capsys):
+    code = main(["bench", "--tiny", "--json", "--methods", "ttl,rlcf,tps,dynaprompt", "--images", "1", "--warmup",
+                 "0", "--repeats", "1", "--views", "16", "--classes", "20", "--workers", "0"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["methods"]
+    assert list(rows) == ["ttl", "rlcf", "tps", "dynaprompt"]
+    for name in ("ttl", "rlcf"):
+        assert rows[name]["top1_agreement"] == 1.0 and rows[name]["max_abs_logit_diff"] <= 1e-3, name
+        assert rows[name]["peak_memory_added_mib"] is not None
+    for name in ("tps", "dynaprompt"):
+        assert rows[name]["baseline_skipped"] == "no baseline transcription for this method"
+    assert rows["ttl"]["split_seconds_per_image"]["image_encode"] == 0 and rows["ttl"]["views"] == 16
+    assert result["config"]["method_config"]["rlcf"] == get_method_class("rlcf").offline_config
