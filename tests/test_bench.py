@@ -17,6 +17,7 @@ from shiftlab.bench.memory import PeakMemory
 from shiftlab.bench.runner import DEFAULT_METHODS, BenchConfig, run_bench
 from shiftlab.cli import main
 from shiftlab.engine.phases import text_tower_timer
+from shiftlab.methods import get_method_class
 from shiftlab.synthetic import random_image
 from shiftlab.views.generator import ViewConfig, ViewGenerator
 
@@ -32,26 +33,45 @@ def _views(model, n_images: int = 2, n_views: int = 16) -> list[torch.Tensor]:
 
 # (R-TPT's "threshold" self-mask is left out: whether a diagonal entry rounds to >= 1.0 depends on
 # the matmul kernel, so two correct implementations may drop different entries.)
-CASES = [(name, {}) for name in sorted(BASELINES)] + [
-    ("view_ensemble", {"average": "logits"}),
-    ("ctpt", {"lambda_atfd": 50.0}), ("tpt", {"steps": 2})]
+# TTL runs on the tiny ViT (its design: LoRA in the last blocks' attention) and on the tiny ResNet (the
+# attention pool); RLCF's reward model is its offline one (a random-weight tiny CLIP).
+CASES = [(name, {}, "tiny") for name in sorted(BASELINES) if name != "ttl"] + [
+    ("view_ensemble", {"average": "logits"}, "tiny"),
+    ("ctpt", {"lambda_atfd": 50.0}, "tiny"), ("tpt", {"steps": 2}, "tiny"),
+    ("ttl", {}, "tiny-vit"), ("ttl", {"steps": 3}, "tiny-vit"), ("ttl", {}, "tiny"),
+    ("rlcf", {"reward_baseline": "batch", "reward_std": True, "sample_k": 5, "steps": 2}, "tiny"),
+    ("rlcf", {}, "tiny-vit")]
+# the methods that tune: their agreement means something only if the tuning moved the logits well past
+# the tolerance (a baseline that skipped its steps would otherwise agree with a library that did too)
+TUNED = ("tpt", "ctpt", "rtpt", "ttl", "rlcf")
 
 
-@pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}{'-' if o else ''}{'-'.join(map(str, o.values()))}"
-                                                        for n, o in CASES])
+@pytest.fixture(scope="module")
+def tiny_vit_model():
+    return shiftlab.load_model("shiftlab-tiny-vit", None, seed=0)
+
+
+@pytest.mark.parametrize("name,overrides,which", CASES,
+                         ids=[f"{n}{'-' if o else ''}{'-'.join(map(str, o.values()))}-{w}" for n, o, w in CASES])
 @pytest.mark.slow
-def test_baseline_agrees_with_library(tiny_model, name, overrides):
+def test_baseline_agrees_with_library(tiny_model, tiny_vit_model, name, overrides, which):
     """Same views, same hyper-parameters: the library and the straightforward procedure agree."""
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, **overrides)
+    model = tiny_vit_model if which == "tiny-vit" else tiny_model
+    overrides = {**get_method_class(name).offline_config, **overrides}
+    method = shiftlab.create_method(name, model, CLASSNAMES, **overrides)
     method.prepare()
-    baseline = create_baseline(name, tiny_model, CLASSNAMES, method.config)
+    baseline = create_baseline(name, model, CLASSNAMES, method.config)
     baseline.setup()
-    for views in _views(tiny_model):
-        ours = method.predict(tiny_model.normalize(views.float() / 255))
+    untuned = shiftlab.create_method(name, model, CLASSNAMES, **overrides | {"steps": 0}) if name in TUNED else None
+    for views in _views(model):
+        x = model.normalize(views.float() / 255)
+        ours = method.predict(x)
         theirs = baseline.predict(views)
         assert ours.shape == theirs.shape == (len(CLASSNAMES),)
         assert int(ours.argmax()) == int(theirs.argmax())
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3)
+        if untuned is not None:
+            assert float((ours - untuned.predict(x)).abs().max()) > 1e-2
 
 
 # -- fewer than 10 views: TPT's int(N * 0.1) is 0, and a baseline that keeps 0 views takes log(0) ------------
@@ -236,4 +256,37 @@ def test_peak_memory_sees_an_allocation():
     with PeakMemory(torch.device("cpu")) as mem:
         block = torch.ones(16 << 20)   # 64 MiB, written, alive when the phase ends
     assert mem.mib - idle.mib >= 48, (idle.mib, mem.mib)
+    assert mem.added_mib >= 48, (mem.added_mib, mem.mib)       # the block, over what the process held before
+    with PeakMemory(torch.device("cpu")) as held:
+        pass
+    assert held.added_mib < 32 and held.mib - mem.mib > -16   # still held: in the peak, not added by this phase
     del block
+
+
+def test_own_models_get_the_bench_models_kind_of_weights():
+    from shiftlab.bench.model import own_models_config
+    methods = ["tpt", "rlcf"]
+    random = own_models_config(methods, {"name": "RN50-quickgelu", "pretrained": None}, {})
+    assert random == {"rlcf": {"reward_pretrained": "none"}}          # ViT-L/14 kept: the same cost, no download
+    tiny = own_models_config(methods, {"name": "shiftlab-tiny", "pretrained": None}, {"tpt": {"steps": 2}})
+    assert tiny == {"tpt": {"steps": 2}, "rlcf": get_method_class("rlcf").offline_config}
+    mine = own_models_config(methods, {"name": "RN50", "pretrained": None}, {"rlcf": {"reward_pretrained": "x.pt"}})
+    assert mine["rlcf"] == {"reward_pretrained": "x.pt"}                # what the user sets wins
+    assert own_models_config(methods, {"name": "RN50", "pretrained": "openai"}, {}) == {}
+
+
+@pytest.mark.slow
+def test_bench_of_the_tuning_methods_end_to_end(capsys):
+    code = main(["bench", "--tiny", "--json", "--methods", "ttl,rlcf,tps,dynaprompt", "--images", "1", "--warmup",
+                 "0", "--repeats", "1", "--views", "16", "--classes", "20", "--workers", "0"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["methods"]
+    assert list(rows) == ["ttl", "rlcf", "tps", "dynaprompt"]
+    for name in ("ttl", "rlcf"):
+        assert rows[name]["top1_agreement"] == 1.0 and rows[name]["max_abs_logit_diff"] <= 1e-3, name
+        assert rows[name]["peak_memory_added_mib"] is not None
+    for name in ("tps", "dynaprompt"):
+        assert rows[name]["baseline_skipped"] == "no baseline transcription for this method"
+    assert rows["ttl"]["split_seconds_per_image"]["image_encode"] == 0 and rows["ttl"]["views"] == 16
+    assert result["config"]["method_config"]["rlcf"] == get_method_class("rlcf").offline_config

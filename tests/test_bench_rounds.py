@@ -109,6 +109,27 @@ def test_all_methods_pass_must_contain_its_encoding(allm, encode):
         summarize_rounds(_per_image([1.0], allm, encode), [], [], images=1)
 
 
+def test_a_pass_of_methods_that_read_no_features_is_compared_with_the_floor():
+    """TTL alone: the all-methods pass has no encode phase (TTL encodes through its own tower), so its
+    ratio and the projection's floor come from the floor row; an encode phase there is an error."""
+    out = summarize_rounds(_per_image([1.0, 2.0], [3.0, 3.0], [0.0, 0.0]), [], [], images=1, encodes=False)
+    assert out["all_methods_ratio_to_floor"]["values"] == pytest.approx([3.0, 1.5])
+    assert projection(out, None)["floor_seconds"] == pytest.approx(1.5 * IMAGENET_R_IMAGES)
+    with pytest.raises(ValueError, match="read no features"):
+        summarize_rounds(_per_image([1.0], [3.0], [0.5]), [], [], images=1, encodes=False)
+
+
+@pytest.mark.slow
+def test_bench_of_ttl_alone_has_no_encoding_and_a_baseline(tiny_model):
+    result = run_bench(tiny_model, CLASSNAMES, BenchConfig(methods=["ttl"], images=1, warmup=0, views=8, workers=0,
+                                                           repeats=1), log=None)
+    row = result["methods"]["ttl"]
+    assert row["split_seconds_per_image"]["image_encode"] == 0 and row["views"] == 8
+    assert row["top1_agreement"] == 1.0 and row["max_abs_logit_diff"] <= 1e-3
+    assert result["rounds"]["all_methods_encodes"] is False
+    assert result["projection"]["floor_seconds"] > 0
+
+
 def test_projection_at_the_full_recipe_is_the_medians_times_the_images():
     rounds = summarize_rounds(_per_image([1.0, 3.0], [2.0, 4.0], [1.5, 2.5],
                                          {"alone:mta": [1.6, 2.6], "alone_encode:mta": [1.5, 2.5]}),

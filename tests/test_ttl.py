@@ -158,3 +158,38 @@ def test_a_run_with_a_feature_store_decodes_ttls_samples(tmp_path, vit):
     plain = go("plain")
     assert go("stored", features=str(tmp_path / "fs"), features_dtype="fp32") == plain
     assert len(plain) == 4 and all("error" not in r for r in plain.values())
+
+
+def test_a_ttl_only_step_encodes_nothing_and_keeps_its_records(tmp_path, vit):
+    """TTL encodes its views through its own tower: a step of TTL alone skips the frozen encoding (no
+    `encode` phase, no features computed), and its records are those of a step that encodes them for
+    zero-shot beside it."""
+    from shiftlab.datasets import build_dataset
+    from shiftlab.engine.phases import PhaseTimer
+    from shiftlab.engine.step import Evaluator, Runner, view_generators
+    from shiftlab.synthetic import make_imagenet_r
+    dataset = build_dataset("imagenet-r", make_imagenet_r(tmp_path, classes=[0, 100], per_class=1, size=(80, 64)))
+
+    def step(methods: list[str]) -> tuple[dict, dict, list]:
+        timer = PhaseTimer()
+        ev = Evaluator(vit, dataset.classnames, methods, run_views={"n_views": 8})
+        seen = []
+        original = ev.methods["ttl"].predict_context
+        ev.methods["ttl"].predict_context = lambda ctx: seen.append("image_features" in ctx.__dict__) or original(ctx)
+        runner = Runner(ev, dataset, view_generators(ev.methods, vit.preprocess, 0), timer=timer)
+        records = {r.to_dict()["id"]: r.to_dict() for r in runner.step(runner.load([0, 1])) if r.method == "ttl"}
+        return {k: {f: v for f, v in r.items() if f != "seconds"} for k, r in records.items()}, timer.seconds, seen
+
+    alone, phases, seen = step(["ttl"])
+    together, phases_together, seen_together = step(["zeroshot", "ttl"])
+    assert "encode" not in phases and "encode" in phases_together
+    assert seen == [False, False] and seen_together == [True, True]
+    assert alone == together and len(alone) == 2 and all("error" not in r for r in alone.values())
+
+
+def test_a_method_that_reads_no_features_reads_pixels():
+    from shiftlab.methods import get_method_class, list_methods
+    for name in list_methods():
+        cls = get_method_class(name)
+        assert cls.reads_features or cls.needs_pixels, name
+    assert not get_method_class("ttl").reads_features

@@ -39,11 +39,14 @@ def _release_freed_memory() -> None:
 
 
 class PeakMemory:
-    """Peak memory (MiB) of a phase: CUDA allocator peak, or the sampled process RSS on the CPU."""
+    """Peak memory (MiB) of a phase: CUDA allocator peak, or the sampled process RSS on the CPU; `added_mib`:
+    that peak over what was held when the phase began (the model, every method's state), i.e. what the
+    phase's own work (activations, a tuning step's graph) needed at most."""
 
     def __init__(self, device: torch.device, interval: float = 0.005):
         self.device, self.interval = device, interval
         self.peak_bytes = 0
+        self.start_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,9 +59,10 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
         elif _rss_bytes() is not None:
             _release_freed_memory()
-            self.peak_bytes = _rss_bytes() or 0
+            self.peak_bytes = self.start_bytes = _rss_bytes() or 0
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
@@ -71,9 +75,16 @@ class PeakMemory:
             self._stop.set()
             self._thread.join()
             self.peak_bytes = max(self.peak_bytes, _rss_bytes() or 0)
-        else:   # no /proc: the process-wide high-water mark is all there is
+        else:   # no /proc: the process-wide high-water mark is all there is (nothing to subtract)
             self.peak_bytes = int(process_peak_rss_mib() * MiB)
 
     @property
     def mib(self) -> float:
         return self.peak_bytes / MiB
+
+    @property
+    def added_mib(self) -> float | None:
+        """None where only the process-wide high-water mark is known."""
+        if self.device.type != "cuda" and self._thread is None:
+            return None
+        return max(self.peak_bytes - self.start_bytes, 0) / MiB

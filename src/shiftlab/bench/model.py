@@ -26,7 +26,7 @@ from ..models.text import DEFAULT_TEMPLATE, encode_texts, tokenize
 from ..synthetic import random_image
 from ..views.generator import base_view, to_uint8_tensor
 
-__all__ = ["condition_random_clip", "load_bench_model"]
+__all__ = ["condition_random_clip", "load_bench_model", "own_models_config"]
 
 
 @torch.no_grad()
@@ -79,3 +79,21 @@ def load_bench_model(name: str, pretrained: str | None, classnames: Sequence[str
     if conditioned:
         condition_random_clip(model, classnames)
     return model, {"name": name, "pretrained": pretrained, "conditioned_random_weights": conditioned}
+
+
+def own_models_config(methods: Sequence[str], info: dict, method_config: dict[str, dict]) -> dict[str, dict]:
+    """`method_config` with, for every method that loads models of its own (RLCF's reward model), the weights
+    matching the bench model's: its `offline_config` on the tests' tiny CLIP, its `random_weights_config`
+    (same architectures, random weights: the same cost) when the bench model has random weights. What the
+    user sets wins."""
+    from ..methods import get_method_class
+    out = {name: dict(values) for name, values in method_config.items()}
+    if info.get("pretrained") is not None:
+        return out
+    tiny = info.get("name") == "shiftlab-tiny"
+    for name in methods:
+        cls = get_method_class(name)
+        defaults = cls.offline_config if tiny else cls.random_weights_config
+        if defaults:
+            out[name] = dict(defaults) | out.get(name, {})
+    return out

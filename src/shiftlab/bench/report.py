@@ -15,18 +15,25 @@ def format_report(result: dict) -> str:
         f"{cfg['images']} image(s) + {cfg['warmup']} warm-up, torch {result['machine']['torch']}, "
         f"{result['machine']['torch_threads']} threads",
     ]
+    machine = result["machine"]
+    if "loadavg_at_start" in machine:
+        loads = [f"{label} {' '.join(f'{x:.2f}' for x in machine[key])}"
+                 for label, key in (("start", "loadavg_at_start"), ("end", "loadavg_at_end")) if key in machine]
+        lines.append(f"{machine['cpu_count']} CPU cores; load average (1, 5, 15 min) at " + ", at ".join(loads))
     if result["methods"]:
         lines += [
             "",
-            "seconds per image, each method alone (decode+views + encode + text tower + method):",
+            "seconds per image, each method alone (decode+views + encode + text tower + method); peak memory of "
+            "its pass, and (+MiB) that peak over what the process held when the pass began:",
             f"{'method':<16}{'s/img':>8}{'img/s':>8}{'dec+views':>10}{'encode':>8}{'text':>8}{'method':>8}"
-            f"{'peak MiB':>9} | {'baseline':>9}{'speedup':>8}{'top-1':>7}{'max|dlogit|':>12}",
+            f"{'peak MiB':>9}{'+MiB':>7} | {'baseline':>9}{'speedup':>8}{'top-1':>7}{'max|dlogit|':>12}",
         ]
     for name, r in result["methods"].items():
         s = r["split_seconds_per_image"]
         lines.append(
             f"{name:<16}{r['seconds_per_image']:>8.2f}{_fmt(r['images_per_second']):>8}{s['decode_views']:>10.2f}"
-            f"{s['image_encode']:>8.2f}{s['text_tower']:>8.2f}{s['method']:>8.2f}{r['peak_memory_mib']:>9.0f} | "
+            f"{s['image_encode']:>8.2f}{s['text_tower']:>8.2f}{s['method']:>8.2f}{r['peak_memory_mib']:>9.0f}"
+            f"{_fmt(r.get('peak_memory_added_mib'), '.0f'):>7} | "
             f"{_fmt(r['baseline_seconds_per_image']):>9}{_fmt(r['speedup'], '.1f'):>8}"
             f"{_fmt(r['top1_agreement'], '.0%'):>7}{_fmt(r['max_abs_logit_diff'], '.1e'):>12}")
         if r.get("baseline_skipped"):
@@ -67,7 +74,9 @@ def format_report(result: dict) -> str:
                          "x floor: " + ", ".join(f"{m} {r['median']:.3f}"
                                                   for m, r in store["method_ratio_to_floor"].items()))
         lines.append("(all methods x floor: each round's all-methods pass over its own encoding, so >= 1; "
-                     "a method alone x floor: over the floor row)")
+                     "a method alone x floor: over the floor row)" if rounds.get("all_methods_encodes", True) else
+                     "(all methods x floor: over the floor row, as no method of the pass reads the frozen tower's "
+                     "features; a method alone x floor: over the floor row)")
         lines += projection_lines(result["projection"], rounds)
     ld = result["loader"]
     lines.append(

@@ -142,23 +142,28 @@ def measure_rounds(ev: Evaluator, source: Any, items: Sequence[BatchItem], metho
             log(line)
         if features is not None:
             features.close()
-    return summarize_rounds(per_image, alone_methods, list(baselines), n, store_methods=methods)
+    return summarize_rounds(per_image, alone_methods, list(baselines), n, store_methods=methods,
+                            encodes=any(ev.methods[m].reads_features for m in methods))
 
 
 def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence[str], baselines: Sequence[str],
-                     images: int, store_methods: Sequence[str] = ()) -> dict[str, Any]:
+                     images: int, store_methods: Sequence[str] = (), encodes: bool = True) -> dict[str, Any]:
     """The rounds' result from seconds per image per round: keys `floor`, `all_methods`,
     `all_methods_encode` (that pass's encode phase), `alone:<m>` and `alone_encode:<m>` for `methods`,
     `baseline:<m>` for `baselines`, and, when the rounds re-ran from a feature store, `store`,
-    `store_read` and `store_method:<m>` for `store_methods`; each a list with one value per round."""
+    `store_read` and `store_method:<m>` for `store_methods`; each a list with one value per round.
+    `encodes=False`: no method of the all-methods pass reads the frozen tower's features (TTL alone), so
+    the pass has no encode phase and its ratio is taken over the floor of the same round."""
     floor = list(per_image["floor"])
 
     def ratio(key: str, to: Sequence[float]) -> dict[str, Any]:
         return spread([a / b for a, b in zip(per_image[key], to)])
 
     encode = list(per_image["all_methods_encode"])
-    if any(e <= 0 for e in encode):
+    if encodes and any(e <= 0 for e in encode):
         raise ValueError("all-methods pass without an encode phase: no ratio to its floor")
+    if not encodes and any(e > 0 for e in encode):
+        raise ValueError("an encode phase in a pass of methods that read no features")
     if any(a < e * (1 - 1e-9) for a, e in zip(per_image["all_methods"], encode)):   # float sums of nested spans
         raise ValueError("an all-methods pass shorter than its own encode phase: the phases are not nested")
     out: dict[str, Any] = {
@@ -166,8 +171,11 @@ def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence
         "floor_seconds_per_image": spread(floor),
         "all_methods_seconds_per_image": spread(per_image["all_methods"]),
         "all_methods_encode_seconds_per_image": spread(encode),
-        "all_methods_ratio_to_floor": ratio("all_methods", encode),
-        "all_methods_ratio_note": "per round: the all-methods pass over its own encode phase (>= 1)",
+        "all_methods_encodes": encodes,
+        "all_methods_ratio_to_floor": ratio("all_methods", encode if encodes else floor),
+        "all_methods_ratio_note": "per round: the all-methods pass over its own encode phase (>= 1)" if encodes else
+                                  "per round: the all-methods pass over the floor (no method of it reads the frozen "
+                                  "tower's features: it has no encode phase)",
         "methods": {},
     }
     for name in methods:
@@ -230,6 +238,7 @@ def projection(rounds: dict[str, Any], loader_seconds_per_image: float | None,
         return images * max(total + encode * (factor - 1), loader)
 
     encode = rounds["all_methods_encode_seconds_per_image"]["median"]
+    floor = encode if rounds.get("all_methods_encodes", True) else rounds["floor_seconds_per_image"]["median"]
     methods = {}
     for name, r in rounds["methods"].items():
         scaled = view_methods is None or name in view_methods
@@ -240,7 +249,7 @@ def projection(rounds: dict[str, Any], loader_seconds_per_image: float | None,
         "images": images, "views": target_views, "measured_views": views,
         "encode_scale": factor,
         "loader_seconds": images * loader,
-        "floor_seconds": wall(encode, encode),
+        "floor_seconds": wall(floor, floor),
         "all_methods_seconds": wall(rounds["all_methods_seconds_per_image"]["median"], encode),
         "methods_seconds": methods,
         # a re-run reads features instead of decoding (no loader); of it only the reading scales with the views

@@ -238,7 +238,8 @@ class Bench:
         text = phases.get(f"text:{name}", 0.0)
         split = {"decode_views": phases.get("decode_views", 0.0), "image_encode": phases.get("encode", 0.0),
                  "text_tower": text, "method": phases.get(f"predict:{name}", 0.0) - text}
-        return {"seconds": sum(split.values()), "split": split, "logits": logits[name], "peak_memory_mib": mem.mib}
+        return {"seconds": sum(split.values()), "split": split, "logits": logits[name], "peak_memory_mib": mem.mib,
+                "peak_memory_added_mib": mem.added_mib}
 
     def loader(self, workers: int) -> dict:
         """Decode + views through DataLoader workers alone (no model), as `shiftlab run` loads images."""
@@ -286,6 +287,7 @@ class Bench:
             "baseline_seconds_per_image": spi,
             "baseline_split_seconds_per_image": _per_image(split, self.n),
             "baseline_peak_memory_mib": mem.mib,
+            "baseline_peak_memory_added_mib": mem.added_mib,
             "speedup": spi / row["seconds_per_image"] if row["seconds_per_image"] > 0 else None,
             "top1_agreement": agree,
             "max_abs_logit_diff": diff,
@@ -355,10 +357,12 @@ class Bench:
                 "images_per_second": 1.0 / spi if spi > 0 else None,
                 "split_seconds_per_image": _per_image(alone["split"], self.n),
                 "peak_memory_mib": alone["peak_memory_mib"],
+                "peak_memory_added_mib": alone["peak_memory_added_mib"],
                 "all_methods_pass_method_seconds_per_image": shared["per_method"][name] / self.n,
                 "views": method.view_recipe.n_views if method.needs_views else 1,
                 "baseline_seconds_per_image": None, "baseline_split_seconds_per_image": None,
                 "baseline_setup_seconds": None, "baseline_peak_memory_mib": None,
+                "baseline_peak_memory_added_mib": None,
                 "speedup": None, "top1_agreement": None, "max_abs_logit_diff": None,
             }
             self.log(f"  {name} alone: {spi:.2f} s/image")

@@ -98,10 +98,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.images import bench_classnames
-    from ..bench.model import load_bench_model
+    from ..bench.model import load_bench_model, own_models_config
     from ..bench.report import format_report
-    from ..bench.runner import BenchConfig, run_bench
-    from ..engine.config import resolve_device
+    from ..bench.runner import BenchConfig, default_methods, run_bench
+    from ..engine.config import expand_methods, resolve_device
     from ..models import ModelLoadError
 
     device = resolve_device(args.device)
@@ -119,14 +119,21 @@ def run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2
-    config = BenchConfig(**settings(args, device.type),
+    measured = settings(args, device.type)
+    try:
+        method_config = own_models_config(expand_methods(measured["methods"] or default_methods()), info,
+                                          checks.method_config(args.method_config))
+    except KeyError as exc:
+        print(f"shiftlab bench: {exc}", file=sys.stderr)
+        return 2
+    config = BenchConfig(**measured,
                          seed=args.seed, batch_size=args.batch_size, baseline_methods=args.baseline_methods,
                          baseline_warmup=args.baseline_warmup,
-                         method_config=checks.method_config(args.method_config), image_size=args.image_size,
+                         method_config=method_config, image_size=args.image_size,
                          threads=args.threads, precision=args.precision, store=args.store)
     try:
         result = run_bench(model, classnames, config, source=source, model_info=info)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ModelLoadError) as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else format_report(result))

@@ -57,8 +57,9 @@ def first_views(ctx: SampleContext, n: int) -> SampleContext:
     if n >= ctx.n_views:
         return ctx
     views = None if ctx.views is None else ctx.views[:n]
-    return SampleContext(ctx.model, ctx.heads, views, image_features=ctx.image_features[:n],
-                         sample_id=ctx.sample_id)
+    encoded = ctx.__dict__.get("image_features")     # None: nothing encoded (no method of the group reads it)
+    return SampleContext(ctx.model, ctx.heads, views, image_features=None if encoded is None else encoded[:n],
+                         sample_id=ctx.sample_id, precision=ctx.precision)
 
 
 @dataclass
@@ -150,19 +151,21 @@ class Evaluator:
         self._timers.close()
 
     def contexts(self, views_u8: Sequence[torch.Tensor], ids: Sequence[int],
-                 all_views: bool | None = None, precision: Precision | None = None) -> list[SampleContext]:
+                 all_views: bool | None = None, precision: Precision | None = None,
+                 encode: bool = True) -> list[SampleContext]:
         """Normalise on the device and encode all samples' views in one pass (view 0 only unless
         `all_views`, default: whether any method needs augmented views), under `precision`
-        (default: the run's)."""
+        (default: the run's); `encode=False`: normalise only (a context encodes on first reading)."""
         all_views = self.needs_views if all_views is None else all_views
         precision = precision or self.precision
         dev = self.model.device
         stacked = torch.cat([v if all_views else v[:1] for v in views_u8]).to(dev, non_blocking=True)
         x = self.model.normalize(stacked.float().div_(255))
-        feats = self.model.encode_views(x, precision)
+        feats = self.model.encode_views(x, precision) if encode else None
         n = x.shape[0] // len(views_u8)
-        return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], image_features=feats[i * n:(i + 1) * n],
-                              sample_id=sid, precision=precision) for i, sid in enumerate(ids)]
+        return [SampleContext(self.model, self.heads, x[i * n:(i + 1) * n], sample_id=sid, precision=precision,
+                              image_features=None if feats is None else feats[i * n:(i + 1) * n])
+                for i, sid in enumerate(ids)]
 
     def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         method = self.methods[name]
@@ -244,17 +247,17 @@ class Runner:
         return out
 
     def _stored_contexts(self, views: list, ids: list[int], key: dict | None, n_max: int,
-                         precision: Precision, features: list[dict]) -> list[SampleContext]:
+                         precision: Precision, features: list[dict], encode: bool = True) -> list[SampleContext]:
         """Contexts of a group: stored features for undecoded items, the rest encoded in one pass
-        (and written to the store when the step is clean)."""
+        (and written to the store when the step is clean); `encode=False`: the views only, normalised."""
         from ..rundir.feature_store import key_digest
         digest = key_digest(key) if key is not None else None
         todo = [i for i, v in enumerate(views) if v is not None]
         encoded: dict[int, SampleContext] = {}
         if todo:
-            with self.timer.phase("encode"):
+            with self.timer.phase("encode") if encode else contextlib.nullcontext():
                 ctxs = self.evaluator.contexts([views[i][:n_max] for i in todo], [ids[i] for i in todo],
-                                               all_views=True, precision=precision)
+                                               all_views=True, precision=precision, encode=encode)
             encoded = dict(zip(todo, ctxs))
             if key is not None:
                 for i, c in encoded.items():
@@ -267,7 +270,8 @@ class Runner:
     def _encode(self, names: list[str], wanted: dict[str, list[int]], views: list[torch.Tensor | None],
                 ids: list[int], recipe: str, features: list[dict]) -> dict[str, list[SampleContext]]:
         """Each method's contexts: one encoding per precision of the family's views (as many as the
-        group's longest recipe), each method reading its first n_views of it."""
+        group's longest recipe), each method reading its first n_views of it; none for a group none of
+        whose methods reads the frozen tower's features (`Method.reads_features`: TTL's own tower)."""
         methods = self.evaluator.methods
         out: dict[str, list[SampleContext]] = {}
         clean = self.features is not None and self.settings == ["clean"] and bool(self.store_keys())
@@ -276,7 +280,8 @@ class Runner:
                 continue
             precision = methods[group[0]].precision
             key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
-            ctxs = self._stored_contexts(views, ids, key, n_max, precision, features)
+            reads = any(methods[n].reads_features for n in group)
+            ctxs = self._stored_contexts(views, ids, key if reads else None, n_max, precision, features, reads)
             by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
             for n in group:
                 k = methods[n].view_recipe.n_views

@@ -80,6 +80,10 @@ class Method:
     needs_views: bool = True    # uses the augmented views (False: view 0 only)
     # reads pixels, not only view features (tunes the image tower): never served by a feature store
     needs_pixels: bool = False
+    # reads the frozen image tower's view features (`SampleContext.image_features`); False (a method that encodes
+    # the pixels through a tower of its own, so needs_pixels too): the engine does not encode a sample's views for
+    # a group of methods none of which reads them (a context still encodes on first reading)
+    reads_features: bool = True
     summary: str = ""           # one line for `shiftlab methods`
     supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
     # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
@@ -91,6 +95,9 @@ class Method:
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
     offline_config: dict[str, Any] = {}
+    # config overrides that give every model the method loads itself random weights of the same architecture
+    # (same cost, nothing downloaded): what `shiftlab bench` measures it with when the run's model is random too
+    random_weights_config: dict[str, Any] = {}
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",

@@ -98,6 +98,7 @@ class RLCF(PromptTuning):
     fidelity = ('golden (student: the tiny CLIP, reward: a 96 px tiny ViT; view baseline, top-3, 3 steps; batch '
                 'baseline / std, top-5, 2 steps)')
     offline_config = {"reward_model": "shiftlab-tiny", "reward_pretrained": "none", "reward_seed": 1}
+    random_weights_config = {"reward_pretrained": "none"}
     # per dataset (scripts/rlcf-prompt-fine.sh:39 tta_steps=5; AugMix on the fine-grained sets only:
     # tpt_cls_rl.py:150 augmix=len(set_id)>1 and args.augmix, params.py:48 default 1)
     dataset_settings = {**{d: {"views": {"augmix": False}} for d in

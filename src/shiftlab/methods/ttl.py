@@ -96,6 +96,7 @@ class TTL(Method):
     config_class = TTLConfig
     summary = "TTL: LoRA (rank 16) on the image tower's last 3 attention layers, 1 AdamW step on weighted entropy"
     needs_pixels = True
+    reads_features = False   # its views go through its own LoRA tower, never the frozen one
 
     # Razaimam45/TTL-Test-Time-Low-Rank-Adaptation @ cc754df: fp16 autocast around the step and the readout
     # (ttl.py:79, 351) with GradScaler(init_scale=1000) (ttl.py:222); views as leaderboard (63

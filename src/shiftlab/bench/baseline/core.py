@@ -1,29 +1,5 @@
-"""Straightforward transcriptions of each method's per-image procedure, for `shiftlab bench`.
-
-This is the yardstick the library's speed is measured against, so it deliberately does
-NOT use the library's shortcuts (shared view features, the truncated text tower, cached
-class heads, batched tuning) nor any of its method code. It follows the authors'
-repositories (TPT/C-TPT/R-TPT: their `test_time_adapt_eval`; MTA: `solve_mta`; zero-shot
-and the view ensemble: the TPT code base's model forward), one image at a time:
-
-- zeroshot: per image, encode view 0 and run the full 77-token text tower over the C prompts;
-- prompt_ensemble: per image, encode view 0; once, 80 templates x C prompts (CLIP's notebook);
-- view_ensemble: per image, encode all views and run the full text tower over the C prompts;
-- tpt, ctpt: per tuning step, encode all views + the full text tower forward and backward;
-  then, for the prediction, encode view 0 + the full text tower with the tuned context;
-- rtpt: as tpt, but the prediction encodes all views again (the reliability weights need them);
-- mta: per image, encode all views; once, the C prompts' text features (MTA's code precomputes them).
-
-The learnable context of the TPT family is inserted into the full 77-token prompt
-embeddings (TPT's `PromptLearner`), the text transformer runs over all 77 positions
-(TPT's `TextEncoder`), and a fresh AdamW takes the step. Precision follows
-the run: float32 on the CPU; on CUDA, with `precision="auto"`, fp16 autocast (and for the
-tuning step a GradScaler(init_scale=1000)), as the authors run it.
-
-Each baseline reads only hyper-parameters from the library method's config, so both
-sides run the same method; `predict(views_u8)` returns what the library method's
-`MethodOutput.logits` means for that method.
-"""
+"""The baselines' building blocks (`BaselineMethod`, the authors' helpers written out) and the baselines
+of the fixed-head methods and of the TPT family; see the package's docstring."""
 from __future__ import annotations
 
 import contextlib
@@ -34,12 +10,13 @@ from collections.abc import Iterator, Sequence
 import open_clip
 import torch
 
-from ..methods.base import MethodConfig
-from ..models import ClipModel
-from ..models.precision import Precision
-from ..models.precision import resolve as resolve_precision
+from ...methods.base import MethodConfig
+from ...models import ClipModel
+from ...models.precision import Precision
+from ...models.precision import resolve as resolve_precision
 
-__all__ = ["BASELINES", "BaselineMethod", "BaselineUnsupported", "create_baseline", "encode_prompt_embeddings"]
+__all__ = ["BaselineMethod", "BaselineUnsupported", "CTPTBaseline", "MTABaseline", "PromptEnsembleBaseline",
+           "RTPTBaseline", "TPTBaseline", "ViewEnsembleBaseline", "ZeroShotBaseline", "encode_prompt_embeddings"]
 
 
 class BaselineUnsupported(ValueError):
@@ -222,7 +199,7 @@ class PromptEnsembleBaseline(BaselineMethod):
     needs_views = False
 
     def setup(self) -> None:
-        from ..datasets.classes import load_templates
+        from ...datasets.classes import load_templates
         weights = []
         with torch.no_grad(), self.autocast():    # CLIP's `zeroshot_classifier`
             for name in self.classnames:
@@ -386,15 +363,3 @@ class MTABaseline(BaselineMethod):
                     if torch.norm(mode_old - mode) < cfg.tol:
                         break
             return self.logit_scale * mode @ self.text_features.t()
-
-
-BASELINES: dict[str, type[BaselineMethod]] = {
-    cls.name: cls for cls in (ZeroShotBaseline, PromptEnsembleBaseline, ViewEnsembleBaseline, TPTBaseline,
-                              CTPTBaseline, RTPTBaseline, MTABaseline)}
-
-
-def create_baseline(name: str, model: ClipModel, classnames: Sequence[str], config: MethodConfig | None = None,
-                    precision: str = "auto") -> BaselineMethod:
-    """The baseline of a registered method (hyper-parameters from `config`, the run's `precision`);
-    KeyError if it has none."""
-    return BASELINES[name](model, classnames, config, precision)
