@@ -198,11 +198,16 @@ STORE_OVERHEAD, SWEEP_POINT = 0.05, 0.05
 def store_summary(per_image: Mapping[str, Sequence[float]], floor: Sequence[float],
                   methods: Sequence[str]) -> dict[str, Any]:
     """The feature-store re-run against its targets, each taken within a round: the re-run of all methods
-    costs at most the methods' own share (the all-methods pass minus the floor) + STORE_OVERHEAD x floor;
-    reading is `read_speedup` times faster than encoding; each method's own time in the re-run (what one
-    more sweep point of it costs, the reading shared) as a share of the floor."""
+    costs at most the methods' own share of the all-methods pass + STORE_OVERHEAD x floor; reading is
+    `read_speedup` times faster than encoding; each method's own time in the re-run (what one more sweep
+    point of it costs, the reading shared) as a share of the floor.
+
+    The methods' share is the all-methods pass minus its own encode phase, the floor it contains (as for
+    the all-methods ratio, module docstring): the separately timed floor moves with the machine's load
+    between the two measurements, and on a busy CPU it made the share of one round 40 s and of the next 4 s."""
     store, read, full = per_image["store"], per_image["store_read"], per_image["all_methods"]
-    budget = [max(a - f, 0.0) + STORE_OVERHEAD * f for a, f in zip(full, floor)]
+    budget = [max(a - e, 0.0) + STORE_OVERHEAD * f
+              for a, e, f in zip(full, per_image["all_methods_encode"], floor)]
     return {
         "seconds_per_image": spread(store),
         "read_seconds_per_image": spread(read),
@@ -212,7 +217,7 @@ def store_summary(per_image: Mapping[str, Sequence[float]], floor: Sequence[floa
         "read_speedup": spread([f / r if r > 0 else float("inf") for f, r in zip(floor, read)]),
         "method_ratio_to_floor": {m: spread([s / f for s, f in zip(per_image[f"store_method:{m}"], floor)])
                                   for m in methods},
-        "targets": {"over_budget": "<= 1 (budget: the all-methods pass minus the floor + "
+        "targets": {"over_budget": "<= 1 (budget: the all-methods pass minus its encode phase + "
                                    f"{STORE_OVERHEAD:g} x floor)", "read_speedup": ">= 20",
                     "method_ratio_to_floor": f"<= {SWEEP_POINT:g} for a training-free method (a sweep point)"},
     }
