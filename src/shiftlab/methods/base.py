@@ -177,6 +177,14 @@ class Method:
         """Several samples; methods override this to batch work across samples."""
         return [self.predict_context(c) for c in ctxs]
 
+    def in_groups(self, ctxs: Sequence[SampleContext], size: int,
+                  predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:
+        """`predict_group` over consecutive groups of at most `size` samples, outputs in order."""
+        outputs: list[MethodOutput] = []
+        for start in range(0, len(ctxs), max(1, size)):
+            outputs.extend(predict_group(ctxs[start:start + size]))
+        return outputs
+
     def prepare(self) -> None:
         """One-off work before the first sample (class heads, prompts), kept out of per-image timings."""
         _ = self.heads.zeroshot

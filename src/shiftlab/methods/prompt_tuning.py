@@ -202,11 +202,7 @@ class PromptTuning(Method):
         return int(max(1, min(n, (free // 2) // max(per_image, 1))))
 
     def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        size = self.auto_batch_size(len(ctxs))
-        outputs: list[MethodOutput] = []
-        for start in range(0, len(ctxs), size):
-            outputs.extend(self._predict_group(ctxs[start:start + size]))
-        return outputs
+        return self.in_groups(ctxs, self.auto_batch_size(len(ctxs)), self._predict_group)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return self._predict_group([ctx])[0]

@@ -231,11 +231,7 @@ class TPS(Method):
         loss is a sum of per-sample terms, so the result is the one-at-a-time result."""
         protos = self.prototypes()
         rows = protos.shape[0] if self.config.shift == "per_class" else 1
-        size = max(1, _GROUP_FLOATS // (rows * protos.shape[1]))
-        outputs: list[MethodOutput] = []
-        for start in range(0, len(ctxs), size):
-            outputs.extend(self._predict_group(ctxs[start:start + size]))
-        return outputs
+        return self.in_groups(ctxs, max(1, _GROUP_FLOATS // (rows * protos.shape[1])), self._predict_group)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return self._predict_group([ctx])[0]

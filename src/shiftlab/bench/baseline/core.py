@@ -278,17 +278,22 @@ class TPTBaseline(BaselineMethod):
                     output, selected_idx = select_confident_samples(output, cfg.selection_ratio)
                 loss = self.loss(output, text_features)
                 optimizer.zero_grad()
-            with self.timed("text_tower"):             # the backward runs through the text tower
-                (scaler.scale(loss) if scaler else loss).backward()
-            with self.timed("method"):
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+            self.optimizer_step(loss, optimizer, scaler)
         out = self.readout(x, ctx.detach())
         with self.timed("method"):
             return out.float()
+
+
+    def optimizer_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
+        """One (loss-scaled) optimiser step; the backward is timed as the text tower's, which it runs through."""
+        with self.timed("text_tower"):
+            (scaler.scale(loss) if scaler else loss).backward()
+        with self.timed("method"):
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
 
 
 class CTPTBaseline(TPTBaseline):

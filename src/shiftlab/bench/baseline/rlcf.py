@@ -103,14 +103,7 @@ class RLCFBaseline(TPTBaseline):
                 rep_output = torch.repeat_interleave(output, k, dim=0)
                 loss = torch.mean(rewards * F.cross_entropy(rep_output, index, reduction="none"))
                 optimizer.zero_grad()
-            with self.timed("text_tower"):             # the backward runs through the text tower
-                (scaler.scale(loss) if scaler else loss).backward()
-            with self.timed("method"):
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+            self.optimizer_step(loss, optimizer, scaler)
         out = self.readout(x, ctx.detach())
         with self.timed("method"):
             return out.float()
