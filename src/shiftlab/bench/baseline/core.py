@@ -284,7 +284,8 @@ class TPTBaseline(BaselineMethod):
             return out.float()
 
 
-    def optimizer_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
+    def optimizer_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                       scaler: torch.amp.GradScaler | None) -> None:
         """One (loss-scaled) optimiser step; the backward is timed as the text tower's, which it runs through."""
         with self.timed("text_tower"):
             (scaler.scale(loss) if scaler else loss).backward()
