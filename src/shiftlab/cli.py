@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from . import commands
 from .engine import interrupt
+from .options import speaking_cli
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -53,7 +54,7 @@ def describe_os_error(exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
-    with interrupt.handling_signals():
+    with interrupt.handling_signals(), speaking_cli():   # messages name flags, not keyword arguments
         try:
             args = build_parser().parse_args(argv)
             command = f"shiftlab {args.command}"

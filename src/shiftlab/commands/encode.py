@@ -26,6 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engine import distributed
     from ..engine.features import encode
+    from ..engine.prepare import CannotStart
     if args.suite or args.datasets:
         print("shiftlab encode: error: encode one --dataset at a time", file=sys.stderr)
         return 2
@@ -41,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             # the methods that load models of their own need pixels, which encode never stores
-            cfg, model, datasets = run_command.prepare(args, method_models=False)
-        except run_command.CannotStart as exc:
+            cfg, model, datasets = run_command.prepare(args, method_models=False, command="shiftlab encode")
+        except CannotStart as exc:
             for problem in exc.problems:
                 print(f"shiftlab encode: error: {problem}", file=sys.stderr)
             return 1

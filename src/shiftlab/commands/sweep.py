@@ -79,6 +79,7 @@ def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.loop import run as run_engine
+    from ..engine.prepare import CannotStart
     from ..methods.base import get_method_class
     methods = list(dict.fromkeys(g[0] for g in args.grid))
     pixels = [m for m in methods if get_method_class(m).needs_pixels]
@@ -96,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 2
     try:
-        cfg, model, datasets = run_command.prepare(args)
-    except run_command.CannotStart as exc:
+        cfg, model, datasets = run_command.prepare(args, command="shiftlab sweep")
+    except CannotStart as exc:
         for problem in exc.problems:
             print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 1

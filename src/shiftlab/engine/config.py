@@ -1,21 +1,23 @@
 """`RunConfig`: everything a run is asked to do; the devices, workers and method list it resolves to."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from .. import catalogue
 
-from ..attacks import attack_config
-from ..methods.base import get_method_class, list_methods
-from ..methods.protocols import DEFAULT_PROTOCOL
-from ..rundir import records
-from . import distributed
+if TYPE_CHECKING:   # torch is imported by what needs it: a RunConfig is made and checked without it
+    import torch
+
+    from . import distributed
 
 
-@dataclass
+@dataclass(repr=False)
 class RunConfig:
+    """Everything a run is asked to do: `shiftlab run`'s flags, one field each (the flag `--allow-partial`
+    is the field `allow_partial`). A plain dataclass: `engine.run` copies it and never changes yours."""
     dataset: str = "imagenet-r"
     data: str = ""
     model: str = "RN50"
@@ -26,7 +28,8 @@ class RunConfig:
     model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    protocol: str = DEFAULT_PROTOCOL    # each method's views, text head and precision (shiftlab.methods.protocols)
+    # each method's views, text head and precision (shiftlab.methods.protocols; DEFAULT_PROTOCOL)
+    protocol: str = field(default_factory=catalogue.default_protocol)
     views: int | None = None         # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
     seed: int = 0
@@ -47,6 +50,21 @@ class RunConfig:
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
     features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    # run a dataset more than 5% of whose classes have no images (datasets.base.MAX_EMPTY_FRACTION)
+    allow_partial: bool = False
+
+    def __repr__(self) -> str:
+        """The fields that say what runs (dataset, data, model, methods, out), then those set otherwise than
+        their defaults: one readable line."""
+        shown = ("dataset", "data", "model", "pretrained", "methods", "out")
+        parts = [f"{name}={getattr(self, name)!r}" for name in shown]
+        for f in dataclasses.fields(self):
+            if f.name in shown:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if getattr(self, f.name) != default:
+                parts.append(f"{f.name}={getattr(self, f.name)!r}")
+        return f"RunConfig({', '.join(parts)})"
 
     def run_views(self) -> dict[str, Any]:
         """What --views and --augmix set on every view-reading method's recipe ({} when neither is given)."""
@@ -58,6 +76,7 @@ class RunConfig:
         return DATASETS.canonical(self.dataset) if self.dataset in DATASETS else None
 
     def settings(self) -> list[str]:
+        from ..rundir import records
         return records.run_settings(self.attack, self.clean_and_robust)
 
 
@@ -67,8 +86,9 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     protocol, with its values for each of `datasets` (default: the run's) <- --views/--augmix <- --set) is
     refused, e.g. MTA under --views 4. The CLI asks before it loads anything; `engine.loop.run` before it
     touches the run directory."""
+    from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.base import effective_config
+    from ..methods.base import effective_config, get_method_class
     names = expand_methods(config.methods)
     online = [n for n in names if not get_method_class(n).episodic]
     if online and len(config.settings()) > 1:   # one state would adapt along both streams, interleaved by batch
@@ -91,6 +111,7 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
 
 
 def resolve_device(device: str) -> torch.device:
+    import torch
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -107,6 +128,7 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
 
 
 def expand_methods(names: Sequence[str]) -> list[str]:
+    from ..methods.base import get_method_class, list_methods
     out: list[str] = []
     for name in names:
         for n in (list_methods() if name == "all" else [name]):
