@@ -33,7 +33,7 @@ OPTIONS: dict[str, Option] = {
     "out": Option("another out=", "another --out"),
     "data": Option("data=", "--data"),
     "model": Option("model=", "--model"),
-    "views": Option("views=", "--views"),
+    "views": Option("views=N", "--views"),
     "methods": Option("methods=", "--methods"),
     "limit": Option("limit=", "--limit"),
     "features": Option("features=DIR", "--features DIR"),
@@ -48,6 +48,14 @@ def say(name: str) -> str:
     """How the caller spells option `name`: its flag under the CLI, its keyword in Python."""
     option = OPTIONS[name]
     return option.flag if _CLI.get() else option.keyword
+
+
+def say_set(method: str, field: str, value: object) -> str:
+    """How the caller sets one field of a method's config: `--set tpt.lr=0.01`, or in Python
+    `tpt's lr=0.01 (RunConfig: method_config={'tpt': {'lr': 0.01}})`."""
+    if _CLI.get():
+        return f"--set {method}.{field}={value}"
+    return f"{method}'s {field}={value!r} (RunConfig: method_config={{{method!r}: {{{field!r}: {value!r}}}}})"
 
 
 def cli_speaking() -> bool:

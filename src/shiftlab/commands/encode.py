@@ -24,9 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import distributed
-    from ..engine.features import encode
-    from ..engine.prepare import CannotStart
     if args.suite or args.datasets:
         print("shiftlab encode: error: encode one --dataset at a time", file=sys.stderr)
         return 2
@@ -34,10 +31,14 @@ def run(args: argparse.Namespace) -> int:
         print("shiftlab encode: error: attacked views are never stored (--attack)", file=sys.stderr)
         return 2
     args.out = args.out or args.features
-    problem = run_command.check_combination(args)
-    if problem:
-        print(f"shiftlab encode: error: {problem}", file=sys.stderr)
-        return 2
+    code, problems = run_command.refusal(args)
+    if code:
+        for problem in problems:
+            print(f"shiftlab encode: error: {problem}", file=sys.stderr)
+        return code
+    from ..engine import distributed
+    from ..engine.features import encode
+    from ..engine.prepare import CannotStart
     distributed.context()
     try:
         try:

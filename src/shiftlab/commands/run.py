@@ -25,7 +25,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
                    "(CLIP_benchmark's --dataset_root) is expanded per dataset")
-    p.add_argument("--model", default="RN50",
+    p.add_argument("--model", default="RN50", type=checks.model_name,
                    help="open_clip architecture (RN50 + openai weights uses QuickGELU); a checkpoint must fit it")
     p.add_argument("--pretrained", default="openai",
                    help="a pretrained tag open_clip lists for --model (e.g. openai), a checkpoint file (file:PATH "
@@ -156,16 +156,61 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
 
 
 def check_combination(args: argparse.Namespace) -> str | None:
-    """A problem between flags that each parsed fine, or None: the attack's fields (`checks.attack_spec`), then
-    the run's settings as the engine checks them (`engine.config.settings_problem`) on every dataset it will run."""
+    """A problem between flags that each parsed fine, or None: --model-seed without random weights, the
+    attack's fields (`checks.attack_spec`), then the run's settings as the engine checks them
+    (`engine.config.settings_problem`) on every dataset it will run. What the catalogues decide is said
+    before torch is imported; the rest (a method given --set values) needs the method registry."""
+    problem = flag_problem(args)
+    if problem:
+        return problem
+    from ..engine.config import settings_problem
+    return settings_problem(config_from_args(args), dataset_names(args))
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """The checks of `check_combination` that read only data (the method and attack catalogues): no torch."""
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
     problem = attack_problem(args)
     if problem:
         return problem
-    from ..engine.config import settings_problem
-    return settings_problem(config_from_args(args), dataset_names(args))
+    from ..engine.config import catalogue_problem
+    return catalogue_problem(config_from_args(args), dataset_names(args))
+
+
+def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """(exit code, one line per problem) of a command line that cannot run, or (0, []): unknown dataset names
+    and every flag the catalogues judge (2), then a --data folder that does not exist (1), all before torch is
+    imported; then what only the method registry can judge (2). The rest (the files inside --data, the weights)
+    is `engine.prepare`'s."""
+    problem = unknown_dataset(args) or flag_problem(args)
+    if problem:
+        return 2, [problem]
+    from ..engine.config import catalogue_undecided
+    if not catalogue_undecided(config_from_args(args), dataset_names(args)):   # the flags are fully checked
+        missing = missing_data(args)
+        if missing:
+            return 1, missing
+    problem = check_combination(args)
+    return (2, [problem]) if problem else (0, [])
+
+
+def missing_data(args: argparse.Namespace) -> list[str]:
+    """One line per dataset whose folder under --data does not exist (and --download is not given), as
+    `engine.prepare` says it; reads the file system only, no torch."""
+    if getattr(args, "download", False):
+        return []
+    from ..datasets.build import expand_root
+    from ..engine.prepare import list_dataset
+    cfg = config_from_args(args)
+    names = dataset_names(args)
+    problems = []
+    for name in names:
+        if not expand_root(cfg.data, name).expanduser().exists():
+            _, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
+            problems += [problem] if problem else []
+    return problems
 
 
 def attack_problem(args: argparse.Namespace) -> str | None:
@@ -220,10 +265,11 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
-    if problem:
-        print(f"shiftlab run: error: {problem}", file=sys.stderr)
-        return 2
+    code, problems = refusal(args)   # the dataset names first, then the flags, then --data: no torch import
+    if code:
+        for problem in problems:
+            print(f"shiftlab run: error: {problem}", file=sys.stderr)
+        return code
     from ..engine import distributed
     from ..engine.loop import run as run_engine
     from ..engine.prepare import CannotStart

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
+from ..options import say, say_set
 
 if TYPE_CHECKING:   # torch is imported by what needs it: a RunConfig is made and checked without it
     import torch
@@ -81,20 +83,23 @@ class RunConfig:
 
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
-    """The first reason a run of `config` cannot work, as one line, or None: an attack config its attack
-    refuses, online methods with --clean-and-robust, or a method whose effective config (defaults <- the
-    protocol, with its values for each of `datasets` (default: the run's) <- --views/--augmix <- --set) is
-    refused, e.g. MTA under --views 4. The CLI asks before it loads anything; `engine.loop.run` before it
-    touches the run directory."""
+    """The first reason a run of `config` cannot work, as one line, or None: online methods with
+    clean_and_robust, an attack config its attack refuses, or a method whose effective config (defaults <- the
+    protocol, with its values for each of `datasets` (default: the run's) <- views/augmix <- method_config) is
+    refused, e.g. MTA under 4 views. The CLI asks before it loads anything; `engine.loop.run` before it
+    touches the run directory. Until the method registry is imported, what the method catalogue can answer
+    is answered from it first (`catalogue_problem`), so a refused command line never waits for torch."""
+    if "shiftlab.methods" not in sys.modules:   # the registry answers all of it once it is loaded anyway
+        problem = catalogue_problem(config, datasets)
+        if problem:
+            return problem
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
     from ..methods.base import effective_config, get_method_class
     names = expand_methods(config.methods)
     online = [n for n in names if not get_method_class(n).episodic]
-    if online and len(config.settings()) > 1:   # one state would adapt along both streams, interleaved by batch
-        return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would mix "
-                "clean and attacked samples; run them once clean and once with --attack, or leave them out of "
-                "--methods")
+    if online and len(config.settings()) > 1:
+        return _online_and_attacked(online)
     try:
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
@@ -108,6 +113,60 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
             except (TypeError, ValueError) as exc:
                 return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return None
+
+
+def _online_and_attacked(online: Sequence[str]) -> str:
+    # one state would adapt along both streams, interleaved by batch
+    return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
+            f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
+            f"out of {say('methods')}")
+
+
+def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
+    """What `settings_problem` refuses that the method catalogue (data, no torch) decides: online methods
+    with clean_and_robust, and a view count below a method's minimum where that minimum is the
+    catalogue's (`catalogue_undecided` lists the methods where it is not)."""
+    names = _catalogued_names(config)
+    entries = {e["name"]: e for e in catalogue.entries() if e["name"] in names}
+    online = [n for n in names if n in entries and not entries[n]["episodic"]]
+    if online and len(config.settings()) > 1:
+        return _online_and_attacked(online)
+    undecided = catalogue_undecided(config, datasets)
+    for name in names:
+        entry = entries.get(name)
+        if config.views is None or entry is None or not entry["uses_views"] or name in undecided:
+            continue
+        needed = int(entry["min_views"])
+        if config.views < needed:
+            return (f"{name}: needs at least {needed} views (incl. the original), got {config.views}; raise "
+                    f"{say('views')} or {say_set(name, 'views', needed)}")
+    return None
+
+
+def catalogue_undecided(config: RunConfig, datasets: Sequence[str] | None = None) -> list[str]:
+    """The methods of `config` whose settings only the registry can check (it imports torch): those the
+    catalogue does not list (a sweep's variants), those given method_config values, and those whose protocol
+    (or, under `paper`, per-dataset values) sets fields their minimum view count may depend on. For the
+    others the catalogue's facts (the defaults') are the whole check."""
+    entries = {e["name"]: e for e in catalogue.entries()}
+    undecided = []
+    for name in _catalogued_names(config):
+        entry = entries.get(name)
+        if entry is None or (config.method_config or {}).get(name):
+            undecided.append(name)
+            continue
+        sets = entry["protocols"].get(config.protocol, {}).get("sets")
+        by_dataset = config.protocol == "paper" and any(d in entry["paper_datasets"]
+                                                        for d in [*(datasets or []), config.dataset])
+        if sets or by_dataset:
+            undecided.append(name)
+    return undecided
+
+
+def _catalogued_names(config: RunConfig) -> list[str]:
+    """The run's method names with "all" read from the catalogue, in order, once each."""
+    known = catalogue.names()
+    return list(dict.fromkeys(n for name in config.methods for n in (known if name == "all" else [name])))
 
 
 def resolve_device(device: str) -> torch.device:

@@ -66,9 +66,6 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
 
     `say` hears what takes seconds on a CPU (an 80,000-file scan, an RN50 checkpoint); `warn` each
     dataset's warnings (empty classes, skipped files and links), said before any work."""
-    from ..datasets.base import DatasetError
-    from ..datasets.build import build_dataset
-    from ..datasets.fetch import DownloadError
     from ..models import ModelLoadError, load_run_model
     from .config import resolve_device
 
@@ -79,28 +76,14 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
         if given and name in given:
             built[name] = given[name]
             continue
-        classnames = config.classnames if len(names) == 1 else None
-        try:
-            say(f"listing {name} under {config.data} ...")
-            dataset = build_dataset(name, config.data, classnames=classnames)
-        except DatasetError as exc:
-            if not config.download:
-                problems.append(f"dataset {name}: {one_line(exc)}{download_hint(name, config.data, exc)}")
-                continue
-            try:
-                dataset = _download_dataset(name, config.data, classnames)
-            except (DownloadError, DatasetError, OSError) as dl_exc:
-                problems.append(f"dataset {name}: {one_line(dl_exc)}")
-                continue
+        say(f"listing {name} under {config.data} ...")
+        dataset, problem = list_dataset(config, name, classnames=config.classnames if len(names) == 1 else None)
+        if problem:
+            problems.append(problem)
+        if dataset is None:
+            continue
         for warning in dataset.warnings:
             warn(f"{name}: {warning}")
-        if not config.allow_partial:
-            try:
-                dataset.require_complete()
-            except DatasetError as exc:
-                problems.append(f"dataset {name}: {one_line(exc)} -> complete the dataset, or pass "
-                                f"{spell('allow_partial')} to run on the classes present (labels keep the full "
-                                "class list)")
         built[name] = dataset
     if model is None:
         try:
@@ -118,6 +101,33 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
         raise CannotStart(problems)
     assert model is not None
     return Prepared(model, built)
+
+
+def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = None
+                 ) -> tuple[FolderDataset | None, str | None]:
+    """(the dataset, None), or (None or the dataset, one line): dataset `name` under `config.data` (downloaded
+    first when missing and `config.download`), with the partial-dataset rule unless `config.allow_partial`.
+    Imports no torch: the CLI asks this of a missing --data before anything heavy is loaded."""
+    from ..datasets.base import DatasetError
+    from ..datasets.build import build_dataset
+    from ..datasets.fetch import DownloadError
+    try:
+        dataset = build_dataset(name, config.data, classnames=classnames)
+    except DatasetError as exc:
+        if not config.download:
+            return None, f"dataset {name}: {one_line(exc)}{download_hint(name, config.data, exc)}"
+        try:
+            dataset = _download_dataset(name, config.data, classnames)
+        except (DownloadError, DatasetError, OSError) as dl_exc:
+            return None, f"dataset {name}: {one_line(dl_exc)}"
+    if not config.allow_partial:
+        try:
+            dataset.require_complete()
+        except DatasetError as exc:
+            return dataset, (f"dataset {name}: {one_line(exc)} -> complete the dataset, or pass "
+                             f"{spell('allow_partial')} to run on the classes present (labels keep the full class "
+                             "list)")
+    return dataset, None
 
 
 def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _quiet) -> list[str]:
