@@ -44,7 +44,9 @@ def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
         (run + [str(tmp), "--methods", "mta", "--views", "4"], 2,
          ["mta: needs at least 5 views (incl. the original), got 4", "--set mta.views=5"]),
         (run + [str(tmp), "--methods", "all", "--views", "1"], 2, ["needs at least 2 views"]),
-        (run + [str(tmp), "--model", "RN5O"], 2, ["argument --model: unknown model 'RN5O'", "did you mean RN50"]),
+        (run + [str(tmp), "--model", "RN5O"], 1, ["error: model: unknown model 'RN5O'", "did you mean RN50"]),
+        (run + [missing, "--model", "RN5O"], 1, ["dataset imagenet-r: imagenet-r root does not exist",   # at once
+                                                 "model: unknown model 'RN5O'"]),
         (run + [str(tmp), "--limt", "3"], 2, ["unrecognized arguments: --limt (did you mean --limit?)"]),
         (["methds"], 2, ["invalid choice: 'methds'", "(did you mean methods?)"]),
         (run + [str(tmp), "--precision", "fp61"], 2, ["invalid choice: 'fp61'", "did you mean fp16?"]),

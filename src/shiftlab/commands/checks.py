@@ -266,16 +266,16 @@ def config_file_names() -> list[str]:
     return sorted(found)
 
 
-def model_name(text: str) -> str:
-    """An architecture open_clip or shiftlab knows (`model_names`), or a one-line error with the closest names."""
+def unknown_model(name: str) -> str | None:
+    """'unknown model ...' with the closest known names, or None for an architecture open_clip or shiftlab
+    knows (`model_names`)."""
     known = model_names()
-    if text in known:
-        return text
-    lowered = {name.lower(): name for name in known}
-    close = [lowered[m] for m in difflib.get_close_matches(text.lower(), list(lowered), n=3, cutoff=0.6)]
-    guess = f"; did you mean {' or '.join(close)}?" if close else ""
-    raise argparse.ArgumentTypeError(f"unknown model {text!r}{guess} ({len(known)} architectures: "
-                                     "`python -c 'import open_clip; print(open_clip.list_models())'`)")
+    if name in known:
+        return None
+    lowered = {n.lower(): n for n in known}
+    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)]
+    guess = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"unknown model {name!r}{guess}; see `open_clip.list_models()` ({len(known)} architectures)"
 
 
 def readable_file(text: str) -> Path:

@@ -25,7 +25,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
                    "(CLIP_benchmark's --dataset_root) is expanded per dataset")
-    p.add_argument("--model", default="RN50", type=checks.model_name,
+    p.add_argument("--model", default="RN50",
                    help="open_clip architecture (RN50 + openai weights uses QuickGELU); a checkpoint must fit it")
     p.add_argument("--pretrained", default="openai",
                    help="a pretrained tag open_clip lists for --model (e.g. openai), a checkpoint file (file:PATH "
@@ -181,24 +181,31 @@ def flag_problem(args: argparse.Namespace) -> str | None:
 
 def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     """(exit code, one line per problem) of a command line that cannot run, or (0, []): unknown dataset names
-    and every flag the catalogues judge (2), then a --data folder that does not exist (1), all before torch is
-    imported; then what only the method registry can judge (2). The rest (the files inside --data, the weights)
-    is `engine.prepare`'s."""
+    and every flag the catalogues judge (2); a --data folder that does not exist and an unknown --model, all
+    at once (1); what only the method registry can judge (2, torch imported). Unless a method's --set values
+    need the registry, everything but the last is said before torch is imported. The rest (the files inside
+    --data, the weights) is `engine.prepare`'s."""
     problem = unknown_dataset(args) or flag_problem(args)
     if problem:
         return 2, [problem]
     from ..engine.config import catalogue_undecided
-    if not catalogue_undecided(config_from_args(args), dataset_names(args)):   # the flags are fully checked
-        missing = missing_data(args)
-        if missing:
-            return 1, missing
-    problem = check_combination(args)
+    undecided = catalogue_undecided(config_from_args(args), dataset_names(args))
+    problem = check_combination(args) if undecided else None   # the flags before the data, as ever
+    if problem:
+        return 2, [problem]
+    model = checks.unknown_model(args.model)
+    missing = missing_data(args, listing=model is not None)   # with a refusal anyway, every dataset's problem
+    missing += [f"model: {model}"] if model else []
+    if missing:
+        return 1, missing
+    problem = None if undecided else check_combination(args)
     return (2, [problem]) if problem else (0, [])
 
 
-def missing_data(args: argparse.Namespace) -> list[str]:
+def missing_data(args: argparse.Namespace, listing: bool = False) -> list[str]:
     """One line per dataset whose folder under --data does not exist (and --download is not given), as
-    `engine.prepare` says it; reads the file system only, no torch."""
+    `engine.prepare` says it; with `listing`, every dataset is listed for its problems (the run is refused
+    anyway: all of them at once). Reads the file system only, no torch."""
     if getattr(args, "download", False):
         return []
     from ..datasets.build import expand_root
@@ -207,7 +214,7 @@ def missing_data(args: argparse.Namespace) -> list[str]:
     names = dataset_names(args)
     problems = []
     for name in names:
-        if not expand_root(cfg.data, name).expanduser().exists():
+        if listing or not expand_root(cfg.data, name).expanduser().exists():
             _, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
             problems += [problem] if problem else []
     return problems
