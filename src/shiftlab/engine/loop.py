@@ -26,9 +26,8 @@ from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
-from ..rundir.stream import stream_order
 from . import distributed, interrupt, planning
-from .config import RunConfig, expand_methods, resolve_device, resolve_workers, settings_problem
+from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
 from .features import open_run_features
 from .phases import PhaseTimer
 from .step import Evaluator, Runner, ViewDataset, collate, view_generators
@@ -87,7 +86,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     try:
         return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
     except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
-        stream = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+        stream = run_stream(config, dataset)
         interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())
         raise
     finally:
@@ -100,9 +99,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     from ..version import __version__
 
     settings = config.settings()
-    order = stream_order(len(dataset), config.order, config.seed)
-    if config.limit is not None:
-        order = order[:config.limit]
+    order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
     identity.check_ranks(distributed.all_gather(dist, run_identity))   # torchrun: one model on every rank
     # a directory with nothing to protect (a run that failed before its first record) is simply reused
@@ -139,6 +136,8 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
         pending = [sid for sid in plan.ids if sid in wanted]
+    if any(m.adapts_on_batches for m in evaluator.methods.values()):
+        pending = _whole_batches(plan, pending)
     timer = PhaseTimer()
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
@@ -235,6 +234,14 @@ def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordW
         progress.step()
     if state is not None:
         state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
+
+
+def _whole_batches(plan: planning.Plan, pending: list[int]) -> list[int]:
+    """`pending` grown to whole batches (blocks of `batch_size` stream positions): a batch method adapts on its
+    whole batch, so a batch interrupted half-written is evaluated again whole (the records it already has are
+    not written twice)."""
+    blocks = {plan.position[sid] // plan.block for sid in pending}
+    return [sid for sid in plan.ids if plan.position[sid] // plan.block in blocks]
 
 
 def _probs_writer(config: RunConfig, run_dir: Path, dist):

@@ -169,6 +169,10 @@ class Evaluator:
 
     def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         method = self.methods[name]
+        if method.adapts_on_batches:   # the episodic-batch protocol: `ctxs` is one whole batch of the stream
+            if method.episodic:
+                method.reset()
+            return method.adapt_batch(list(ctxs))
         if method.episodic:
             return method.predict_batch(list(ctxs))
         return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
@@ -342,6 +346,9 @@ class Runner:
                      per_sample: dict[int, list[Record]]) -> None:
         names = [n for n in self.methods if self.recipe_of(n) == recipe]
         wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
+        for n in names:   # a batch method adapts on the whole batch (the loop drops records already written)
+            if wanted[n] and self.evaluator.methods[n].adapts_on_batches:
+                wanted[n] = list(range(len(ids)))
         if not any(wanted.values()):
             return
         views = [item.views.get(recipe) for item in good]   # None: served by the feature store
