@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from _runs import comparable, json_lines
-from _synthetic import make_imagenet_r
 
 import shiftlab
+from _runs import comparable, json_lines
+from _synthetic import make_imagenet_r
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine.config import RunConfig, run_stream
 from shiftlab.engine.loop import run
