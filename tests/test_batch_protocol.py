@@ -10,7 +10,7 @@ import torch
 
 import shiftlab
 from _runs import comparable, json_lines
-from _synthetic import make_imagenet_r
+from _synthetic import make_image_folder
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine.config import RunConfig, run_stream
 from shiftlab.engine.loop import run
@@ -53,14 +53,14 @@ def batch_method():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = make_imagenet_r(tmp_path_factory.mktemp("batch") / "data", classes=[0, 40, 80, 120], per_class=2,
-                           size=(48, 40))
-    return build_dataset("imagenet-r", root)
+    root = make_image_folder(tmp_path_factory.mktemp("batch") / "data", ["cat", "dog", "fox", "owl"], per_class=2,
+                             size=(48, 40))
+    return build_dataset("imagefolder", root)
 
 
 def _config(out, **kw):
-    base = dict(methods=["zeroshot", BATCH], workers=0, progress=False, batch_size=3, seed=1, out=str(out),
-                device="cpu", online_checkpoint_seconds=0)
+    base = dict(dataset="imagefolder", methods=["zeroshot", BATCH], workers=0, progress=False, batch_size=3, seed=1,
+                out=str(out), device="cpu", online_checkpoint_seconds=0)
     return RunConfig(**{**base, **kw})
 
 
