@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
-from . import checks
+from . import checks, config_file
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
@@ -83,6 +83,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
+    config_file.add_argument(p)
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -129,7 +130,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),
-                     features_dtype=getattr(args, "features_dtype", "fp16"))
+                     features_dtype=getattr(args, "features_dtype", "fp16"),
+                     config_file=getattr(args, "config_file", None))
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
