@@ -13,6 +13,7 @@ import pytest
 
 from _synthetic import make_imagenet_r
 from shiftlab.cli import main as cli_main
+from shiftlab.commands import tracking
 from shiftlab.report import trackers
 
 
@@ -136,8 +137,8 @@ def test_unknown_and_missing_trackers_are_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--log: unknown tracker neptune; choose from wandb, mlflow, tensorboard" in err
-    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
-    assert trackers.missing(["mlflow", "tensorboard"]) == (
+    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
+    assert tracking.missing(["mlflow", "tensorboard"]) == (
         "--log mlflow,tensorboard: the client is not installed (pip install 'shiftlab[mlflow,tensorboard]')")
     assert cli_main(["run", "--data", "d", "--out", "o", "--log", "wandb"]) == 2
     err = capsys.readouterr().err.strip()

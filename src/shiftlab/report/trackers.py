@@ -1,4 +1,5 @@
-"""`--log wandb|mlflow|tensorboard`: a finished run's config, per-method metrics and report figures, sent to an
+"""`--log wandb|mlflow|tensorboard` (the flag and its checks: commands/tracking.py): a finished run's config,
+per-method metrics and report figures, sent to an
 experiment tracker through the tracker's own client (optional extras `shiftlab[wandb]`, `[mlflow]`,
 `[tensorboard]`).
 
@@ -15,41 +16,14 @@ figures (the report is built into RUN_DIR/report first). Where each tracker writ
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-TRACKERS = ("wandb", "mlflow", "tensorboard")
-# the package each tracker needs, and the extra that installs it
-PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"), "tensorboard": ("tensorboard", "tensorboard")}
 METRICS = ("top1", "top5", "ece", "ece20", "nll", "n", "errors", "seconds_per_image")
 PROJECT = "shiftlab"
-
-
-class TrackerError(ValueError):
-    """A tracker that is unknown or not installed; one line."""
-
-
-def parse(text: str) -> list[str]:
-    """'wandb,tensorboard' -> ['wandb', 'tensorboard']; an unknown name is a TrackerError."""
-    names = [t.strip().lower() for t in str(text).split(",") if t.strip()]
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown or not names:
-        raise TrackerError(f"unknown tracker {', '.join(unknown) or repr(text)}; choose from {', '.join(TRACKERS)} "
-                           "(comma-separated for several)")
-    return list(dict.fromkeys(names))
-
-
-def missing(names: Sequence[str]) -> str | None:
-    """One line naming the trackers whose client is not installed (and how to install it), or None."""
-    absent = [n for n in names if importlib.util.find_spec(PACKAGES[n][0]) is None]
-    if not absent:
-        return None
-    extras = ",".join(PACKAGES[n][1] for n in absent)
-    return (f"--log {','.join(absent)}: the client is not installed (pip install 'shiftlab[{extras}]')")
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
