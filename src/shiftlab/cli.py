@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import NoReturn
 
 from . import commands
+from .commands import config_file
 from .engine import interrupt
 from .options import speaking_cli
 
@@ -82,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
     with interrupt.handling_signals(), speaking_cli():   # messages name flags, not keyword arguments
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            try:   # --config FILE: the file's flags go before the typed ones (commands/config_file.py)
+                argv, config_record = config_file.expand(parser, sys.argv[1:] if argv is None else list(argv))
+            except config_file.ConfigFileError as exc:
+                print(f"{command}: error: {exc}", file=sys.stderr)
+                return 2
+            args = parser.parse_args(argv)
+            args.config_file = config_record
             command = f"shiftlab {args.command}"
             return int(args.func(args) or 0)
         except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong

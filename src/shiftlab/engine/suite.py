@@ -50,7 +50,7 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
 # method list, compared per method in the table) can share a table with this run
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
                           "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
-                          "save_probs"})
+                          "save_probs", "allow_partial"})
 
 
 @dataclass(frozen=True)

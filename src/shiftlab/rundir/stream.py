@@ -13,15 +13,22 @@ Stream kinds (docs/PROTOCOLS.md says where each comes from):
   NOTE and RoTTA), drawn from ``numpy.random.RandomState(seed)`` as its global ``np.random`` after
   ``np.random.seed(seed)``.
 
+``stream.json`` in a run directory records the stream as run (`write_stream`): its kind, seed, delta, the
+sample ids in order and which of the run's methods are online, so that the report can draw accuracy over the
+stream without rebuilding it.
+
 ``order_seeds(seed, k)``: the seeds of ``--orders K`` streams, as OGA draws its runs' shuffles (cfuchs2023/OGA
 runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs, replace=False)``).
 """
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
 STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet")
 ALIASES = {"iid": "shuffled"}
@@ -65,6 +72,7 @@ def stream_order(n: int, order: str, seed: int, labels: Sequence[int] | None = N
     if kind == "sorted":
         return list(range(n))
     if kind == "shuffled":
+        import torch  # here: reading a recorded stream (the report) needs no torch
         gen = torch.Generator().manual_seed(int(seed))
         return torch.randperm(n, generator=gen).tolist()
     if labels is None or len(labels) != n:
@@ -129,3 +137,28 @@ def order_seeds(seed: int, orders: int) -> list[int]:
         return [int(seed)]
     rng = np.random.default_rng(int(seed))
     return [int(s) for s in rng.choice(range(10000 * orders), size=orders, replace=False)]
+
+
+STREAM_FILE = "stream.json"
+
+
+def write_stream(run_dir: Path | str, ids: Sequence[int], kind: str, seed: int, delta: float | None,
+                 online: Sequence[str], batch_size: int | None) -> None:
+    """Record the run's stream (`STREAM_FILE`): {"order", "seed", "delta", "batch_size", "online", "ids"}."""
+    path = Path(run_dir) / STREAM_FILE
+    data = {"order": canonical_kind(kind), "seed": int(seed), "delta": delta, "batch_size": batch_size,
+            "online": list(online), "ids": [int(i) for i in ids]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def read_stream(run_dir: Path | str) -> dict[str, Any] | None:
+    """A run directory's recorded stream, or None (a run made before streams were recorded, or a damaged file)."""
+    try:
+        data = json.loads((Path(run_dir) / STREAM_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("ids"), list) and isinstance(data.get("online"), list)):
+        return None
+    return data
