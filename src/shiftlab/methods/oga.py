@@ -5,7 +5,7 @@ class) gives a Gaussian model of each class (a mean per class, one shared covari
 prediction is the maximum a posteriori class, with the zero-shot probabilities as the prior and the
 Gaussian likelihoods (tempered by tau) as the evidence. Online, one feature per sample (view 0).
 Authors' code: github.com/cfuchs2023/OGA (`OGA/OGA_core.py`, `runner.py`, `main.py`), cited below at
-commit b91d449. Every choice that differs from it: docs/methods/oga.md.
+commit b91d449. What it is and every choice that differs from it: docs/methods/oga.md.
 """
 from __future__ import annotations
 
@@ -28,50 +28,50 @@ ESTIMATORS = ("ridge-moore-penrose", "ridge", "moore-penrose")
 @dataclass
 class OGAConfig(MethodConfig):
     """OGA's defaults, from github.com/cfuchs2023/OGA at b91d449: `main.py`'s argparse (shot_capacity
-    line 22, tau 36, sig_type 37, normalize_mu 38); the zero-shot logits `100 * features @ prototypes`
-    and their entropy (`runner.py:126-134`); the 'standard' prompts, one template per dataset ("a photo
+    line 18, tau 31, sig_type 32, normalize_mu 33); the zero-shot logits `100 * features @ prototypes`
+    and their entropy (`runner.py:138-146`); the 'standard' prompts, one template per dataset ("a photo
     of a {}." on ImageNet: `datasets/imagenet.py:188`), averaged and cast to float16
     (`utils.py:319, 377`). Their model is `clip.load` on CUDA (half precision): `--protocol paper`.
     """
-    shot_capacity: int = param(8, ge=1)      # memory slots per class (main.py:22)
-    tau: float = param(0.05, gt=0)           # temperature of the Gaussian log-likelihoods in the MAP (main.py:36)
-    # the shared covariance's inverse (OGA_core.py:98-147): ridge (d (C^T C + tr I)^-1, empirical Bayes) while
-    # n <= 4d stored samples then the pseudo-inverse (the authors' recommendation), always ridge, or always
-    # the pseudo-inverse
+    shot_capacity: int = param(8, ge=1)      # memory slots per class (main.py:18)
+    tau: float = param(0.05, gt=0)           # temperature of the Gaussian log-likelihoods in the MAP (main.py:31)
+    # the shared covariance's inverse (main.py:32, OGA_core.py:94-152): ridge (d (C^T C + tr I)^-1, empirical
+    # Bayes) while n <= 4d samples are stored then the pseudo-inverse (the authors' recommendation), always
+    # ridge, or always the pseudo-inverse
     estimator: str = param("ridge-moore-penrose", choices=ESTIMATORS)
-    normalize_mu: bool = False               # renormalise the class means (main.py:38)
+    normalize_mu: bool = False               # renormalise the class means (main.py:33)
     # "zeroshot": "a photo of a {}." (their ImageNet template); "ensemble": `templates` averaged
     text_head: str = param("zeroshot", choices=("zeroshot", "ensemble"))
     templates: tuple[str, ...] | None = None
     # their prototypes are cast to float16 (utils.py:377) whatever the model's precision; False keeps float32
     half_prototypes: bool = True
-    # None: the model's exp(logit_scale); the authors' code multiplies by the literal 100 (runner.py:126)
+    # None: the model's exp(logit_scale); the authors' code multiplies by the literal 100 (runner.py:138)
     logit_scale: float | None = param(None, gt=0)
 
 
 def zero_shot(feature: torch.Tensor, prototypes: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One feature (D,), prototypes (C, D) -> (probabilities (C,) float64, entropy () float64), as runner.py:126-134:
-    float32 logits, then softmax and -sum p log(p + 1e-9) in float64."""
-    probs = (scale * feature @ prototypes.T).double().softmax(-1)     # (100 x f) @ P, as runner.py:126
+    """One feature (D,), prototypes (C, D) -> (probabilities (C,) float64, entropy () float64), as
+    float32 logits, then softmax and -sum p log(p + 1e-9) in float64 (runner.py:138-146)."""
+    probs = (scale * feature @ prototypes.T).double().softmax(-1)     # (100 x f) @ P, as runner.py:138
     return probs, -(torch.log(probs + 1e-9) * probs).sum()
 
 
 def class_means(memory: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
     """(K', S, D) float16 memory, (K', S) filled slots -> (K', D) float32: the mean over ALL S slots of the
-    filled ones (empty slots count as zeros, OGA_core.py:89), in float16 as theirs, then float32."""
+    filled ones (empty slots count as zeros, OGA_core.py:86), in float16 as theirs, then float32."""
     return torch.mean(filled[..., None] * memory, dim=1).float()
 
 
 def gaussian_log_likelihoods(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor,
                              precision_x: torch.Tensor) -> torch.Tensor:
     """x (D,), W = P mus^T (D, C), b = -diag(mus P mus^T) / 2 (C,), P x (D,) -> (C,) x^T P mu_c - mu_c^T P mu_c / 2
-    - x^T P x / 2 (OGA_core.py:149-155)."""
+    - x^T P x / 2 (OGA_core.py:154-161)."""
     return x @ weights + bias - 0.5 * (x @ precision_x)
 
 
 def map_posterior(prior: torch.Tensor, log_likelihoods: torch.Tensor, tau: float) -> torch.Tensor:
     """prior (C,) float64, log-likelihoods (C,) -> (C,) float64 z = prior * softmax(tau * ll), renormalised
-    (get_MAP with simplex_p=True, lambda 1: OGA_core.py:158-184, runner.py:227)."""
+    (get_MAP with simplex_p=True, lambda 1: OGA_core.py:163-190, runner.py:256)."""
     z = prior * (tau * log_likelihoods).softmax(-1)
     return z / z.sum()
 
@@ -94,7 +94,7 @@ class OGA(Method):
     summary = "OGA: online Gaussian class models over a confident-feature memory, MAP with the zero-shot prior"
     label = "OGA"
     # cfuchs2023/OGA compute_features.py + runner.py: one feature per image with `clip.load`'s half model on CUDA,
-    # the logit scale the literal 100 (runner.py:126); main.py's defaults for the rest
+    # the logit scale the literal 100 (runner.py:138); main.py's defaults for the rest
     protocols = {"paper": {"precision": "fp16-pure", "logit_scale": 100.0}}
     # its README's tables are averages over 11 datasets (no ImageNet-R): docs/methods/oga.md quotes them
     published = ()
@@ -119,14 +119,14 @@ class OGA(Method):
         s, dev = self.config.shot_capacity, protos.device
         self.memory = torch.zeros(n, s, dim, dtype=torch.float16, device=dev)
         self.filled = torch.zeros(n, s, dtype=torch.bool, device=dev)
-        # every empty slot's entropy is the largest possible, ln C, in float16 (OGA_core.py:33-38)
+        # every empty slot's entropy is the largest possible, ln C, in float16 (OGA_core.py:31-37)
         self.entropies = torch.full((n, s), -math.log(1 / n), dtype=torch.float16, device=dev)
         self.soft_labels = torch.zeros(n, s, dtype=torch.float16, device=dev)
         self.means = protos.clone()
         # the stored features minus their class mean: sum of outer products and sum, in float64 (updated per class)
         self.scatter = torch.zeros(dim, dim, dtype=torch.float64, device=dev)
         self.offset_sum = torch.zeros(dim, dtype=torch.float64, device=dev)
-        self.estimated = False       # P = d I until a class holds 3 features (OGA_core.py:19, 104)
+        self.estimated = False       # P = d I until a class holds 3 features (OGA_core.py:20, 113)
         self.seen = 0
         self._refresh()
 
@@ -136,7 +136,7 @@ class OGA(Method):
         return (self.memory[k][self.filled[k]].float() - self.means[k]).double()
 
     def store(self, x: torch.Tensor, prior: torch.Tensor, entropy: torch.Tensor, k: int) -> bool:
-        """Put x in class k's memory if its entropy beats the class's worst slot (OGA_core.py:44-55); then
+        """Put x in class k's memory if its entropy beats the class's worst slot (OGA_core.py:43-56); then
         class k's mean and the covariance statistics follow. Returns whether x was stored."""
         if not bool((entropy < self.entropies[k]).any()):
             return False
@@ -146,21 +146,25 @@ class OGA(Method):
         self.entropies[k, slot] = entropy
         self.filled[k, slot] = True
         self.soft_labels[k, slot] = prior[k]
-        if int(self.filled[k].sum()) >= 2:                 # OGA_core.py:90 (">= 2, was > 2")
+        if int(self.filled[k].sum()) >= 2:                 # OGA_core.py:87 (">= 2, was > 2")
             mean = class_means(self.memory[k:k + 1], self.filled[k:k + 1])[0]
             self.means[k] = mean / mean.norm() if self.config.normalize_mu else mean
         after = self._class_offsets(k)
-        self.scatter += after.T @ after - before.T @ before
+        self.scatter.addmm_(after.T, after).addmm_(before.T, before, alpha=-1)
         self.offset_sum += after.sum(0) - before.sum(0)
-        if not self.estimated and bool((self.filled.sum(1) > 2).any()):   # OGA_core.py:104
+        if not self.estimated and bool((self.filled.sum(1) > 2).any()):   # OGA_core.py:113
             self.estimated = True
         return True
 
-    def covariance(self) -> torch.Tensor:
-        """(D, D) the covariance of the offsets, centred on their mean, with n - 1 (OGA_core.py:113-121)."""
+    def scatter_matrix(self) -> torch.Tensor:
+        """(D, D) float64 (n - 1) M: the scatter of the offsets about their mean."""
         n = int(self.filled.sum())
         mean = self.offset_sum / n
-        return ((self.scatter - n * torch.outer(mean, mean)) / (n - 1)).float()
+        return torch.addr(self.scatter, mean, mean, alpha=-n)
+
+    def covariance(self) -> torch.Tensor:
+        """(D, D) the covariance M of the offsets, centred on their mean, with n - 1 (OGA_core.py:114-127)."""
+        return (self.scatter_matrix() / (int(self.filled.sum()) - 1)).float()
 
     def _uses_ridge(self) -> bool:
         cfg = self.config
@@ -168,32 +172,43 @@ class OGA(Method):
         return cfg.estimator == "ridge" or (cfg.estimator == "ridge-moore-penrose" and n <= 4 * dim)
 
     def _refresh(self) -> None:
-        """The discriminant of the current model: W = P mus^T, b, and how to apply P to a feature."""
+        """The current model's discriminant, in one of two forms. Ridge: P = d A^-1 with A = (n - 1) M + tr(M) I
+        positive definite (tr(M) > 0), so the authors' pseudo-inverse is the inverse (OGA_core.py:129-135); it
+        is applied through A's Cholesky factor L, never formed: with y = L^-1 x and Y = L^-1 mus^T the
+        likelihoods are d (y . Y_c - |Y_c|^2 / 2 - |y|^2 / 2). Otherwise P itself (d I before any estimate,
+        OGA_core.py:20; the pseudo-inverse of M, OGA_core.py:140, 150) with W = P mus^T and b."""
         dim = self.means.shape[1]
+        self._factor = self._precision = None
         if not self.estimated:
-            self._factor, self._precision = None, dim * torch.eye(dim, device=self.means.device)
+            self._weights = dim * self.means.T                              # P = d I
         elif self._uses_ridge():
-            # d pinv((n - 1) M + tr(M) I): the matrix is positive definite (tr(M) > 0), so its pseudo-inverse is its
-            # inverse, applied through a Cholesky factor rather than formed (OGA_core.py:123-128)
-            cov, n = self.covariance(), int(self.filled.sum())
-            system = (n - 1) * cov + torch.trace(cov) * torch.eye(dim, device=cov.device)
-            self._factor, self._precision = torch.linalg.cholesky(system), None
+            system = self.scatter_matrix().float()
+            system.diagonal().add_(float(torch.trace(system)) / (int(self.filled.sum()) - 1))   # + tr(M) I
+            self._factor = torch.linalg.cholesky(system)
+            self._weights = torch.linalg.solve_triangular(self._factor, self.means.T, upper=False)   # Y (D, C)
+            self._bias = -0.5 * dim * (self._weights * self._weights).sum(0)
+            return
         else:
-            self._factor, self._precision = None, torch.linalg.pinv(self.covariance())   # OGA_core.py:131, 145
-        self._weights = self.apply_precision(self.means.T)                 # (D, C)
+            self._precision = torch.linalg.pinv(self.covariance())
+            self._weights = self._precision @ self.means.T
         self._bias = -0.5 * (self.means.T * self._weights).sum(0)
 
-    def apply_precision(self, v: torch.Tensor) -> torch.Tensor:
-        """P v for v (D,) or (D, m)."""
-        if self._factor is None:
-            return self._precision @ v
-        col = v[:, None] if v.ndim == 1 else v
-        out = self.means.shape[1] * torch.cholesky_solve(col, self._factor)
-        return out[:, 0] if v.ndim == 1 else out
+    def log_likelihoods(self, x: torch.Tensor) -> torch.Tensor:
+        """(C,) log N(x | mu_c, P^-1) up to a constant, x (D,): x^T P mu_c - mu_c^T P mu_c / 2 - x^T P x / 2
+        (get_log_probs, OGA_core.py:154-161)."""
+        dim = self.means.shape[1]
+        if self._factor is not None:
+            y = torch.linalg.solve_triangular(self._factor, x[:, None], upper=False)[:, 0]
+            return dim * (y @ self._weights) + self._bias - 0.5 * dim * (y @ y)
+        px = dim * x if self._precision is None else self._precision @ x
+        return gaussian_log_likelihoods(x, self._weights, self._bias, px)
 
     def precision_matrix(self) -> torch.Tensor:
         """(D, D) the inverse covariance the likelihoods use (their `inv_Sig`); not on the per-sample path."""
-        return self.apply_precision(torch.eye(self.means.shape[1], device=self.means.device))
+        dim = self.means.shape[1]
+        if self._factor is not None:
+            return dim * torch.cholesky_inverse(self._factor)
+        return dim * torch.eye(dim, device=self.means.device) if self._precision is None else self._precision
 
     def step(self, x: torch.Tensor) -> dict[str, Any]:
         """One sample's feature (D,) -> its prior, entropy, pseudo-label, log-likelihoods and posterior; updates."""
@@ -204,7 +219,7 @@ class OGA(Method):
         if stored:
             self._refresh()
         self.seen += 1
-        ll = gaussian_log_likelihoods(x, self._weights, self._bias, self.apply_precision(x))
+        ll = self.log_likelihoods(x)
         return {"prior": prior, "entropy": entropy, "pseudo_label": k, "stored": stored, "log_likelihoods": ll,
                 "posterior": map_posterior(prior, ll, self.config.tau)}
 
