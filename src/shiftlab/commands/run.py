@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
-from . import checks
+from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
@@ -94,6 +94,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
+    config_file.add_argument(p)
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -115,6 +116,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="evaluate methods on a dataset", description=__doc__)
     add_run_arguments(p)
+    tracking.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -142,7 +144,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),
-                     features_dtype=getattr(args, "features_dtype", "fp16"))
+                     features_dtype=getattr(args, "features_dtype", "fp16"),
+                     config_file=getattr(args, "config_file", None))
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
@@ -361,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
+    problem = tracking.check(args) or unknown_dataset(args) or check_combination(args)   # no torch import yet
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
@@ -388,7 +391,10 @@ def run(args: argparse.Namespace) -> int:
                 table = run_suite(cfg, suite, model=model, datasets=datasets)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
-                return 0
+                from ..results.suite_table import dataset_dir
+                done = [dataset_dir(cfg.out, n) for n in suite.datasets if (dataset_dir(cfg.out, n) / "summary.json")
+                        .is_file()]
+                return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
             else:
                 summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
         except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
@@ -398,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+        if summary and distributed.context().rank == 0:
+            return tracking.log_after(args, cfg.out)
     finally:
         distributed.shutdown()
     return 0
