@@ -86,6 +86,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         prepared = prepare(config, [config.dataset], model=model, given=given)
         model, dataset = prepared.model, prepared.datasets[config.dataset]
     model = model.to(device)
+    run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
         return _run_orders(config, model, dataset, hooks)
     # every setting is checked (methods built, attack built) before the run directory is touched
@@ -157,7 +158,8 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items() if not m.episodic)]))
         batched = any(m.adapts_on_batches for m in evaluator.methods.values())
         write_stream(run_dir, order, config.order, config.stream_seed_used(), config.delta, online_names,
-                     config.batch_size if batched else None)
+                     config.batch_size if batched else None, getattr(dataset, "domains", None),
+                     getattr(dataset, "domain_index", None))
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 
