@@ -31,7 +31,15 @@ from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
 from ..rundir.stream import order_seeds, read_stream, write_stream
 from . import distributed, interrupt, planning
-from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
+from .config import (
+    RunConfig,
+    check_run_config,
+    expand_methods,
+    resolve_device,
+    resolve_workers,
+    run_stream,
+    settings_problem,
+)
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
@@ -71,7 +79,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
-    config = copy.deepcopy(config)   # the caller's config stays as given: what runs is a copy
+    config = check_run_config(copy.deepcopy(config))   # the caller's config stays as given: what runs is a copy
     config.methods = expand_methods(config.methods)
     hooks = hooks or RunHooks()
     dist = distributed.context()

@@ -159,6 +159,9 @@ class Method:
         """One image (a path, a PIL image, a uint8 array) -> `Prediction` (class index and name,
         probabilities, logits, `top(k)`), with this method's own views: its view recipe drawn as a
         run draws them for sample `sample_id` of a run seeded `seed`."""
+        for argument, value in (("seed", seed), ("sample_id", sample_id)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{argument} must be an integer >= 0, got {value!r}")
         config = ViewConfig.from_recipe(self.view_recipe)
         views_u8 = ViewGenerator(config, seed, preprocess=self.model.preprocess)(load_image(image), sample_id)
         out = self._predict_views(self.model.normalize(views_u8.float() / 255))
@@ -233,6 +236,13 @@ def check_views(views: object, model: ClipModel) -> None:
                          else "") + "); pass finite, normalised pixels")
 
 
+def check_model(model: object) -> None:
+    """A TypeError naming `model` unless it is a loaded model (`shiftlab.load_model`: it encodes views)."""
+    if not callable(getattr(model, "encode_views", None)):
+        raise TypeError(f"model must be a loaded model (shiftlab.load_model(...)), got {type(model).__name__}"
+                        + (f" {model!r}" if isinstance(model, str) else ""))
+
+
 def check_classnames(classnames: object, allow_duplicates: bool = False) -> list[str]:
     """`classnames` as a list, or a one-line ValueError: it must be a non-empty list (or tuple) of
     non-empty strings, each name once unless `allow_duplicates` (CLIP's ImageNet list names two
@@ -288,7 +298,9 @@ def registered_name(name: str) -> str:
 
 def get_method_class(name: str) -> type[Method]:
     """The class registered as `name` (or as the method of a variant, `registered_name`); an unknown name
-    raises `UnknownNameError` (a KeyError)."""
+    raises `UnknownNameError` (a KeyError), a name that is not a string a TypeError."""
+    if not isinstance(name, str):
+        raise TypeError(f"method must be a method name (a string), got {type(name).__name__} {name!r}")
     return _REGISTRY.get(registered_name(name))
 
 
@@ -358,6 +370,7 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names
     (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
     cls = get_method_class(name)
+    check_model(model)
     names = check_classnames(classnames, allow_duplicate_names)
     cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
     return cls(model, names, cfg, heads=heads, run_precision=run_precision,
