@@ -145,6 +145,13 @@ class Method:
         return recipe if isinstance(recipe, ViewRecipe) else ViewRecipe(n_views=1)
 
     # -- library use ------------------------------------------------------------
+    def __repr__(self) -> str:
+        """The method's name, its classes and its effective config, field by field, on one line."""
+        def shown(value: Any) -> str:
+            return repr(value.describe()) if isinstance(value, ViewRecipe) else repr(value)
+        fields = ", ".join(f"{f.name}={shown(getattr(self.config, f.name))}" for f in dataclasses.fields(self.config))
+        return f"{type(self).__name__}({self.name!r}, {len(self.classnames)} classes, {fields})"
+
     def predict(self, views: torch.Tensor) -> torch.Tensor:
         """Normalised views (N, 3, S, S) float, view 0 the original, S the model's input size -> logits (C,).
 
