@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import catalogue
+from .. import catalogue, writes
 from . import checks
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
     except BaseException:
         for folder in created:   # deepest first; a folder holding a partial download stays
             try:
-                folder.rmdir()
+                writes.remove_dir(folder)
             except OSError:
                 break
         raise

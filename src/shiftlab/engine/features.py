@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import writes
 from ..rundir.feature_store import FeatureStore, feature_key
+from ..rundir.lock import STORE_ADVICE
 from . import interrupt
 
 if TYPE_CHECKING:
@@ -125,7 +127,7 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
             "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
             "storage": config.features_dtype}
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(root, STORE_ADVICE)
         lock = acquire_for_job(root, dist, purpose="feature store")
         store = FeatureStore(root, "w", rank=dist.rank, lock=lock if lock is not None else False)
         writable = True
