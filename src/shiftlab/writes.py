@@ -63,7 +63,7 @@ def what_to_do(err: int | None, then: str = "") -> str:
         first = "check the disk"
     else:
         first = ""
-    return ", ".join(p for p in (first, then) if p)
+    return "; ".join(p for p in (first, then) if p)
 
 
 def error(path: str | os.PathLike, exc: BaseException, then: str = "") -> WriteError:
@@ -127,7 +127,7 @@ def _truncate(fd: int, size: int, path: str) -> None:
 
 
 def _mkdir(path: str) -> None:
-    os.makedirs(path, exist_ok=True)
+    Path(path).mkdir(parents=True, exist_ok=True)
 
 
 def _unlink(path: str) -> None:
@@ -191,8 +191,9 @@ class AppendFile:
 
     def __init__(self, path: str | os.PathLike, then: str = ""):
         self.path, self.then = Path(path), then
+        self._fd: int | None = None
         try:
-            self._fd: int | None = _open(str(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._fd = _open(str(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as exc:
             raise error(self.path, exc, then) from None
 
@@ -229,6 +230,9 @@ class AppendFile:
                 os.close(fd)
             except OSError:
                 pass   # nothing is buffered here: a write that failed has already raised
+
+    def __del__(self) -> None:   # as Python's own file objects: a writer dropped on an error path
+        self.close()
 
     def __enter__(self) -> AppendFile:
         return self

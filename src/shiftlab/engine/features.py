@@ -57,8 +57,15 @@ class RunFeatures:
         if self.writable:
             self.store.put(key, sid, self._path(sid), features)
 
-    def close(self) -> None:
-        self.store.close()
+    def close(self, failing: BaseException | None = None) -> None:
+        """Write the features still buffered and release the lock. While `failing` (the exception a run
+        is leaving with) is in flight, a store that cannot be written adds no second error: the first
+        failure is the one said."""
+        try:
+            self.store.close()
+        except OSError:
+            if failing is None:
+                raise
 
     def line(self) -> str:
         read = len(self.read_ids - self.encoded_ids)
@@ -109,7 +116,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
         for batch in loader:
             errors += runner.fill_store(batch)
     finally:
-        store.close()
+        store.close(failing=sys.exc_info()[1])
         evaluator.close()
     return {"samples": len(order), "stored_before": len(before), "encoded": len(store.encoded_ids),
             "errors": errors}

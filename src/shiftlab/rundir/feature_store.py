@@ -196,11 +196,15 @@ class FeatureStore:
             from .lock import RunLock
             lock = RunLock(self.root, purpose="feature store").acquire()
         self.lock = lock or None
-        if self.lock is not None:   # the lock holder alone cleans: other ranks' temporaries are live
-            for folder in (self.root, *(p for p in self.root.iterdir() if p.is_dir())):
-                writes.clean_orphans(folder)
-        if not (self.root / "store.json").is_file():
-            _atomic_write(self.root / "store.json", json.dumps({"format": FORMAT}).encode())
+        try:
+            if self.lock is not None:   # the lock holder alone cleans: other ranks' temporaries are live
+                for folder in (self.root, *(p for p in self.root.iterdir() if p.is_dir())):
+                    writes.clean_orphans(folder)
+            if not (self.root / "store.json").is_file():
+                _atomic_write(self.root / "store.json", json.dumps({"format": FORMAT}).encode())
+        except BaseException:
+            self.close()   # nothing buffered yet: releases the lock
+            raise
 
     # reading
     def keys(self) -> list[dict[str, Any]]:
@@ -271,11 +275,13 @@ class FeatureStore:
         entry.refresh()
 
     def close(self) -> None:
-        if self.mode == "w":
-            self.flush()
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        try:
+            if self.mode == "w":
+                self.flush()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     def __enter__(self) -> FeatureStore:
         return self

@@ -192,7 +192,7 @@ def ensure_run_dir(run_dir: Path) -> Path:
     """Create the run directory; a RunDirError naming it when that is impossible."""
     run_dir = Path(run_dir)
     try:
-        writes.make_dirs(run_dir)
+        writes.make_dirs(run_dir, RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(run_dir, exc) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
