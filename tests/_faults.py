@@ -25,26 +25,31 @@ _FD_OPS = {"_write", "_fsync", "_truncate"}
 class FailingDisk:
     def __init__(self, monkeypatch):
         self.calls: list[tuple[str, str]] = []
-        self.fail_at: int | None = None
-        self.err = 0
+        self.arm(None)
         for name in OPS:
             monkeypatch.setattr(writes, name, self._wrap(name, getattr(writes, name)))
 
-    def arm(self, fail_at: int | None, err: int = 0) -> None:
-        self.calls, self.fail_at, self.err = [], fail_at, err
+    def arm(self, fail_at: int | None, err: int = 0, on: str | None = None) -> None:
+        """Fail from the `fail_at`-th call on; with `on`, from the `fail_at`-th call whose path contains
+        `on` (e.g. "online_state.pt": the run directory turns read-only when the state is saved)."""
+        self.calls, self.fail_at, self.err, self.on, self._hits = [], fail_at, err, on, 0
+        self._failing = False
+        self.failure: tuple[str, str] | None = None     # the first call that failed
 
     def disarm(self) -> None:
-        self.fail_at = None
-
-    @property
-    def failed(self) -> bool:
-        return self.fail_at is not None and len(self.calls) >= self.fail_at
+        """A working disk again (`calls` and `failure` stay for inspection)."""
+        self.fail_at, self._failing = None, False
 
     def _wrap(self, name: str, real):
         def call(*args):
             path = str(args[-1] if name in _FD_OPS else args[0])
             self.calls.append((name, path))
-            if self.fail_at is not None and len(self.calls) >= self.fail_at:
+            if self.fail_at is not None and not self._failing:
+                self._hits += self.on is None or self.on in path
+                self._failing = self._hits >= self.fail_at
+                if self._failing:
+                    self.failure = (name, path)
+            if self._failing:
                 if name in _FD_OPS:
                     raise OSError(self.err, os.strerror(self.err))
                 raise OSError(self.err, os.strerror(self.err), path)

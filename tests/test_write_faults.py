@@ -159,10 +159,10 @@ def fail_and_recover(scenario: Scenario, disk: FailingDisk, root: Path, n: int, 
     err = ERRNOS[n % len(ERRNOS)]
     disk.arm(n, err)
     code = cli_main(scenario.argv(d))
-    reached, failing = disk.failed, disk.calls[n - 1] if disk.failed else None
     disk.disarm()
+    failing = disk.failure
     lines = [line for line in err_lines(capsys, root) if line not in clean_err]
-    if not reached:
+    if failing is None:
         assert code == 0 and not lines
         return False
     op, path = failing

@@ -76,7 +76,8 @@ def error(path: str | os.PathLike, exc: BaseException, then: str = "") -> WriteE
     else:   # torch.save's "[enforce fail at inline_container.cc:...] ... errno 30 ...": keep its errno
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         err = next((e for e in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EIO, errno.EDQUOT)
-                    if f"errno {e} " in text or os.strerror(e) in text), errno.EIO)
+                    if f"errno {e} " in text or os.strerror(e) in text),
+                   errno.ENOENT if "does not exist" in text else errno.EIO)
         reason = os.strerror(err)
     return WriteError(err, reason, str(path), what_to_do(err, then))
 
@@ -99,7 +100,7 @@ def guard(path: str | os.PathLike, then: str = "") -> Iterator[None]:
 
 def _is_io_runtime_error(exc: RuntimeError) -> bool:
     text = str(exc)
-    return "inline_container" in text or "file write failed" in text or "open file failed" in text
+    return any(m in text for m in ("inline_container", "file write failed", "open file failed", "Parent directory"))
 
 
 # -- the OS calls (wrapped by the fault-injection tests) ----------------------------------------
