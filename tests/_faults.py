@@ -62,12 +62,15 @@ def target(path: str) -> str:
     return re.sub(r"~[^~/]+~\d+" + re.escape(writes.TMP_SUFFIX) + "$", "", path)
 
 
-def point(op: str, path: str, roots: dict[str, Path]) -> tuple[str, str]:
+def point(op: str, path: str, roots: dict[str, Path], same: dict[str, str] | None = None) -> tuple[str, str]:
     """A failure point: the call and the role of its file, e.g. ("_write", "run/online_state.pt"), with
-    the store's entry digests and shard names and the pid in temporaries replaced by placeholders."""
+    the store's entry digests and shard names and the pid in temporaries replaced by placeholders, and
+    `same` ({"/imagenet-a/": "/DATASET/"}) folders whose files play the same role as another's."""
     text = target(path)
     for name, root in roots.items():
         text = text.replace(str(root), name)
+    for folder, role in (same or {}).items():
+        text = text.replace(folder, role)
     text = re.sub(r"/[0-9a-f]{16}(/|$)", r"/ENTRY\1", text)
     return op, re.sub(r"r\d{3}-\d+-\d+-\d+\.", "SHARD.", text)
 

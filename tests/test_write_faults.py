@@ -22,14 +22,16 @@ import pytest
 
 from _faults import FailingDisk, orphans, point, target
 from _runs import comparable
-from _synthetic import make_image_folder
+from _synthetic import make_image_folder, make_imagenet_r
 from shiftlab.cli import main as cli_main
+from shiftlab.datasets.classes import imagenet_a_wnids
 from shiftlab.models import loader
 from shiftlab.rundir import probs as run_probs
 from shiftlab.rundir import record_files
 from shiftlab.rundir.feature_store import FeatureStore
 
 ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EIO)
+SUITE = ("imagenet-r", "imagenet-a")
 ONLINE = ["--methods", "tda,dmn_zs", "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,7 +41,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
     make_image_folder(root / "pets", ["cat", "dog"], per_class=2, size=(40, 32))            # 4 images
-    make_image_folder(root / "birds", ["crow", "owl"], per_class=2, size=(40, 32), seed=1)  # 4 more
+    # a two-dataset suite: 4 images of ImageNet-R and 4 of ImageNet-A (the other classes empty)
+    make_imagenet_r(root, classes=range(0, 200, 50), per_class=1, size=(40, 32))
+    make_image_folder(root / "imagenet-a", imagenet_a_wnids(), per_class=0)
+    make_image_folder(root / "imagenet-a", imagenet_a_wnids()[:4], per_class=1, size=(40, 32), seed=3)
     return root
 
 
@@ -101,18 +106,21 @@ def sweep_scenario(data: Path, ckpt: Path) -> Scenario:
         table = json.loads((d["run"] / "sweep.json").read_text())
         return (comparable(record_files.load_records(d["run"])), table, (d["run"] / "sweep.md").read_text(),
                 (d["run"] / "sweep.csv").read_text())
-    return Scenario("sweep", argv, argv, state, _advice("the same sweep again"))
+    def advice(path, d):
+        return "the same sweep again" if Path(target(path)).name.startswith("sweep.") else _advice("--resume")(path, d)
+    return Scenario("sweep", argv, argv, state, advice)
 
 
 def suite_scenario(data: Path, ckpt: Path) -> Scenario:
     def argv(d):
         flags = common(data, ckpt)
         flags[flags.index("--data") + 1] = str(data)   # the root holding both datasets
-        return ["run", *[f for f in flags if f not in ("--dataset", "imagefolder")], "--datasets", "pets,birds",
-                "--methods", "zeroshot,tda", "--set", "tda.text_head=zeroshot", "--out", str(d["run"])]
+        return ["run", *[f for f in flags if f not in ("--dataset", "imagefolder")], "--datasets", ",".join(SUITE),
+                "--allow-partial", "--methods", "zeroshot,tda", "--set", "tda.text_head=zeroshot", "--out", str(d["run"])]
 
     def state(d):
-        return {name: comparable(record_files.load_records(d["run"] / name)) for name in ("pets", "birds")}
+        return ({name: comparable(record_files.load_records(d["run"] / name)) for name in SUITE},
+                [line for line in (d["run"] / "suite.md").read_text().splitlines() if "s/img" not in line])
     return Scenario("suite", argv, lambda d: argv(d) + ["--resume"], state, _advice("--resume"))
 
 
@@ -184,10 +192,11 @@ def fail_and_recover(scenario: Scenario, disk: FailingDisk, root: Path, n: int, 
 
 
 def first_calls(calls: Sequence[tuple[str, str]], d: dict) -> list[int]:
-    """1-based indices of the first call of each distinct failure point."""
+    """1-based indices of the first call of each distinct failure point (a suite's second dataset
+    writes the files of its first: the same points)."""
     seen: dict[tuple[str, str], int] = {}
     for i, (op, path) in enumerate(calls, start=1):
-        seen.setdefault(point(op, path, d), i)
+        seen.setdefault(point(op, path, d, {f"/{name}/": "/DATASET/" for name in SUITE}), i)
     return sorted(seen.values())
 
 
@@ -200,6 +209,7 @@ def check_points(scenario: Scenario, disk: FailingDisk, tmp_path: Path, capsys, 
     # one past the last call: the command completes untouched
     assert not fail_and_recover(scenario, disk, tmp_path / "past", len(calls) + 1, capsys, reference,
                                 reference_store, clean_err)
+    print(f"{scenario.name}: {len(points)} failure points of {len(calls)} calls")   # for docs/ARCHITECTURE.md
     return len(points)
 
 
@@ -221,7 +231,7 @@ def test_a_run_fails_in_one_line_at_every_failure_point_and_resumes_exactly(data
 
 @pytest.mark.slow
 def test_a_run_fails_in_one_line_at_every_call_and_resumes_exactly(data, tiny_checkpoint, disk, tmp_path, capsys):
-    assert check_points(run_scenario(data, tiny_checkpoint), disk, tmp_path, capsys, every_call=True) >= 80
+    assert check_points(run_scenario(data, tiny_checkpoint), disk, tmp_path, capsys, every_call=True) >= 70
 
 
 @pytest.mark.slow
