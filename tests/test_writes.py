@@ -160,6 +160,9 @@ def _write_calls(path: Path) -> list[tuple[int, str]]:
                 args[0] if owner and args else next((k.value for k in node.keywords if k.arg == "mode"), None)
             if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
                 found.append((node.lineno, "open"))
+        elif name in ("replace", "rename") and isinstance(func, ast.Attribute) and len(args) == 1 \
+                and owner not in ("dataclasses", "os"):
+            found.append((node.lineno, name))   # Path.replace(target) (str.replace takes two)
         elif name in WRITING_METHODS and isinstance(func, ast.Attribute):
             target = args[0] if args else None
             if not (name == "savefig" and isinstance(target, ast.Name) and target.id in IN_MEMORY):
@@ -191,7 +194,8 @@ def test_the_scan_finds_writes():
     sample = SRC.parent.parent / "tests" / "fixtures" / "write_sites_sample.py"
     found = {call for _, call in _write_calls(sample)}
     assert found == {"open", "write_text", "write_bytes", "save", "savefig", "os.replace", "mkdir", "unlink",
-                     "shutil.copyfile", "json.dump", "os.fsync", "truncate", "torch.save", "os.open", "extractall"}
+                     "shutil.copyfile", "json.dump", "os.fsync", "truncate", "torch.save", "os.open", "extractall",
+                     "replace"}
 
 
 def test_the_architecture_page_lists_the_write_sites():
