@@ -140,3 +140,19 @@ def test_twenty_orders_of_every_online_method_read_later_orders_from_the_store(d
         assert len(row["top1"]) == 20 and row["tail"] == 2
         assert row["eta"] == pytest.approx(sum(sorted(row["top1"])[:2]) / 2)
         assert row["worst"] == min(row["top1"]) and row["mean"] == pytest.approx(sum(row["top1"]) / 20)
+
+
+@pytest.mark.slow
+def test_cli_orders_prints_the_table_and_merge_gathers_it_again(data, tmp_path, tiny_checkpoint, capsys):
+    out = tmp_path / "k"
+    argv = ["run", "--dataset", "imagefolder", "--data", str(data.root), "--model", "shiftlab-tiny",
+            "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0", "--device", "cpu",
+            "--methods", "zeroshot,tda", "--orders", "2", "--no-progress", "--out", str(out)]
+    assert cli_main(argv) == 0
+    assert "| tda | online | 2 |" in capsys.readouterr().out
+    table = json.loads((out / "orders.json").read_text())
+    (out / "orders.json").write_text(json.dumps({**table, "methods": {
+        n: {**row, "top1": [0.0] * 2} for n, row in table["methods"].items()}}))   # stale numbers
+    assert cli_main(["merge", str(out)]) == 0
+    assert json.loads((out / "orders.json").read_text()) == table
+    assert "| tda | online | 2 |" in capsys.readouterr().out

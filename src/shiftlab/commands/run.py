@@ -404,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+            if (Path(cfg.out) / "orders.md").is_file() and cfg.orders > 1:   # --orders K: the orders' table too
+                print((Path(cfg.out) / "orders.md").read_text(), end="")
         if summary and distributed.context().rank == 0:
             return tracking.log_after(args, cfg.out)
     finally:
