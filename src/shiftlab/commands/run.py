@@ -214,6 +214,10 @@ def check_combination(args: argparse.Namespace) -> str | None:
     problem = attack_problem(args)
     if problem:
         return problem
+    from ..rundir.stream import stream_problem  # torch-free: a stream's flags are checked before any import
+    problem = stream_problem(args.order, getattr(args, "delta", None), getattr(args, "orders", 1))
+    if problem:
+        return problem
     if args.order in ("continual", "mixed") and not (getattr(args, "suite", None) or getattr(args, "datasets", None)):
         return (f"--order {args.order} runs several datasets of one class list as one stream of domains: give "
                 "them with --datasets a,b,... or --suite")
