@@ -18,8 +18,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from .. import writes
 
 __all__ = ["DownloadError", "ChecksumError", "download_file", "fetch_file"]
@@ -113,6 +111,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
 
 def _stream(response, part: Path, start: int, hasher, total: int | None, url: str, progress: bool,
             chunk_size: int) -> None:
+    from tqdm.auto import tqdm  # here: `shiftlab run` imports this module for its error types only
     then = f"then rerun to resume from {part}"
     with writes.AppendFile(part, then) as out, tqdm(
             total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024,
