@@ -191,6 +191,10 @@ def flag_problem(args: argparse.Namespace) -> str | None:
     problem = attack_problem(args)
     if problem:
         return problem
+    from ..rundir.stream import stream_problem  # torch-free: a stream's flags are checked before any import
+    problem = stream_problem(args.order, getattr(args, "delta", None), getattr(args, "orders", 1))
+    if problem:
+        return problem
     if args.order in ("continual", "mixed") and not (getattr(args, "suite", None) or getattr(args, "datasets", None)):
         return (f"--order {args.order} runs several datasets of one class list as one stream of domains: give "
                 "them with --datasets a,b,... or --suite")
@@ -334,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+            if (Path(cfg.out) / "orders.md").is_file() and cfg.orders > 1:   # --orders K: the orders' table too
+                print((Path(cfg.out) / "orders.md").read_text(), end="")
         if summary and distributed.context().rank == 0:
             return tracking.log_after(args, cfg.out)
     finally:
