@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..models.precision import PRECISIONS, PURE_FP16
 from ..params import check_config, param
-from ..registry import Registry
+from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
 
 __all__ = ["EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "STATES", "Capabilities", "MethodConfig",
@@ -63,7 +61,7 @@ class ViewMethodConfig(MethodConfig):
 
 # what a method reads of a sample
 FROZEN_FEATURES = "frozen_features"   # the frozen image tower's features of its views (a feature store serves them)
-OWN_TOWER = "own_tower"               # its views' pixels, through a tower of its own (TTL's LoRA tower, RLCF's reward CLIP)
+OWN_TOWER = "own_tower"   # its views' pixels, through a tower of its own (TTL's LoRA tower, RLCF's reward CLIP)
 READS = (FROZEN_FEATURES, OWN_TOWER)
 # whether it carries state along the stream
 EPISODIC = "episodic"                 # reset to its initial state before every sample
@@ -225,18 +223,6 @@ _PACKAGE = __name__.rpartition(".")[0]     # shiftlab.methods
 SHARED_FOLDERS = ("common",)               # folders of shared machinery, not methods
 
 
-def folders() -> list[str]:
-    """The method folders: sub-packages of shiftlab.methods with a spec.py, sorted."""
-    package = importlib.import_module(_PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
-                  if m.ispkg and m.name not in SHARED_FOLDERS and _has_spec(package.__path__, m.name))
-
-
-def _has_spec(paths: Any, folder: str) -> bool:
-    import os
-    return any(os.path.isfile(os.path.join(p, folder, "spec.py")) for p in paths)
-
-
 def specs_of(module: Any) -> list[type[MethodSpec]]:
     """The spec classes a spec module defines (its own, with a name), in definition order."""
     return [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, MethodSpec)
@@ -246,8 +232,7 @@ def specs_of(module: Any) -> list[type[MethodSpec]]:
 @functools.cache
 def _scanned() -> bool:
     """Import every folder's spec.py once and register its specs (name and aliases)."""
-    for folder in folders():
-        module = importlib.import_module(f"{_PACKAGE}.{folder}.spec")
+    for module in scan_folders(_PACKAGE, "spec", skip=SHARED_FOLDERS):
         found = specs_of(module)
         if not found:
             raise ValueError(f"{module.__name__} defines no MethodSpec subclass with a name")
