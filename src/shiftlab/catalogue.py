@@ -27,7 +27,7 @@ from .methods import protocols as method_protocols
 from .methods.specs import make_config, spec, spec_names
 from .views.recipe import ViewRecipe
 
-COMMAND = "shiftlab methods --table"
+COMMAND = "shiftlab methods --table"   # prints `readme_table`
 
 
 def names() -> list[str]:

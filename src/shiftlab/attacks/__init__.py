@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import specs
-from .base import ATTACKS, NO_ATTACK, Attack, AttackConfig, register_attack
+from .base import ATTACKS, NO_ATTACK, Attack, AttackConfig
+from .specs import register_attack
 
 if TYPE_CHECKING:
     import torch

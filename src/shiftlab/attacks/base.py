@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..params import check_config
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..views.generator import ViewGenerator
 
 __all__ = ["ATTACKS", "NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "declaration_problem", "fill_template",
-           "format_255", "register_attack",
+           "format_255",
            "template_fields"]
 
 NO_ATTACK = "none"   # the `--attack` value of a clean run; no registered attack may take it
@@ -44,12 +44,13 @@ class _ClassRegistry(Registry["type[Attack]"]):
     """The imported attack classes; removing one removes its spec too (tests register temporary attacks)."""
 
     def pop(self, name: str, default: Any = None) -> Any:
-        from .specs import SPECS
         SPECS.pop(name)
         return super().pop(name, default)
 
 
 ATTACKS: Registry[type[Attack]] = _ClassRegistry("attack", also_known=(NO_ATTACK,))
+# every attack's spec (shiftlab.attacks.specs: the folders' and those `register_attack` makes)
+SPECS: Registry[Any] = Registry("attack", also_known=(NO_ATTACK,))
 
 
 @dataclasses.dataclass
@@ -112,7 +113,7 @@ class Attack:
         super().__init_subclass__(**kwargs)
         spec = cls.__dict__.get("spec")
         if spec is not None:
-            if spec.impl != _impl(cls):
+            if spec.impl != impl_of(cls):
                 raise TypeError(f"{cls.__qualname__} names spec {spec.__qualname__}, whose impl is {spec.impl!r}")
             for attr in ("name", "config_class", "summary", "label_format", "details_format"):
                 setattr(cls, attr, getattr(spec, attr))
@@ -168,29 +169,7 @@ class Attack:
         raise NotImplementedError
 
 
-def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
-    """Class decorator: make an `Attack` subclass available as `--attack NAME` (and `--set attack.FIELD=V`).
-
-    Refused: a taken name, "none", a config that is not an `AttackConfig` dataclass, a `name` field, a
-    label or details string naming a field the config lacks."""
-    def register(cls: type[Attack]) -> type[Attack]:
-        from . import specs
-        if name in ATTACKS and ATTACKS.get(name) is not cls:
-            raise ValueError(f"attack {name!r} is already registered (as {ATTACKS.get(name).__name__})")
-        if name in specs.spec_names() and name not in ATTACKS and specs.spec(name).impl != _impl(cls):
-            raise ValueError(f"attack {name!r} is already registered (as {specs.spec(name).impl})")
-        if not (isinstance(cls, type) and issubclass(cls, Attack)):
-            raise ValueError(f"attack {name!r}: must be a subclass of shiftlab.attacks.Attack")
-        problem = declaration_problem(name, cls)
-        if problem:
-            raise ValueError(f"attack {name!r}: {problem}")
-        spec = cls.__dict__.get("spec") or specs.spec_from_class(name, cls)
-        specs.register_spec(spec, replace=True)
-        return ATTACKS.register(name, cls, replace=True)
-    return register
-
-
-def _impl(cls: type) -> str:
+def impl_of(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from ..registry import Registry, scan_folders
-from .base import NO_ATTACK, AttackConfig, declaration_problem
+from ..registry import scan_folders
+from .base import ATTACKS, SPECS, Attack, AttackConfig, declaration_problem, impl_of
 
-__all__ = ["SPECS", "AttackSpec", "register_spec", "spec", "spec_names", "specs"]
+__all__ = ["SPECS", "AttackSpec", "register_attack", "register_spec", "spec", "spec_names", "specs"]
 
 
 class AttackSpec:
@@ -38,7 +38,6 @@ class AttackSpec:
             raise ValueError(f"attack {cls.name!r}: {problem}")
 
 
-SPECS: Registry[type[AttackSpec]] = Registry("attack", also_known=(NO_ATTACK,))
 _PACKAGE = __name__.rpartition(".")[0]     # shiftlab.attacks
 
 
@@ -89,3 +88,23 @@ def specs() -> Mapping[str, type[AttackSpec]]:
 def defaults(name: str) -> dict[str, Any]:
     """A registered attack's config defaults (before `Attack.resolve`)."""
     return dataclasses.asdict(spec(name).config_class())
+
+
+def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
+    """Class decorator: make an `Attack` subclass available as `--attack NAME` (and `--set attack.FIELD=V`).
+
+    Refused: a taken name, "none", a config that is not an `AttackConfig` dataclass, a `name` field, a
+    label or details string naming a field the config lacks."""
+    def register(cls: type[Attack]) -> type[Attack]:
+        if name in ATTACKS and ATTACKS.get(name) is not cls:
+            raise ValueError(f"attack {name!r} is already registered (as {ATTACKS.get(name).__name__})")
+        if name in spec_names() and name not in ATTACKS and spec(name).impl != impl_of(cls):
+            raise ValueError(f"attack {name!r} is already registered (as {spec(name).impl})")
+        if not (isinstance(cls, type) and issubclass(cls, Attack)):
+            raise ValueError(f"attack {name!r}: must be a subclass of shiftlab.attacks.Attack")
+        problem = declaration_problem(name, cls)
+        if problem:
+            raise ValueError(f"attack {name!r}: {problem}")
+        register_spec(cls.__dict__.get("spec") or spec_from_class(name, cls), replace=True)
+        return ATTACKS.register(name, cls, replace=True)
+    return register
