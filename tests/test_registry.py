@@ -285,7 +285,8 @@ def test_a_config_handed_to_the_class_is_checked_too(tiny_model):
 
 
 def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
-    monkeypatch.setattr(get_method_class("tpt"), "protocols", {"paper": {"selection_ratio": 2.0}})
+    from shiftlab.methods.specs import spec
+    monkeypatch.setattr(spec("tpt"), "protocols", {"paper": {"selection_ratio": 2.0}})   # the spec's recipe
     with pytest.raises(ValueError, match=r"^tpt\.selection_ratio: 2\.0 is out of range"):
         shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper")
     shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper", selection_ratio=0.5)   # --set wins
