@@ -86,8 +86,8 @@ class Method:
     """A method's torch code. A method with a folder names its spec (`spec = MTASpec`), from which the
     class gets its name, config class, summary, text head, minimum views, offline configs, facts and
     capabilities when it is defined; the attributes below are those a class registered without a
-    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels` and
-    `reads_features` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
+    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`
+    and `adapts_on_batches` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
     spec: ClassVar[type[MethodSpec] | None] = None
     name: str = ""
     config_class: type = MethodConfig
@@ -107,9 +107,10 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
-    # capability: adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md):
-    # the engine hands `adapt_batch` each batch of `--batch-size` consecutive stream positions whole, after
-    # `reset()` when the method is `episodic` (the state kept from batch to batch otherwise: continual)
+    # adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md; a spec's
+    # `Capabilities(batches=True)`): the engine hands `adapt_batch` each batch of `--batch-size` consecutive
+    # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
+    # batch otherwise: continual)
     adapts_on_batches: bool = False
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
@@ -287,7 +288,7 @@ def _take_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
     if not spec.episodic and (cls.state_dict is Method.state_dict or cls.load_state_dict is Method.load_state_dict):
         raise TypeError(f"{spec.name}: an online method (capabilities state {ONLINE!r}) must define state_dict and "
                         "load_state_dict: its state is checkpointed with the records and restored on resume")
-    for attr in (*method_specs.ATTRIBUTES, "episodic", "needs_views", "needs_pixels", "reads_features"):
+    for attr in (*method_specs.ATTRIBUTES, *method_specs.DERIVED):
         setattr(cls, attr, getattr(spec, attr))
     for fact in method_specs.FACTS:
         if fact in spec.__dict__:
@@ -302,7 +303,8 @@ def _spec_from_class(name: str, cls: type[Method]) -> type[MethodSpec]:
     body: dict[str, Any] = {attr: getattr(cls, attr) for attr in method_specs.ATTRIBUTES if hasattr(cls, attr)}
     body.update({fact: cls.__dict__[fact] for fact in method_specs.FACTS if fact in cls.__dict__})
     body.update(name=name, impl=f"{cls.__module__}:{cls.__qualname__}", __module__=cls.__module__,
-                capabilities=Capabilities(reads=reads, state=EPISODIC if cls.episodic else ONLINE))
+                capabilities=Capabilities(reads=reads, state=EPISODIC if cls.episodic else ONLINE,
+                                          batches=bool(cls.adapts_on_batches)))
     if cls.needed_views.__func__ is not Method.needed_views.__func__:   # type: ignore[attr-defined]
         body["needed_views"] = classmethod(lambda spec, config: cls.needed_views(config))
     spec = type(f"{cls.__name__}Spec", (MethodSpec,), body)

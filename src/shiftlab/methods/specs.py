@@ -71,14 +71,18 @@ STATES = (EPISODIC, ONLINE)
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a method reads (`reads`: some of READS) and whether it carries state (`state`: one of STATES).
+    """What a method reads (`reads`: some of READS), whether it carries state (`state`: one of STATES) and
+    whether it adapts on a batch of test images together (`batches`: the episodic-batch protocol,
+    docs/PROTOCOLS.md: the engine hands `Method.adapt_batch` each batch of `--batch-size` stream positions).
 
     The engine derives from them: a feature store can serve a method only when it reads no pixels
     (`needs_pixels`); a precision group of methods none of which reads the frozen features is not
-    encoded (`reads_features`); online methods are checkpointed and replayed on resume (`episodic`).
+    encoded (`reads_features`); online methods are checkpointed and replayed on resume (`episodic`);
+    batch methods make the batch the unit of results and resume (`adapts_on_batches`).
     Invalid declarations are refused when the spec class is defined."""
     reads: tuple[str, ...] = (FROZEN_FEATURES,)
     state: str = EPISODIC
+    batches: bool = False
 
     def __post_init__(self) -> None:
         reads = (self.reads,) if isinstance(self.reads, str) else tuple(self.reads)
@@ -91,6 +95,8 @@ class Capabilities:
             raise ValueError(f"capabilities: reads {list(reads)} names one input twice")
         if self.state not in STATES:
             raise ValueError(f"capabilities: state must be one of {', '.join(STATES)}, got {self.state!r}")
+        if not isinstance(self.batches, bool):
+            raise ValueError(f"capabilities: batches must be True or False, got {self.batches!r}")
         object.__setattr__(self, "reads", tuple(r for r in READS if r in reads))
 
     @property
@@ -106,6 +112,10 @@ class Capabilities:
     def reads_features(self) -> bool:
         return FROZEN_FEATURES in self.reads
 
+    @property
+    def adapts_on_batches(self) -> bool:
+        return self.batches
+
 
 # -- the spec ----------------------------------------------------------------------------------------------
 
@@ -115,6 +125,8 @@ FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "data
 # what a spec declares (inherited defaults) and the method class carries over
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
               "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates")
+# what the capabilities and the config class decide, never declared
+DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches")
 
 
 class MethodSpec:
@@ -122,8 +134,8 @@ class MethodSpec:
 
     Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
     published, fidelity, dataset_settings, label, aliases, cupl_files; shiftlab.methods.facts says what
-    each holds). `episodic`, `needs_views`, `needs_pixels` and `reads_features` are derived (from the
-    capabilities and the config class), never declared."""
+    each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features` and `adapts_on_batches` are
+    derived (from the capabilities and the config class), never declared."""
     name: ClassVar[str] = ""
     impl: ClassVar[str] = ""                 # "package.module:Class", imported when the method is built
     config_class: ClassVar[type] = MethodConfig
@@ -150,10 +162,11 @@ class MethodSpec:
     needs_views: ClassVar[bool] = False
     needs_pixels: ClassVar[bool] = False
     reads_features: ClassVar[bool] = True
+    adapts_on_batches: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        derived = [k for k in ("episodic", "needs_views", "needs_pixels", "reads_features") if k in cls.__dict__]
+        derived = [k for k in DERIVED if k in cls.__dict__]
         if derived:
             raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "
                             "config class; declare `capabilities = Capabilities(reads=..., state=...)`")
@@ -165,6 +178,7 @@ class MethodSpec:
         cls.episodic = cls.capabilities.episodic
         cls.needs_pixels = cls.capabilities.needs_pixels
         cls.reads_features = cls.capabilities.reads_features
+        cls.adapts_on_batches = cls.capabilities.adapts_on_batches
         cls.needs_views = any(f.name == "views" for f in dataclasses.fields(cls.config_class))
 
     @classmethod
