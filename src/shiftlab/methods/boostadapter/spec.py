@@ -22,7 +22,7 @@ class BoostAdapterConfig(TDAConfig):
     (line numbers below), the read-out from `runner.py` (`run_test_tda`, mode "boostadapter", lines
     128-160) and `utils.py` (`get_clip_logits`, `select_confident_samples`); the classifier is
     `clip_classifier` (utils.py:54-71) over `datasets/imagenet_r.py`'s template list (CLIP's 80; the
-    other sets' lists equal TDA's, shiftlab/data/settings/tda.json). Their model is `clip.load` on
+    other sets' lists equal TDA's, methods/tda/settings.json). Their model is `clip.load` on
     CUDA, half precision, with the literal logit scale 100 (utils.py:84): the `paper` protocol's
     `precision="fp16-pure"`, `logit_scale=100`. Their views: the original (Resize 224 bicubic +
     CenterCrop) and 63 RandomResizedCrop(224) + flip, no AugMix (utils.py:122 `augmix=False`), which

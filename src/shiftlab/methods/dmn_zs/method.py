@@ -108,8 +108,6 @@ def memory_logits(feature: torch.Tensor, memory: DynamicMemory, text_features: t
     return logit_scale * prototypes @ feature
 
 
-
-
 class DMNZeroShot(Method):
     """DMN-ZS: zero-shot Dual Memory Network (dynamic memory only), online.
 

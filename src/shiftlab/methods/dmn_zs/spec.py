@@ -38,7 +38,7 @@ class DMNConfig(ViewMethodConfig):
     cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl", or a
     #                                    directory of CuPL's per-dataset files: the run's dataset picks its own
     # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
-    # sets the dataset's (data/settings/dmn_zs.json: DMN's `ID_to_prompts` on the fine-grained sets)
+    # sets the dataset's (methods/dmn_zs/settings.json: DMN's `ID_to_prompts` on the fine-grained sets)
     templates: tuple[str, ...] | None = None
 
 

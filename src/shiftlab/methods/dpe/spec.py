@@ -20,7 +20,7 @@ from ..specs import (
 @dataclass
 class DPEConfig(ViewMethodConfig):
     """DPE's ImageNet-R settings (`configs/imagenet_r.yaml` and `main_dpe.py` of zhangce01/DPE-CLIP;
-    other datasets: data/settings/dpe.json under `--protocol paper`)."""
+    other datasets: methods/dpe/settings.json under `--protocol paper`)."""
     pos_capacity: int = param(3, ge=1)              # configs/imagenet_r.yaml:6 positive.shot_capacity
     pos_alpha: float = param(3.0, ge=0)             # configs/imagenet_r.yaml:7 (cache logits weight)
     pos_beta: float = param(8.0, ge=0)              # configs/imagenet_r.yaml:8 (affinity sharpness)

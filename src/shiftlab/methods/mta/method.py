@@ -31,8 +31,6 @@ from .spec import MTASpec
 _MIN_BANDWIDTH = 1e-6
 
 
-
-
 @dataclass
 class MTASolution:
     """One sample's (or, with a leading batch dimension, several samples') MTA result."""

@@ -77,8 +77,6 @@ def cache_logits(feature: torch.Tensor, cache: Cache, alpha: float, beta: float,
     return alpha * ((beta * affinity - beta).exp() @ values_t)
 
 
-
-
 @dataclass
 class TDASample:
     """What TDA derives from one sample before touching the caches."""

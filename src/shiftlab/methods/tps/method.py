@@ -32,8 +32,6 @@ from .spec import TPSSpec
 _GROUP_FLOATS = 2 ** 26
 
 
-
-
 def descriptor_sentence(name: str, phrase: str) -> str:
     """The prompt their save_concepts.py:52-61,120 builds from a class name and one descriptor phrase.
     The tests are on the phrase's first characters, not its first word (as theirs): 'antlers' reads as

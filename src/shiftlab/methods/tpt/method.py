@@ -39,8 +39,6 @@ def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:
     return (text_features - centre).norm(dim=-1).mean(-1)
 
 
-
-
 def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: float = 0.01,
                         self_mask: str = "index", sim: torch.Tensor | None = None) -> torch.Tensor:
     """R-TPT's view weights: softmax(mean of each view's top-k neighbour similarities / T).
@@ -215,8 +213,6 @@ class TPT(PromptTuning):
         return marginal_entropy(selected_logits), {}
 
 
-
-
 class CTPT(PromptTuning):
     """C-TPT: TPT's loss - lambda * ATFD of the class features in the same forward pass."""
     spec = CTPTSpec
@@ -229,8 +225,6 @@ class CTPT(PromptTuning):
     def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         logits, extras = super().readout(image_features, text_features)
         return logits, {"atfd_after": text_dispersion(text_features)}
-
-
 
 
 class RTPT(PromptTuning):

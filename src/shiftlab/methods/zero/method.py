@@ -21,10 +21,6 @@ from .spec import ZeroSpec
 _SOFT_SHARE = 1e-3
 
 
-
-
-
-
 @dataclass
 class ZeroVote:
     """The vote over one sample's (or, with leading dimensions, several samples') views."""

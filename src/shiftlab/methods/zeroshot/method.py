@@ -29,8 +29,6 @@ class PromptEnsemble(Method):
         return MethodOutput(self.model.logit_scale * ctx.base_feature @ self.heads.ensemble.T)
 
 
-
-
 class ViewEnsemble(Method):
     """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
     spec = ViewEnsembleSpec
