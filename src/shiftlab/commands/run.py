@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
-from . import checks
+from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
@@ -51,10 +51,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
-    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet"], default="shuffled",
+    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet", "continual", "mixed"],
+                   default="shuffled",
                    help="the stream (matters for online and batch methods only): shuffled (= iid, with --seed), "
-                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); "
-                        "docs/PROTOCOLS.md")
+                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); with "
+                        "--suite/--datasets of one class list, continual (one dataset after the other, no reset) or "
+                        "mixed (all shuffled together), one run in --out; docs/PROTOCOLS.md")
     p.add_argument("--delta", type=checks.positive_float, default=None,
                    help="the dirichlet stream's concentration (smaller: longer runs of one class; RoTTA 0.1)")
     p.add_argument("--orders", type=checks.int_in(1, 1000), default=1, metavar="K",
@@ -92,6 +94,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
+    config_file.add_argument(p)
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -113,6 +116,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="evaluate methods on a dataset", description=__doc__)
     add_run_arguments(p)
+    tracking.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -140,7 +144,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),
-                     features_dtype=getattr(args, "features_dtype", "fp16"))
+                     features_dtype=getattr(args, "features_dtype", "fp16"),
+                     config_file=getattr(args, "config_file", None))
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
@@ -209,6 +214,9 @@ def check_combination(args: argparse.Namespace) -> str | None:
     problem = attack_problem(args)
     if problem:
         return problem
+    if args.order in ("continual", "mixed") and not (getattr(args, "suite", None) or getattr(args, "datasets", None)):
+        return (f"--order {args.order} runs several datasets of one class list as one stream of domains: give "
+                "them with --datasets a,b,... or --suite")
     from ..engine.config import settings_problem
     return settings_problem(config_from_args(args), dataset_names(args))
 
@@ -356,10 +364,11 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
+    problem = tracking.check(args) or unknown_dataset(args) or check_combination(args)   # no torch import yet
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
+    from ..datasets.base import DatasetError
     from ..engine import distributed
     from ..engine.loop import run as run_engine
     from ..engine.suite import run_suite
@@ -373,19 +382,30 @@ def run(args: argparse.Namespace) -> int:
                 print(f"shiftlab run: error: {problem}", file=sys.stderr)
             return 1
         try:
-            if suite is not None:
+            if suite is not None and cfg.order in ("continual", "mixed"):   # one run over the datasets as domains
+                from ..datasets.domains import domain_sequence
+                sequence = domain_sequence({name: datasets[name] for name in suite.datasets})
+                cfg.dataset = sequence.name
+                summary = run_engine(cfg, model=model, dataset=sequence)
+            elif suite is not None:
                 table = run_suite(cfg, suite, model=model, datasets=datasets)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
-                return 0
-            summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
-        except (FileExistsError, KeyError, TypeError, ValueError) as exc:
+                from ..results.suite_table import dataset_dir
+                done = [dataset_dir(cfg.out, n) for n in suite.datasets if (dataset_dir(cfg.out, n) / "summary.json")
+                        .is_file()]
+                return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
+            else:
+                summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
+        except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes
             print(f"shiftlab run: error: {one_line(message)}", file=sys.stderr)
             return 2
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+        if summary and distributed.context().rank == 0:
+            return tracking.log_after(args, cfg.out)
     finally:
         distributed.shutdown()
     return 0

@@ -54,6 +54,9 @@ class RunConfig:
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
     features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    # `--config FILE`: {"path", "sha256", "values"} of the file the flags came from; recorded in run.json and
+    # summary.json, never part of the run's identity (the flags it gave are)
+    config_file: dict[str, Any] | None = None
 
     def run_views(self) -> dict[str, Any]:
         """What --views and --augmix set on every view-reading method's recipe ({} when neither is given)."""
@@ -109,7 +112,8 @@ def run_stream(config: RunConfig, dataset: Any) -> list[int]:
     """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
     from ..rundir.stream import canonical_kind, stream_order
     labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
-    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta)
+    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta,
+                         domains=getattr(dataset, "domain_index", None))
     return order if config.limit is None else order[:config.limit]
 
 
