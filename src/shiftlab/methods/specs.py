@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..models.precision import PRECISIONS, PURE_FP16
+from ..options import say, say_set
 from ..params import check_config, param
 from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
@@ -210,7 +211,7 @@ def check_method_config(cls: Any, config: Any) -> Any:
         if recipe.n_views < needed:
             raise ValueError(f"{cls.name}: needs at least {needed} views (incl. the original), got {recipe.n_views}"
                              + (f": {cls.min_views_why}" if cls.min_views_why else "")
-                             + f"; raise --views or --set {cls.name}.views={needed}")
+                             + f"; raise {say('views')} or {say_set(cls.name, 'views', needed)}")
     return config
 
 
