@@ -197,6 +197,7 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     writes.make_dirs(out, REPORT_ADVICE)
+    writes.clean_orphans(out)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
     paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
     tables = [suite_table.suite_table(d) for d in suite_dirs]
