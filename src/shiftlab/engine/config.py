@@ -47,6 +47,13 @@ class RunConfig:
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
     features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    # shifts (engine/shifts.py, docs/PROTOCOLS.md): a common corruption (stored, or generated on the fly), and
+    # open-set streams mixing OOD images in at `ood_ratio` OOD images per ID image, drawn by `ood_seed` (None: seed)
+    corruption: str | None = None
+    severity: int = 5                # Hendrycks & Dietterich's 1..5; 5 is the field's default
+    ood: list[str] = field(default_factory=list)
+    ood_ratio: float = 1.0
+    ood_seed: int | None = None
 
     def run_views(self) -> dict[str, Any]:
         """What --views and --augmix set on every view-reading method's recipe ({} when neither is given)."""
@@ -79,6 +86,10 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         return f"attack: {exc}"
+    from .shifts import shift_problem
+    problem = shift_problem(config)
+    if problem:
+        return problem
     for dataset in datasets or [config.dataset]:
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:

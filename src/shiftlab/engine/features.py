@@ -71,7 +71,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     Returns {"samples", "stored_before", "encoded", "errors"}."""
     from torch.utils.data import DataLoader
 
-    from ..datasets.build import build_dataset
+    from .shifts import run_dataset
     from ..methods.base import get_method_class
     from ..models import load_run_model
     from ..rundir import identity
@@ -85,8 +85,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     dist = distributed.context()
     device = resolve_device(config.device)
     config.methods = [n for n in expand_methods(config.methods) if not get_method_class(n).needs_pixels]
-    dataset = dataset if dataset is not None else build_dataset(config.dataset, config.data,
-                                                                classnames=config.classnames)
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     model = (model if model is not None else load_run_model(config, device)).to(device)
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     order = stream_order(len(dataset), config.order, config.seed)[:config.limit]
@@ -124,6 +123,8 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
     base = {"samples_sha256": shared["samples_sha256"], "model": model, "seed": config.seed,
             "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
             "storage": config.features_dtype}
+    if shared.get("corruption"):   # the same paths hold other pixels: a corrupted image's features are its own
+        base["corruption"] = shared["corruption"]
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = acquire_for_job(root, dist, purpose="feature store")

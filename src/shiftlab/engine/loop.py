@@ -61,7 +61,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
-    from ..datasets.build import build_dataset
+    from .shifts import run_dataset
 
     hooks = hooks or RunHooks()
     dist = distributed.context()
@@ -72,8 +72,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     problem = settings_problem(config)
     if problem:
         raise ValueError(problem)
-    if dataset is None:
-        dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     if model is None:
         from ..models import load_run_model
         model = load_run_model(config, device)

@@ -37,7 +37,7 @@ from ..attacks.base import NO_ATTACK
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
-STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset")   # a change means another stream of samples
+STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "corruption", "open_set")   # a change means another stream of samples
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 
@@ -141,6 +141,10 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "clean_and_robust": config.clean_and_robust,
         "precision": config.precision,
         "image_size": getattr(model, "image_size", None),
+        # shifts (engine/shifts.py): the corruption (name, severity, stored or generated with its seed and package)
+        # and the open-set mix (OOD sets, ratio, seed, counts); null for a clean, closed-set run
+        "corruption": jsonable(getattr(dataset, "corruption_info", None)),
+        "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
 
@@ -152,6 +156,7 @@ SHARED_TYPES: dict[str, tuple] = {
     "model_seed": (int, None), "weights_sha256": (str, None), "protocol": (str, None), "views": (int, None),
     "augmix": (bool,), "seed": (int,), "order": (str,), "limit": (int, None), "attack": (dict,),
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
+    "corruption": (dict, None), "open_set": (dict, None),
 }
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
