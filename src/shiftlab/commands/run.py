@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,9 +19,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
                    help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, the ten cross-dataset sets "
                         "(flowers102, dtd, ...), imagefolder; CLIP_benchmark's and TPT's names work too (docs/DATA.md)")
-    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset"],
+    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset", "corruption"],
                    help="run every dataset of a paper table, each into OUT/<dataset>, then write the suite "
-                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
+                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets. corruption: "
+                        "--dataset under each of --corruptions at --severity, each into OUT/<corruption>-<severity>, "
+                        "with accuracy per corruption, mean and mCE against zero-shot CLIP (docs/PROTOCOLS.md)")
     p.add_argument("--datasets", default=None, metavar="A,B,...",
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
@@ -83,6 +86,24 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
+    c = p.add_argument_group("corruptions and open-set streams (docs/PROTOCOLS.md)")
+    c.add_argument("--corruption", type=checks.corruption_name, default=None, metavar="NAME",
+                   help="a common corruption (gaussian_noise, ..., jpeg_compression; the 4 extra too): read from "
+                        "imagenet-c / cifar10-c / cifar100-c, or generated on the fly from any other --dataset "
+                        "(imagecorruptions, seeded per sample by --seed)")
+    c.add_argument("--severity", type=checks.severity, default="5",
+                   help="corruption severity 1..5 (default 5, the field's); 'all' with --suite corruption")
+    c.add_argument("--corruptions", type=checks.corruption_names, default=None, metavar="A,B|common|all",
+                   help="--suite corruption's corruptions: common (the 15, default; a stored set adds the extra "
+                        "ones it holds), all (19) or a list")
+    c.add_argument("--ood", type=checks.dataset_list, default=[], metavar="A,B",
+                   help="out-of-distribution sets mixed into the stream (inaturalist-ood, sun-ood, places-ood, "
+                        "textures-ood, ninco, svhn, or any dataset): records get ood and ood_score (MCM), the "
+                        "summary AUROC, FPR95, AUPR")
+    c.add_argument("--ood-ratio", type=checks.ood_ratio, default=1.0,
+                   help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
+    c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
+                   help="seed of the OOD draw (default: --seed)")
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -129,7 +150,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),
-                     features_dtype=getattr(args, "features_dtype", "fp16"))
+                     features_dtype=getattr(args, "features_dtype", "fp16"),
+                     corruption=getattr(args, "corruption", None), severity=_single_severity(args),
+                     ood=list(getattr(args, "ood", None) or []), ood_ratio=getattr(args, "ood_ratio", 1.0),
+                     ood_seed=getattr(args, "ood_seed", None))
+
+
+def _single_severity(args: argparse.Namespace) -> int:
+    """--severity as one number (a suite over 'all' sets each entry's own; the config keeps the default)."""
+    from ..datasets.corruptions import DEFAULT_SEVERITY
+    text = str(getattr(args, "severity", DEFAULT_SEVERITY))
+    return int(text) if text.isdigit() else DEFAULT_SEVERITY
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
@@ -189,9 +220,42 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
     return None
 
 
+def run_corruption_suite(args: argparse.Namespace):
+    """--suite corruption: --dataset under each corruption (--corruptions; a stored set adds the extra ones it holds
+    when none are named) at each severity (--severity, 'all' for 1..5)."""
+    from ..datasets.corruptions import COMMON
+    from ..datasets.suites import SuiteError, corruption_suite, parse_severities
+    if getattr(args, "corruption", None):
+        raise SuiteError("--suite corruption runs every corruption of --corruptions; leave out --corruption")
+    corruptions = args.corruptions or COMMON
+    if args.corruptions is None:
+        corruptions = COMMON + tuple(c for c in _stored_extra(args) if c not in COMMON)
+    return corruption_suite(args.dataset, corruptions, parse_severities(args.severity))
+
+
+def _stored_extra(args: argparse.Namespace) -> list[str]:
+    """The corruptions a stored corrupted --dataset holds under --data (none for other datasets)."""
+    from ..datasets.base import DatasetError
+    from ..datasets.build import expand_root, find_dataset_dir
+    from ..datasets.corrupted import stored_corruptions
+    from ..datasets.specs import DATASETS
+    if args.dataset not in DATASETS or not DATASETS.get(args.dataset).corrupted:
+        return []
+    spec = DATASETS.get(args.dataset)
+    try:
+        directory = find_dataset_dir(spec.name, expand_root(args.data, spec.name))
+    except DatasetError:
+        return []
+    return stored_corruptions(directory, "npy" if spec.layout == "npy" else "folders")
+
+
 def check_combination(args: argparse.Namespace) -> str | None:
     """A problem between flags that each parsed fine, or None: the attack's fields (`checks.attack_spec`), then
     the run's settings as the engine checks them (`engine.config.settings_problem`) on every dataset it will run."""
+    if str(getattr(args, "severity", "5")) == "all" and getattr(args, "suite", None) != "corruption":
+        return "--severity all runs every severity as a suite: add --suite corruption, or give one severity 1..5"
+    if getattr(args, "corruptions", None) and getattr(args, "suite", None) != "corruption":
+        return "--corruptions lists the corruptions of --suite corruption; for one run give --corruption NAME"
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
@@ -199,7 +263,16 @@ def check_combination(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     from ..engine.config import settings_problem
-    return settings_problem(config_from_args(args), dataset_names(args))
+    return settings_problem(_checked_config(args), dataset_names(args))
+
+
+def _checked_config(args: argparse.Namespace) -> RunConfig:
+    """The config whose settings are checked: a corruption suite's is its first entry's."""
+    cfg = config_from_args(args)
+    if getattr(args, "suite", None) == "corruption":
+        from ..datasets.corruptions import COMMON
+        cfg.corruption = (args.corruptions or COMMON)[0]
+    return cfg
 
 
 def attack_problem(args: argparse.Namespace) -> str | None:
@@ -214,6 +287,8 @@ def attack_problem(args: argparse.Namespace) -> str | None:
 
 def dataset_names(args: argparse.Namespace) -> list[str]:
     """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets."""
+    if getattr(args, "suite", None) == "corruption":
+        return [args.dataset]
     if getattr(args, "suite", None) or getattr(args, "datasets", None):
         from ..datasets.suites import resolve_suite
         return list(resolve_suite(args.suite, args.datasets).datasets)
@@ -247,9 +322,9 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
     # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
     from ..datasets.base import DatasetError
-    from ..datasets.build import build_dataset
     from ..datasets.fetch import DownloadError
     from ..engine.config import resolve_device
+    from ..engine.shifts import run_dataset
     from ..models import ModelLoadError, load_run_model
 
     problems: list[str] = []
@@ -261,7 +336,8 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
         classnames = cfg.classnames if len(names) == 1 else None
         try:
             say(f"shiftlab run: listing {name} under {cfg.data} ...")
-            datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
+            datasets[name] = run_dataset(dataclasses.replace(_checked_config(args), dataset=name,
+                                                             classnames=classnames))
         except DatasetError as exc:
             if args.download:
                 try:
@@ -342,6 +418,8 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets.suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
+        if suite is not None and suite.kind == "corruption":
+            suite = run_corruption_suite(args)
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2

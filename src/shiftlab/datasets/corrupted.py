@@ -1,9 +1,10 @@
 """Corrupted datasets: the ones their authors ship (ImageNet-C's folders, CIFAR-10-C / CIFAR-100-C's arrays)
 and any dataset corrupted on the fly (`CorruptedDataset`, datasets/corruptions.py).
 
-- ImageNet-C (Hendrycks & Dietterich; Zenodo record 2235448: blur, digital, extra, noise, weather.tar): `imagenet-c/<corruption>/<severity>/
-  <wnid>/*.JPEG`, 15 corruptions + the 4 extra ones x severities 1..5, each a class-folder set of the 1000
-  ImageNet classes. One (corruption, severity) is one dataset: its folder is read by the class-folder loader.
+- ImageNet-C (Hendrycks & Dietterich; Zenodo record 2235448: blur, digital, extra, noise, weather.tar):
+  `imagenet-c/<corruption>/<severity>/<wnid>/*.JPEG`, 15 corruptions + the 4 extra ones x severities 1..5,
+  each a class-folder set of the 1000 ImageNet classes. One (corruption, severity) is one dataset: its folder
+  is read by the class-folder loader.
 - CIFAR-10-C / CIFAR-100-C (Zenodo records 2535967 and 3555552): `<corruption>.npy`, uint8 (50000, 32, 32, 3):
   the 10,000 test images at severity 1, then 2, ... 5; `labels.npy` the labels of those 50,000 rows.
   Sample k of severity s is row (s - 1) * 10000 + k; its path is `<corruption>.npy/<severity>/<k>`.
@@ -143,7 +144,7 @@ class CorruptedDataset:
             self.is_ood = base.is_ood
         self.corruption_info = {"name": corruption, "severity": self.severity, "source": "generated",
                                 "seed": self.seed, "package": package_version(),
-                                "prepare": "resize %d, centre crop %d" % IMAGENET_C_SIZE}
+                                "prepare": "resize {}, centre crop {}".format(*IMAGENET_C_SIZE)}
 
     def __len__(self) -> int:
         return len(self.samples)

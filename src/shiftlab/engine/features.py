@@ -71,7 +71,6 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     Returns {"samples", "stored_before", "encoded", "errors"}."""
     from torch.utils.data import DataLoader
 
-    from .shifts import run_dataset
     from ..methods.base import get_method_class
     from ..models import load_run_model
     from ..rundir import identity
@@ -79,6 +78,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from ..version import __version__
     from . import distributed
     from .config import expand_methods, resolve_device, resolve_workers
+    from .shifts import run_dataset
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
     if not config.features:
         raise ValueError("encode needs a feature store directory (--features DIR)")

@@ -222,7 +222,7 @@ def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordW
                 plan: planning.Plan, online_start: int, progress: _Progress) -> None:
     """Append a step's episodic records one sample at a time; hold online ones back for the checkpoint."""
     for rec in recs:
-        if rec.method is not None and rec.error is None:
+        if rec.method is not None and rec.error is None and rec.ood is not True:   # OOD samples have no class
             progress.update_method(rec.method, bool(rec.correct))
     online = [r for r in recs if state is not None and r.method in state.methods]
     by_sample: dict[int, list[Record]] = {sid: [] for sid in ids}

@@ -2,7 +2,8 @@
 
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
                 "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
-                "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size"},
+                "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size",
+                "corruption", "open_set"},
      "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
      "shiftlab": version}
 
@@ -37,7 +38,8 @@ from ..attacks.base import NO_ATTACK
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
-STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "corruption", "open_set")   # a change means another stream of samples
+# a change means another stream of samples
+STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "corruption", "open_set")
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 

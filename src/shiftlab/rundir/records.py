@@ -301,7 +301,8 @@ class RecordSchema:
                 raise ValueError(f"path {rec.path!r} and label {rec.label} are not sample {rec.id}'s "
                                  f"({str(path)!r}, {label})")
         if self.n_classes is not None:
-            top = max(([rec.label] if rec.label is not None else []) + ([rec.pred] if rec.pred is not None else []) + list(rec.top5 or []))
+            classes = ([rec.label] if rec.label is not None else []) + ([rec.pred] if rec.pred is not None else [])
+            top = max(classes + list(rec.top5 or []), default=-1)
             if top >= self.n_classes:
                 raise ValueError(f"class {top} is not one of the run's {self.n_classes} classes")
         return rec
