@@ -11,6 +11,7 @@ checks before any work all call it, so the run, its run.json and its feature-sto
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ def shift_problem(config: RunConfig) -> str | None:
             check_corruption(config.corruption, config.severity)
         except ValueError as exc:
             return f"--corruption: {exc}"
+        stored = config.dataset in DATASETS and DATASETS.get(config.dataset).corrupted
+        if not stored and importlib.util.find_spec("imagecorruptions") is None:
+            return (f"--corruption {config.corruption} on {config.dataset} is generated with the imagecorruptions "
+                    "package, which is not installed: pip install 'shiftlab[corruptions]'")
     elif config.dataset in DATASETS and DATASETS.get(config.dataset).corrupted:
         return (f"{DATASETS.canonical(config.dataset)} holds one dataset per corruption and severity: choose one with "
                 "--corruption NAME --severity 1..5, or run them all with --suite corruption")
