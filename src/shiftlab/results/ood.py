@@ -6,7 +6,7 @@ CLIPTTA's `ttavlm/lib/ood_metrics.py` (MarcLafon/cliptta; `get_auroc`, `get_fpr`
   (= scikit-learn's `roc_auc_score`, the Mann-Whitney statistic);
 - FPR95: the share of OOD samples scored at least as ID-like as the threshold that keeps 95% of the ID samples,
   read off the ROC curve by linear interpolation at TPR = 0.95 (their `interp1d(tpr, fpr)(0.95)` over
-  scikit-learn's `roc_curve` points; where the curve reaches exactly 0.95 on a vertical step, its lowest FPR);
+  scikit-learn's `roc_curve` points; where the curve runs along TPR = 0.95 exactly, its highest FPR there);
 - AUPR: average precision with ID as positive (AUPR-In; scikit-learn's `average_precision_score`:
   sum over thresholds of (R_n - R_{n-1}) P_n, no interpolation).
 
@@ -56,17 +56,18 @@ def auroc(id_scores: Sequence[float], ood_scores: Sequence[float]) -> float:
 
 
 def fpr_at_tpr(id_scores: Sequence[float], ood_scores: Sequence[float], tpr_level: float = 0.95) -> float:
-    """The false-positive rate (OOD called ID) where the ROC curve reaches `tpr_level`, in percent, by linear
-    interpolation between the curve's points; on a vertical step at exactly that TPR, the step's lowest FPR."""
+    """The false-positive rate (OOD called ID) where the ROC curve reaches `tpr_level`, in percent: linear
+    interpolation between the last curve point below the level and the next; where the curve runs along exactly
+    that TPR, its last (highest) FPR there, as `np.interp` (to which their scipy `interp1d` call delegates) reads
+    a curve with repeated TPRs."""
     xin, xood = _split(id_scores, ood_scores)
     if not len(xin) or not len(xood):
         return math.nan
     fpr, tpr = roc_curve(xin, xood)
-    hi = int(np.clip(np.searchsorted(tpr, tpr_level, side="left"), 1, len(tpr) - 1))
-    lo = hi - 1
-    if tpr[hi] == tpr[lo]:
-        return float(100.0 * fpr[hi])
-    value = fpr[lo] + (tpr_level - tpr[lo]) * (fpr[hi] - fpr[lo]) / (tpr[hi] - tpr[lo])
+    j = int(np.searchsorted(tpr, tpr_level, side="right")) - 1   # the last point with tpr <= level
+    if tpr[j] == tpr_level or j == len(tpr) - 1:
+        return float(100.0 * fpr[j])
+    value = fpr[j] + (tpr_level - tpr[j]) * (fpr[j + 1] - fpr[j]) / (tpr[j + 1] - tpr[j])
     return float(100.0 * value)
 
 
