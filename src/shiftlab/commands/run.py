@@ -12,6 +12,7 @@ from . import checks
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
+    from ..datasets.suites import Suite
     from ..engine.config import RunConfig
     from ..models import ClipModel
 
@@ -220,7 +221,7 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
     return None
 
 
-def run_corruption_suite(args: argparse.Namespace):
+def run_corruption_suite(args: argparse.Namespace) -> Suite:
     """--suite corruption: --dataset under each corruption (--corruptions; a stored set adds the extra ones it holds
     when none are named) at each severity (--severity, 'all' for 1..5)."""
     from ..datasets.corruptions import COMMON

@@ -89,6 +89,8 @@ class DatasetSpec:
 
     def classnames(self) -> list[str]:
         """The CLIP class names in label order (DatasetError for imagefolder: its names are its folders')."""
+        if self.layout == "images":
+            raise DatasetError(f"{self.name} has no classes: it is an out-of-distribution set (--ood)")
         if self.classes is None:
             raise DatasetError(f"{self.name}: its class names come from its folders: "
                                "use shiftlab.datasets.build_dataset(name, root).classnames")
