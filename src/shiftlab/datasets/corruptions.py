@@ -34,7 +34,7 @@ COMMON = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glas
 EXTRA = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
 CORRUPTIONS = COMMON + EXTRA
 SEVERITIES = (1, 2, 3, 4, 5)
-DEFAULT_SEVERITY = 5          # the field's default: CLIPTTA, TDA-style CLIP TTA papers report severity 5
+DEFAULT_SEVERITY = 5          # the field's default: CLIPTTA's ttavlm/configuration.py `--severity` default [5]
 IMAGENET_C_SIZE = (256, 224)  # make_imagenet_c.py: Resize(256), CenterCrop(224), then the corruption
 _EXPLICIT_SEED = ("glass_blur", "impulse_noise")   # the fork's functions that take `seed=` instead of the global RNG
 
