@@ -200,6 +200,8 @@ def test_open_set_flags_are_checked_before_any_work(data, tmp_path, capsys):
     assert "must be above 0 and at most 10" in capsys.readouterr().err
     assert cli_main([*base, "--ood", "ninco", "--attack", "pgd"]) == 2
     assert "OOD images have none" in capsys.readouterr().err
+    assert cli_main([*base, "--ood", "ninco", "--order", "dirichlet", "--delta", "0.1"]) == 2
+    assert "a label-ordered stream needs every sample's class" in capsys.readouterr().err
     assert cli_main([*base, "--ood", "imagenet-r"]) == 2
     assert "the OOD set is the in-distribution dataset itself" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -16,6 +16,7 @@ import sys
 from typing import NoReturn
 
 from . import commands
+from .commands import config_file
 from .engine import interrupt
 
 
@@ -55,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
     with interrupt.handling_signals():
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            try:   # --config FILE: the file's flags go before the typed ones (commands/config_file.py)
+                argv, config_record = config_file.expand(parser, sys.argv[1:] if argv is None else list(argv))
+            except config_file.ConfigFileError as exc:
+                print(f"{command}: error: {exc}", file=sys.stderr)
+                return 2
+            args = parser.parse_args(argv)
+            args.config_file = config_record
             command = f"shiftlab {args.command}"
             return int(args.func(args) or 0)
         except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong

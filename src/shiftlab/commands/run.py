@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
-from . import checks
+from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
@@ -55,8 +55,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
-    p.add_argument("--order", choices=["shuffled", "sorted"], default="shuffled",
-                   help="stream order (matters for online methods only); shuffled with --seed")
+    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet"], default="shuffled",
+                   help="the stream (matters for online and batch methods only): shuffled (= iid, with --seed), "
+                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); "
+                        "docs/PROTOCOLS.md")
+    p.add_argument("--delta", type=checks.positive_float, default=None,
+                   help="the dirichlet stream's concentration (smaller: longer runs of one class; RoTTA 0.1)")
+    p.add_argument("--orders", type=checks.int_in(1, 1000), default=1, metavar="K",
+                   help="K seeded orders of the same samples: online methods re-run per order (episodic ones once), "
+                        "reported as mean, std, worst and expected tail accuracy (docs/PROTOCOLS.md)")
     p.add_argument("--out", required=True, type=checks.writable_dir,
                    help="run directory (records.jsonl, summary.json, summary.md), created when the run starts; "
                    "with --suite/--datasets the suite directory")
@@ -69,7 +76,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
-    p.add_argument("--batch-size", type=checks.int_in(1), default=8, help="images per engine step")
+    p.add_argument("--batch-size", type=checks.int_in(1), default=8,
+                   help="images per engine step; for a method that adapts on batches, the batch B of the "
+                        "episodic-batch protocol (recorded; single-image methods give the same records at any B)")
     p.add_argument("--classnames", type=checks.readable_file, default=None,
                    help="class names file for --dataset imagefolder (one name per line)")
     p.add_argument("--allow-partial", action="store_true",
@@ -105,6 +114,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
     c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
                    help="seed of the OOD draw (default: --seed)")
+    config_file.add_argument(p)
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -126,6 +136,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="evaluate methods on a dataset", description=__doc__)
     add_run_arguments(p)
+    tracking.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -145,7 +156,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      model_seed=getattr(args, "model_seed", None),
                      limit=args.limit, out=str(args.out),
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
-                     order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
+                     order="shuffled" if args.order == "iid" else args.order,
+                     delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
+                     clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
@@ -154,7 +167,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      features_dtype=getattr(args, "features_dtype", "fp16"),
                      corruption=getattr(args, "corruption", None), severity=_single_severity(args),
                      ood=list(getattr(args, "ood", None) or []), ood_ratio=getattr(args, "ood_ratio", 1.0),
-                     ood_seed=getattr(args, "ood_seed", None))
+                     ood_seed=getattr(args, "ood_seed", None),
+                     config_file=getattr(args, "config_file", None))
 
 
 def _single_severity(args: argparse.Namespace) -> int:
@@ -424,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
+    problem = tracking.check(args) or unknown_dataset(args) or check_combination(args)   # no torch import yet
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
@@ -445,7 +459,10 @@ def run(args: argparse.Namespace) -> int:
                 table = run_suite(cfg, suite, model=model, datasets=datasets)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
-                return 0
+                from ..results.suite_table import dataset_dir
+                done = [dataset_dir(cfg.out, n) for n in suite.datasets if (dataset_dir(cfg.out, n) / "summary.json")
+                        .is_file()]
+                return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
             summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
         except (FileExistsError, KeyError, TypeError, ValueError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes
@@ -454,6 +471,8 @@ def run(args: argparse.Namespace) -> int:
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+        if summary and distributed.context().rank == 0:
+            return tracking.log_after(args, cfg.out)
     finally:
         distributed.shutdown()
     return 0

@@ -57,6 +57,9 @@ def shift_problem(config: RunConfig) -> str | None:
                 return f"--ood {name}: the OOD set is the in-distribution dataset itself"
         if len(set(config.ood)) != len(config.ood):
             return f"--ood lists a dataset twice: {','.join(config.ood)}"
+        if str(config.order) in ("class-sorted", "dirichlet"):
+            return (f"--ood with --order {config.order}: a label-ordered stream needs every sample's class, and OOD "
+                    "images have none; use a shuffled or sorted stream")
         if (config.attack or {}).get("name", "none") != "none":
             return ("--ood with --attack: the attacks need every sample's true label, and OOD images have none; "
                     "run the open-set stream clean")
