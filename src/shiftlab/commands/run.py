@@ -257,7 +257,7 @@ def flag_problem(args: argparse.Namespace) -> str | None:
         return "--severity all runs every severity as a suite: add --suite corruption, or give one severity 1..5"
     if getattr(args, "corruptions", None) and getattr(args, "suite", None) != "corruption":
         return "--corruptions lists the corruptions of --suite corruption; for one run give --corruption NAME"
-    from ..engine.shifts import shift_problem   # torch-free: corruption and --ood settings before any import
+    from ..engine.shifts import shift_problem  # torch-free: corruption and --ood settings before any import
     problem = shift_problem(_checked_config(args))
     if problem:
         return problem
