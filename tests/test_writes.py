@@ -121,7 +121,6 @@ ALLOWED = {
     ("shiftlab/datasets/extract.py", "extractall"): "a tar archive is extracted by tarfile (its 'data' filter "
                                                       "checks every member) into a staging folder published whole; "
                                                       "an OSError becomes a WriteError there",
-    ("shiftlab/catalogue.py", "write_text"): "a developer's tool rewriting files of the source tree",
     ("shiftlab/cli.py", "os.open"): "stdout pointed at /dev/null once its reader has gone (a broken pipe)",
     ("shiftlab/report/trackers.py", "save"): "--log: each tracker's own client (wandb, mlflow, tensorboard) "
                                              "writes its files; a failure there is the client's",
