@@ -62,6 +62,9 @@ def test_a_file_replaced_whole_is_the_old_or_the_new_never_a_part(tmp_path, monk
     monkeypatch.undo()
     writes.write_file(path, b"new")
     assert path.read_bytes() == b"new"
+    monkeypatch.setattr(writes, "BLOCK", 4)
+    writes.write_file(path, (f"line {k}\n" for k in range(3)))   # chunks: a large file is never held whole
+    assert path.read_text() == "line 0\nline 1\nline 2\n"
 
 
 def test_appends_reach_the_file_at_once_and_a_torn_tail_is_cut(tmp_path):
@@ -121,7 +124,6 @@ ALLOWED = {
     ("shiftlab/datasets/extract.py", "extractall"): "a tar archive is extracted by tarfile (its 'data' filter "
                                                       "checks every member) into a staging folder published whole; "
                                                       "an OSError becomes a WriteError there",
-    ("shiftlab/catalogue.py", "write_text"): "a developer's tool rewriting files of the source tree",
     ("shiftlab/cli.py", "os.open"): "stdout pointed at /dev/null once its reader has gone (a broken pipe)",
     ("shiftlab/report/trackers.py", "save"): "--log: each tracker's own client (wandb, mlflow, tensorboard) "
                                              "writes its files; a failure there is the client's",
