@@ -230,12 +230,22 @@ def _catalogued_names(config: RunConfig) -> list[str]:
 
 
 def run_stream(config: RunConfig, dataset: Any) -> list[int]:
-    """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
-    from ..rundir.stream import canonical_kind, stream_order
+    """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`.
+
+    With `orders` K > 1 every order holds the same samples: order 0's stream (the first of `order_seeds`) cut
+    at `limit`, which order k (`stream_seed`, another of the seeds) puts in its own order of the same kind."""
+    from ..rundir.stream import canonical_kind, order_seeds, stream_order
     labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
-    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta,
-                         domains=getattr(dataset, "domain_index", None))
-    return order if config.limit is None else order[:config.limit]
+    domains = getattr(dataset, "domain_index", None)
+    first = order_seeds(config.seed, config.orders)[0] if config.orders > 1 else config.stream_seed_used()
+    order = stream_order(len(dataset), config.order, first, labels=labels, delta=config.delta, domains=domains)
+    order = order if config.limit is None else order[:config.limit]
+    if config.stream_seed_used() == first:
+        return order
+    again = stream_order(len(order), config.order, config.stream_seed_used(),
+                         labels=None if labels is None else [labels[i] for i in order], delta=config.delta,
+                         domains=None if domains is None else [domains[i] for i in order])
+    return [order[j] for j in again]
 
 
 def resolve_device(device: str) -> torch.device:
