@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     onzeta,
     prompt_tuning,
     rlcf,
+    stata,
     tda,
     tps,
     ttl,
