@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import FEATURES, LOSS, assert_close, assert_top1_margin, stream_views
-from shiftlab.methods import stata as S
-from shiftlab.methods.base import make_config
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.stata import StatA as StatAMethod
+from shiftlab.methods.specs import make_config
+from shiftlab.methods.stata import method as S
+from shiftlab.methods.stata.spec import StatASpec
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 REPLAY, PROBS, COV = 1e-6, 5e-5, 2e-6
@@ -130,7 +130,7 @@ def _fixture(golden_dir, variant):
 
 def _config(info) -> S.StatAConfig:
     hp = info["hp"]
-    cfg = make_config(StatAMethod, logit_scale=100.0, alpha=hp["alpha"], soft_beta=hp["soft_beta"],
+    cfg = make_config(StatASpec, logit_scale=100.0, alpha=hp["alpha"], soft_beta=hp["soft_beta"],
                       lambda_laplacian=hp["lambda_laplacian"], lambda_y_hat=hp["lambda_y_hat"],
                       n_neighbors=hp["n_neighbors"])
     return cfg

@@ -6,6 +6,7 @@ or leaks figures when it runs inside a notebook or a long-lived process.
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -13,14 +14,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from shiftlab import writes
+from shiftlab.report.html import REPORT_ADVICE
 from shiftlab.results import metrics
 
 DPI = 110
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return writes.write_file(path, buffer.getbuffer(), REPORT_ADVICE)
 
 
 def _short(label: str, width: int = 28) -> str:
@@ -224,9 +228,10 @@ def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: P
     return _save(fig, path)
 
 
-def stream_accuracy(lines: list[tuple[str, np.ndarray, np.ndarray]], path: Path, title: str) -> Path | None:
+def stream_accuracy(lines: list[tuple[str, np.ndarray, np.ndarray]], path: Path, title: str,
+                    boundaries: list[tuple[int, str]] = ()) -> Path | None:
     """Cumulative accuracy over stream positions, one line per (label, positions, accuracy %); the first solid,
-    the rest (references) dashed."""
+    the rest (references) dashed; `boundaries`: (position where a domain starts, its name), drawn as lines."""
     lines = [ln for ln in lines if ln[1].size]
     if not lines:
         return None
@@ -236,6 +241,9 @@ def stream_accuracy(lines: list[tuple[str, np.ndarray, np.ndarray]], path: Path,
         ax.plot(x, y, label=_short(label, 40), linestyle="-" if k == 0 else "--", linewidth=1.4 if k == 0 else 1.0,
                 color=distinct_colors(max(2, len(lines)))[k])
     lo, hi = accuracy_limits([float(v) for _, _, y in lines for v in y])
+    for position, name in boundaries:
+        ax.axvline(position, color="0.5", linewidth=0.8, linestyle=":")
+        ax.annotate(_short(name, 20), (position, hi), fontsize=7, rotation=90, va="top", ha="right", color="0.35")
     ax.set(xlabel="images seen (stream position)", ylabel="cumulative top-1 (%)", title=title, ylim=(lo, hi))
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)

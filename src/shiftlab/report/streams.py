@@ -31,6 +31,32 @@ def running_accuracy(s: Series, ids: list[int]) -> tuple[np.ndarray, np.ndarray]
     return positions, 100.0 * np.cumsum(hits) / positions
 
 
+def domain_boundaries(stream: dict) -> list[tuple[int, str]]:
+    """(stream position, 0-based, where a run of one domain starts, its name) of a recorded stream of domains;
+    every position for a mixed stream is a switch, so only streams with at most 2 runs per domain get them."""
+    names, domain_of = stream.get("domains"), stream.get("domain_of")
+    if not names or not domain_of:
+        return []
+    starts = [(i, names[d]) for i, d in enumerate(domain_of) if i == 0 or domain_of[i - 1] != d]
+    return starts if len(starts) <= 2 * len(names) else []
+
+
+def domain_accuracy(s: Series, stream: dict) -> list[float]:
+    """`s`'s top-1 % on each domain of a recorded stream of domains (nan where it has no prediction)."""
+    domain = dict(zip(stream["ids"], stream["domain_of"]))
+    out = []
+    for d in range(len(stream["domains"])):
+        hits = [bool(c) for i, c in zip(s.ids.tolist(), s.correct.tolist()) if domain.get(i) == d]
+        out.append(100.0 * sum(hits) / len(hits) if hits else float("nan"))
+    return out
+
+
+def _domain_table(run, stream: dict) -> str:
+    rows = [[s.key, s.setting_label, *[num(a) for a in domain_accuracy(s, stream)]] for s in run.series]
+    return ("<p>Top-1 % per domain, in stream order (" + esc(stream["order"]) + "):</p>"
+            + table(["method", "setting", *stream["domains"]], rows, text_cols=2))
+
+
 def stream_section(data: ReportData) -> Section | None:
     body, notes = "", []
     for run in data.runs:
@@ -39,6 +65,9 @@ def stream_section(data: ReportData) -> Section | None:
             if any(s.setting == "clean" for s in run.series):
                 notes.append(run.name)
             continue
+        if stream.get("domains") and stream.get("domain_of"):
+            body += f"<h3>Domains of {esc(run.name)}</h3>" + _domain_table(run, stream)
+        boundaries = [(i + 1, name) for i, name in domain_boundaries(stream)]
         online = [s for s in run.series if s.method in stream["online"]]
         for s in online:
             ref = next((z for z in run.series if is_zeroshot(z) and z.setting == s.setting), None)
@@ -48,7 +77,7 @@ def stream_section(data: ReportData) -> Section | None:
             kind = stream["order"] + (f", delta {stream['delta']:g}" if stream.get("delta") is not None else "")
             title = f"{s.key} over the {kind} stream ({run.name}, {s.setting_label})"
             png = plots.stream_accuracy(lines, data.out / f"stream_{run.name}_{s.key}_{s.setting}.png".replace(
-                "/", "_"), title)
+                "/", "_"), title, boundaries)
             if png is not None:
                 body += f"<h3>{esc(s.key)} &mdash; {esc(run.name)}</h3>" + image(png, title)
     if not body:
