@@ -30,6 +30,23 @@ SUMMARY_MD = "summary.md"
 
 # -- finishing a run -------------------------------------------------------------------
 
+class RunSummary(dict):
+    """What `shiftlab.run` returns: summary.json's dict (`["methods"][name]["top1"]`, ...), printed as one
+    readable line: the run directory, the samples and each method's top-1."""
+
+    def __repr__(self) -> str:
+        config = self.get("config") or {}
+        methods = self.get("methods") or {}
+        scores = ", ".join(f"{name} {_percent(entry.get('top1'))}" for name, entry in methods.items())
+        n = max((entry.get("n") or 0 for entry in methods.values()), default=0)
+        where = f"{config.get('out')!r}, " if config.get("out") else ""
+        return f"RunSummary({where}{config.get('dataset', '?')}, n={n}, top-1 %: {scores or 'none'})"
+
+
+def _percent(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
+
 def finish_run(run_dir: Path, timings: dict | None = None,
                warn: Callable[[str], None] | None = None) -> tuple[dict, str]:
     """merge -> score -> summary.json and summary.md of a run directory; returns (summary, markdown).
