@@ -51,10 +51,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
-    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet"], default="shuffled",
+    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet", "continual", "mixed"],
+                   default="shuffled",
                    help="the stream (matters for online and batch methods only): shuffled (= iid, with --seed), "
-                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); "
-                        "docs/PROTOCOLS.md")
+                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); with "
+                        "--suite/--datasets of one class list, continual (one dataset after the other, no reset) or "
+                        "mixed (all shuffled together), one run in --out; docs/PROTOCOLS.md")
     p.add_argument("--delta", type=checks.positive_float, default=None,
                    help="the dirichlet stream's concentration (smaller: longer runs of one class; RoTTA 0.1)")
     p.add_argument("--orders", type=checks.int_in(1, 1000), default=1, metavar="K",
@@ -212,6 +214,9 @@ def check_combination(args: argparse.Namespace) -> str | None:
     problem = attack_problem(args)
     if problem:
         return problem
+    if args.order in ("continual", "mixed") and not (getattr(args, "suite", None) or getattr(args, "datasets", None)):
+        return (f"--order {args.order} runs several datasets of one class list as one stream of domains: give "
+                "them with --datasets a,b,... or --suite")
     from ..engine.config import settings_problem
     return settings_problem(config_from_args(args), dataset_names(args))
 
@@ -363,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return 2
+    from ..datasets.base import DatasetError
     from ..engine import distributed
     from ..engine.loop import run as run_engine
     from ..engine.suite import run_suite
@@ -376,7 +382,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"shiftlab run: error: {problem}", file=sys.stderr)
             return 1
         try:
-            if suite is not None:
+            if suite is not None and cfg.order in ("continual", "mixed"):   # one run over the datasets as domains
+                from ..datasets.domains import domain_sequence
+                sequence = domain_sequence({name: datasets[name] for name in suite.datasets})
+                cfg.dataset = sequence.name
+                summary = run_engine(cfg, model=model, dataset=sequence)
+            elif suite is not None:
                 table = run_suite(cfg, suite, model=model, datasets=datasets)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
@@ -384,8 +395,9 @@ def run(args: argparse.Namespace) -> int:
                 done = [dataset_dir(cfg.out, n) for n in suite.datasets if (dataset_dir(cfg.out, n) / "summary.json")
                         .is_file()]
                 return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
-            summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
-        except (FileExistsError, KeyError, TypeError, ValueError) as exc:
+            else:
+                summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
+        except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes
             print(f"shiftlab run: error: {one_line(message)}", file=sys.stderr)
             return 2

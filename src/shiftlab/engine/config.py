@@ -112,7 +112,8 @@ def run_stream(config: RunConfig, dataset: Any) -> list[int]:
     """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
     from ..rundir.stream import canonical_kind, stream_order
     labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
-    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta)
+    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta,
+                         domains=getattr(dataset, "domain_index", None))
     return order if config.limit is None else order[:config.limit]
 
 

@@ -28,7 +28,7 @@ from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
-from ..rundir.stream import order_seeds
+from ..rundir.stream import order_seeds, read_stream, write_stream
 from . import distributed, interrupt, planning
 from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
 from .features import open_run_features
@@ -81,6 +81,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         from ..models import load_run_model
         model = load_run_model(config, device)
     model = model.to(device)
+    run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
         return _run_orders(config, model, dataset, hooks)
     # every setting is checked (methods built, attack built) before the run directory is touched
@@ -148,6 +149,12 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity)})
+        earlier = (read_stream(run_dir) or {}).get("online", []) if config.resume else []   # a resume adding methods
+        online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items() if not m.episodic)]))
+        batched = any(m.adapts_on_batches for m in evaluator.methods.values())
+        write_stream(run_dir, order, config.order, config.stream_seed_used(), config.delta, online_names,
+                     config.batch_size if batched else None, getattr(dataset, "domains", None),
+                     getattr(dataset, "domain_index", None))
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dynaprompt,
     ecalp,
     mta,
+    oga,
     onzeta,
     prompt_tuning,
     rlcf,

@@ -19,6 +19,7 @@ from shiftlab.report.stats import (
     rendition_accuracy,
     top_confusions,
 )
+from shiftlab.report.streams import orders_section, stream_section
 from shiftlab.results import metrics, suite_table
 from shiftlab.results.display import model_label
 from shiftlab.results.published import canonical_method, published_for_run
@@ -394,5 +395,5 @@ def errors_section(data: ReportData) -> Section | None:
 
 
 ALL = [runs_section, suite_section, sweep_section, results_section, paired_section, published_section, cost_section,
-       calibration_section, robust_section, renditions_section, per_class_section,
+       stream_section, orders_section, calibration_section, robust_section, renditions_section, per_class_section,
        confusions_section, errors_section]
