@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import importlib.util
 import math
 import os
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -251,6 +254,40 @@ def device_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: this machine has {count} visible GPU(s), "
                                          f"cuda:0 to cuda:{count - 1}")
     return text
+
+
+def model_names() -> list[str]:
+    """The architectures `--model` may name: open_clip's (its package's model_configs/*.json) and shiftlab's own
+    (models/configs/*.json), read as file names so that no torch is imported. Once open_clip is imported (a
+    script that registered an architecture, then called the CLI), its own list answers."""
+    if "open_clip" in sys.modules:
+        import open_clip
+
+        from ..models.architectures import builtin_configs
+        return sorted({*open_clip.list_models(), *builtin_configs()})
+    return config_file_names()
+
+
+def config_file_names() -> list[str]:
+    """The stems of open_clip's model_configs/*.json and shiftlab's models/configs/*.json (no import of either)."""
+    found: set[str] = set()
+    for package, folder in (("open_clip", "model_configs"), ("shiftlab.models", "configs")):
+        spec = importlib.util.find_spec(package)   # the package's folder, without running its __init__
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            found.update(path.stem for path in Path(location, folder).glob("*.json"))
+    return sorted(found)
+
+
+def unknown_model(name: str) -> str | None:
+    """'unknown model ...' with the closest known names, or None for an architecture open_clip or shiftlab
+    knows (`model_names`)."""
+    known = model_names()
+    if name in known:
+        return None
+    lowered = {n.lower(): n for n in known}
+    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)]
+    guess = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"unknown model {name!r}{guess}; see `open_clip.list_models()` ({len(known)} architectures)"
 
 
 def readable_file(text: str) -> Path:

@@ -78,26 +78,28 @@ def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.loop import run as run_engine
-    from ..methods.base import get_method_class
     methods = list(dict.fromkeys(g[0] for g in args.grid))
-    pixels = [m for m in methods if get_method_class(m).needs_pixels]
-    if pixels:
-        print(f"shiftlab sweep: error: {', '.join(pixels)} need pixels (not only view features), so a grid over "
-              "them cannot be read from a feature store; run them with `shiftlab run --set`", file=sys.stderr)
-        return 2
     if args.suite or args.datasets or args.attack != "none":
         print("shiftlab sweep: error: a sweep reads one --dataset's clean features (no --suite, no --attack)",
               file=sys.stderr)
         return 2
     args.methods = methods
-    problem = run_command.check_combination(args)
-    if problem:
-        print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
+    code, problems = run_command.refusal(args)   # the flags and --data before torch is imported
+    if code:
+        for problem in problems:
+            print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
+        return code
+    from ..engine.loop import run as run_engine
+    from ..engine.prepare import CannotStart
+    from ..methods.base import get_method_class
+    pixels = [m for m in methods if get_method_class(m).needs_pixels]
+    if pixels:
+        print(f"shiftlab sweep: error: {', '.join(pixels)} need pixels (not only view features), so a grid over "
+              "them cannot be read from a feature store; run them with `shiftlab run --set`", file=sys.stderr)
         return 2
     try:
-        cfg, model, datasets = run_command.prepare(args)
-    except run_command.CannotStart as exc:
+        cfg, model, datasets = run_command.prepare(args, command="shiftlab sweep")
+    except CannotStart as exc:
         for problem in exc.problems:
             print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 1

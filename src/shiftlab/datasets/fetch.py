@@ -18,8 +18,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 __all__ = ["DownloadError", "ChecksumError", "download_file", "fetch_file"]
 
 _USER_AGENT = "shiftlab/0.1 (Python urllib)"
@@ -111,6 +109,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
 
 def _stream(response, part: Path, start: int, hasher, total: int | None, url: str, progress: bool,
             chunk_size: int) -> None:
+    from tqdm.auto import tqdm  # here: `shiftlab run` imports this module for its error types only
     with open(part, "ab" if start else "wb") as out, tqdm(
             total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024,
             desc=part.name.removesuffix(".part"), disable=not progress) as bar:

@@ -69,24 +69,29 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     """Fill `config.features` with the clean view features a run of `config` would encode (every
     recipe family and precision of `config.methods`), running no method: `shiftlab encode`.
     Returns {"samples", "stored_before", "encoded", "errors"}."""
+    import dataclasses
+
     from torch.utils.data import DataLoader
 
-    from ..datasets.build import build_dataset
     from ..methods.base import get_method_class
-    from ..models import load_run_model
     from ..rundir import identity
     from ..version import __version__
     from . import distributed
     from .config import expand_methods, resolve_device, resolve_workers, run_stream
+    from .prepare import prepare
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
     if not config.features:
-        raise ValueError("encode needs a feature store directory (--features DIR)")
+        raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
     dist = distributed.context()
     device = resolve_device(config.device)
-    config.methods = [n for n in expand_methods(config.methods) if not get_method_class(n).needs_pixels]
-    dataset = dataset if dataset is not None else build_dataset(config.dataset, config.data,
-                                                                classnames=config.classnames)
-    model = (model if model is not None else load_run_model(config, device)).to(device)
+    # a copy: the caller's config is not changed; methods that need pixels have nothing to store
+    config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods)
+                                                  if not get_method_class(n).needs_pixels])
+    if dataset is None or model is None:   # as `shiftlab encode` starts (its methods' own models are not needed)
+        given = {config.dataset: dataset} if dataset is not None else None
+        prepared = prepare(config, [config.dataset], model=model, given=given, method_models=False)
+        model, dataset = prepared.model, prepared.datasets[config.dataset]
+    model = model.to(device)
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)

@@ -10,6 +10,7 @@ sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OU
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import time
@@ -33,6 +34,7 @@ from . import distributed, interrupt, planning
 from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
 from .features import open_run_features
 from .phases import PhaseTimer
+from .prepare import prepare
 from .step import Evaluator, Runner, ViewDataset, collate, view_generators, views_per_group
 
 __all__ = ["RunHooks", "run"]
@@ -58,28 +60,31 @@ class RunHooks:
 def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         hooks: RunHooks | None = None, *, group_views: dict | None = None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict (with `config.orders` K > 1,
-    order 0's, and `orders`: what `results.orders` writes to orders.json).
+    order 0's, and `orders`: what `results.orders` writes to orders.json). `config` is not changed.
+
+    Without `model` or `dataset`, the run starts as `shiftlab run` does (`engine.prepare.prepare`): the
+    dataset listed (downloaded with `config.download`), refused when more than 5% of its classes have no
+    images unless `config.allow_partial`, the model and the methods' own models loaded; every problem at
+    once in one CannotStart (a ValueError). A `dataset` you pass is used as it is.
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
-    from ..datasets.build import build_dataset
-
+    config = copy.deepcopy(config)   # the caller's config stays as given: what runs is a copy
+    config.methods = expand_methods(config.methods)
     hooks = hooks or RunHooks()
     dist = distributed.context()
     device = resolve_device(config.device)
     if dist.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
-    config.methods = expand_methods(config.methods)
     problem = settings_problem(config)
     if problem:
         raise ValueError(problem)
-    if dataset is None:
-        dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
-    if model is None:
-        from ..models import load_run_model
-        model = load_run_model(config, device)
+    if dataset is None or model is None:   # as `shiftlab run` starts: every problem at once (CannotStart)
+        given = {config.dataset: dataset} if dataset is not None else None
+        prepared = prepare(config, [config.dataset], model=model, given=given)
+        model, dataset = prepared.model, prepared.datasets[config.dataset]
     model = model.to(device)
     run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:

@@ -50,7 +50,7 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
 # method list, compared per method in the table) can share a table with this run
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
                           "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
-                          "save_probs"})
+                          "save_probs", "allow_partial"})
 
 
 @dataclass(frozen=True)
@@ -103,12 +103,18 @@ def merge_with_previous(suite_dir: str | Path, suite: Suite, config: dict) -> Su
 
 def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None) -> dict:
     """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
-    the suite, each into `out/<dataset>`; then write the suite table. Returns the table."""
+    the suite, each into `out/<dataset>`; then write the suite table. Returns the table. Without `model` or
+    some of the `datasets` (by name), every dataset and the model are prepared first (`engine.prepare`:
+    every problem at once, the partial-dataset rule, `config.allow_partial`); `config` is not changed."""
     from . import distributed
     from .config import expand_methods
     from .loop import run as run_engine
+    from .prepare import prepare
 
     config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
+    if model is None or set(datasets or {}) < set(suite.datasets):   # as `shiftlab run --suite` starts
+        prepared = prepare(config, suite.datasets, model=model, given=datasets)
+        model, datasets = prepared.model, prepared.datasets
     suite_dir = Path(config.out)
     check_suite_settings(config, suite, datasets)
     rank0 = distributed.context().rank == 0

@@ -22,6 +22,7 @@ import torch
 from ..models import ClipModel
 from ..models.precision import PRECISIONS, PURE_FP16, Precision
 from ..models.precision import resolve as resolve_precision
+from ..options import say, say_set
 from ..params import check_config, param
 from ..registry import Registry
 from ..views.generator import ViewConfig, ViewGenerator
@@ -323,7 +324,7 @@ def check_method_config(cls: type[Method], config: Any) -> Any:
         if recipe.n_views < needed:
             raise ValueError(f"{cls.name}: needs at least {needed} views (incl. the original), got {recipe.n_views}"
                              + (f": {cls.min_views_why}" if cls.min_views_why else "")
-                             + f"; raise --views or --set {cls.name}.views={needed}")
+                             + f"; raise {say('views')} or {say_set(cls.name, 'views', needed)}")
     return config
 
 

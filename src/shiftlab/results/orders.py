@@ -90,3 +90,17 @@ def write_orders(run_dir: Path | str, table: dict[str, Any]) -> None:
 def read_orders(run_dir: Path | str) -> dict[str, Any] | None:
     path = Path(run_dir) / ORDERS_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def refresh_orders(run_dir: Path | str) -> dict[str, Any] | None:
+    """orders.json recomputed from the orders' summaries as they are now (`shiftlab merge` after merging each
+    order); None for a run directory without one."""
+    table = read_orders(run_dir)
+    if not table:
+        return None
+    kinds = {name: row.get("kind") for name, row in table.get("methods", {}).items()}
+    online = [n for n, k in kinds.items() if k == "online"]
+    episodic = [n for n, k in kinds.items() if k != "online"]
+    fresh = summarize_orders(run_dir, int(table["orders"]), table.get("order_seeds", []), online, episodic)
+    write_orders(run_dir, fresh)
+    return fresh
