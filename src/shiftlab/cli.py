@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable
 from typing import NoReturn
 
-from . import commands
+from . import commands, writes
 from .commands import config_file
 from .engine import interrupt
 from .options import speaking_cli
@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
+        except writes.WriteError as exc:   # every file shiftlab writes: one line naming it, why, what to do
+            print(f"{command}: error: {exc}", file=sys.stderr)
+            return 1
         except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
             print(f"{command}: error: {describe_os_error(exc)}", file=sys.stderr)
             return 1

@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from . import checks
 from . import run as run_command
 
 SWEEP_JSON = "sweep.json"
+SWEEP_ADVICE = "then run the same sweep again: the points already done are kept"
 
 
 def grid_arg(text: str) -> tuple[str, str, list[Any]]:
@@ -126,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append({"point": point_label(point), "published": published, "method": m,
                          "variant": variant_name(m, fields), "top1": s.get("top1"), "ece": s.get("ece"),
                          "n": s.get("n")})
-    (out / SWEEP_JSON).write_text(json.dumps({"grid": [list(g) for g in args.grid], "rows": rows}, indent=1))
+    writes.write_file(out / SWEEP_JSON, json.dumps({"grid": [list(g) for g in args.grid], "rows": rows}, indent=1),
+                      SWEEP_ADVICE)
     _write_table(out, rows)
     return 0
 
@@ -139,9 +143,10 @@ def _write_table(out: Path, rows: list[dict[str, Any]]) -> None:
               f"{num(r['ece'])} | {r['n']} |" for r in rows]
     lines.append("\n`*`: the method's own (published) setting.")
     md = "\n".join(lines) + "\n"
-    (out / "sweep.md").write_text(md)
-    with open(out / "sweep.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["point"])
-        writer.writeheader()
-        writer.writerows(rows)
+    writes.write_file(out / "sweep.md", md, SWEEP_ADVICE)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["point"])
+    writer.writeheader()
+    writer.writerows(rows)
+    writes.write_file(out / "sweep.csv", buffer.getvalue(), SWEEP_ADVICE)
     print(md, end="")

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import writes
 from ..rundir.feature_store import FeatureStore, feature_key
+from ..rundir.lock import STORE_ADVICE
 from . import interrupt
 
 if TYPE_CHECKING:
@@ -55,8 +57,15 @@ class RunFeatures:
         if self.writable:
             self.store.put(key, sid, self._path(sid), features)
 
-    def close(self) -> None:
-        self.store.close()
+    def close(self, failing: BaseException | None = None) -> None:
+        """Write the features still buffered and release the lock. While `failing` (the exception a run
+        is leaving with) is in flight, a store that cannot be written adds no second error: the first
+        failure is the one said."""
+        try:
+            self.store.close()
+        except OSError:
+            if failing is None:
+                raise
 
     def line(self) -> str:
         read = len(self.read_ids - self.encoded_ids)
@@ -111,7 +120,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
         for batch in loader:
             errors += runner.fill_store(batch)
     finally:
-        store.close()
+        store.close(failing=sys.exc_info()[1])
         evaluator.close()
     return {"samples": len(order), "stored_before": len(before), "encoded": len(store.encoded_ids),
             "errors": errors}
@@ -129,7 +138,7 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
             "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
             "storage": config.features_dtype}
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(root, STORE_ADVICE)
         lock = acquire_for_job(root, dist, purpose="feature store")
         store = FeatureStore(root, "w", rank=dist.rank, lock=lock if lock is not None else False)
         writable = True

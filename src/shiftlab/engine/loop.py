@@ -207,8 +207,10 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         writer.close()
         progress.close()
         if store is not None:
-            store.close()
-            print(store.line(), file=sys.stderr, flush=True)
+            failing = sys.exc_info()[1]
+            store.close(failing)
+            if failing is None or isinstance(failing, KeyboardInterrupt):   # a failure is said in its one line
+                print(store.line(), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
 
     timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import writes
 from ..options import say as spell
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def _download_dataset(name: str, root: str, classnames: list[str] | None) -> Fol
     except BaseException:
         for folder in created:   # deepest first; a folder holding a partial download stays
             try:
-                folder.rmdir()
+                writes.remove_dir(folder)
             except OSError:
                 break
         raise

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import writes
 from ..datasets.suites import SUITES, Suite
 from ..results.suite_table import (
     SUITE_FILE,
@@ -39,11 +40,11 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
                    kept: Sequence[str] = ()) -> None:
     """suite.json: the suite, its config, and which datasets the last command ran (`rewrote`)
     and which rows it kept from earlier commands (`kept`)."""
-    suite_dir.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(suite_dir, writes.RESUME_ADVICE)
     manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
                 "title": suite.title, "config": config,
                 "rewrote": list(suite.datasets if rewrote is None else rewrote), "kept": list(kept)}
-    (suite_dir / SUITE_FILE).write_text(json.dumps(manifest, indent=2))
+    writes.write_file(suite_dir / SUITE_FILE, json.dumps(manifest, indent=2), writes.RESUME_ADVICE)
 
 
 # RunConfig fields that do not change a result: a dataset run with other values of these (and the

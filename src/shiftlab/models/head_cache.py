@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from .. import writes
 
 HEAD_VERSION = 1
 MIN_PROMPTS = 2000
@@ -65,7 +66,7 @@ def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
     if folder is None or len(prompts) < MIN_PROMPTS:
         return build()
     from safetensors import SafetensorError
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
     path = folder / f"{head_key(clip, device, prompts)}.safetensors"
     if path.is_file():
         try:
@@ -74,11 +75,9 @@ def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
             pass   # damaged or truncated: rebuilt and rewritten below
     head = build()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        os.close(fd)
-        save_file({"head": head.detach().contiguous().cpu()}, tmp)
-        os.replace(tmp, path)
+        writes.make_dirs(folder)
+        writes.clean_orphans(folder)
+        writes.write_file(path, save({"head": head.detach().contiguous().cpu()}))
     except OSError:
         pass   # a read-only or full cache folder costs the next run the build, nothing else
     return head

@@ -6,6 +6,7 @@ or leaks figures when it runs inside a notebook or a long-lived process.
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -13,14 +14,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from shiftlab import writes
+from shiftlab.report.html import REPORT_ADVICE
 from shiftlab.results import metrics
 
 DPI = 110
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return writes.write_file(path, buffer.getbuffer(), REPORT_ADVICE)
 
 
 def _short(label: str, width: int = 28) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from shiftlab import writes
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
-from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
+from shiftlab.report.html import REPORT_ADVICE, Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
 from shiftlab.report.stats import (
     RENDITIONS,
     known_rendition_share,
@@ -357,10 +359,11 @@ def per_class_section(data: ReportData) -> Section | None:
 
 
 def write_rows_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    writes.write_file(path, buffer.getvalue(), REPORT_ADVICE)
 
 
 def confusions_section(data: ReportData) -> Section | None:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import writes
+
 ORDERS_DIR = "orders"
 ORDERS_FILE, ORDERS_MD = "orders.json", "orders.md"
 TAIL_FRACTION = 0.1
@@ -82,9 +84,7 @@ def orders_markdown(table: dict[str, Any]) -> str:
 def write_orders(run_dir: Path | str, table: dict[str, Any]) -> None:
     run_dir = Path(run_dir)
     for name, text in ((ORDERS_FILE, json.dumps(table, indent=2) + "\n"), (ORDERS_MD, orders_markdown(table))):
-        tmp = run_dir / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(run_dir / name)
+        writes.write_file(run_dir / name, text, writes.RESUME_ADVICE)
 
 
 def read_orders(run_dir: Path | str) -> dict[str, Any] | None:

@@ -4,11 +4,13 @@ suite.csv. Every number is read from the datasets' summary.json."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import writes
 from ..datasets.specs import DATASETS
 from ..datasets.suites import Suite, SuiteError
 
@@ -223,16 +225,16 @@ def table_rows(table: dict) -> list[dict]:
 
 
 def write_suite_csv(path: Path, table: dict) -> Path:
-    with Path(path).open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in table_rows(table):
-            writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
-                                                                 else row[k])) for k in CSV_COLUMNS})
-    return Path(path)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    for row in table_rows(table):
+        writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
+                                                             else row[k])) for k in CSV_COLUMNS})
+    return writes.write_file(path, buffer.getvalue(), writes.RESUME_ADVICE)
 
 
 def write_suite_table(suite_dir: str | Path, table: dict) -> None:
     suite_dir = Path(suite_dir)
-    (suite_dir / SUITE_MD).write_text(table_markdown(table))
+    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.RESUME_ADVICE)
     write_suite_csv(suite_dir / SUITE_CSV, table)

@@ -9,15 +9,16 @@ summary the run would have written.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
+from ..writes import RESUME_ADVICE
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .scoring import score_records
@@ -224,12 +225,10 @@ def _published_cell(row: dict | None) -> str:
 
 def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
     run_dir = Path(run_dir)
-    tmp = run_dir / (SUMMARY + ".tmp")
     md = summary_markdown(summary, published)
     try:
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
-        os.replace(tmp, run_dir / SUMMARY)
-        (run_dir / SUMMARY_MD).write_text(md)
+        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), RESUME_ADVICE)
+        writes.write_file(run_dir / SUMMARY_MD, md, RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None
     return md

@@ -37,8 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from ..attacks import catalogue as attack_catalogue
 from ..attacks.base import NO_ATTACK
+from ..writes import RESUME_ADVICE
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
@@ -230,10 +232,8 @@ def one_line(exc: BaseException) -> str:
 
 def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
     path = Path(run_dir) / IDENTITY_FILE
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        writes.write_file(path, json.dumps(identity, indent=2, sort_keys=True) + "\n", RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(path, exc) from None
 

@@ -28,12 +28,13 @@ runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .. import writes
 
 STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet", "continual", "mixed")
 ALIASES = {"iid": "shuffled"}
@@ -173,9 +174,7 @@ def write_stream(run_dir: Path | str, ids: Sequence[int], kind: str, seed: int, 
     if domains is not None and domain_index is not None:
         data["domains"] = list(domains)
         data["domain_of"] = [int(domain_index[i]) for i in ids]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
+    writes.write_file(path, json.dumps(data) + "\n", writes.RESUME_ADVICE)
 
 
 def read_stream(run_dir: Path | str) -> dict[str, Any] | None:
