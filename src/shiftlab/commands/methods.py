@@ -13,10 +13,15 @@ from .. import catalogue
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
     p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--bibtex", action="store_true", help="print every method's citation as BibTeX (cite the "
+                                                         "methods you report; CITATION.cff cites shiftlab)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bibtex:
+        from .citations import print_bibtex
+        return print_bibtex()
     rows = catalogue.entries()
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
