@@ -9,7 +9,7 @@ ARGS ?=
 # the requests MLflow's client needs (see the install below)
 MLFLOW_REQUESTS := 2.34.2
 
-.PHONY: run test demo bench catalogue clean-venv
+.PHONY: run test demo bench clean-venv
 
 # The exact tested versions (constraints.txt) of the library, plotting and test dependencies.
 $(BIN)/shiftlab: pyproject.toml constraints.txt
@@ -38,10 +38,6 @@ demo: $(BIN)/shiftlab
 
 bench: $(BIN)/shiftlab
 	$(BIN)/shiftlab bench $(ARGS)
-
-# After adding a method or changing a config default, range or recipe: rewrite src/shiftlab/data/methods.json.
-catalogue: $(BIN)/shiftlab
-	$(BIN)/python -m shiftlab.catalogue --write
 
 clean-venv:
 	rm -rf $(VENV)

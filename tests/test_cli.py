@@ -320,7 +320,7 @@ RUN = ["run", "--data", "DIR", "--out", "DIR/run"]
     (RUN + ["--steps", "3"], 2, "--steps sets a field of the attack, but no attack is chosen"),
     (RUN + ["--precision", "x"], 2, "argument --precision: invalid choice: 'x'"),
     (["run", "--device", "cpu", "--set", "tpt.lr=0.01"], 2, "the following arguments are required: --data, --out"),
-    # the dataset registry imports neither numpy nor torch: said before the model is loaded
+    # the dataset registry imports neither numpy nor PIL (its loaders do): said before the model is loaded
     (RUN + ["--dataset", "imagenet-rr"], 2, "dataset imagenet-rr: unknown dataset 'imagenet-rr' (did you mean"),
     (RUN + ["--datasets", "imagenet-r,sketchy"], 2, "dataset sketchy: unknown dataset 'sketchy'"),
 ])

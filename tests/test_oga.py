@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import shiftlab
 from _golden import FEATURES, LOSS, assert_close, assert_top1_margin, check_margin, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.oga import class_means, gaussian_log_likelihoods, map_posterior, zero_shot
+from shiftlab.methods.oga.method import class_means, gaussian_log_likelihoods, map_posterior, zero_shot
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 HALF_STEP = 2.0 ** -10          # float16's spacing relative to a value (10 fraction bits)

@@ -20,8 +20,8 @@ from shiftlab.datasets.imageio import decode_image
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dmn import DynamicMemory, memory_logits
-from shiftlab.methods.tda import CacheEntry, TDASample, cache_logits, update_cache
+from shiftlab.methods.dmn_zs.method import DynamicMemory, memory_logits
+from shiftlab.methods.tda.method import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.rundir import record_files
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .imageio import decode_image
-
 if TYPE_CHECKING:
     from PIL import Image
 
@@ -47,6 +45,7 @@ class FolderDataset:
     warnings: list[str] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
     missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
+    corruption_info: dict | None = None  # a stored corrupted set's (corruption, severity): datasets/corrupted.py
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -56,6 +55,7 @@ class FolderDataset:
 
     def image(self, i: int) -> Image.Image:
         """Sample i decoded to RGB (shiftlab.datasets.imageio: an undecodable file raises ImageDecodeError)."""
+        from .imageio import decode_image  # numpy and PIL, loaded with the first image: the table reads no image
         return decode_image(self.path(i))
 
     def label(self, i: int) -> int:

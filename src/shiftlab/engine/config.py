@@ -62,6 +62,13 @@ class RunConfig:
     # `--config FILE`: {"path", "sha256", "values"} of the file the flags came from; recorded in run.json and
     # summary.json, never part of the run's identity (the flags it gave are)
     config_file: dict[str, Any] | None = None
+    # shifts (engine/shifts.py, docs/PROTOCOLS.md): a common corruption (stored, or generated on the fly), and
+    # open-set streams mixing OOD images in at `ood_ratio` OOD images per ID image, drawn by `ood_seed` (None: seed)
+    corruption: str | None = None
+    severity: int = 5                # Hendrycks & Dietterich's 1..5; 5 is the field's default
+    ood: list[str] = field(default_factory=list)
+    ood_ratio: float = 1.0
+    ood_seed: int | None = None
     # run a dataset more than 5% of whose classes have no images (datasets.base.MAX_EMPTY_FRACTION)
     allow_partial: bool = False
 
@@ -122,6 +129,10 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         return f"attack: {exc}"
+    from .shifts import shift_problem
+    problem = shift_problem(config)
+    if problem:
+        return problem
     for dataset in datasets or [config.dataset]:
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:

@@ -71,6 +71,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
+    from .shifts import run_dataset
+
     config = copy.deepcopy(config)   # the caller's config stays as given: what runs is a copy
     config.methods = expand_methods(config.methods)
     hooks = hooks or RunHooks()
@@ -85,6 +87,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         given = {config.dataset: dataset} if dataset is not None else None
         prepared = prepare(config, [config.dataset], model=model, given=given)
         model, dataset = prepared.model, prepared.datasets[config.dataset]
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     model = model.to(device)
     run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
@@ -268,7 +271,7 @@ def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordW
                 plan: planning.Plan, online_start: int, progress: _Progress) -> None:
     """Append a step's episodic records one sample at a time; hold online ones back for the checkpoint."""
     for rec in recs:
-        if rec.method is not None and rec.error is None:
+        if rec.method is not None and rec.error is None and rec.ood is not True:   # OOD samples have no class
             progress.update_method(rec.method, bool(rec.correct))
     online = [r for r in recs if state is not None and r.method in state.methods]
     by_sample: dict[int, list[Record]] = {sid: [] for sid in ids}

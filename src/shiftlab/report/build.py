@@ -116,7 +116,7 @@ def write_csv(path: Path, rows: list[dict], columns: list[str]) -> Path:
 
 METRIC_COLUMNS = ["run", "run_dir", "run_label", "model", "pretrained", "dataset", "method", "method_key",
                   "setting", "setting_label", "attack_eps", "top1", "top5", "ece", "nll", "brier", "n", "errors",
-                  "seconds_per_image"]
+                  "seconds_per_image", "auroc", "fpr95", "aupr", "n_ood"]
 PAIRED_COLUMNS = ["dataset", "setting", "a", "b", "n", "acc_a", "acc_b", "diff", "ci_low", "ci_high",
                   "a_only", "b_only", "p_value", "p_holm", "test", "verdict", "bootstrap_resamples", "seed"]
 
@@ -197,6 +197,7 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     runs = load_runs(run_dirs)
     out = Path(out_dir)
     writes.make_dirs(out, REPORT_ADVICE)
+    writes.clean_orphans(out)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
     paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
     tables = [suite_table.suite_table(d) for d in suite_dirs]
