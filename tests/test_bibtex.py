@@ -44,7 +44,7 @@ def entries(text: str) -> list[tuple[list[str], str, str, str]]:
         if not lines[0].startswith("% ") or len(lines) < 2:
             continue
         methods = [m.strip() for m in lines[0][2:].split(",")]
-        entry = "\n".join(lines[1:])
+        entry = re.sub(r"\n {4,}", " ", "\n".join(lines[1:]))   # a field continued on indented lines
         head = re.match(r"@(\w+)\{([\w:-]+),\n", entry)
         assert head, entry
         out.append((methods, head.group(1), head.group(2), entry))

@@ -1,40 +1,20 @@
 """`shiftlab methods --bibtex`: every method's citation as BibTeX, each entry printed once (a .bib file takes
 each key once) under a comment naming the methods that cite it.
 
-The citations are data (shiftlab/data/citations.json: BibTeX lines per method, from the authors' READMEs
-where they give one); a method that declares a `bibtex` string fact of its own (its spec's, once every method
-has one) is read first. No torch: the file is JSON and a spec is torch-free.
+A method's citation is its spec's own `bibtex` string (methods/<name>/spec.py, the authors' own BibTeX where
+their README gives one): never inherited, so a family's variants each cite their paper. Specs are torch-free.
 """
 from __future__ import annotations
 
-import functools
-import json
 import re
-from pathlib import Path
 
 from .. import catalogue
 
-PATH = Path(__file__).resolve().parents[1] / "data" / "citations.json"
-
-
-@functools.cache
-def _file() -> dict[str, list[str]]:
-    return {k: v for k, v in json.loads(PATH.read_text(encoding="utf-8")).items() if not k.startswith("_")}
-
-
-def _declared(name: str) -> str:
-    """The method's own `bibtex` fact, '' where it declares none (or no torch-free spec exists yet)."""
-    # the method folders' torch-free specs, where they exist (importing the method package before them
-    # imports torch)
-    if not (PATH.parents[1] / "methods" / "specs.py").is_file():
-        return ""
-    from ..methods.specs import spec
-    return str(vars(spec(name)).get("bibtex", "") or "")   # its own, never a family's inherited one
-
 
 def bibtex(name: str) -> str:
-    """Method `name`'s citation (one or more BibTeX entries), '' when none is known."""
-    return _declared(name) or "\n".join(_file().get(name, []))
+    """Method `name`'s citation (one or more BibTeX entries), '' when its spec declares none."""
+    from ..methods.specs import spec
+    return str(vars(spec(name)).get("bibtex", "") or "")   # its own, never a family's inherited one
 
 
 def split_entries(text: str) -> list[str]:
