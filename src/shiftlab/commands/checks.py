@@ -315,3 +315,58 @@ def writable_dir(text: str) -> str:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: {existing} is not writable (permission denied or read-only)")
     return text
+
+
+def corruption_name(text: str) -> str:
+    """A corruption of Hendrycks & Dietterich's (datasets/corruptions.py: data, no numpy)."""
+    from ..datasets.corruptions import CORRUPTIONS
+    name = text.strip().lower().replace("-", "_")
+    if name not in CORRUPTIONS:
+        raise argparse.ArgumentTypeError(f"unknown corruption {text!r}; known: {', '.join(CORRUPTIONS)}")
+    return name
+
+
+def corruption_names(text: str) -> tuple[str, ...]:
+    """--corruptions: 'common' (the 15), 'all' (with the 4 extra) or a comma-separated list."""
+    from ..datasets.corruptions import parse_corruptions
+    try:
+        return parse_corruptions(text.strip().lower().replace("-", "_") if text.strip() in ("common", "all")
+                                 else [corruption_name(n) for n in text.split(",") if n.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def severity(text: str) -> str:
+    """--severity: 1..5, or 'all' (the corruption suite's five); nothing imported (argparse checks the default)."""
+    value = str(text).strip().lower()
+    if value not in ("1", "2", "3", "4", "5", "all"):
+        raise argparse.ArgumentTypeError(f"must be 1..5 or all, got {text!r}")
+    return value
+
+
+def dataset_list(text: str) -> list[str]:
+    """--ood: comma-separated dataset names, each known (datasets/specs.py: data)."""
+    from ..datasets.base import DatasetError
+    from ..datasets.specs import DATASETS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one dataset name, e.g. inaturalist-ood,textures-ood")
+    try:
+        names = [DATASETS.canonical(n) for n in names]
+    except DatasetError as exc:
+        raise argparse.ArgumentTypeError(" ".join(str(exc).split())) from None
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a dataset is listed twice: {','.join(names)}")
+    return names
+
+
+def ood_ratio(text: str) -> float:
+    from ..datasets.openset import MAX_OOD_RATIO
+    try:
+        value = float(Fraction(text.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a number of OOD images per ID image, got {text!r}") from None
+    if not 0 < value <= MAX_OOD_RATIO:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_OOD_RATIO:g} (OOD images per ID "
+                                         f"image), got {text}")
+    return value

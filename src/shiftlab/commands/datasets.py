@@ -28,12 +28,19 @@ def dataset_rows(root: str | None) -> list[dict]:
     rows = []
     for name in DATASETS.names():
         spec = DATASETS.get(name)
-        rows.append({
+        layout = LAYOUTS[spec.layout]
+        if spec.corrupted and spec.layout != "npy":
+            layout = f"<corruption>/<severity 1-5>/ folders, each {layout}"
+        row = {
             "name": name, "aliases": DATASETS.aliases(name)[1:], "classes": spec.num_classes,
-            "layout": LAYOUTS[spec.layout], "folders": list(spec.dirnames),
+            "layout": layout, "folders": list(spec.dirnames),
             "download": "shiftlab download" if spec.url else ("by hand (docs/DATA.md)" if spec.manual else "-"),
             **({"found": found_under(name, Path(root).expanduser())} if root else {}),
-        })
+        }
+        if spec.corrupted and row.get("found"):
+            from ..datasets.corrupted import stored_corruptions
+            row["corruptions"] = stored_corruptions(Path(row["found"]), "npy" if spec.layout == "npy" else "folders")
+        rows.append(row)
     return rows
 
 
@@ -48,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
             line += f"  found: {r['found'] or 'no'}"
         print(line)
         print(f"{'':16} layout: {r['layout']}")
+        if r.get("corruptions") is not None:
+            print(f"{'':16} corruptions found: {', '.join(r['corruptions']) or 'none'}")
         if r["aliases"]:
             print(f"{'':16} aliases: {', '.join(r['aliases'])}")
         if r["folders"]:

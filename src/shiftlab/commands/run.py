@@ -11,6 +11,7 @@ from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
+    from ..datasets.suites import Suite
     from ..engine.config import RunConfig
     from ..models import ClipModel
 
@@ -18,9 +19,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
                    help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, the ten cross-dataset sets "
                         "(flowers102, dtd, ...), imagefolder; CLIP_benchmark's and TPT's names work too (docs/DATA.md)")
-    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset"],
+    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset", "corruption"],
                    help="run every dataset of a paper table, each into OUT/<dataset>, then write the suite "
-                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
+                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets. corruption: "
+                        "--dataset under each of --corruptions at --severity, each into OUT/<corruption>-<severity>, "
+                        "with accuracy per corruption, mean and mCE against zero-shot CLIP (docs/PROTOCOLS.md)")
     p.add_argument("--datasets", default=None, metavar="A,B,...",
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
@@ -95,6 +98,24 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
     config_file.add_argument(p)
+    c = p.add_argument_group("corruptions and open-set streams (docs/PROTOCOLS.md)")
+    c.add_argument("--corruption", type=checks.corruption_name, default=None, metavar="NAME",
+                   help="a common corruption (gaussian_noise, ..., jpeg_compression; the 4 extra too): read from "
+                        "imagenet-c / cifar10-c / cifar100-c, or generated on the fly from any other --dataset "
+                        "(imagecorruptions, seeded per sample by --seed)")
+    c.add_argument("--severity", type=checks.severity, default="5",
+                   help="corruption severity 1..5 (default 5, the field's); 'all' with --suite corruption")
+    c.add_argument("--corruptions", type=checks.corruption_names, default=None, metavar="A,B|common|all",
+                   help="--suite corruption's corruptions: common (the 15, default; a stored set adds the extra "
+                        "ones it holds), all (19) or a list")
+    c.add_argument("--ood", type=checks.dataset_list, default=[], metavar="A,B",
+                   help="out-of-distribution sets mixed into the stream (inaturalist-ood, sun-ood, places-ood, "
+                        "textures-ood, ninco, svhn, or any dataset): records get ood and ood_score (MCM), the "
+                        "summary AUROC, FPR95, AUPR")
+    c.add_argument("--ood-ratio", type=checks.ood_ratio, default=1.0,
+                   help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
+    c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
+                   help="seed of the OOD draw (default: --seed)")
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -146,7 +167,54 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      features=getattr(args, "features", None),
                      features_dtype=getattr(args, "features_dtype", "fp16"),
                      config_file=getattr(args, "config_file", None),
-                     allow_partial=getattr(args, "allow_partial", False))
+                     allow_partial=getattr(args, "allow_partial", False),
+                     corruption=getattr(args, "corruption", None), severity=_single_severity(args),
+                     ood=list(getattr(args, "ood", None) or []), ood_ratio=getattr(args, "ood_ratio", 1.0),
+                     ood_seed=getattr(args, "ood_seed", None))
+
+
+def _single_severity(args: argparse.Namespace) -> int:
+    """--severity as one number (a suite over 'all' sets each entry's own; the config keeps the default)."""
+    text = str(getattr(args, "severity", "5"))
+    return int(text) if text.isdigit() else 5
+
+
+def _checked_config(args: argparse.Namespace) -> RunConfig:
+    """The config whose settings and data are checked: a corruption suite's is its first entry's."""
+    cfg = config_from_args(args)
+    if getattr(args, "suite", None) == "corruption":
+        from ..datasets.corruptions import COMMON
+        cfg.corruption = (args.corruptions or COMMON)[0]
+    return cfg
+
+
+def run_corruption_suite(args: argparse.Namespace) -> Suite:
+    """--suite corruption: --dataset under each corruption (--corruptions; a stored set adds the extra ones it holds
+    when none are named) at each severity (--severity, 'all' for 1..5)."""
+    from ..datasets.corruptions import COMMON
+    from ..datasets.suites import SuiteError, corruption_suite, parse_severities
+    if getattr(args, "corruption", None):
+        raise SuiteError("--suite corruption runs every corruption of --corruptions; leave out --corruption")
+    corruptions = args.corruptions or COMMON
+    if args.corruptions is None:
+        corruptions = COMMON + tuple(c for c in _stored_extra(args) if c not in COMMON)
+    return corruption_suite(args.dataset, corruptions, parse_severities(args.severity))
+
+
+def _stored_extra(args: argparse.Namespace) -> list[str]:
+    """The corruptions a stored corrupted --dataset holds under --data (none for other datasets)."""
+    from ..datasets.base import DatasetError
+    from ..datasets.build import expand_root, find_dataset_dir
+    from ..datasets.corrupted import stored_corruptions
+    from ..datasets.specs import DATASETS
+    if args.dataset not in DATASETS or not DATASETS.get(args.dataset).corrupted:
+        return []
+    spec = DATASETS.get(args.dataset)
+    try:
+        directory = find_dataset_dir(spec.name, expand_root(args.data, spec.name))
+    except DatasetError:
+        return []
+    return stored_corruptions(directory, "npy" if spec.layout == "npy" else "folders")
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
@@ -180,11 +248,19 @@ def check_combination(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     from ..engine.config import settings_problem
-    return settings_problem(config_from_args(args), dataset_names(args))
+    return settings_problem(_checked_config(args), dataset_names(args))
 
 
 def flag_problem(args: argparse.Namespace) -> str | None:
     """The checks of `check_combination` that read only data (the method and attack catalogues): no torch."""
+    if str(getattr(args, "severity", "5")) == "all" and getattr(args, "suite", None) != "corruption":
+        return "--severity all runs every severity as a suite: add --suite corruption, or give one severity 1..5"
+    if getattr(args, "corruptions", None) and getattr(args, "suite", None) != "corruption":
+        return "--corruptions lists the corruptions of --suite corruption; for one run give --corruption NAME"
+    from ..engine.shifts import shift_problem  # torch-free: corruption and --ood settings before any import
+    problem = shift_problem(_checked_config(args))
+    if problem:
+        return problem
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
@@ -233,7 +309,7 @@ def missing_data(args: argparse.Namespace, listing: bool = False) -> list[str]:
         return []
     from ..datasets.build import expand_root
     from ..engine.prepare import list_dataset
-    cfg = config_from_args(args)
+    cfg = _checked_config(args)
     names = dataset_names(args)
     problems = []
     for name in names:
@@ -254,7 +330,10 @@ def attack_problem(args: argparse.Namespace) -> str | None:
 
 
 def dataset_names(args: argparse.Namespace) -> list[str]:
-    """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets."""
+    """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets (a corruption suite
+    evaluates --dataset under each corruption)."""
+    if getattr(args, "suite", None) == "corruption":
+        return [args.dataset]
     if getattr(args, "suite", None) or getattr(args, "datasets", None):
         from ..datasets.suites import resolve_suite
         return list(resolve_suite(args.suite, args.datasets).datasets)
@@ -279,7 +358,7 @@ def prepare(args: argparse.Namespace, method_models: bool = True, command: str =
         print(f"{command}: warning: {msg}", file=sys.stderr)
 
     cfg = config_from_args(args)
-    prepared = prepare_run(cfg, dataset_names(args), method_models=method_models, warn=warn,
+    prepared = prepare_run(_checked_config(args), dataset_names(args), method_models=method_models, warn=warn,
                            say=say if args_progress(args) else (lambda msg: None))
     return cfg, prepared.model, prepared.datasets
 
@@ -292,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets.suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
+        if suite is not None and suite.kind == "corruption":
+            suite = run_corruption_suite(args)
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2

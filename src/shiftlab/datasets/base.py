@@ -45,6 +45,7 @@ class FolderDataset:
     warnings: list[str] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
     missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
+    corruption_info: dict | None = None  # a stored corrupted set's (corruption, severity): datasets/corrupted.py
 
     def __len__(self) -> int:
         return len(self.samples)

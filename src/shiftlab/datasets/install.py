@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from .. import writes
 from .base import DatasetError
 from .build import build_dataset
+from .corrupted import stored_corruptions
 from .extract import extract_into
 from .fetch import DownloadError, fetch_file
 from .specs import DATASETS, DatasetSpec
@@ -69,7 +70,7 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     for dirname in spec.dirnames if spec.layout != "split" else ():
         if (root / dirname).is_dir():
             try:
-                return build_dataset(name, root / dirname).root
+                return _validate(name, spec, root / dirname).root
             except DatasetError as exc:
                 raise DownloadError(f"{root / dirname} exists but is not a complete {name} ({exc}); "
                                     f"move it away and rerun") from exc
@@ -155,13 +156,26 @@ def _extract_and_publish(name: str, spec: DatasetSpec, archive: Path, root: Path
             return
         inner = _dataset_folder_in(staging, spec)
         try:
-            build_dataset(name, inner)  # validate before publishing it under the final name
+            _validate(name, spec, inner)  # validate before publishing it under the final name
         except DatasetError as exc:
             raise DownloadError(f"{archive} does not contain a valid {name} dataset: {exc}") from exc
         os.chmod(inner, 0o755)
         writes.rename(inner, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _validate(name: str, spec: DatasetSpec, directory: Path):
+    """`build_dataset` of the folder; for a stored corrupted set (one dataset per corruption and severity) its
+    first corruption at severity 1, and DatasetError when it holds none."""
+    if not spec.corrupted:
+        return build_dataset(name, directory)
+    held = stored_corruptions(directory, "npy" if spec.layout == "npy" else "folders")
+    if not held:
+        raise DatasetError(f"{directory} holds none of the corruptions of {name}")
+    dataset = build_dataset(name, directory, corruption=held[0], severity=1)
+    dataset.root = directory
+    return dataset
 
 
 def _dataset_folder_in(staging: Path, spec: DatasetSpec) -> Path:

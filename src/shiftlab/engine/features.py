@@ -86,9 +86,11 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from ..rundir import identity
     from ..version import __version__
     from . import distributed
-    from .config import expand_methods, resolve_device, resolve_workers, run_stream
+    from .config import check_run_config, expand_methods, resolve_device, resolve_workers, run_stream
     from .prepare import prepare
+    from .shifts import run_dataset
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+    config = check_run_config(config)
     if not config.features:
         raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
     dist = distributed.context()
@@ -101,6 +103,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
         prepared = prepare(config, [config.dataset], model=model, given=given, method_models=False)
         model, dataset = prepared.model, prepared.datasets[config.dataset]
     model = model.to(device)
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
@@ -137,6 +140,8 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
     base = {"samples_sha256": shared["samples_sha256"], "model": model, "seed": config.seed,
             "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
             "storage": config.features_dtype}
+    if shared.get("corruption"):   # the same paths hold other pixels: a corrupted image's features are its own
+        base["corruption"] = shared["corruption"]
     try:
         writes.make_dirs(root, STORE_ADVICE)
         lock = acquire_for_job(root, dist, purpose="feature store")

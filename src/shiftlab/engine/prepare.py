@@ -109,16 +109,20 @@ def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = No
     """(the dataset, None), or (None or the dataset, one line): dataset `name` under `config.data` (downloaded
     first when missing and `config.download`), with the partial-dataset rule unless `config.allow_partial`.
     Imports no torch: the CLI asks this of a missing --data before anything heavy is loaded."""
+    import dataclasses
+
     from ..datasets.base import DatasetError
-    from ..datasets.build import build_dataset
     from ..datasets.fetch import DownloadError
+    from .shifts import run_dataset
+    # with its corruption (a stored set's files, or generated) and its OOD images (engine/shifts.py)
+    shifted = dataclasses.replace(config, dataset=name, classnames=classnames)
     try:
-        dataset = build_dataset(name, config.data, classnames=classnames)
+        dataset = run_dataset(shifted)
     except DatasetError as exc:
         if not config.download:
             return None, f"dataset {name}: {one_line(exc)}{download_hint(name, config.data, exc)}"
         try:
-            dataset = _download_dataset(name, config.data, classnames)
+            dataset = _download_dataset(name, config.data, classnames, build=lambda: run_dataset(shifted))
         except (DownloadError, DatasetError, OSError) as dl_exc:
             return None, f"dataset {name}: {one_line(dl_exc)}"
     if not config.allow_partial:
@@ -192,15 +196,17 @@ def _missing_dirs(path: Path) -> list[Path]:
     return missing
 
 
-def _download_dataset(name: str, root: str, classnames: list[str] | None) -> FolderDataset:
-    """Download then build a dataset; a failed download leaves no empty folders behind."""
+def _download_dataset(name: str, root: str, classnames: list[str] | None,
+                      build: Callable[[], FolderDataset] | None = None) -> FolderDataset:
+    """Download then build a dataset (`build`: how, default `build_dataset`); a failed download leaves no empty
+    folders behind."""
     from ..datasets.build import build_dataset, expand_root
     from ..datasets.install import download_dataset
     root = str(expand_root(root, name))
     created = _missing_dirs(Path(root).expanduser())
     try:
         download_dataset(name, root)
-        return build_dataset(name, root, classnames=classnames)
+        return build() if build is not None else build_dataset(name, root, classnames=classnames)
     except BaseException:
         for folder in created:   # deepest first; a folder holding a partial download stays
             try:

@@ -116,7 +116,7 @@ def write_csv(path: Path, rows: list[dict], columns: list[str]) -> Path:
 
 METRIC_COLUMNS = ["run", "run_dir", "run_label", "model", "pretrained", "dataset", "method", "method_key",
                   "setting", "setting_label", "attack_eps", "top1", "top5", "ece", "nll", "brier", "n", "errors",
-                  "seconds_per_image"]
+                  "seconds_per_image", "auroc", "fpr95", "aupr", "n_ood"]
 PAIRED_COLUMNS = ["dataset", "setting", "a", "b", "n", "acc_a", "acc_b", "diff", "ci_low", "ci_high",
                   "a_only", "b_only", "p_value", "p_holm", "test", "verdict", "bootstrap_resamples", "seed"]
 

@@ -74,6 +74,27 @@ def results_section(data: ReportData) -> Section | None:
          "errors", "s / image"], rows, text_cols=3, id_="metrics-table"))
 
 
+def ood_section(data: ReportData) -> Section | None:
+    """Open-set runs: each method's detection of the OOD samples by its OOD score (AUROC, FPR95, AUPR) beside its
+    accuracy on the ID part, so the cost of OOD images to an online method's memory shows."""
+    rows = []
+    for s in data.series:
+        if s.ood_scores is None:
+            continue
+        m = data.m(s)
+        mix = ((s.run.summary.get("identity") or {}).get("shared") or {}).get("open_set") or {}
+        rows.append([s.key, s.run.name, ", ".join(mix.get("ood") or []) or "?", num(m["top1"]), num(m.get("auroc")),
+                     num(m.get("fpr95")), num(m.get("aupr")), num(m["n"], 0), num(m.get("n_ood"), 0)])
+    if not rows:
+        return None
+    return ("ood", "Out-of-distribution detection", "<p>Open-set streams: ID top-1 on the in-distribution part; "
+            "AUROC, FPR95 (the share of OOD images kept at the threshold keeping 95% of ID images) and AUPR (ID "
+            "positive), in percent, by each method's maximum softmax probability (MCM), as CLIPTTA's "
+            "ood_metrics.py defines them (docs/PROTOCOLS.md).</p>" + table(
+                ["method", "run", "OOD sets", "ID top-1 %", "AUROC %", "FPR95 %", "AUPR %", "n ID", "n OOD"], rows,
+                text_cols=3, id_="ood-table"))
+
+
 def sweep_section(data: ReportData) -> Section | None:
     """Each sweep run (`shiftlab sweep`: a sweep.json beside its records): top-1, ECE and n per grid point
     and method, from the point's records, with the method's own (published) setting marked."""
@@ -397,6 +418,7 @@ def errors_section(data: ReportData) -> Section | None:
     return ("errors", "Errors", body or "<p>No error records: every sample was predicted.</p>")
 
 
-ALL = [runs_section, suite_section, sweep_section, results_section, paired_section, published_section, cost_section,
-       stream_section, orders_section, calibration_section, robust_section, renditions_section, per_class_section,
+ALL = [runs_section, suite_section, sweep_section, results_section, ood_section, paired_section, published_section,
+       cost_section, stream_section, orders_section, calibration_section, robust_section, renditions_section,
+       per_class_section,
        confusions_section, errors_section]

@@ -21,6 +21,7 @@ from ..rundir.record_files import run_dir_error
 from ..writes import RESUME_ADVICE
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
+from .ood import score_open_set
 from .scoring import score_records
 
 SUMMARY = "summary.json"
@@ -28,6 +29,23 @@ SUMMARY_MD = "summary.md"
 
 
 # -- finishing a run -------------------------------------------------------------------
+
+class RunSummary(dict):
+    """What `shiftlab.run` returns: summary.json's dict (`["methods"][name]["top1"]`, ...), printed as one
+    readable line: the run directory, the samples and each method's top-1."""
+
+    def __repr__(self) -> str:
+        config = self.get("config") or {}
+        methods = self.get("methods") or {}
+        scores = ", ".join(f"{name} {_percent(entry.get('top1'))}" for name, entry in methods.items())
+        n = max((entry.get("n") or 0 for entry in methods.values()), default=0)
+        where = f"{config.get('out')!r}, " if config.get("out") else ""
+        return f"RunSummary({where}{config.get('dataset', '?')}, n={n}, top-1 %: {scores or 'none'})"
+
+
+def _percent(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
 
 def finish_run(run_dir: Path, timings: dict | None = None,
                warn: Callable[[str], None] | None = None) -> tuple[dict, str]:
@@ -41,8 +59,10 @@ def finish_run(run_dir: Path, timings: dict | None = None,
     from ..rundir import identity as run_identity
     from .published import published_for_run
     run_dir = Path(run_dir)
+    from ..rundir.stream import read_stream
     ident = run_identity.read(run_dir) or {}
-    schema = run_schema(ident)
+    recorded = read_stream(run_dir)   # the stream as run: its ids are the records' (any kind, any order of K)
+    schema = run_schema(ident, **({"ids": frozenset(recorded["ids"])} if recorded is not None else {}))
     record_files.quarantine(run_dir, warn, schema)
     record_files.merge_records(run_dir, schema)
     recs = record_files.load_records(run_dir, schema)
@@ -86,8 +106,12 @@ def run_schema(ident: dict | None, stream: bool = True, **known: Any) -> run_rec
     ident = ident if isinstance(ident, dict) else {}
     shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
     n, limit = shared.get("n_samples"), shared.get("limit")
-    if stream and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
-            limit is None or isinstance(limit, int)):
+    # a stream its seed alone does not make (another order of --orders K, a label or domain stream) is the one
+    # stream.json recorded: the caller passes its ids (finish_run), or they are checked against n_samples only
+    rebuildable = shared.get("stream_seed") is None and shared.get("orders", 1) == 1 and shared.get("order") in (
+        "shuffled", "sorted")
+    if (stream and rebuildable and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int)
+            and (limit is None or isinstance(limit, int))):
         from ..rundir.stream import stream_order
         try:
             known["ids"] = frozenset(stream_order(n, str(shared.get("order")), shared["seed"])[:limit])
@@ -150,7 +174,12 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
     attack_setting = None
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
-        scored = {**score_records(recs), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        # an open-set run: accuracy on its ID part (OOD samples have no class), detection over both parts
+        id_part = [r for r in recs if r.get("ood") is not True]
+        scored = {**score_records(id_part), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        detection = score_open_set(recs)
+        if detection is not None:
+            scored["ood"] = detection
         seconds = sum(r.get("seconds", 0.0) for r in recs) / max(len(recs), 1)
         if setting == "clean":
             entry.update(scored)
@@ -192,6 +221,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
     if published_ece:
         head += ["published ECE (20 bins)"]
+    open_set = any("ood" in m for m in summary["methods"].values())
+    if open_set:
+        head += ["AUROC", "FPR95", "AUPR", "n OOD"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in summary["methods"].items():
         row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
@@ -203,12 +235,23 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row.append(_published_cell(published.get(name)))
         if published_ece:
             row.append(_fmt((published.get(name) or {}).get("paper_ece")))
+        if open_set:
+            ood = m.get("ood") or {}
+            row += [_fmt(ood.get("auroc")), _fmt(ood.get("fpr95")), _fmt(ood.get("aupr")), str(ood.get("n_ood", 0))]
         lines.append("| " + " | ".join(row) + " |")
     cfg = summary.get("config", {})
     title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"
     if is_random_weights(cfg.get("pretrained")):
         title += " · RANDOM WEIGHTS: accuracies are meaningless"
     notes = [f"errors: {summary.get('errors', 0)}"]
+    corruption = (summary.get("identity") or {}).get("shared", {}).get("corruption") or {}
+    if corruption:
+        title += f" · {corruption.get('name')} severity {corruption.get('severity')} ({corruption.get('source')})"
+    if open_set:
+        mix = (summary.get("identity") or {}).get("shared", {}).get("open_set") or {}
+        notes.append(f"open set: top-1 etc. on the ID part; OOD {', '.join(mix.get('ood') or ['?'])} at ratio "
+                     f"{mix.get('ratio', '?')} (seed {mix.get('seed', '?')}); AUROC/FPR95/AUPR (%) by the max "
+                     "softmax probability (MCM), ID positive")
     if "attack" in summary:
         a = summary["attack"]
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
