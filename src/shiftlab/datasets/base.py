@@ -3,6 +3,7 @@
 long list is shortened in a message (`format_listing`)."""
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ class FolderDataset:
     warnings: list[str] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
     missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
+    # samples the files promise but cannot deliver (a truncated shard, a null image cell), one line each
+    # naming file and offset or row: an error unless --allow-partial, then counted in summary.json
+    lost: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -61,6 +65,27 @@ class FolderDataset:
     def label(self, i: int) -> int:
         return self.samples[i][1]
 
+    def source(self, i: int) -> str:
+        """Where sample i's bytes come from, as a person reads it (a file; `shard.tar/member`; `file#row`)."""
+        return str(self.path(i))
+
+    def read_bytes(self, i: int) -> bytes:
+        """Sample i's encoded image bytes, as stored (raises OSError when they cannot be read)."""
+        return self.path(i).read_bytes()
+
+    def content_digest(self, i: int) -> str:
+        """SHA-256 of sample i's encoded bytes: its identity in a feature store, whatever the layout."""
+        return hashlib.sha256(self.read_bytes(i)).hexdigest()
+
+    def file_stat(self, i: int) -> tuple[int, int] | None:
+        """(size, mtime_ns) of sample i's own file, the `--trust-mtime` fast path; None when the sample
+        is not a file of its own (a shard member, a table cell) or cannot be read."""
+        try:
+            st = os.stat(self.path(i))
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
     @property
     def num_classes(self) -> int:
         return len(self.classnames)
@@ -71,7 +96,11 @@ class FolderDataset:
 
     def require_complete(self, max_empty_fraction: float = MAX_EMPTY_FRACTION) -> None:
         """Raise ``DatasetError`` when more than ``max_empty_fraction`` of the classes have no sample:
-        a partly copied or extracted dataset would otherwise score as if it were the real one."""
+        a partly copied or extracted dataset would otherwise score as if it were the real one; and when
+        any sample the files promise cannot be read (`lost`: a truncated shard, a null table cell)."""
+        if self.lost:
+            raise DatasetError(f"{self.name}: samples are lost ({len(self.lost)} problem(s)): {self.lost[0]}"
+                               + (f" (and {len(self.lost) - 1} more)" if len(self.lost) > 1 else ""))
         if len(self.empty_classes) > max_empty_fraction * self.num_classes:
             share = len(self.empty_classes) / self.num_classes
             raise DatasetError(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..rundir.feature_store import FeatureStore, feature_key
+from ..rundir.feature_store import FeatureStore, feature_key, sample_info
 from . import interrupt
 
 if TYPE_CHECKING:
@@ -22,17 +22,34 @@ class RunFeatures:
     reads (`read`) and what it writes (`put`, when `writable`), and the counts the run reports.
 
     `base` holds the key fields that do not vary within a run (feature_key's keyword arguments
-    other than recipe, n_views and precision)."""
+    other than recipe, n_views and precision).
 
-    def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool):
+    A sample is the same as the stored one when its content digest is (the dataset's
+    `content_digest`: file, webdataset member or parquet cell alike, hashed once per run);
+    `trust_mtime` accepts a file whose size and mtime are those stored without hashing it."""
+
+    def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool,
+                 trust_mtime: bool = False):
         self.store, self.base, self.dataset, self.writable = store, dict(base), dataset, writable
+        self.trust_mtime = trust_mtime
         self.read_ids: set[int] = set()
         self.encoded_ids: set[int] = set()
+        self._digests: dict[int, str | None] = {}
 
-    def _path(self, sid: int) -> str:
-        """The sample's file as it can be opened (a dataset's `samples` may hold paths relative to its root)."""
-        path = getattr(self.dataset, "path", None)
-        return str(path(sid)) if callable(path) else str(self.dataset.samples[sid][0])
+    def _digest(self, sid: int) -> str | None:
+        """The sample's content digest, computed once (None: its bytes cannot be read, never served)."""
+        if sid not in self._digests:
+            try:
+                self._digests[sid] = self.dataset.content_digest(sid)
+            except (OSError, ValueError):
+                self._digests[sid] = None
+        return self._digests[sid]
+
+    def _stat(self, sid: int) -> tuple[int, int] | None:
+        return self.dataset.file_stat(sid) if self.trust_mtime else None
+
+    def _identity(self, sid: int) -> dict[str, Any]:
+        return dict(digest=lambda: self._digest(sid), stat=self._stat(sid))
 
     def key(self, recipe: Any, precision: str, n_views: int) -> dict[str, Any]:
         return feature_key(recipe=recipe, precision=precision, n_views=n_views, **self.base)
@@ -42,10 +59,10 @@ class RunFeatures:
         if not keys:
             return set()
         entries = [self.store.entry(k) for k in keys]
-        return {sid for sid in ids if all(e.has(sid, self._path(sid)) for e in entries)}
+        return {sid for sid in ids if all(e.has(sid, **self._identity(sid)) for e in entries)}
 
     def read(self, key: Mapping[str, Any], sid: int) -> torch.Tensor | None:
-        feats = self.store.entry(key).features(sid, self._path(sid))
+        feats = self.store.entry(key).features(sid, **self._identity(sid))
         if feats is not None:
             self.read_ids.add(sid)
         return feats
@@ -53,7 +70,9 @@ class RunFeatures:
     def put(self, key: Mapping[str, Any], sid: int, features: torch.Tensor) -> None:
         self.encoded_ids.add(sid)
         if self.writable:
-            self.store.put(key, sid, self._path(sid), features)
+            info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.file_stat(sid),
+                               self.dataset.label(sid))
+            self.store.put(key, sid, None, features, info=info)
 
     def close(self) -> None:
         self.store.close()
@@ -135,4 +154,4 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
         writable = False
     if store is None:
         return None
-    return RunFeatures(store, base, dataset, writable)
+    return RunFeatures(store, base, dataset, writable, trust_mtime=getattr(config, "trust_mtime", False))
