@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +244,8 @@ class Entry:
             data = b""
         if len(data) != size or row_checksum(self.digest, sid, info.get("sha256"), data) != sha:
             self._bad.add(binary)
-            _warn(f"feature store: shard {binary} is damaged or truncated, or its index was altered; its samples are encoded again")
+            _warn(f"feature store: shard {binary} is damaged or truncated, or its index was altered; "
+                  "its samples are encoded again")
             return self.features(sid, path, digest=digest, stat=stat)   # another intact copy, or None
         return torch.frombuffer(bytearray(data), dtype=storage).view(n, d).to(getattr(torch, out))
 
@@ -279,8 +279,9 @@ class FeatureStore:
     def __repr__(self) -> str:
         keys = self.keys()
         models = sorted({str(k.get("model")) for k in keys})
+        of = f" of {', '.join(models)}" if models else ""
         return (f"<FeatureStore {str(self.root)!r} ({'read-only' if self.mode == 'r' else 'writing'}): "
-                f"{len(keys)} entr{'y' if len(keys) == 1 else 'ies'}" + (f" of {', '.join(models)}>" if models else ">"))
+                f"{len(keys)} entr{'y' if len(keys) == 1 else 'ies'}{of}>")
 
     # reading
     def keys(self) -> list[dict[str, Any]]:
