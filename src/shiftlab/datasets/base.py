@@ -77,16 +77,6 @@ class FolderDataset:
         """SHA-256 of sample i's encoded bytes: its identity in a feature store, whatever the layout."""
         return hashlib.sha256(self.read_bytes(i)).hexdigest()
 
-    def file_stat(self, i: int) -> tuple[int, int] | None:
-        """(size, mtime_ns) of sample i's own file, the `--trust-mtime` fast path; None when the sample
-        is not a file of its own (a shard member, a table cell) or cannot be read."""
-        try:
-            st = os.stat(self.path(i))
-        except OSError:
-            return None
-        return st.st_size, st.st_mtime_ns
-
-    @property
     def num_classes(self) -> int:
         return len(self.classnames)
 

@@ -59,9 +59,6 @@ class ShardDataset(FolderDataset):
             raise OSError(f"truncated shard {shard}: {len(data)} of {size} bytes at offset {offset}")
         return data
 
-    def file_stat(self, i: int) -> None:
-        return None   # a member has no file of its own: its identity is always its content digest
-
     def image(self, i: int) -> Image.Image:
         where = self.root / self.samples[i][0]
         try:

@@ -122,9 +122,6 @@ class TableDataset(FolderDataset):
             raise OSError(f"the cell holds {held}, not the image bytes")
         return data
 
-    def file_stat(self, i: int) -> None:
-        return None   # a cell has no file of its own: its identity is always its content digest
-
     def image(self, i: int) -> Image.Image:
         where = str(self.root / self.samples[i][0])
         try:

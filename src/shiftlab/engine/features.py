@@ -25,13 +25,10 @@ class RunFeatures:
     other than recipe, n_views and precision).
 
     A sample is the same as the stored one when its content digest is (the dataset's
-    `content_digest`: file, webdataset member or parquet cell alike, hashed once per run);
-    `trust_mtime` accepts a file whose size and mtime are those stored without hashing it."""
+    `content_digest`: file, webdataset member or parquet cell alike, hashed once per run)."""
 
-    def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool,
-                 trust_mtime: bool = False):
+    def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool):
         self.store, self.base, self.dataset, self.writable = store, dict(base), dataset, writable
-        self.trust_mtime = trust_mtime
         self.read_ids: set[int] = set()
         self.encoded_ids: set[int] = set()
         self._digests: dict[int, str | None] = {}
@@ -45,11 +42,8 @@ class RunFeatures:
                 self._digests[sid] = None
         return self._digests[sid]
 
-    def _stat(self, sid: int) -> tuple[int, int] | None:
-        return self.dataset.file_stat(sid) if self.trust_mtime else None
-
     def _identity(self, sid: int) -> dict[str, Any]:
-        return dict(digest=lambda: self._digest(sid), stat=self._stat(sid))
+        return dict(digest=lambda: self._digest(sid))
 
     def key(self, recipe: Any, precision: str, n_views: int) -> dict[str, Any]:
         return feature_key(recipe=recipe, precision=precision, n_views=n_views, **self.base)
@@ -70,8 +64,7 @@ class RunFeatures:
     def put(self, key: Mapping[str, Any], sid: int, features: torch.Tensor) -> None:
         self.encoded_ids.add(sid)
         if self.writable:
-            info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.file_stat(sid),
-                               self.dataset.label(sid))
+            info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.label(sid))
             self.store.put(key, sid, None, features, info=info)
 
     def close(self) -> None:
@@ -154,4 +147,4 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
         writable = False
     if store is None:
         return None
-    return RunFeatures(store, base, dataset, writable, trust_mtime=getattr(config, "trust_mtime", False))
+    return RunFeatures(store, base, dataset, writable)

@@ -11,9 +11,9 @@ Layout (also in docs/ARCHITECTURE.md)::
     DIR/<digest>/key.json          an entry's full key; <digest> = first 16 hex of its SHA-256
     DIR/<digest>/<shard>.bin       raw little-endian features (n, N, D) in the entry's storage dtype
     DIR/<digest>/<shard>.json      the shard's index, written last (its presence commits the shard):
-                                   sample ids, each sample's identity (source, content SHA-256, size,
-                                   mtime_ns, label), each row's checksum, shape, dtype, the .bin's
-                                   SHA-256, and the index's own SHA-256
+                                   sample ids, each sample's identity (source, content SHA-256,
+                                   label), each row's checksum, shape, dtype, the .bin's SHA-256,
+                                   and the index's own SHA-256
 
 A key (`feature_key`) holds the sample list digest, the model's checkpoint or weights digest, its
 preprocessing, the view recipe (family + the count encoded) and seed, the precision, the device
@@ -24,9 +24,8 @@ Every byte read back is verified against what it claims to be:
 - a sample is served only when its **content digest** (SHA-256 of the encoded image bytes: a file, a
   webdataset member, a parquet cell) equals the one stored with its row, so an image replaced by
   another of the same size with its mtime restored (`cp -p`, rsync, tar) is encoded again. Hashing
-  a JPEG costs about 1/10,000 of decoding and encoding its views (docs/ARCHITECTURE.md, "Feature
-  store"); `trust_mtime` (`--trust-mtime`) skips the hash when a file's size and mtime are those
-  stored, an opt-in for very large datasets on slow disks;
+  a JPEG costs less than 1/4,000 of decoding and encoding its views even with the tiny model
+  (docs/ARCHITECTURE.md, "Feature store"), so there is no size+mtime fast path;
 - a row's checksum is the SHA-256 of (entry key digest, sample id, content digest, feature bytes), so
   rows moved, swapped or copied between samples or entries in an edited index fail their check;
 - an index whose own SHA-256 does not match is not read.
@@ -65,21 +64,17 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def file_info(path: str | os.PathLike, label: int | None = None) -> dict[str, Any]:
-    """A sample's identity as its own file gives it: source, content SHA-256, size, mtime_ns, label
-    (sha256 None when the file cannot be read: then it is never served)."""
+    """A sample's identity as its own file gives it: source, content SHA-256, label (sha256 None when
+    the file cannot be read: then it is never served)."""
     try:
-        st = os.stat(path)
-        return sample_info(str(path), file_digest(path), (st.st_size, st.st_mtime_ns), label)
+        return sample_info(str(path), file_digest(path), label)
     except OSError:
-        return sample_info(str(path), None, None, label)
+        return sample_info(str(path), None, label)
 
 
-def sample_info(source: str, sha256: str | None, stat: tuple[int, int] | None = None,
-                label: int | None = None) -> dict[str, Any]:
-    """What the index keeps of a sample: where it came from, its content digest, its file's (size,
-    mtime_ns) when it is a file of its own (the `trust_mtime` fast path), its label."""
-    return {"source": source, "sha256": sha256, "size": stat[0] if stat else None,
-            "mtime_ns": stat[1] if stat else None, "label": label}
+def sample_info(source: str, sha256: str | None, label: int | None = None) -> dict[str, Any]:
+    """What the index keeps of a sample: where it came from, its content digest, its label."""
+    return {"source": source, "sha256": sha256, "label": label}
 
 
 def row_checksum(digest: str, sid: int, content: str | None, data: bytes) -> str:
@@ -192,25 +187,17 @@ class Entry:
         found = self._copy(sid)
         return None if found is None else found[2].get("source")
 
-    def has(self, sid: int, path: str | os.PathLike | None = None, *, digest: Digest = None,
-            stat: tuple[int, int] | None = None) -> bool:
+    def has(self, sid: int, path: str | os.PathLike | None = None, *, digest: Digest = None) -> bool:
         """Whether `sid` is stored and is still the same image: its content digest (`digest`, or
-        computed from the file `path`) equals the stored one. `stat`: the file's (size, mtime_ns),
-        accepted without hashing when it equals the stored one (the opt-in `trust_mtime` fast path).
-        With none of them, whether anything is stored for `sid`."""
-        return self._find(sid, path, digest, stat) is not None
+        computed from the file `path`) equals the stored one. With neither, whether anything is
+        stored for `sid`."""
+        return self._find(sid, path, digest) is not None
 
-    def _find(self, sid: int, path: str | os.PathLike | None, digest: Digest,
-              stat: tuple[int, int] | None) -> tuple[Path, int, dict, str] | None:
+    def _find(self, sid: int, path: str | os.PathLike | None, digest: Digest) -> tuple[Path, int, dict, str] | None:
         """The first intact copy of `sid` stored from the same image (see `has`)."""
         copies = [c for c in self._rows.get(sid, ()) if c[0] not in self._bad]
-        if not copies or (path is None and digest is None and stat is None):
+        if not copies or (path is None and digest is None):
             return copies[0] if copies else None
-        if stat is not None:
-            trusted = next((c for c in copies if c[2].get("sha256")
-                            and [c[2].get("size"), c[2].get("mtime_ns")] == list(stat)), None)
-            if trusted is not None:
-                return trusted
         if callable(digest):
             digest = digest()
         elif digest is None and path is not None:
@@ -221,15 +208,15 @@ class Entry:
         return next((c for c in copies if digest is not None and c[2].get("sha256") == digest), None)
 
     def _copy(self, sid: int) -> tuple[Path, int, dict, str] | None:
-        return self._find(sid, None, None, None)
+        return self._find(sid, None, None)
 
-    def features(self, sid: int, path: str | os.PathLike | None = None, *, digest: Digest = None,
-                 stat: tuple[int, int] | None = None) -> torch.Tensor | None:
+    def features(self, sid: int, path: str | os.PathLike | None = None, *,
+                 digest: Digest = None) -> torch.Tensor | None:
         """(N, D) features of sample `sid` in the encoder's dtype (None: not stored, another image now
         (see `has`), or damaged)."""
         if callable(digest):
             digest = digest()
-        found = self._find(sid, path, digest, stat)
+        found = self._find(sid, path, digest)
         if found is None:
             return None
         binary, row, info, sha = found
@@ -246,7 +233,7 @@ class Entry:
             self._bad.add(binary)
             _warn(f"feature store: shard {binary} is damaged or truncated, or its index was altered; "
                   "its samples are encoded again")
-            return self.features(sid, path, digest=digest, stat=stat)   # another intact copy, or None
+            return self.features(sid, path, digest=digest)   # another intact copy, or None
         return torch.frombuffer(bytearray(data), dtype=storage).view(n, d).to(getattr(torch, out))
 
 
@@ -312,7 +299,7 @@ class FeatureStore:
     def put(self, key: Mapping[str, Any], sid: int, path: str | os.PathLike | None, features: torch.Tensor, *,
             info: Mapping[str, Any] | None = None) -> None:
         """Buffer (N, D) features of `sid`; a full shard is written at once, the rest by `flush`.
-        `info`: the sample's identity (`sample_info`: source, content digest, stat, label); without it,
+        `info`: the sample's identity (`sample_info`: source, content digest, label); without it,
         the file `path` gives it (`file_info`)."""
         if self.mode != "w":
             raise ValueError("put() needs a store opened with mode='w'")
