@@ -77,6 +77,10 @@ def format_report(result: dict) -> str:
                      "a method alone x floor: over the floor row)" if rounds.get("all_methods_encodes", True) else
                      "(all methods x floor: over the floor row, as no method of the pass reads the frozen tower's "
                      "features; a method alone x floor: over the floor row)")
+        for bad in rounds.get("unreliable_rounds") or []:
+            lines.append(f"round {bad['round']} UNRELIABLE (the machine's load changed under it; its figures are in "
+                         "the medians: re-run on a quieter machine or with more --repeats): "
+                         + "; ".join(bad["reasons"]))
         lines += projection_lines(result["projection"], rounds)
     ld = result["loader"]
     lines.append(

@@ -98,39 +98,51 @@ def measure_rounds(ev: Evaluator, source: Any, items: Sequence[BatchItem], metho
                    batch_size: int, timer: PhaseTimer, recipes: Mapping[str, Any],
                    baselines: Mapping[str, Callable[[BatchItem], torch.Tensor]] | None = None,
                    log: Callable[[str], None] = lambda msg: None, alone: bool = True,
-                   store: bool = True) -> dict[str, Any]:
+                   store: bool = True, phase: Callable[[str], None] = lambda what: None) -> dict[str, Any]:
     """Seconds per image over `rounds` interleaved rounds (see the module docstring); `alone=False`
-    skips each method's own pass (and its baseline), `store=False` the re-run from a feature store."""
+    skips each method's own pass (and its baseline), `store=False` the re-run from a feature store.
+    `phase(what)` is told each pass as it starts (progress); a round whose figures contradict each
+    other (`contradictions`) is marked UNRELIABLE in its line and listed in the result."""
     import tempfile
     baselines = baselines if alone and baselines else {}
     alone_methods = list(methods) if alone else []
     n = len(items)
     per_image: dict[str, list[float]] = {"floor": [], "all_methods": [], "all_methods_encode": []}
+    per_image |= {f"all_method:{m}": [] for m in methods}
     per_image |= {f"{k}:{m}": [] for m in alone_methods for k in ("alone", "alone_encode")}
     per_image |= {f"baseline:{m}": [] for m in baselines}
     with tempfile.TemporaryDirectory(prefix="shiftlab-bench-store-") as root:
+        if store:
+            phase("filling the feature store (encoding every view once)")
         features = fill_store(ev, source, items, methods, batch_size, recipes, root) if store else None
         if features is not None:
             per_image |= {"store": [], "store_read": []} | {f"store_method:{m}": [] for m in methods}
         for r in range(rounds):
             timer.take()
+            phase(f"round {r + 1}/{rounds}: the floor")
             per_image["floor"].append(_floor(ev, items, batch_size, timer.now) / n)
             for name in alone_methods:
+                phase(f"round {r + 1}/{rounds}: {name} alone")
                 seconds, phases = _pass(ev, source, items, [name], batch_size, timer, recipes)
                 per_image[f"alone:{name}"].append(seconds / n)
                 per_image[f"alone_encode:{name}"].append(phases.get("encode", 0.0) / n)
                 if name in baselines:
+                    phase(f"round {r + 1}/{rounds}: {name} baseline")
                     t0 = timer.now()
                     for item in items:
                         baselines[name](item)
                     per_image[f"baseline:{name}"].append((timer.now() - t0) / n)
+            phase(f"round {r + 1}/{rounds}: all methods")
             seconds, phases = _pass(ev, source, items, methods, batch_size, timer, recipes)
             per_image["all_methods"].append(seconds / n)
             per_image["all_methods_encode"].append(phases.get("encode", 0.0) / n)
+            for m in methods:
+                per_image[f"all_method:{m}"].append(phases.get(f"predict:{m}", 0.0) / n)
             line = (f"  round {r + 1}/{rounds}: floor {per_image['floor'][-1]:.3f} s/image, all methods "
                     f"{per_image['all_methods'][-1]:.3f} s/image "
                     f"(its encoding {per_image['all_methods_encode'][-1]:.3f})")
             if features is not None:
+                phase(f"round {r + 1}/{rounds}: all methods from the feature store")
                 seconds, phases = _pass(ev, source, items, methods, batch_size, timer, recipes, features)
                 if phases.get("encode", 0.0) or phases.get("decode_views", 0.0):
                     raise RuntimeError("the feature-store pass decoded or encoded: its store does not serve every item")
@@ -139,6 +151,9 @@ def measure_rounds(ev: Evaluator, source: Any, items: Sequence[BatchItem], metho
                 for m in methods:
                     per_image[f"store_method:{m}"].append(phases.get(f"predict:{m}", 0.0) / n)
                 line += f", from the store {per_image['store'][-1]:.3f}"
+            problems = contradictions(round_figures(per_image, r))
+            if problems:
+                line += " -- UNRELIABLE: " + "; ".join(problems)
             log(line)
         if features is not None:
             features.close()
@@ -177,7 +192,10 @@ def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence
                                   "per round: the all-methods pass over the floor (no method of it reads the frozen "
                                   "tower's features: it has no encode phase)",
         "methods": {},
+        "unreliable_rounds": unreliable_rounds(per_image),
     }
+    if all(f"all_method:{m}" in per_image for m in store_methods):
+        out["all_methods_method_seconds_per_image"] = {m: spread(per_image[f"all_method:{m}"]) for m in store_methods}
     for name in methods:
         row = {"seconds_per_image": spread(per_image[f"alone:{name}"]),
                "encode_seconds_per_image": spread(per_image.get(f"alone_encode:{name}", [0.0] * len(floor))),
@@ -188,6 +206,47 @@ def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence
         out["methods"][name] = row
     if "store" in per_image:
         out["store"] = store_summary(per_image, floor, store_methods)
+    return out
+
+
+def round_figures(per_image: Mapping[str, Sequence[float]], r: int) -> dict[str, float]:
+    """Round r's seconds per image, by the keys of `per_image` (those measured in it)."""
+    return {key: values[r] for key, values in per_image.items() if len(values) > r}
+
+
+# The floor and the all-methods pass's own encoding are the same work (the image tower over the same
+# views): apart by more than this factor, the machine's load changed within the round.
+SAME_WORK_FACTOR = 2.0
+
+
+def contradictions(fig: Mapping[str, float]) -> list[str]:
+    """Why one round's figures (`round_figures`) cannot all be true of one machine, [] when they can:
+    the re-run from the feature store does the all-methods pass's work minus the encoding, so it cannot
+    be slower; a method alone does part of the all-methods pass's work; the floor and that pass's
+    encoding are the same work. Such a round measured a machine whose load changed under it."""
+    problems = []
+    full = fig.get("all_methods")
+    if full is not None and fig.get("store") is not None and fig["store"] > full:
+        problems.append(f"the re-run from the feature store ({fig['store']:.3f} s/image) was slower than the "
+                        f"all-methods pass that encodes ({full:.3f})")
+    for key, value in fig.items():
+        if key.startswith("alone:") and full is not None and value > full:
+            problems.append(f"{key[6:]} alone ({value:.3f} s/image) was slower than all methods together "
+                            f"({full:.3f})")
+    floor, encode = fig.get("floor"), fig.get("all_methods_encode")
+    if floor and encode and max(floor / encode, encode / floor) > SAME_WORK_FACTOR:
+        problems.append(f"the floor ({floor:.3f} s/image) and the all-methods pass's own encoding ({encode:.3f}), "
+                        f"the same work, differ by more than {SAME_WORK_FACTOR:g}x")
+    return problems
+
+
+def unreliable_rounds(per_image: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
+    """[{"round": k (from 1), "reasons": [...]}] for each round whose figures contradict each other."""
+    out = []
+    for r in range(len(per_image["floor"])):
+        problems = contradictions(round_figures(per_image, r))
+        if problems:
+            out.append({"round": r + 1, "reasons": problems})
     return out
 
 

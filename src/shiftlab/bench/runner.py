@@ -132,6 +132,16 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
+def shared_from_rounds(rounds: dict, decode_seconds: float, n: int) -> dict:
+    """The all-methods pass's figures (seconds over `n` images, its split, each method's share) as the
+    rounds' medians of that pass; the decoding measured once before them (the rounds reuse the views)."""
+    encode = rounds["all_methods_encode_seconds_per_image"]["median"] * n
+    per_method = {m: r["median"] * n for m, r in rounds.get("all_methods_method_seconds_per_image", {}).items()}
+    return {"seconds": rounds["all_methods_seconds_per_image"]["median"] * n + decode_seconds,
+            "split": {"decode_views": decode_seconds, "image_encode": encode}, "per_method": per_method,
+            "logits": {}}
+
+
 def _log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -139,10 +149,12 @@ def _log_stderr(msg: str) -> None:
 # -- the benchmark ------------------------------------------------------------------------------
 
 def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig | None = None, source: Any = None,
-              log: Callable[[str], None] | None = _log_stderr, model_info: dict | None = None) -> dict:
+              log: Callable[[str], None] | None = _log_stderr, model_info: dict | None = None,
+              on_phase: Callable[[str], None] | None = None) -> dict:
     """Measure `config.methods` on `model`; returns the JSON-able result (see docs/BENCHMARKS.md).
 
     `source` has `image(i)` and `len()` (a dataset); None: `images + warmup` synthetic JPEGs.
+    `on_phase(what)`: called as each phase starts (the CLI's heartbeat, `bench.progress`).
     """
     config = config or BenchConfig()
     methods = expand_methods(config.methods or default_methods())
@@ -153,7 +165,8 @@ def run_bench(model: ClipModel, classnames: Sequence[str], config: BenchConfig |
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        bench = Bench(model, list(classnames), config, methods, source, log or (lambda msg: None), model_info or {})
+        bench = Bench(model, list(classnames), config, methods, source, log or (lambda msg: None), model_info or {},
+                      on_phase)
         try:
             return bench.measure()
         finally:
@@ -170,9 +183,10 @@ class Bench:
     measurements (`measure`), each through the engine's own step."""
 
     def __init__(self, model: ClipModel, classnames: list[str], config: BenchConfig, methods: list[str],
-                 source: Any, log: Callable[[str], None], model_info: dict):
+                 source: Any, log: Callable[[str], None], model_info: dict,
+                 on_phase: Callable[[str], None] | None = None):
         self.model, self.classnames, self.config, self.methods = model, classnames, config, methods
-        self.source, self.log, self.model_info = source, log, model_info
+        self.source, self.log, self.model_info, self.on_phase = source, log, model_info, on_phase
         self.device = model.device
         self.now = _clock(self.device)
         self.machine = machine_info(self.device)
@@ -185,6 +199,7 @@ class Bench:
         log(f"bench: {len(methods)} method(s), {n} image(s) (+{len(self.warm_ids)} warm-up), {config.views} views, "
             f"{len(classnames)} classes, device {self.device}")
         self.t0 = time.perf_counter()
+        self.phase("setup: class heads and prompts")
         self.timer = PhaseTimer(self.now, text=True)
         self.ev = Evaluator(model, classnames, methods, config.method_config, config.precision,
                             text_timer=self.timer, run_views={"n_views": config.views})
@@ -301,33 +316,64 @@ class Bench:
         config, n, log = self.config, self.n, self.log
         log(f"  setup (class heads, prompts): {self.setup_seconds:.1f} s")
         if self.warm_ids:
+            self.phase("warm-up")
             self.shared_pass(self.warm_ids)
             counts = {self.ev.methods[m].view_recipe.n_views: m for m in self.methods}
             for count, name in sorted(counts.items()) if config.alone else []:
                 if count < max(counts):   # a one-method run's smaller tower batch (view 0 only), once
                     self.alone(name, self.warm_ids[:1])
             log(f"  warm-up: {time.perf_counter() - self.t0 - self.setup_seconds:.1f} s")
-        with PeakMemory(self.device) as mem:
-            shared = self.shared_pass(self.ids)
-        log(f"  all methods in one pass: {shared['seconds'] / n:.2f} s/image")
-        loader = self._loader_row(shared)
-        results, baselines = self._alone_rows(shared)
+        # The all-methods pass of the rounds is that pass already: a separate one is measured only when
+        # the methods are also measured alone (their rows read it) or there are no rounds. `--quick` thus
+        # runs the methods twice (the pass, its re-run from the store), not three times.
+        separate = config.alone or config.repeats < 1
+        decode_seconds = 0.0
+        if separate:
+            self.phase("all methods in one pass")
+            with PeakMemory(self.device) as mem:
+                shared = self.shared_pass(self.ids)
+            log(f"  all methods in one pass: {shared['seconds'] / n:.2f} s/image")
+            loader = self._loader_row(shared)
+        else:
+            self.phase("decoding the images' views")
+            decode_seconds = self.decode_views(self.ids)
+        results, baselines = self._alone_rows(shared) if separate else ({}, {})
         rounds = None
         if config.repeats > 0:
             items = [BatchItem(sid, dict(self.views[sid])) for sid in self.ids]
             log(f"  {config.repeats} interleaved round(s): floor, "
                 + (f"each method alone{' (+ baseline)' if baselines else ''}, " if config.alone else "")
                 + "all methods" + (", all methods from a feature store" if config.store else ""))
-            rounds = measure_rounds(self.ev, self.source, items, self.methods, config.repeats, config.batch_size,
-                                    self.timer, self.recipes, baselines=baselines, log=log, alone=config.alone,
-                                    store=config.store)
+            with PeakMemory(self.device) as rounds_mem:
+                rounds = measure_rounds(self.ev, self.source, items, self.methods, config.repeats,
+                                        config.batch_size, self.timer, self.recipes, baselines=baselines, log=log,
+                                        alone=config.alone, store=config.store, phase=self.phase)
             for name, r in rounds["methods"].items():
                 results[name]["ratio_to_floor"] = r["ratio_to_floor"]["median"]
                 results[name]["rounds_seconds_per_image"] = r["seconds_per_image"]["median"]
+        if not separate:
+            shared, mem = shared_from_rounds(rounds, decode_seconds, n), rounds_mem
+            log(f"  all methods in one pass (the rounds' median): {shared['seconds'] / n:.2f} s/image")
+            loader = self._loader_row(shared)
         return self._result(shared, mem.mib, loader, results, rounds)
+
+    def phase(self, what: str) -> None:
+        """Name what runs now (the progress heartbeat repeats it while it lasts)."""
+        if self.on_phase is not None:
+            self.on_phase(what)
+
+    def decode_views(self, ids: Sequence[int]) -> float:
+        """Decode and draw the views of `ids` (kept for the rounds), as the engine's loader does; seconds."""
+        runner = Runner(self.ev, self.source, self.recipes, timer=self.timer)
+        self.timer.take()
+        for batch in _chunks(ids, self.config.batch_size):
+            items = runner.load(batch)
+            self.views.update((item.sample_id, item.views) for item in items if item.error is None)
+        return self.timer.take().get("decode_views", 0.0)
 
     def _loader_row(self, shared: dict) -> dict:
         workers = resolve_workers(self.config.workers, self.device)
+        self.phase("the loader alone")
         loader = self.loader(workers)
         model_spi = (shared["seconds"] - shared["split"]["decode_views"]) / self.n
         loader.update({
@@ -350,6 +396,7 @@ class Bench:
         kept: dict[str, Callable[[BatchItem], torch.Tensor]] = {}
         for name in self.methods if config.alone else []:
             method = self.ev.methods[name]
+            self.phase(f"{name} alone")
             alone = self.alone(name, self.ids)
             spi = alone["seconds"] / self.n
             results[name] = row = {
@@ -371,6 +418,7 @@ class Bench:
             if name not in BASELINES:
                 row["baseline_skipped"] = "no baseline transcription for this method"
                 continue
+            self.phase(f"{name} baseline")
             base = self.baseline(row, name, alone, base_warm)
             if base is not None:
                 kept[name] = lambda item, base=base, name=name: base.predict(

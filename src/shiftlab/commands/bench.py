@@ -21,9 +21,10 @@ def _names(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
-# `--quick`: one image at QUICK_VIEWS views, no warm-up image (the single pass that keeps the views is the
-# warm-up in effect: the projection reads the round after it), one round of the floor and all methods
-# together, no baselines, no per-method passes, the loader in-process, and every default method but the
+# `--quick`: one image at QUICK_VIEWS views, no warm-up (the round's figures include the first calls'
+# costs: a first look, not a measurement to quote), one round of the floor and all methods together (that
+# pass is the all-methods line: no separate pass, bench.runner), no baselines, no per-method passes, the
+# loader in-process, and every default method but the
 # prompt ensemble (its 80-template x 200-class head is a one-off set-up of minutes on a CPU; per image it
 # costs a product with view 0's features, which the pass encodes anyway); the projection scales the
 # image-tower phases to the 64-view recipe (docs/BENCHMARKS.md, "--quick"). Flags given explicitly win.
@@ -48,8 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", type=_names, default=None,
                    help="comma-separated methods (default: zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta)")
     p.add_argument("--quick", action="store_true",
-                   help=f"a first look (about a minute on a quiet CPU): 1 image at {QUICK_VIEWS} views, 1 round of "
-                        "the floor and all methods, no baselines; the ImageNet-R projection is scaled to 64 views")
+                   help=f"a first look (under a minute on a quiet 2-core CPU): 1 image at {QUICK_VIEWS} views, "
+                        "1 round of the floor, all methods and their re-run from a feature store, no warm-up, "
+                        "no baselines; the ImageNet-R projection is scaled to 64 views")
     p.add_argument("--images", type=int, default=None, help="timed images (default 3 on the CPU, 32 on CUDA)")
     p.add_argument("--warmup", type=int, default=None, help="untimed images run through every path first (default 1)")
     p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=None,
@@ -97,6 +99,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..bench.progress import Heartbeat
+
+    # Started before torch is imported: no phase of the bench, that import included, goes unsaid for
+    # more than 5 s (bench.progress).
+    heartbeat = Heartbeat(lambda line: print(line, file=sys.stderr, flush=True))
+    heartbeat.say("bench: loading torch, open_clip and the model")
+    heartbeat.phase("loading torch, open_clip and the model")
+    with heartbeat:
+        return _run(args, heartbeat)
+
+
+def _run(args: argparse.Namespace, heartbeat) -> int:
     from ..bench.images import bench_classnames
     from ..bench.model import load_bench_model, own_models_config
     from ..bench.report import format_report
@@ -132,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
                          method_config=method_config, image_size=args.image_size,
                          threads=args.threads, precision=args.precision, store=args.store)
     try:
-        result = run_bench(model, classnames, config, source=source, model_info=info)
+        result = run_bench(model, classnames, config, source=source, model_info=info, log=heartbeat.say,
+                           on_phase=heartbeat.phase)
     except (KeyError, TypeError, ValueError, ModelLoadError) as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2
+    heartbeat.stop()   # the table is the last word: no heartbeat line inside it
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0

@@ -156,8 +156,10 @@ def propagate(edges: torch.Tensor, weights: torch.Tensor, carried: torch.Tensor,
     times, with Y_0 = carried (N, C) the image nodes' start. Returns the image nodes' scores (N, C)."""
     n = carried.shape[0]
     rows = edges[0] >= num_classes
+    # check_invariants: opting in explicitly (an O(nnz) bounds check) is what keeps torch from warning,
+    # mid-progress-bar, that the checks are implicitly off
     w_img = torch.sparse_coo_tensor(torch.stack([edges[0, rows] - num_classes, edges[1, rows]]), weights[rows],
-                                    (n, num_classes + n)).coalesce()
+                                    (n, num_classes + n), check_invariants=True).coalesce()
     eye = torch.eye(num_classes, dtype=carried.dtype, device=carried.device)
     y = carried
     for _ in range(iterations):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shiftlab.datasets import suites
 from shiftlab.report import sections
+from shiftlab.report.caveats import caveats
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
@@ -218,6 +219,6 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
                 "metrics.csv", "paired.csv", *(f"suite_{Path(d).resolve().name}.csv" for d in suite_dirs))))
     parts = [build(data) for build in sections.ALL]
     html_path = out / "report.html"
-    html_path.write_text(page(title, meta, [p for p in parts if p]), encoding="utf-8")
+    html_path.write_text(page(title, meta, [p for p in parts if p], caveats(data)), encoding="utf-8")
     _write_manifest(out, before)
     return html_path

@@ -25,6 +25,7 @@ table.sortable th[aria-sort=descending]::after{content:" \\25BC"}
 tbody tr:nth-child(even){background:#fafafa}
 .good{color:#1a7f37;font-weight:600} td.pub{color:#666} .bad{color:#c62828;font-weight:600}
 .warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;margin:.4em 0}
+.caveat{font-size:1.05em;border-left-width:6px;border-left-color:#c62828}
 img{max-width:100%;height:auto;border:1px solid #eee;margin:.5em 0}
 .scroll{max-height:34em;overflow:auto;display:inline-block}
 details{margin:.3em 0} summary{cursor:pointer}
@@ -132,12 +133,20 @@ def warnings_box(messages: list[str]) -> str:
     return "".join(f'<div class="warn">{esc(m)}</div>' for m in messages)
 
 
-def page(title: str, meta: str, sections: list[tuple[str, str, str]]) -> str:
-    """The whole document; sections are (anchor id, heading, inner HTML)."""
+def caveats_box(notes: list[str]) -> str:
+    """The page's caveats, above everything else: one prominent note each (role=alert)."""
+    if not notes:
+        return ""
+    return ('<div id="caveats" role="alert">'
+            + "".join(f'<div class="warn caveat"><b>Caveat:</b> {esc(n)}</div>' for n in notes) + "</div>")
+
+
+def page(title: str, meta: str, sections: list[tuple[str, str, str]], notes: list[str] = ()) -> str:
+    """The whole document; sections are (anchor id, heading, inner HTML); notes: the caveats shown first."""
     nav = " ".join(f'<a href="#{esc(i)}">{esc(h)}</a>' for i, h, _ in sections)
     body = "\n".join(f'<section id="{esc(i)}"><h2>{esc(h)}</h2>\n{b}\n</section>' for i, h, b in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head>\n<body>\n"
-            f'<h1>{esc(title)}</h1><p class="meta">{meta}</p><nav>{nav}</nav>\n{body}\n'
+            f'<h1>{esc(title)}</h1>{caveats_box(list(notes))}<p class="meta">{meta}</p><nav>{nav}</nav>\n{body}\n'
             f"<script>{SORT_JS}</script>\n</body></html>\n")

@@ -100,6 +100,26 @@ def log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
     return ticks
 
 
+MIN_ACCURACY_SPAN = 10.0   # points: all methods within 0.1 point must not look far apart
+
+
+def accuracy_limits(accs: list[float]) -> tuple[float, float]:
+    """The accuracy axis' limits for these top-1 values (%): inside 0..100 (an accuracy is never
+    negative), padded by 8 % of their range, at least MIN_ACCURACY_SPAN points wide, widened away
+    from 0 or 100 when the values sit there (all scores 0 -> 0..10, not -1..1)."""
+    lo, hi = min(accs), max(accs)
+    pad = 0.08 * (hi - lo)
+    lo, hi = max(0.0, lo - pad), min(100.0, hi + pad)
+    missing = MIN_ACCURACY_SPAN - (hi - lo)
+    if missing > 0:
+        lo, hi = lo - missing / 2, hi + missing / 2
+        if lo < 0:
+            lo, hi = 0.0, hi - lo
+        if hi > 100:
+            lo, hi = lo - (hi - 100.0), 100.0
+    return lo, hi
+
+
 def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: str = "Accuracy vs. cost",
                              colors: dict[str, tuple] | None = None) -> Figure | None:
     """Top-1 against seconds per image (log x), one numbered point per (name, seconds, top1, run).
@@ -109,7 +129,9 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: 
     coincide get one label listing their numbers ("2,5"). One marker shape per run, so methods of
     different backbones stay apart; `colors` (name -> colour) keeps a method's colour the same in
     every figure, else every point gets its own (`distinct_colors`)."""
-    points = [p for p in points if p[1] and p[1] > 0 and not math.isnan(p[1]) and not math.isnan(p[2])]
+    # a point needs a positive finite cost (log axis) and a finite accuracy; NaN, inf, 0 are left out
+    points = [p for p in points if p[1] is not None and p[2] is not None and math.isfinite(p[1]) and p[1] > 0
+              and math.isfinite(p[2])]
     if not points:
         return None
     fig = Figure(figsize=(9, 4.8))
@@ -119,7 +141,8 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: 
     spots: dict[tuple[float, float], list[int]] = {}
     for i, (name, sec, acc, run) in enumerate(points, start=1):
         color = colors.get(name, own[i - 1]) if colors else own[i - 1]
-        ax.scatter(sec, acc, s=45, marker="osD^vP*X"[runs.index(run) % 8], color=color,
+        # clip_on=False: a point at 0 % or 100 % lies on the axis' edge and must show whole
+        ax.scatter(sec, acc, s=45, clip_on=False, marker="osD^vP*X"[runs.index(run) % 8], color=color,
                    label=f"{i}  {_short(name, 40)}")
         spots.setdefault((round(math.log10(sec), 2), round(acc, 1)), []).append(i)
     for numbers in spots.values():
@@ -132,9 +155,7 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: 
     ax.set_xticks(log_ticks(lo, hi))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
-    accs = [p[2] for p in points]
-    pad = max(1.0, 0.08 * (max(accs) - min(accs)))
-    ax.set_ylim(max(-2.0, min(accs) - pad), min(102.0, max(accs) + pad))
+    ax.set_ylim(*accuracy_limits([p[2] for p in points]))
     ax.set(xlabel="seconds per image (log scale)", ylabel="top-1 accuracy (%)", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,

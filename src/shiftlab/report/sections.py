@@ -106,7 +106,10 @@ def suite_section(data: ReportData) -> Section | None:
     body = ""
     for k, t in enumerate(data.suites):
         columns = suite_table.table_columns(t)
-        headers = ["method", "source", *map(suite_table.column_title, columns)]
+        partial = t.get("partial") or {}
+        # the columns carry suite.md's marks ("(partial: --limit 4)"), and a note says what they mean
+        headers = ["method", "source", *(suite_table.column_title(c) + (f" ({partial[c]})" if c in partial else "")
+                                         for c in columns)]
         rows = [[m, "ours (records.jsonl)", *[num(v) for v in suite_table.row_values(t, m)]] for m in t["methods"]]
         published = suite_table.published_suite_rows(t)
         for row in published:
@@ -115,6 +118,10 @@ def suite_section(data: ReportData) -> Section | None:
         body += (f"<h3>{esc(t['title'] or t['suite'])}: {esc(model_label(t.get('model'), t.get('pretrained')))}</h3>"
                  + table(headers, rows, text_cols=2, id_=f"suite-table-{k}"))
         notes = []
+        if partial:
+            notes.append("not the whole dataset: " + ", ".join(f"{suite_table.column_title(d)} ({partial[d]})"
+                                                               for d in partial)
+                         + "; averages over them are not comparable with published numbers")
         if t["missing"]:
             notes.append("no records yet for " + ", ".join(t["missing"]) + ": averages need every dataset")
         if t["ood"]:

@@ -1,0 +1,74 @@
+"""The caveats a report page must carry above everything else: the warnings summary.md and suite.md
+carry (random weights, runs cut short by --limit or stopped early, suites missing datasets) and the
+methods whose numbers are not per-sample (transductive), each as one sentence.
+
+A 4-image run with random weights must not read like a result: build.py puts these notes at the top
+of report.html, before the navigation, in the page's warning style.
+"""
+from __future__ import annotations
+
+import sys
+
+from shiftlab.report.data import ReportData
+from shiftlab.results import suite_table
+from shiftlab.results.display import is_random_weights
+
+RANDOM_WEIGHTS = "RANDOM WEIGHTS: accuracies are meaningless"
+
+
+def base_method(key: str) -> str:
+    """'tda@pos_alpha=2' -> 'tda': the registered method a run's method key names."""
+    return key.split("@", 1)[0]
+
+
+def transductive(method: str) -> bool:
+    """Whether `method` reads more than the current sample and its past (a batch's other samples, the
+    whole test set): its class's `transductive` fact, False where it declares none or is unknown.
+
+    Read from the registry where it is imported (a method registered at run time included), else
+    from the catalogue, which stores the fact only for the methods that declare it."""
+    name = base_method(method)
+    if "shiftlab.methods" in sys.modules:
+        from shiftlab.methods.base import get_method_class
+        try:
+            return bool(getattr(get_method_class(name), "transductive", False))
+        except (KeyError, ValueError):
+            return False
+    from shiftlab import catalogue
+    entry = next((e for e in catalogue.entries() if e.get("name") == name), None)
+    return bool(entry and entry.get("transductive", False))
+
+
+def run_partial_note(data: ReportData, run) -> str:
+    """suite.md's mark for one run ('partial: --limit 4', 'incomplete: 3 of 5 samples'), '' if whole."""
+    accounted = [int(data.m(s)["n"] + data.m(s)["errors"]) for s in run.series if s.setting == "clean"]
+    return suite_table.partial_mark(run.config, accounted)
+
+
+def caveats(data: ReportData) -> list[str]:
+    """Every caveat of the page, one sentence each, in the order they matter."""
+    notes = []
+    random = [r.name for r in data.runs if "pretrained" in r.config and is_random_weights(r.config["pretrained"])]
+    if random:
+        notes.append(f"{RANDOM_WEIGHTS} (run(s) {', '.join(random)} used random weights, --pretrained none).")
+    for r in data.runs:
+        mark = run_partial_note(data, r)
+        if mark:
+            notes.append(f"Not the whole dataset: {r.name} ({r.dataset}) is {mark}; its numbers are not "
+                         "comparable with published ones.")
+    for t in data.suites:
+        name = t.get("title") or t["suite"]
+        if t["missing"]:
+            notes.append(f"Incomplete suite {name}: no records yet for {', '.join(t['missing'])}; its averages "
+                         "need every dataset and are left empty.")
+        partial = t.get("partial") or {}
+        if partial:
+            notes.append(f"Suite {name} is not the whole of every dataset: "
+                         + ", ".join(f"{suite_table.column_title(d)} ({m})" for d, m in partial.items())
+                         + "; averages over them are not comparable with published numbers.")
+    methods = sorted({s.method for s in data.series if transductive(s.method)})
+    if methods:
+        notes.append(f"Transductive: {', '.join(methods)} read(s) more than the current image and the images "
+                     "before it (other test images of a batch or of the whole set); their numbers are not "
+                     "comparable with per-image test-time adaptation.")
+    return notes
