@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,14 +224,16 @@ def dataset_names(args: argparse.Namespace) -> list[str]:
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
+    from ..datasets.build import expand_root
     from ..datasets.specs import DATASETS
     from ..datasets.splits import SplitFileMissing
-    if name not in DATASETS or isinstance(exc, SplitFileMissing):
+    if name not in DATASETS or isinstance(exc, SplitFileMissing) or getattr(exc, "found_instead", None):
         return ""
     spec = DATASETS.get(name)
     if not spec.url:
         return " (it cannot be downloaded automatically: see docs/DATA.md)" if spec.manual else ""
-    return f" -> run `shiftlab download {spec.name} --root {root}` (or pass --download), see docs/DATA.md"
+    return (f" -> run `shiftlab download {spec.name} --root {expand_root(root, spec.name)}` (or pass --download), "
+            "see docs/DATA.md")
 
 
 def args_progress(args: argparse.Namespace) -> bool:
@@ -247,7 +250,7 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
     # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
     from ..datasets.base import DatasetError
-    from ..datasets.build import build_dataset
+    from ..datasets.build import build_dataset, expand_root
     from ..datasets.fetch import DownloadError
     from ..engine.config import resolve_device
     from ..models import ModelLoadError, load_run_model
@@ -260,7 +263,7 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
     for name in names:
         classnames = cfg.classnames if len(names) == 1 else None
         try:
-            say(f"shiftlab run: listing {name} under {cfg.data} ...")
+            say(f"shiftlab run: listing {name} under {expand_root(cfg.data, name)} ...")
             datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
         except DatasetError as exc:
             if args.download:
@@ -269,7 +272,11 @@ def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunCo
                 except (DownloadError, DatasetError, OSError) as dl_exc:
                     problems.append(f"dataset {name}: {one_line(dl_exc)}")
             else:
-                problems.append(f"dataset {name}: {one_line(exc)}{download_hint(name, cfg.data, exc)}")
+                hint = download_hint(name, cfg.data, exc)
+                said = one_line(exc)
+                if "shiftlab download" in hint:   # the advice once: the loader's own copy goes
+                    said = re.sub(r"; get them with: shiftlab download \S+ --root [^)]*\)", ")", said)
+                problems.append(f"dataset {name}: {said}{hint}")
     try:
         say(f"shiftlab run: loading {cfg.model} ({cfg.pretrained or 'random weights'}) ...")
         model = load_run_model(cfg, resolve_device(cfg.device))

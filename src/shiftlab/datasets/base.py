@@ -51,6 +51,7 @@ class FolderDataset:
     # samples the files promise but cannot deliver (a truncated shard, a null image cell), one line each
     # naming file and offset or row: an error unless --allow-partial, then counted in summary.json
     lost: list[str] = field(default_factory=list)
+    found_layout: str = "class folders"   # what the builder found: `shiftlab datasets --data` says it
 
     def __len__(self) -> int:
         return len(self.samples)

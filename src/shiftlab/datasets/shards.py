@@ -48,6 +48,7 @@ class ShardDataset(FolderDataset):
     """A FolderDataset whose images are tar members: `members[i]` = (shard path relative to root,
     byte offset of the data, size)."""
     members: list[tuple[str, int, int]] = field(default_factory=list)
+    found_layout: str = "webdataset shards"
 
     def read_bytes(self, i: int) -> bytes:
         """The member's bytes, read by offset (OSError naming the shard and offset when it cannot be)."""

@@ -111,6 +111,7 @@ class TableDataset(FolderDataset):
     """A FolderDataset whose images are cells of parquet/arrow files: `rows[i]` = (file, row)."""
     rows: list[tuple[str, int]] = field(default_factory=list)
     image_column: str = "image"
+    found_layout: str = "Hugging Face parquet/arrow table"
 
     def read_bytes(self, i: int) -> bytes:
         """The cell's encoded image bytes (OSError when the cell holds none)."""

@@ -251,6 +251,9 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     cfg["model_resolved"] = model.name
     cfg["classnames"] = list(dataset.classnames)
     cfg["n_samples"] = len(dataset)
+    # samples the dataset's files promise but cannot deliver (a truncated shard, a null cell), run with
+    # --allow-partial: said in summary.json, summary.md and the report, never dropped silently
+    cfg["dataset_lost"] = list(getattr(dataset, "lost", []))
     cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from
