@@ -360,3 +360,38 @@ def test_an_image_replaced_with_its_size_and_mtime_kept_is_encoded_again(tmp_pat
     # the new image was stored beside the old one: a third run reads all four
     run(RunConfig(out=str(tmp_path / "c"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
     assert "4 sample(s) read from the store" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_second_sweep_with_another_grid_keeps_every_point_in_the_tables(tmp_path, tiny_checkpoint, capsys):
+    """Issue 29 finding 7: sweep.json/md/csv and the report list every point with records in the
+    directory, marked with the grid(s) it came from; a damaged sweep.json is said, its points recovered."""
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 100), per_class=1, size=(48, 40))
+    flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "4", "--workers", "0", "--no-progress", "--allow-partial",
+             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep")]
+    assert cli_main([*flags, "--grid", "tda.pos_alpha=1,4"]) == 0
+    assert cli_main([*flags, "--grid", "tda.neg_alpha=0.2"]) == 0
+    out = tmp_path / "sweep"
+    body = json.loads((out / "sweep.json").read_text())
+    assert {(r["variant"], tuple(r["grids"]), r["n"]) for r in body["rows"]} == {
+        ("tda@pos_alpha=1.0", (1,), 2), ("tda@pos_alpha=4.0", (1,), 2), ("tda@neg_alpha=0.2", (2,), 2)}
+    assert body["grids"] == [[["tda", "pos_alpha", [1.0, 4.0]]], [["tda", "neg_alpha", [0.2]]]]
+    md = (out / "sweep.md").read_text()
+    assert "| tda.pos_alpha=4.0 | tda |" in md and "| 2 | 1 |" in md and "| tda.neg_alpha=0.2 | tda |" in md
+    assert "| 2 | 2 |" in md
+    assert len((out / "sweep.csv").read_text().strip().splitlines()) == 4
+    from shiftlab.report.build import build_report
+    build_report([out], tmp_path / "report")
+    section = re.search(r'<section id="sweep">.*?</section>', (tmp_path / "report" / "report.html").read_text(),
+                        re.S).group(0)
+    assert section.count("tda.pos_alpha=") == 2 and section.count("tda.neg_alpha=") == 1
+    # the first grid again: nothing new, nothing lost; a damaged sweep.json is said and its points recovered
+    (out / "sweep.json").write_text((out / "sweep.json").read_text().replace('"n": 2', '"n": 3', 1))
+    capsys.readouterr()
+    assert cli_main([*flags, "--grid", "tda.pos_alpha=1,4"]) == 0
+    assert "sweep.json cannot be trusted" in capsys.readouterr().err
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert sorted(r["variant"] for r in rows) == ["tda@neg_alpha=0.2", "tda@pos_alpha=1.0", "tda@pos_alpha=4.0"]
+    assert all(r["n"] == 2 for r in rows)
