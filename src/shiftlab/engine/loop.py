@@ -151,15 +151,24 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
                         persistent_workers=False, worker_init_fn=interrupt.ignore_in_worker)
     progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
     t_start = time.perf_counter()
+    stepping = False   # True while a step runs: the online methods' state is then part-way through a batch
     try:
         for batch in loader:
             ids = [item.sample_id for item in batch]
             hooks.before_step(ids)
+            stepping = True
             recs = [r for r in runner.step(batch) if r.key not in done]
             _write_step(ids, recs, writer, state, plan, online_start, progress)
+            stepping = False
             hooks.after_step(ids, recs)
         if state is not None:
             state.flush(writer)
+    except KeyboardInterrupt:
+        # between steps the online state matches its held-back records: checkpoint it and write them, so the
+        # interrupted line counts what is on disk and --resume continues from here
+        if state is not None and not stepping:
+            state.flush(writer)
+        raise
     finally:
         writer.close()
         progress.close()
