@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
 from collections.abc import Callable
 from fractions import Fraction
@@ -59,6 +60,17 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value >= 0:   # also refuses nan
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (a concentration, a scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

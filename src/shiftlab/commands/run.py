@@ -52,8 +52,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
-    p.add_argument("--order", choices=["shuffled", "sorted"], default="shuffled",
-                   help="stream order (matters for online methods only); shuffled with --seed")
+    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet"], default="shuffled",
+                   help="the stream (matters for online and batch methods only): shuffled (= iid, with --seed), "
+                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); "
+                        "docs/PROTOCOLS.md")
+    p.add_argument("--delta", type=checks.positive_float, default=None,
+                   help="the dirichlet stream's concentration (smaller: longer runs of one class; RoTTA 0.1)")
+    p.add_argument("--orders", type=checks.int_in(1, 1000), default=1, metavar="K",
+                   help="K seeded orders of the same samples: online methods re-run per order (episodic ones once), "
+                        "reported as mean, std, worst and expected tail accuracy (docs/PROTOCOLS.md)")
     p.add_argument("--out", required=True, type=checks.writable_dir,
                    help="run directory (records.jsonl, summary.json, summary.md), created when the run starts; "
                    "with --suite/--datasets the suite directory")
@@ -66,7 +73,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
-    p.add_argument("--batch-size", type=checks.int_in(1), default=8, help="images per engine step")
+    p.add_argument("--batch-size", type=checks.int_in(1), default=8,
+                   help="images per engine step; for a method that adapts on batches, the batch B of the "
+                        "episodic-batch protocol (recorded; single-image methods give the same records at any B)")
     p.add_argument("--classnames", type=checks.readable_file, default=None,
                    help="class names file for --dataset imagefolder (one name per line)")
     p.add_argument("--allow-partial", action="store_true",
@@ -124,7 +133,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      model_seed=getattr(args, "model_seed", None),
                      limit=args.limit, out=str(args.out),
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
-                     order=args.order, attack=attack, clean_and_robust=args.clean_and_robust,
+                     order="shuffled" if args.order == "iid" else args.order,
+                     delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
+                     clean_and_robust=args.clean_and_robust,
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,

@@ -35,8 +35,15 @@ class RunConfig:
     resume: bool = False
     device: str = "auto"
     workers: int = -1                # DataLoader workers; -1: auto (see resolve_workers)
-    batch_size: int = 8              # samples per engine step (shared encoding, batched tuning)
-    order: str = "shuffled"          # stream order: "shuffled" (seeded by `seed`) or "sorted"
+    # samples per engine step (shared encoding, batched tuning) and, for a method that adapts on batches
+    # (`Method.adapts_on_batches`), the batch B of the episodic-batch protocol (docs/PROTOCOLS.md)
+    batch_size: int = 8
+    # the stream kind (shiftlab.rundir.stream): "shuffled" (i.i.d., seeded by `seed`; "iid" says the same),
+    # "sorted", "class-sorted" or "dirichlet" (label shift of concentration `delta`)
+    order: str = "shuffled"
+    delta: float | None = None       # the dirichlet stream's concentration (RoTTA: 0.1; ImageNet-C runs 0.01)
+    orders: int = 1                  # K seeded orders of the same samples (engine.orders; OGA's 100 runs)
+    stream_seed: int | None = None   # the stream's seed (None: `seed`); `--orders` sets one per order
     # {"name": an attack, and any of its config fields}; the run fills the rest (shiftlab.attacks.attack_config)
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     clean_and_robust: bool = False
@@ -57,6 +64,10 @@ class RunConfig:
         from ..datasets.specs import DATASETS
         return DATASETS.canonical(self.dataset) if self.dataset in DATASETS else None
 
+    def stream_seed_used(self) -> int:
+        """The seed of this run's stream order (the views stay seeded by `seed`)."""
+        return self.seed if self.stream_seed is None else self.stream_seed
+
     def settings(self) -> list[str]:
         return records.run_settings(self.attack, self.clean_and_robust)
 
@@ -69,7 +80,11 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     touches the run directory."""
     from ..datasets.specs import DATASETS
     from ..methods.base import effective_config
+    from ..rundir.stream import stream_problem
     names = expand_methods(config.methods)
+    problem = stream_problem(config.order, config.delta, config.orders)
+    if problem:
+        return problem
     online = [n for n in names if not get_method_class(n).episodic]
     if online and len(config.settings()) > 1:   # one state would adapt along both streams, interleaved by batch
         return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would mix "
@@ -88,6 +103,14 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
             except (TypeError, ValueError) as exc:
                 return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return None
+
+
+def run_stream(config: RunConfig, dataset: Any) -> list[int]:
+    """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
+    from ..rundir.stream import canonical_kind, stream_order
+    labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
+    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta)
+    return order if config.limit is None else order[:config.limit]
 
 
 def resolve_device(device: str) -> torch.device:

@@ -87,10 +87,9 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from ..methods.base import get_method_class
     from ..models import load_run_model
     from ..rundir import identity
-    from ..rundir.stream import stream_order
     from ..version import __version__
     from . import distributed
-    from .config import expand_methods, resolve_device, resolve_workers
+    from .config import expand_methods, resolve_device, resolve_workers, run_stream
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
     if not config.features:
         raise ValueError("encode needs a feature store directory (--features DIR)")
@@ -101,7 +100,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
                                                                 classnames=config.classnames)
     model = (model if model is not None else load_run_model(config, device)).to(device)
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
-    order = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+    order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
     store = open_run_features(config, dist, dataset, model, run_identity)
     if store is None or not store.writable:

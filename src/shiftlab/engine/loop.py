@@ -21,17 +21,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..attacks import attack_config, build_attack
+from ..methods.base import get_method_class
 from ..models import ClipModel
+from ..results import orders as results_orders
 from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
-from ..rundir.stream import stream_order
+from ..rundir.stream import order_seeds
 from . import distributed, interrupt, planning
-from .config import RunConfig, expand_methods, resolve_device, resolve_workers, settings_problem
+from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
 from .features import open_run_features
 from .phases import PhaseTimer
-from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+from .step import Evaluator, Runner, ViewDataset, collate, view_generators, views_per_group
 
 __all__ = ["RunHooks", "run"]
 
@@ -54,8 +56,9 @@ class RunHooks:
 
 
 def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
-        hooks: RunHooks | None = None) -> dict:
-    """Evaluate `config.methods` over the dataset; returns the summary dict.
+        hooks: RunHooks | None = None, *, group_views: dict | None = None) -> dict:
+    """Evaluate `config.methods` over the dataset; returns the summary dict (with `config.orders` K > 1,
+    order 0's, and `orders`: what `results.orders` writes to orders.json).
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
@@ -78,6 +81,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         from ..models import load_run_model
         model = load_run_model(config, device)
     model = model.to(device)
+    if config.orders > 1 and config.stream_seed is None:
+        return _run_orders(config, model, dataset, hooks)
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
@@ -85,9 +90,9 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
-        return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks)
+        return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks, group_views)
     except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
-        stream = stream_order(len(dataset), config.order, config.seed)[:config.limit]
+        stream = run_stream(config, dataset)
         interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())
         raise
     finally:
@@ -95,14 +100,38 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
             lock.release()
 
 
+def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks) -> dict:
+    """`--orders K`: order 0 (every method) in `config.out`, then orders 1..K-1 of the online methods alone,
+    each a run directory of its own (`results.orders.order_dir`), each seeded by its own stream seed
+    (`rundir.stream.order_seeds`); the episodic methods' records serve every order. The later orders encode
+    what order 0 encoded (`group_views`), so with `--features` they read every feature from the store."""
+    seeds = order_seeds(config.seed, config.orders)
+    first = dataclasses.replace(config, stream_seed=seeds[0])
+    evaluator_views = views_per_group(first, model.device)
+    summary = run(first, model, dataset, hooks)
+    online = [n for n in config.methods if not get_method_class(n).episodic]
+    episodic = [n for n in config.methods if n not in online]
+    if online:
+        for k in range(1, config.orders):
+            sub = dataclasses.replace(config, stream_seed=seeds[k], methods=list(online),
+                                      method_config={n: c for n, c in config.method_config.items() if n in online},
+                                      out=str(results_orders.order_dir(config.out, k)))
+            run(sub, model, dataset, hooks, group_views=evaluator_views)
+    if distributed.context().rank != 0:
+        return summary
+    table = results_orders.summarize_orders(config.out, config.orders, seeds, online, episodic)
+    results_orders.write_orders(config.out, table)
+    if config.progress:
+        print(results_orders.orders_markdown(table))
+    return {**summary, "orders": table}
+
+
 def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluator, attacker,
-                device: torch.device, dist, run_dir: Path, hooks: RunHooks) -> dict:
+                device: torch.device, dist, run_dir: Path, hooks: RunHooks, group_views: dict | None) -> dict:
     from ..version import __version__
 
     settings = config.settings()
-    order = stream_order(len(dataset), config.order, config.seed)
-    if config.limit is not None:
-        order = order[:config.limit]
+    order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
     identity.check_ranks(distributed.all_gather(dist, run_identity))   # torchrun: one model on every rank
     # a directory with nothing to protect (a run that failed before its first record) is simply reused
@@ -139,10 +168,12 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
         pending = [sid for sid in plan.ids if sid in wanted]
+    if any(m.adapts_on_batches for m in evaluator.methods.values()):
+        pending = _whole_batches(plan, pending)
     timer = PhaseTimer()
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
-                    done=done, timer=timer, online_start=online_start, features=store)
+                    done=done, timer=timer, online_start=online_start, features=store, group_views=group_views)
     served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),
@@ -244,6 +275,14 @@ def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordW
         progress.step()
     if state is not None:
         state.add([sid for sid in ids if plan.position[sid] >= online_start], online, writer)
+
+
+def _whole_batches(plan: planning.Plan, pending: list[int]) -> list[int]:
+    """`pending` grown to whole batches (blocks of `batch_size` stream positions): a batch method adapts on its
+    whole batch, so a batch interrupted half-written is evaluated again whole (the records it already has are
+    not written twice)."""
+    blocks = {plan.position[sid] // plan.block for sid in pending}
+    return [sid for sid in plan.ids if plan.position[sid] // plan.block in blocks]
 
 
 def _probs_writer(config: RunConfig, run_dir: Path, dist):

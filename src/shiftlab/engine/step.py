@@ -52,6 +52,22 @@ def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed:
             for key, recipe in longest.items()}
 
 
+def views_per_group(config: Any, device: torch.device) -> dict[tuple[str, str], int]:
+    """(recipe family, precision key) -> the most views of a run's methods in it (what `Runner._groups`
+    encodes), from their effective configs (`engine.config.RunConfig`), without building them."""
+    from ..methods.base import effective_config
+    out: dict[tuple[str, str], int] = {}
+    for name in config.methods:
+        cfg = effective_config(name, config.protocol, config.canonical_dataset(), config.precision, config.run_views(),
+                               **(config.method_config or {}).get(name, {}))
+        views = getattr(cfg, "views", None)
+        recipe = views if isinstance(views, ViewRecipe) else ViewRecipe(n_views=1)   # as Method.view_recipe
+        precision = resolve_precision(getattr(cfg, "precision", "auto"), device, run=config.precision)
+        key = (recipe_key(recipe), precision.key)
+        out[key] = max(out.get(key, 0), recipe.n_views)
+    return out
+
+
 def first_views(ctx: SampleContext, n: int) -> SampleContext:
     """The context of a sample's first `n` views, sharing the features already encoded."""
     if n >= ctx.n_views:
@@ -169,6 +185,10 @@ class Evaluator:
 
     def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         method = self.methods[name]
+        if method.adapts_on_batches:   # the episodic-batch protocol: `ctxs` is one whole batch of the stream
+            if method.episodic:
+                method.reset()
+            return method.adapt_batch(list(ctxs))
         if method.episodic:
             return method.predict_batch(list(ctxs))
         return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
@@ -187,7 +207,8 @@ class Runner:
                  settings: Sequence[str] = ("clean",), attacker: Any = None, plan: Any = None,
                  done: set | None = None, methods: Sequence[str] | None = None, timer: PhaseTimer | None = None,
                  online_start: int = 0, features: Any = None,
-                 on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None):
+                 on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None,
+                 group_views: Mapping[tuple[str, str], int] | None = None):
         self.evaluator = evaluator
         self.dataset = dataset
         self.recipes = dict(recipes)
@@ -200,6 +221,9 @@ class Runner:
         self.online_start = online_start
         self.on_outputs = on_outputs
         self.features = features   # a feature_store.RunFeatures, or None
+        # (recipe family, precision key) -> the fewest views its encodings hold: `--orders`' later orders run the
+        # online methods alone yet encode (and read from a feature store) what the first order's methods did
+        self.group_views = dict(group_views or {})
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (`recipe_key`)."""
@@ -213,7 +237,9 @@ class Runner:
         groups: dict[str, list[str]] = {}
         for n in names:
             groups.setdefault(methods[n].precision.key, []).append(n)
-        return [(g, max(methods[n].view_recipe.n_views for n in g)) for g in groups.values()]
+        return [(g, max([methods[n].view_recipe.n_views for n in g]
+                        + [self.group_views.get((self.recipe_of(g[0]), methods[g[0]].precision.key), 0)]))
+                for g in groups.values()]
 
     def store_keys(self) -> list[dict]:
         """The feature-store key of every encoding a clean step makes (empty: no store, an attack, or a
@@ -342,6 +368,9 @@ class Runner:
                      per_sample: dict[int, list[Record]]) -> None:
         names = [n for n in self.methods if self.recipe_of(n) == recipe]
         wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
+        for n in names:   # a batch method adapts on the whole batch (the loop drops records already written)
+            if wanted[n] and self.evaluator.methods[n].adapts_on_batches:
+                wanted[n] = list(range(len(ids)))
         if not any(wanted.values()):
             return
         views = [item.views.get(recipe) for item in good]   # None: served by the feature store

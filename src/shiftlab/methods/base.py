@@ -92,6 +92,10 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
+    # capability: adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md):
+    # the engine hands `adapt_batch` each batch of `--batch-size` consecutive stream positions whole, after
+    # `reset()` when the method is `episodic` (the state kept from batch to batch otherwise: continual)
+    adapts_on_batches: bool = False
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
     offline_config: dict[str, Any] = {}
@@ -176,6 +180,11 @@ class Method:
     def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         """Several samples; methods override this to batch work across samples."""
         return [self.predict_context(c) for c in ctxs]
+
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        """A batch method (`adapts_on_batches`): adapt on the batch's samples together, then predict each;
+        one output per context, in order. The batch is the unit of its results (and of a resume)."""
+        raise NotImplementedError(f"{self.name}: adapts_on_batches is declared but adapt_batch is not implemented")
 
     def in_groups(self, ctxs: Sequence[SampleContext], size: int,
                   predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:

@@ -2,7 +2,8 @@
 
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
                 "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
-                "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size"},
+                "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size",
+                "delta", "stream_seed", "orders", "order_seeds", "batch_size"},
      "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
      "shiftlab": version}
 
@@ -20,6 +21,10 @@ Random weights are pinned by `model_seed` and `weights_sha256` (the digest of th
 built); a run made before they were recorded takes them from a resuming run with a checkpoint
 (null both), and is refused with random weights (those were unseeded: nothing can rebuild them).
 Every rank of a torchrun job builds its identity and they must agree (`check_ranks`).
+The stream is recorded whole: its kind (`order`), the dirichlet stream's `delta`, the `stream_seed` when it
+is not the run seed (one of `--orders K`'s `order_seeds`, recorded with K as `orders`), and `batch_size` where
+a method adapts on batches (null otherwise: no record depends on it). A run.json written before these
+existed ran today's defaults, which it takes from a resuming run that holds them (`STREAM_DEFAULTS`).
 """
 from __future__ import annotations
 
@@ -37,9 +42,13 @@ from ..attacks.base import NO_ATTACK
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
-STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset")   # a change means another stream of samples
+# a change means another stream of samples
+STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "delta", "stream_seed", "orders", "order_seeds")
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
+# absent from run.json files written before streams and batches were declared: adopted at these values
+STREAM_DEFAULTS: dict[str, Any] = {"delta": None, "stream_seed": None, "orders": 1, "order_seeds": None,
+                                   "batch_size": None}
 
 
 class RunIdentityError(ValueError):
@@ -119,7 +128,10 @@ def method_config(method: Any) -> dict[str, Any]:
 
 def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], version: str) -> dict[str, Any]:
     """The identity of a run of `config` with this model, dataset and method instances."""
+    from .stream import canonical_kind, order_seeds
     checkpoint = checkpoint_sha256(model, config.pretrained)
+    orders = int(getattr(config, "orders", 1))
+    batched = any(getattr(m, "adapts_on_batches", False) for m in methods.values())
     shared = {
         "dataset": config.dataset,
         "samples_sha256": samples_fingerprint(dataset),
@@ -135,7 +147,12 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "views": config.views,
         "augmix": config.augmix,
         "seed": config.seed,
-        "order": config.order,
+        "order": canonical_kind(config.order),
+        "delta": getattr(config, "delta", None),
+        "stream_seed": getattr(config, "stream_seed", None),
+        "orders": orders,
+        "order_seeds": order_seeds(config.seed, orders) if orders > 1 else None,
+        "batch_size": int(config.batch_size) if batched else None,
         "limit": config.limit,
         "attack": jsonable(dict(config.attack)),
         "clean_and_robust": config.clean_and_robust,
@@ -152,6 +169,8 @@ SHARED_TYPES: dict[str, tuple] = {
     "model_seed": (int, None), "weights_sha256": (str, None), "protocol": (str, None), "views": (int, None),
     "augmix": (bool,), "seed": (int,), "order": (str,), "limit": (int, None), "attack": (dict,),
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
+    "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
+    "batch_size": (int, None),
 }
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
@@ -244,7 +263,8 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
         old_shared["attack"] = _attack_fields_added_later(old_shared["attack"], new_shared["attack"])
     for key in sorted(set(old_shared) | set(new_shared)):
         a, b = old_shared.get(key), new_shared.get(key)
-        if key not in old_shared and (key in ADDED_LATER or (key in RANDOM_WEIGHTS and b is None)):
+        if key not in old_shared and (key in ADDED_LATER or (key in RANDOM_WEIGHTS and b is None)
+                                      or (key in STREAM_DEFAULTS and b == STREAM_DEFAULTS[key])):
             old_shared[key] = b
             continue
         if a == b:

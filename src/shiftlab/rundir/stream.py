@@ -1,14 +1,131 @@
-"""A run's stream: the order in which its samples are evaluated, a function of the sample count, the
-order setting and the run seed alone (records, resume and the record schema all derive it)."""
+"""A run's stream: the order in which its samples are evaluated, a function of the sample count (and labels),
+the stream kind, its parameter and a seed alone (records, resume and the record schema all derive it).
+
+Stream kinds (docs/PROTOCOLS.md says where each comes from):
+
+* ``shuffled`` (``iid``): a seeded i.i.d. shuffle, ``torch.randperm(n)`` seeded by the run seed (the default;
+  runs made before stream kinds existed are exactly this);
+* ``sorted``: the dataset's own order (sample ids ascending);
+* ``class-sorted``: all of class 0, then class 1, ... (stable by sample id): mariodoebler/test-time-adaptation's
+  ``correlated`` setting with ``DELTA_DIRICHLET = 0`` (classification/datasets/data_loading.py:228-231);
+* ``dirichlet``: label shift, classes correlated in time by a Dirichlet of concentration ``delta`` (smaller:
+  longer runs of one class): the same repository's ``sort_by_dirichlet`` (data_loading.py:329-384, after
+  NOTE and RoTTA), drawn from ``numpy.random.RandomState(seed)`` as its global ``np.random`` after
+  ``np.random.seed(seed)``.
+
+``order_seeds(seed, k)``: the seeds of ``--orders K`` streams, as OGA draws its runs' shuffles (cfuchs2023/OGA
+runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs, replace=False)``).
+"""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
+STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet")
+ALIASES = {"iid": "shuffled"}
+SEEDED_KINDS = ("shuffled", "dirichlet")    # the kinds whose order depends on the seed (--orders K > 1 needs one)
+DIRICHLET_TRIES = 1000    # the authors stop after 120 s of tries; a bounded count keeps the outcome machine-free
 
-def stream_order(n: int, order: str, seed: int) -> list[int]:
-    if order == "sorted":
+
+def canonical_kind(kind: str) -> str:
+    """A stream kind's canonical name ("iid" -> "shuffled"); a one-line ValueError for an unknown one."""
+    kind = ALIASES.get(kind, kind)
+    if kind not in STREAM_KINDS:
+        raise ValueError(f"stream order must be one of {', '.join(STREAM_KINDS + tuple(ALIASES))}, got {kind!r}")
+    return kind
+
+
+def stream_problem(kind: str, delta: float | None, orders: int = 1) -> str | None:
+    """Why (kind, delta, orders) is not a stream, as one line; None when it is one."""
+    try:
+        kind = canonical_kind(kind)
+    except ValueError as exc:
+        return str(exc)
+    if kind == "dirichlet":
+        if delta is None:
+            return "the dirichlet stream needs its concentration: --delta D (e.g. 0.01 on ImageNet-C, 0.1 as RoTTA)"
+        if not (isinstance(delta, (int, float)) and np.isfinite(delta) and delta > 0):
+            return f"--delta must be a finite number > 0, got {delta!r}"
+    elif delta is not None:
+        return f"--delta is the dirichlet stream's concentration; the {kind} stream has none (drop --delta)"
+    if not isinstance(orders, int) or isinstance(orders, bool) or orders < 1:
+        return f"--orders must be an integer >= 1, got {orders!r}"
+    if orders > 1 and kind not in SEEDED_KINDS:
+        return (f"--orders {orders}: the {kind} stream has one order only (it ignores the seed); "
+                f"use --order {' or '.join(SEEDED_KINDS)}")
+    return None
+
+
+def stream_order(n: int, order: str, seed: int, labels: Sequence[int] | None = None,
+                 delta: float | None = None) -> list[int]:
+    """Sample ids 0..n-1 in the stream's order. `labels` (n ints) is needed by the label-aware kinds."""
+    kind = canonical_kind(order)
+    if kind == "sorted":
         return list(range(n))
-    if order != "shuffled":
-        raise ValueError(f"order must be 'shuffled' or 'sorted', got {order!r}")
-    gen = torch.Generator().manual_seed(int(seed))
-    return torch.randperm(n, generator=gen).tolist()
+    if kind == "shuffled":
+        gen = torch.Generator().manual_seed(int(seed))
+        return torch.randperm(n, generator=gen).tolist()
+    if labels is None or len(labels) != n:
+        raise ValueError(f"the {kind} stream needs the label of each of the {n} samples")
+    if kind == "class-sorted":
+        return sorted(range(n), key=lambda i: labels[i])
+    if delta is None:
+        raise ValueError("the dirichlet stream needs its concentration delta")
+    return dirichlet_order(labels, float(delta), seed)
+
+
+def dirichlet_order(labels: Sequence[int], delta: float, seed: int) -> list[int]:
+    """Sample positions in a label-shifted order (mariodoebler/test-time-adaptation data_loading.py:329-384).
+
+    Every class is split over C chunks (C: the classes, max label + 1) by Dirichlet(delta) proportions,
+    skipping chunks already holding N / C samples; the draw is repeated until every chunk holds at least
+    `min(10, N // C)` samples (ours: the authors' 10, which no dataset under 10 samples per class can reach,
+    so their loop would end in its 120 s timeout); then each chunk is emitted class by class in a shuffled
+    class order. Consumes `RandomState(seed)` exactly as their code consumes `np.random` after
+    `np.random.seed(seed)`: with 10 or more samples per class the two orders are equal."""
+    rng = np.random.RandomState(int(seed) % 2 ** 32)
+    class_labels = np.asarray(list(labels), dtype=np.int64)
+    n = len(class_labels)
+    if n == 0:
+        return []
+    n_classes = int(class_labels.max() + 1)
+    n_chunks = n_classes
+    min_size_thresh = min(10, n // n_chunks)
+    for _ in range(DIRICHLET_TRIES):
+        idx_batch: list[list[int]] = [[] for _ in range(n_chunks)]
+        idx_batch_cls: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]   # per chunk: each class's samples
+        for k in range(n_classes):
+            idx_k = np.where(class_labels == k)[0]
+            rng.shuffle(idx_k)
+            proportions = rng.dirichlet(np.repeat(delta, n_chunks))
+            # balance: a chunk that already holds its share takes no more
+            proportions = np.array([p * (len(idx_j) < n / n_chunks) for p, idx_j in zip(proportions, idx_batch)])
+            proportions = proportions / proportions.sum()
+            cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+            parts = np.split(idx_k, cuts)
+            idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, parts)]
+            for idx_j, idx in zip(idx_batch_cls, parts):
+                idx_j.append(idx)
+        if min(len(idx_j) for idx_j in idx_batch) >= min_size_thresh:
+            break
+    else:
+        raise ValueError(f"no dirichlet stream with delta {delta} gives every one of the {n_chunks} chunks "
+                         f"{min_size_thresh} samples in {DIRICHLET_TRIES} draws; try another --delta or --seed")
+    order: list[int] = []
+    for chunk in idx_batch_cls:
+        cls_seq = list(range(n_classes))
+        rng.shuffle(cls_seq)
+        for cls in cls_seq:
+            order.extend(int(i) for i in chunk[cls])
+    return order
+
+
+def order_seeds(seed: int, orders: int) -> list[int]:
+    """The stream seeds of `orders` orders: the run seed alone for one order (today's stream); else OGA's
+    draw of its runs' seeds from the run seed as master seed (OGA runner.py:54-55)."""
+    if orders <= 1:
+        return [int(seed)]
+    rng = np.random.default_rng(int(seed))
+    return [int(s) for s in rng.choice(range(10000 * orders), size=orders, replace=False)]

@@ -1,0 +1,75 @@
+"""Stream kinds (shiftlab.rundir.stream): the authors' Dirichlet label shift, class-sorted, OGA's order seeds."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shiftlab.rundir.stream import dirichlet_order, order_seeds, stream_order, stream_problem
+
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden" / "streams" / "dirichlet.json"
+
+
+def test_dirichlet_order_equals_the_authors_sort_by_dirichlet():
+    data = json.loads(GOLDEN.read_text())
+    assert data["source"].startswith("mariodoebler/test-time-adaptation@") and "data_loading.py:329" in data["source"]
+    for case in data["cases"]:
+        ours = dirichlet_order(case["labels"], case["delta"], case["seed"])
+        assert ours == case["order"], (case["delta"], case["seed"])
+        assert sorted(ours) == list(range(len(case["labels"])))
+
+
+def test_dirichlet_small_delta_makes_long_runs_of_one_class():
+    labels = [i % 4 for i in range(80)]
+    def switches(order):
+        return sum(labels[a] != labels[b] for a, b in zip(order, order[1:]))
+    shifted = stream_order(80, "dirichlet", 3, labels=labels, delta=0.01)
+    iid = stream_order(80, "shuffled", 3)
+    assert sorted(shifted) == list(range(80))
+    assert switches(shifted) < switches(iid) / 3
+
+
+def test_dirichlet_on_a_tiny_dataset_ends_instead_of_timing_out():
+    labels = [0, 0, 1, 1, 2]   # under 10 samples per class: the authors' threshold of 10 cannot be met
+    order = stream_order(5, "dirichlet", 0, labels=labels, delta=0.1)
+    assert sorted(order) == [0, 1, 2, 3, 4]
+
+
+def test_iid_is_todays_seeded_shuffle_and_class_sorted_is_stable():
+    assert stream_order(10, "iid", 4) == torch.randperm(10, generator=torch.Generator().manual_seed(4)).tolist()
+    assert stream_order(10, "iid", 4) == stream_order(10, "shuffled", 4)
+    labels = [2, 0, 1, 0, 2, 1]
+    assert stream_order(6, "class-sorted", 9, labels=labels) == [1, 3, 2, 5, 0, 4]
+
+
+def test_order_seeds_are_ogas_draw_and_one_order_is_the_run_seed():
+    assert order_seeds(5, 1) == [5]
+    expected = np.random.default_rng(42).choice(range(10000 * 20), size=20, replace=False).tolist()
+    assert order_seeds(42, 20) == expected
+    assert len(set(order_seeds(0, 100))) == 100
+
+
+@pytest.mark.parametrize(("kind", "delta", "orders", "words"), [
+    ("dirichlet", None, 1, "--delta D"),
+    ("dirichlet", 0.0, 1, "must be a finite number > 0"),
+    ("dirichlet", float("nan"), 1, "must be a finite number > 0"),
+    ("shuffled", 0.1, 1, "drop --delta"),
+    ("class-sorted", None, 3, "one order only"),
+    ("sorted", None, 2, "one order only"),
+    ("shuffled", None, 0, "--orders must be an integer >= 1"),
+    ("zigzag", None, 1, "stream order must be one of"),
+])
+def test_stream_problems_are_one_line(kind, delta, orders, words):
+    problem = stream_problem(kind, delta, orders)
+    assert problem is not None and words in problem and "\n" not in problem
+
+
+def test_streams_are_permutations_with_counts_kept():
+    labels = [i % 3 for i in range(30)]
+    for kind, delta in (("shuffled", None), ("sorted", None), ("class-sorted", None), ("dirichlet", 0.5)):
+        order = stream_order(30, kind, 1, labels=labels, delta=delta)
+        assert Counter(order) == Counter(range(30)), kind
