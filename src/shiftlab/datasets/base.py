@@ -78,6 +78,7 @@ class FolderDataset:
         """SHA-256 of sample i's encoded bytes: its identity in a feature store, whatever the layout."""
         return hashlib.sha256(self.read_bytes(i)).hexdigest()
 
+    @property
     def num_classes(self) -> int:
         return len(self.classnames)
 
