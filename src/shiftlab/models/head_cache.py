@@ -83,7 +83,8 @@ def _load(path: Path) -> torch.Tensor | None:
     try:
         with safe_open(str(path), framework="pt") as fh:
             stored = (fh.metadata() or {}).get("sha256")
-            head = fh.get_tensor("head")
+            head = fh.get_tensor("head").clone()   # its own aligned memory, as load_file gives: BLAS kernels
+            # round differently on a buffer at the file's offset, and records must not depend on the cache
     except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
         _warn(f"class-head cache: {path} is damaged or truncated; the head is built again")
         return None
