@@ -137,8 +137,8 @@ def test_its_records_summary_and_report_read_its_own_config(noise, data, tmp_pat
     assert f"{noise} magnitude=3/255" in report.read_text()
 
 
-def test_an_attack_only_a_script_knew_is_labelled_with_its_fields(monkeypatch):
-    monkeypatch.setattr(attack_catalogue, "_registry_loaded", lambda: False)   # a fresh process: the file answers
+def test_an_attack_only_a_script_knew_is_labelled_with_its_fields():
+    assert "signnoise" not in attack_catalogue.names()   # as in a process that never ran the script
     record = {"name": "signnoise", "magnitude": 0.5, "flipped": True, "linf_255": 127}
     assert attack_catalogue.label(record) == "signnoise magnitude=0.5" and attack_catalogue.details(record) == ""
     assert attack_catalogue.label({"name": "pgd", "eps": 4 / 255, "steps": 7}) == "pgd eps=4/255"

@@ -148,3 +148,65 @@ def test_every_single_image_method_gives_the_same_records_inside_batches(data, t
         b = outs[1][key]
         assert a["pred"] == b["pred"] and a["top5"] == b["top5"], key
         assert a["confidence"] == pytest.approx(b["confidence"], abs=1e-4), key
+
+
+CONTINUAL = "batch_memory"
+
+
+class BatchMemory(Method):
+    """Test-only continual batch method: each batch is predicted with the mean zero-shot logits of every
+    earlier batch added (its state, kept across batches and checkpointed), then joins that memory."""
+    needs_views = False
+    adapts_on_batches = True
+    episodic = False
+    summary = "test: continual batch memory"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.total, self.seen = None, 0
+
+    def adapt_batch(self, ctxs):
+        logits = torch.stack([c.zeroshot_logits.float() for c in ctxs])
+        memory = self.total / self.seen if self.seen else torch.zeros_like(logits[0])
+        outs = [MethodOutput(SCALE * (row - memory), extras={"seen": self.seen}) for row in logits]
+        self.total = logits.sum(0) if self.total is None else self.total + logits.sum(0)
+        self.seen += len(ctxs)
+        return outs
+
+    def state_dict(self):
+        return {"total": self.total, "seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.total, self.seen = state["total"], state["seen"]
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_continual_batch_method_keeps_its_state_and_resumes_exactly(data, tiny_model, tmp_path):
+    from shiftlab.engine.loop import RunHooks
+    if CONTINUAL not in method_base._REGISTRY:
+        register_method(CONTINUAL)(BatchMemory)
+    try:
+        config = dict(methods=["zeroshot", CONTINUAL], batch_size=3)
+        run(_config(tmp_path / "ref", **config), model=tiny_model, dataset=data)
+        reference = json_lines(tmp_path / "ref" / "records.jsonl")
+        stream = run_stream(_config(tmp_path / "ref"), data)
+        seen = {r["id"]: r["extras"]["seen"] for r in reference if r["method"] == CONTINUAL}
+        assert [seen[s] for s in stream] == [0, 0, 0, 3, 3, 3, 6, 6]   # the state kept from batch to batch
+
+        class CrashAfterTwo(RunHooks):
+            steps = 0
+
+            def before_step(self, ids):
+                if self.steps == 2:
+                    raise _Crash
+                self.steps += 1
+        with pytest.raises(_Crash):
+            run(_config(tmp_path / "cut", **config), model=tiny_model, dataset=data, hooks=CrashAfterTwo())
+        assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
+        run(_config(tmp_path / "cut", resume=True, **config), model=tiny_model, dataset=data)
+        assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
+    finally:
+        method_base._REGISTRY.pop(CONTINUAL, None)

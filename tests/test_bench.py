@@ -79,7 +79,7 @@ def test_baseline_agrees_with_library(tiny_model, tiny_vit_model, name, override
 @pytest.mark.parametrize("n_views", [1, 2, 8, 9, 10, 64])
 def test_baseline_selection_keeps_as_many_views_as_the_library(n_views):
     from shiftlab.bench.baseline import avg_entropy, pointwise_entropy, select_confident_samples
-    from shiftlab.methods.confidence import marginal_entropy, mean_entropy, select_confident
+    from shiftlab.methods.common.confidence import marginal_entropy, mean_entropy, select_confident
     logits = torch.randn(n_views, 20, generator=torch.Generator().manual_seed(n_views)) * 3
     selected, idx = select_confident_samples(logits, 0.1)
     assert len(idx) == max(1, int(n_views * 0.1))          # 0 at 8 views in the authors' rule

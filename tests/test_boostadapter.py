@@ -12,9 +12,9 @@ import shiftlab
 from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
-from shiftlab.methods.boostadapter import boosted_cache, fifo_update
+from shiftlab.methods.boostadapter.method import boosted_cache, fifo_update
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.tda import CacheEntry, cache_logits
+from shiftlab.methods.tda.method import CacheEntry, cache_logits
 from shiftlab.rundir.record_files import load_records
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 

@@ -13,7 +13,7 @@ from shiftlab.datasets.classes import load_templates
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.protocols import dataset_overrides
-from shiftlab.methods.tda import TDA
+from shiftlab.methods.tda.method import TDA
 from shiftlab.models.text import TIP_TEMPLATES
 from shiftlab.synthetic import tiny_clip
 

@@ -20,6 +20,12 @@ def test_every_entry_names_its_classes_folders_and_title(name):
         with pytest.raises(DatasetError, match="its class names come from its folders"):
             classnames(name)
         return
+    if spec.layout == "images":     # an out-of-distribution set (--ood): images without classes
+        assert spec.classes is None and spec.num_classes is None and spec.short and spec.dirnames
+        assert spec.url or spec.manual
+        with pytest.raises(DatasetError, match="has no classes: it is an out-of-distribution set"):
+            classnames(name)
+        return
     names = classnames(name)
     assert len(names) == spec.num_classes > 1 and all(n and "_" not in n for n in names)
     assert spec.short and spec.dirnames and (spec.url or spec.manual)

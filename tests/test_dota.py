@@ -7,7 +7,14 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dota import DOTA, discriminant, gaussian_scores, shared_covariance, shrunk, update_estimates
+from shiftlab.methods.dota.method import (
+    DOTA,
+    discriminant,
+    gaussian_scores,
+    shared_covariance,
+    shrunk,
+    update_estimates,
+)
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat"]
 

@@ -1,4 +1,4 @@
-"""DPE's pieces (shiftlab.methods.dpe) against straightforward computations; the whole method against its
+"""DPE's pieces (shiftlab.methods.dpe.method) against straightforward computations; the whole method against its
 authors' code is tests/test_golden_dpe.py."""
 from __future__ import annotations
 
@@ -11,9 +11,16 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dpe import DPE, PrototypeCache, adamw_first_step, cache_readout, info_nce, prediction_entropy
+from shiftlab.methods.dpe.method import (
+    DPE,
+    PrototypeCache,
+    adamw_first_step,
+    cache_readout,
+    info_nce,
+    prediction_entropy,
+)
 from shiftlab.methods.protocols import method_overrides
-from shiftlab.methods.tda import CacheEntry, update_cache
+from shiftlab.methods.tda.method import CacheEntry, update_cache
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

@@ -1,4 +1,4 @@
-"""DynaPrompt's pieces (shiftlab.methods.dynaprompt): the selection rule, the buffer's bookkeeping, the shared
+"""DynaPrompt's pieces (shiftlab.methods.dynaprompt.method): the selection rule, the buffer's bookkeeping, the shared
 gradient of bit-equal prompts, refusals and the online state; the whole method against its authors' code is
 tests/test_golden_dynaprompt.py."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import shiftlab
 from shiftlab.methods.base import effective_config
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dynaprompt import DynaPrompt, ranking, select_prompts
+from shiftlab.methods.dynaprompt.method import DynaPrompt, ranking, select_prompts
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from shiftlab.methods.base import describe
-from shiftlab.methods.ecalp import (
+from shiftlab.methods.ecalp.method import (
     Graph,
     feature_weights,
     image_neighbours,

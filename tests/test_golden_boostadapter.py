@@ -17,7 +17,7 @@ import torch
 
 import shiftlab
 from _golden import online_fixture, stream_views
-from shiftlab.methods.boostadapter import BoostAdapter
+from shiftlab.methods.boostadapter.method import BoostAdapter
 from shiftlab.methods.context import ClassHeads, SampleContext
 
 LOGITS, FEATURES, FINE = 2e-4, 1e-5, 1e-5

@@ -20,7 +20,7 @@ from _golden import (
     assert_close,
     tensor_sha256,
 )
-from shiftlab.methods.tps import descriptor_sentence
+from shiftlab.methods.tps.method import descriptor_sentence
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 

@@ -31,7 +31,7 @@ from _golden import (
     online_fixture,
     stream_views,
 )
-from shiftlab.methods.confidence import entropy, n_selected
+from shiftlab.methods.common.confidence import entropy, n_selected
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.heads import text_head
 

@@ -38,7 +38,7 @@ from _golden import (
     online_fixture,
     stream_views,
 )
-from shiftlab.methods.confidence import entropy, n_selected
+from shiftlab.methods.common.confidence import entropy, n_selected
 from shiftlab.models import register_architecture
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]

@@ -36,9 +36,9 @@ from _golden import (
     stream_views,
 )
 from _golden import assert_close as _close
-from shiftlab.methods import tps as tps_module
-from shiftlab.methods.confidence import entropy
+from shiftlab.methods.common.confidence import entropy
 from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.tps import method as tps_module
 
 ADAM_EPS = 1e-8       # torch.optim.AdamW's default, which their code keeps
 

@@ -20,8 +20,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 import shiftlab
 from _golden import FEATURES, GRAD_RTOL, LOGITS, LOSS, PARAMS, assert_close, assert_selection_margin, entropy_tolerance
 from shiftlab import ClassHeads, SampleContext
-from shiftlab.methods.confidence import entropy
-from shiftlab.methods.prompt_tuning import reliability_weights
+from shiftlab.methods.common.confidence import entropy
+from shiftlab.methods.tpt.method import reliability_weights
 from shiftlab.models.text import ContextPrompt
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]

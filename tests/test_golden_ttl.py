@@ -37,9 +37,9 @@ from _golden import (
     online_fixture,
     stream_views,
 )
-from shiftlab.methods.confidence import entropy
+from shiftlab.methods.common.confidence import entropy
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.ttl import weighted_entropy_loss
+from shiftlab.methods.ttl.method import weighted_entropy_loss
 
 TUNED = (1, 2, 3)       # --layer_range 1,3: shiftlab's lora_layers=3 of the tiny ViT's 4 blocks
 CASES = [("ttl", s, 1) for s in range(4)] + [("ttl_steps", s, 4) for s in range(2)]

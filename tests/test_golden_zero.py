@@ -31,7 +31,7 @@ from _golden import (
     stream_views,
 )
 from shiftlab.methods.context import SampleContext
-from shiftlab.methods.zero import zero_vote, zero_vote_authors
+from shiftlab.methods.zero.method import zero_vote, zero_vote_authors
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 

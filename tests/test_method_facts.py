@@ -92,7 +92,7 @@ def test_aliases_name_one_method_each():
 def test_the_papers_suite_tables_name_methods_by_registry_names_and_agree_with_them():
     from shiftlab import catalogue
     from shiftlab.results.published_suites import _data
-    entries = {e["name"]: e for e in catalogue.build()}
+    entries = {e["name"]: e for e in catalogue.entries()}
     for row in _data()["rows"]:
         assert row["method"] is None or row["method"] in METHODS, row["label"]
         if row["method"] and row["backbone"] == "RN50" and "imagenet-r" in row["values"]:
@@ -142,11 +142,18 @@ def test_cupl_file_names_follow_dmns_table():
     assert facts.declared(get_method_class("dpe"), "cupl_files") == files
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in resources.files("shiftlab").joinpath("data", "settings")
-                                        .iterdir() if p.name.endswith(".json")))
+SETTINGS_FILES = sorted(f"{p.name}/settings.json" for p in resources.files("shiftlab").joinpath("methods").iterdir()
+                        if p.joinpath("settings.json").is_file())
+
+
+def test_the_settings_files_are_found():
+    assert SETTINGS_FILES == [f"{m}/settings.json" for m in ("boostadapter", "dmn_zs", "dota", "dpe", "tda")]
+
+
+@pytest.mark.parametrize("path", SETTINGS_FILES)
 def test_every_settings_file_entry_cites_its_source(path):
-    data = json.loads(resources.files("shiftlab").joinpath("data", "settings", path).read_text())
-    method = path.removesuffix(".json")
+    data = json.loads(resources.files("shiftlab").joinpath("methods", path).read_text())
+    method = path.split("/")[0]
     assert method in METHODS and set(data) <= {"about", "datasets", "templates", "cupl_files"}
     for section in ("datasets", "templates", "cupl_files"):
         for dataset, entry in data.get(section, {}).items():

@@ -10,8 +10,8 @@ import torch
 import shiftlab
 from _golden import FEATURES, LOGITS, LOSS, assert_close
 from shiftlab.methods.context import SampleContext
-from shiftlab.methods.mta import kernel_density, mode_step
-from shiftlab.methods.zero import zero_vote
+from shiftlab.methods.mta.method import kernel_density, mode_step
+from shiftlab.methods.zero.method import zero_vote
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

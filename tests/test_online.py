@@ -20,8 +20,8 @@ from shiftlab.datasets.imageio import decode_image
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.dmn import DynamicMemory, memory_logits
-from shiftlab.methods.tda import CacheEntry, TDASample, cache_logits, update_cache
+from shiftlab.methods.dmn_zs.method import DynamicMemory, memory_logits
+from shiftlab.methods.tda.method import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.rundir import record_files
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
@@ -191,6 +191,7 @@ SMALL["boostadapter"] = {**SMALL["tda"], "view_ratio": 0.25, "delta": 1}   # 2 b
 SMALL["dota"] = {"text_head": "zeroshot", "rho": 1.0}      # a fusion weight that matters on a short stream
 
 SMALL["dpe"] = {"pos_capacity": 2}
+SMALL["oga"] = {"shot_capacity": 3}      # classes fill up: slots replaced, the covariance estimated
 # no refresh: from the fourth sample on, every chosen prompt was tuned before, so each output depends on the
 # stream (a refreshed prompt chosen alone is the initial context: the output of a fresh method); the refresh
 # across a state round trip is tests/test_dynaprompt.py's
@@ -233,6 +234,8 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
         assert whole.rho.max() > 0 and not torch.equal(whole.proxy, whole.text())
     elif name == "dynaprompt":   # the carried buffer was tuned and every prompt used
         assert loaded["residuals"].abs().max() > 0 and min(loaded["uses"]) > 0
+    elif name == "oga":      # the covariance was estimated and carried over
+        assert whole.estimated and loaded["estimated"] and int(whole.filled.sum(1).max()) == 3
     elif name == "ecalp":    # the graph holds every sample (and the last one's duplicate node)
         assert whole.graph.features.shape[0] == 24 and whole.graph.knn_idx.shape[0] == 25
 

@@ -9,7 +9,8 @@ import torch
 
 import shiftlab
 from shiftlab.methods.base import describe
-from shiftlab.methods.onzeta import ONZETA_TEMPLATES, dual_step, proxy_step, text_label
+from shiftlab.methods.onzeta.method import dual_step, proxy_step, text_label
+from shiftlab.methods.onzeta.spec import ONZETA_TEMPLATES
 from shiftlab.models.text import TIP_TEMPLATES
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]

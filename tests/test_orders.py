@@ -140,3 +140,48 @@ def test_twenty_orders_of_every_online_method_read_later_orders_from_the_store(d
         assert len(row["top1"]) == 20 and row["tail"] == 2
         assert row["eta"] == pytest.approx(sum(sorted(row["top1"])[:2]) / 2)
         assert row["worst"] == min(row["top1"]) and row["mean"] == pytest.approx(sum(row["top1"]) / 20)
+
+
+@pytest.mark.slow
+def test_cli_orders_prints_the_table_and_merge_gathers_it_again(data, tmp_path, tiny_checkpoint, capsys):
+    out = tmp_path / "k"
+    argv = ["run", "--dataset", "imagefolder", "--data", str(data.root), "--model", "shiftlab-tiny",
+            "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0", "--device", "cpu",
+            "--methods", "zeroshot,tda", "--orders", "2", "--no-progress", "--out", str(out)]
+    assert cli_main(argv) == 0
+    assert "| tda | online | 2 |" in capsys.readouterr().out
+    table = json.loads((out / "orders.json").read_text())
+    (out / "orders.json").write_text(json.dumps({**table, "methods": {
+        n: {**row, "top1": [0.0] * 2} for n, row in table["methods"].items()}}))   # stale numbers
+    assert cli_main(["merge", str(out)]) == 0
+    assert json.loads((out / "orders.json").read_text()) == table
+    assert "| tda | online | 2 |" in capsys.readouterr().out
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_orders_interrupted_in_a_later_order_resume_exactly(data, tiny_model, tmp_path):
+    from _runs import comparable
+    from shiftlab.engine.loop import RunHooks
+    run(_config(tmp_path / "ref", orders=3, online_checkpoint_seconds=0), model=tiny_model, dataset=data)
+
+    class CrashInOrderOne(RunHooks):   # order 0 takes 3 steps of 2 images; stop in the middle of order 1
+        steps = 0
+
+        def before_step(self, ids):
+            if self.steps == 4:
+                raise _Crash
+            self.steps += 1
+    with pytest.raises(_Crash):
+        run(_config(tmp_path / "cut", orders=3, online_checkpoint_seconds=0), model=tiny_model, dataset=data,
+            hooks=CrashInOrderOne())
+    assert not (tmp_path / "cut" / "orders.json").exists() and not order_dir(tmp_path / "cut", 2).exists()
+    run(_config(tmp_path / "cut", orders=3, online_checkpoint_seconds=0, resume=True), model=tiny_model, dataset=data)
+    for sub in (lambda d: d, lambda d: order_dir(d, 1), lambda d: order_dir(d, 2)):
+        assert (comparable(json_lines(sub(tmp_path / "cut") / "records.jsonl"))
+                == comparable(json_lines(sub(tmp_path / "ref") / "records.jsonl")))
+    assert (json.loads((tmp_path / "cut" / "orders.json").read_text())
+            == json.loads((tmp_path / "ref" / "orders.json").read_text()))

@@ -18,8 +18,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 import shiftlab
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
-from shiftlab.methods.confidence import entropy, lowest, marginal_entropy, mean_entropy, select_confident
-from shiftlab.methods.prompt_tuning import reliability_weights, text_dispersion
+from shiftlab.methods.common.confidence import entropy, lowest, marginal_entropy, mean_entropy, select_confident
+from shiftlab.methods.tpt.method import reliability_weights, text_dispersion
 
 NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock", "hen", "ostrich",
          "brambling", "goldfinch", "house finch", "junco", "indigo bunting"]

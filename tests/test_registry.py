@@ -279,13 +279,14 @@ def test_an_int_is_a_float_field_value_and_is_stored_as_a_float(tiny_model):
 
 
 def test_a_config_handed_to_the_class_is_checked_too(tiny_model):
-    from shiftlab.methods.prompt_tuning import PromptTuningConfig
+    from shiftlab.methods.tpt.spec import PromptTuningConfig
     with pytest.raises(ValueError, match=r"^tpt\.lr: -1 is out of range"):
         get_method_class("tpt")(tiny_model, CLASSNAMES, PromptTuningConfig(lr=-1))
 
 
 def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
-    monkeypatch.setattr(get_method_class("tpt"), "protocols", {"paper": {"selection_ratio": 2.0}})
+    from shiftlab.methods.specs import spec
+    monkeypatch.setattr(spec("tpt"), "protocols", {"paper": {"selection_ratio": 2.0}})   # the spec's recipe
     with pytest.raises(ValueError, match=r"^tpt\.selection_ratio: 2\.0 is out of range"):
         shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper")
     shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper", selection_ratio=0.5)   # --set wins
@@ -310,8 +311,9 @@ def test_each_method_runs_at_its_declared_minimum_and_is_refused_below_it(name, 
 
 
 def test_the_minimum_views_are_where_the_computation_stops_being_defined(tiny_model):
-    from shiftlab.methods.mta import MTAConfig, view_bandwidths
-    from shiftlab.methods.prompt_tuning import reliability_weights
+    from shiftlab.methods.mta.method import view_bandwidths
+    from shiftlab.methods.mta.spec import MTAConfig
+    from shiftlab.methods.tpt.method import reliability_weights
     mta = get_method_class("mta")
     feats = torch.nn.functional.normalize(torch.randn(8, 16, generator=torch.Generator().manual_seed(0)), dim=-1)
     for ratio in (0.3, 0.1, 0.5, 1.0, 1 / 3):

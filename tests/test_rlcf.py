@@ -14,7 +14,7 @@ from _synthetic import make_imagenet_r
 from shiftlab.cli import main as cli_main
 from shiftlab.methods.base import effective_config, get_method_class
 from shiftlab.methods.protocols import protocol_overrides
-from shiftlab.methods.rlcf import RLCF, reward_baseline
+from shiftlab.methods.rlcf.method import RLCF, reward_baseline
 from shiftlab.models import ClipModel, ModelLoadError, Preprocess
 from shiftlab.synthetic import tiny_clip
 

@@ -1,4 +1,4 @@
-"""TPS (shiftlab.methods.tps): behaviour and pieces; the whole method against its authors' code is
+"""TPS (shiftlab.methods.tps.method): behaviour and pieces; the whole method against its authors' code is
 tests/test_golden_tps.py."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.methods.confidence import marginal_entropy, marginal_entropy_as_tpt
+from shiftlab.methods.common.confidence import marginal_entropy, marginal_entropy_as_tpt
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.tps import TPS, descriptor_sentence, load_descriptors
+from shiftlab.methods.tps.method import TPS, descriptor_sentence, load_descriptors
 
 CLASSNAMES = ["cat", "dog", "hen", "tree", "boat"]
 

@@ -8,22 +8,50 @@ after N of M samples; continue with --resume", from rank 0 only under torchrun) 
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import os
 import pkgutil
+import re
 import sys
+from collections.abc import Iterable
 from typing import NoReturn
 
-from . import commands
+from . import commands, writes
+from .commands import config_file
 from .engine import interrupt
+from .options import speaking_cli
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest of `known` (difflib, as argparse's `suggest_on_error` of
+    Python 3.14), or ''."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, with its usage block replaced by a pointer to --help: an error is one line."""
+    """argparse, with its usage block replaced by a pointer to --help: an error is one line; an unknown
+    flag, subcommand or choice gets the closest known one."""
 
     def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        """argparse's, with a suggestion for each unknown flag among the flags of the (sub)command that met it."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [e for e in extras if e.startswith("-")]
+        if unknown and self._subparsers is not None and getattr(parsed, "command", None):
+            chosen = self._subparsers._group_actions[0].choices.get(parsed.command)
+            flags = [f for action in chosen._actions for f in action.option_strings] if chosen else []
+            hints = [f"{flag.split('=')[0]}{did_you_mean(flag.split('=')[0], flags)}" for flag in unknown]
+            if any("did you mean" in h for h in hints):
+                chosen.error(f"unrecognized arguments: {', '.join(hints)}")
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,14 +81,24 @@ def describe_os_error(exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
-    with interrupt.handling_signals():
+    with interrupt.handling_signals(), speaking_cli():   # messages name flags, not keyword arguments
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            try:   # --config FILE: the file's flags go before the typed ones (commands/config_file.py)
+                argv, config_record = config_file.expand(parser, sys.argv[1:] if argv is None else list(argv))
+            except config_file.ConfigFileError as exc:
+                print(f"{command}: error: {exc}", file=sys.stderr)
+                return 2
+            args = parser.parse_args(argv)
+            args.config_file = config_record
             command = f"shiftlab {args.command}"
             return int(args.func(args) or 0)
         except BrokenPipeError:   # `shiftlab datasets | head`: the reader has gone, nothing is wrong
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
+        except writes.WriteError as exc:   # every file shiftlab writes: one line naming it, why, what to do
+            print(f"{command}: error: {exc}", file=sys.stderr)
+            return 1
         except OSError as exc:   # disk full, read-only or vanished paths: the machine, not a bug to trace
             print(f"{command}: error: {describe_os_error(exc)}", file=sys.stderr)
             return 1

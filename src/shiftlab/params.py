@@ -15,10 +15,9 @@ naming the field, the value and what the field accepts:
 
     tpt.selection_ratio: 5 is out of range; must be a finite float in (0, 1]
 
-A field's annotation and range together are a `FieldSpec`; `FieldSpec.check` is the one check, whether
-the spec comes from the config dataclass (`field_specs`) or from the method catalogue
-(shiftlab/data/methods.json, `FieldSpec.from_json`), which the CLI reads to refuse a bad `--set`
-before torch is imported.
+A field's annotation and range together are a `FieldSpec` (`field_specs`); `FieldSpec.check` is the one
+check, which the CLI applies to refuse a bad `--set` before torch is imported (the config dataclasses live
+in the methods' torch-free specs). `shiftlab methods --json` writes each as JSON (`FieldSpec.to_json`).
 
 No imports from the rest of shiftlab, so that views.py, the methods and the catalogue can all use it.
 """

@@ -14,10 +14,14 @@ case-folding) lookups compare normalised names, so ``R`` and ``r`` are the same 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import pkgutil
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "UnknownNameError"]
+__all__ = ["Registry", "UnknownNameError", "scan_folders"]
 
 T = TypeVar("T")
 
@@ -123,3 +127,13 @@ class Registry(Generic[T]):
 
 
 _MISSING = object()
+
+
+def scan_folders(package: str, module: str = "spec", skip: tuple[str, ...] = ()) -> list[ModuleType]:
+    """Import `<package>.<folder>.<module>` for every sub-package folder of `package` that has a `<module>.py`
+    (sorted; `skip` names folders that are not entries, e.g. shared code): how methods and attacks are found,
+    one folder each, without a list to keep in step."""
+    paths = importlib.import_module(package).__path__
+    found = sorted(m.name for m in pkgutil.iter_modules(paths) if m.ispkg and m.name not in skip
+                   and any(os.path.isfile(os.path.join(p, m.name, f"{module}.py")) for p in paths))
+    return [importlib.import_module(f"{package}.{folder}.{module}") for folder in found]

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from . import writes
+
 if TYPE_CHECKING:
     from .models import ClipModel
 
@@ -54,7 +56,7 @@ def make_imagenet_r(root: str | Path, per_class: int = 1, size: tuple[int, int] 
     dataset = Path(root) / "imagenet-r"
     for label, wnid in enumerate(wnids):
         folder = dataset / wnid
-        folder.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(folder)
         if label not in selected:
             continue
         for k in range(per_class):
@@ -62,5 +64,5 @@ def make_imagenet_r(root: str | Path, per_class: int = 1, size: tuple[int, int] 
             rendition = RENDITIONS[(label + k) % len(RENDITIONS)]
             buf = io.BytesIO()
             img.save(buf, format="JPEG" if image_format in ("jpg", "jpeg") else image_format.upper(), quality=90)
-            (folder / f"{rendition}_{k}.{image_format}").write_bytes(buf.getvalue())
+            writes.write_file(folder / f"{rendition}_{k}.{image_format}", buf.getvalue())
     return dataset

@@ -1,9 +1,11 @@
 """Threat models for robust accuracy: the attack registry (`--attack NAME`, `--set attack.FIELD=V`).
 
-An attack is one module (`pgd_linf.py`): a config dataclass and an `Attack` subclass registered with
-`@register_attack`. Importing this package loads no torch (the CLI's checks and the labels in
-summaries read `shiftlab.attacks.catalogue`); the attacks themselves load on first use, with
-`list_attacks()`, `build_attack(...)` or one of their names.
+An attack is a folder (`pgd/`): `spec.py`, its config dataclass and `AttackSpec` (no torch), and
+`attack.py`, the `Attack` subclass naming that spec; the folders are found by scanning
+(`shiftlab.attacks.specs`). A script registers an attack class of its own with `@register_attack`.
+Importing this package loads no torch (the CLI's checks and the labels in summaries read
+`shiftlab.attacks.catalogue`); an attack's class loads when it is built (`get_attack_class`,
+`build_attack`) or named (`PGDAttack`).
 """
 from __future__ import annotations
 
@@ -12,17 +14,20 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import ATTACKS, NO_ATTACK, Attack, AttackConfig, register_attack
+from . import specs
+from .base import ATTACKS, NO_ATTACK, Attack, AttackConfig
+from .specs import register_attack
 
 if TYPE_CHECKING:
     import torch
 
     from ..models import ClipModel
-    from .pgd_linf import PGDAttack, PGDConfig, pgd
+    from .pgd.attack import PGDAttack, pgd
+    from .pgd.spec import PGDConfig
     from .pixels import QUANTIZE_MODES, ImageAttack, ZeroShotClassifier, attack_seed, eps_255, quantize
 
 # public name -> the module that defines it (loaded on first use: these import torch)
-_EXPORTS = {"PGDAttack": "pgd_linf", "PGDConfig": "pgd_linf", "pgd": "pgd_linf", "QUANTIZE_MODES": "pixels",
+_EXPORTS = {"PGDAttack": "pgd.attack", "PGDConfig": "pgd.spec", "pgd": "pgd.attack", "QUANTIZE_MODES": "base",
             "ImageAttack": "pixels", "ZeroShotClassifier": "pixels", "attack_seed": "pixels", "eps_255": "pixels",
             "quantize": "pixels"}
 __all__ = ["NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "ImageAttack", "PGDAttack", "PGDConfig",
@@ -31,20 +36,27 @@ __all__ = ["NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "ImageAttack
 
 
 def load() -> None:
-    """Register the attacks shiftlab ships (imports torch); a new attack module is imported here."""
-    from . import pgd_linf  # noqa: F401
+    """Import every attack's class (imports torch)."""
+    for name in list_attacks():
+        get_attack_class(name)
 
 
 def list_attacks() -> list[str]:
     """Registered attack names (`none` is always accepted too and means: no attack)."""
-    load()
-    return ATTACKS.names()
+    return specs.spec_names()
 
 
 def get_attack_class(name: str) -> type[Attack]:
-    """The class registered as `name`; an unknown name is a one-line UnknownNameError (a ValueError)."""
-    load()
-    return ATTACKS.get(name)
+    """The class registered as `name`, imported from its spec's `impl` on first use; an unknown name is a
+    one-line UnknownNameError (a ValueError)."""
+    spec = specs.spec(name)
+    if spec.name in ATTACKS:
+        return ATTACKS.get(spec.name)
+    module, _, qualname = spec.impl.partition(":")
+    cls = getattr(importlib.import_module(module), qualname)
+    if cls.__dict__.get("spec") is not spec:
+        raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
+    return ATTACKS.register(spec.name, cls)
 
 
 def attack_config(spec: Mapping[str, Any]) -> dict[str, Any]:

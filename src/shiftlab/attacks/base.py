@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..params import check_config
@@ -34,11 +34,23 @@ if TYPE_CHECKING:
     from ..models import ClipModel
     from ..views.generator import ViewGenerator
 
-__all__ = ["ATTACKS", "NO_ATTACK", "Attack", "AttackConfig", "fill_template", "format_255", "register_attack",
+__all__ = ["ATTACKS", "NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "declaration_problem", "fill_template",
+           "format_255",
            "template_fields"]
 
 NO_ATTACK = "none"   # the `--attack` value of a clean run; no registered attack may take it
-ATTACKS: Registry[type[Attack]] = Registry("attack", also_known=(NO_ATTACK,))
+QUANTIZE_MODES = ("round", "truncate")   # the 8-bit conversion of an adversarial image (pixels.quantize)
+class _ClassRegistry(Registry["type[Attack]"]):
+    """The imported attack classes; removing one removes its spec too (tests register temporary attacks)."""
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        SPECS.pop(name)
+        return super().pop(name, default)
+
+
+ATTACKS: Registry[type[Attack]] = _ClassRegistry("attack", also_known=(NO_ATTACK,))
+# every attack's spec (shiftlab.attacks.specs: the folders' and those `register_attack` makes)
+SPECS: Registry[Any] = Registry("attack", also_known=(NO_ATTACK,))
 
 
 @dataclasses.dataclass
@@ -90,11 +102,21 @@ class Attack:
     `shiftlab.attacks.pixels.ImageAttack`, which does that loop and asks for one image at a time.
     """
 
+    spec: ClassVar[type | None] = None            # its AttackSpec (attacks/<name>/spec.py), whose attributes it takes
     name: ClassVar[str] = "attack"               # set by register_attack
     config_class: ClassVar[type] = AttackConfig
     summary: ClassVar[str] = ""                  # one line for people (the attack catalogue lists it)
     label_format: ClassVar[str] = ""             # over config fields, after the name: "eps={eps:/255}"
     details_format: ClassVar[str] = ""           # summary.md's note, after the label: "steps={steps}"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            if spec.impl != impl_of(cls):
+                raise TypeError(f"{cls.__qualname__} names spec {spec.__qualname__}, whose impl is {spec.impl!r}")
+            for attr in ("name", "config_class", "summary", "label_format", "details_format"):
+                setattr(cls, attr, getattr(spec, attr))
 
     def __init__(self, config: AttackConfig, model: ClipModel, zeroshot_head: torch.Tensor):
         self.config = config
@@ -147,26 +169,14 @@ class Attack:
         raise NotImplementedError
 
 
-def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
-    """Class decorator: make an `Attack` subclass available as `--attack NAME` (and `--set attack.FIELD=V`).
-
-    Refused: a taken name, "none", a config that is not an `AttackConfig` dataclass, a `name` field, a
-    label or details string naming a field the config lacks."""
-    def register(cls: type[Attack]) -> type[Attack]:
-        if name in ATTACKS and ATTACKS.get(name) is not cls:
-            raise ValueError(f"attack {name!r} is already registered (as {ATTACKS.get(name).__name__})")
-        problem = _declaration_problem(name, cls)
-        if problem:
-            raise ValueError(f"attack {name!r}: {problem}")
-        return ATTACKS.register(name, cls)
-    return register
+def impl_of(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _declaration_problem(name: str, cls: type) -> str | None:
+def declaration_problem(name: str, cls: type) -> str | None:
+    """What is wrong with an attack's declaration (a spec's or an attack class's), or None."""
     if name == NO_ATTACK:
         return f"{NO_ATTACK!r} means no attack"
-    if not (isinstance(cls, type) and issubclass(cls, Attack)):
-        return "must be a subclass of shiftlab.attacks.Attack"
     config = cls.config_class
     if not (dataclasses.is_dataclass(config) and issubclass(config, AttackConfig)):
         return "config_class must be a dataclass subclassing AttackConfig"

@@ -19,13 +19,12 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from .base import Attack, AttackConfig
+from .base import QUANTIZE_MODES, Attack, AttackConfig
 
 if TYPE_CHECKING:
     from ..models import ClipModel
     from ..views.generator import ViewGenerator
 
-QUANTIZE_MODES = ("round", "truncate")
 _ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
 
 

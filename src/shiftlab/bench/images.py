@@ -1,12 +1,14 @@
 """What the bench measures on: synthetic JPEG files decoded like a dataset's, and class names."""
 from __future__ import annotations
 
+import io
 import shutil
 import tempfile
 from pathlib import Path
 
 from PIL import Image
 
+from .. import writes
 from ..datasets.imageio import decode_image
 
 
@@ -27,7 +29,9 @@ class SyntheticImages:
         self.paths = []
         for i in range(n):
             path = self.root / f"img_{i:05d}.jpg"
-            random_image(tuple(size), seed=seed * 1_000_003 + i).save(path, format="JPEG", quality=90)
+            buffer = io.BytesIO()
+            random_image(tuple(size), seed=seed * 1_000_003 + i).save(buffer, format="JPEG", quality=90)
+            writes.write_file(path, buffer.getvalue())
             self.paths.append(path)
         self.samples = [(p.name, 0) for p in self.paths]
 

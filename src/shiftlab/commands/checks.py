@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import importlib.util
 import math
 import os
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -253,6 +256,40 @@ def device_name(text: str) -> str:
     return text
 
 
+def model_names() -> list[str]:
+    """The architectures `--model` may name: open_clip's (its package's model_configs/*.json) and shiftlab's own
+    (models/configs/*.json), read as file names so that no torch is imported. Once open_clip is imported (a
+    script that registered an architecture, then called the CLI), its own list answers."""
+    if "open_clip" in sys.modules:
+        import open_clip
+
+        from ..models.architectures import builtin_configs
+        return sorted({*open_clip.list_models(), *builtin_configs()})
+    return config_file_names()
+
+
+def config_file_names() -> list[str]:
+    """The stems of open_clip's model_configs/*.json and shiftlab's models/configs/*.json (no import of either)."""
+    found: set[str] = set()
+    for package, folder in (("open_clip", "model_configs"), ("shiftlab.models", "configs")):
+        spec = importlib.util.find_spec(package)   # the package's folder, without running its __init__
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            found.update(path.stem for path in Path(location, folder).glob("*.json"))
+    return sorted(found)
+
+
+def unknown_model(name: str) -> str | None:
+    """'unknown model ...' with the closest known names, or None for an architecture open_clip or shiftlab
+    knows (`model_names`)."""
+    known = model_names()
+    if name in known:
+        return None
+    lowered = {n.lower(): n for n in known}
+    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)]
+    guess = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"unknown model {name!r}{guess}; see `open_clip.list_models()` ({len(known)} architectures)"
+
+
 def readable_file(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_file():
@@ -278,3 +315,58 @@ def writable_dir(text: str) -> str:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: {existing} is not writable (permission denied or read-only)")
     return text
+
+
+def corruption_name(text: str) -> str:
+    """A corruption of Hendrycks & Dietterich's (datasets/corruptions.py: data, no numpy)."""
+    from ..datasets.corruptions import CORRUPTIONS
+    name = text.strip().lower().replace("-", "_")
+    if name not in CORRUPTIONS:
+        raise argparse.ArgumentTypeError(f"unknown corruption {text!r}; known: {', '.join(CORRUPTIONS)}")
+    return name
+
+
+def corruption_names(text: str) -> tuple[str, ...]:
+    """--corruptions: 'common' (the 15), 'all' (with the 4 extra) or a comma-separated list."""
+    from ..datasets.corruptions import parse_corruptions
+    try:
+        return parse_corruptions(text.strip().lower().replace("-", "_") if text.strip() in ("common", "all")
+                                 else [corruption_name(n) for n in text.split(",") if n.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def severity(text: str) -> str:
+    """--severity: 1..5, or 'all' (the corruption suite's five); nothing imported (argparse checks the default)."""
+    value = str(text).strip().lower()
+    if value not in ("1", "2", "3", "4", "5", "all"):
+        raise argparse.ArgumentTypeError(f"must be 1..5 or all, got {text!r}")
+    return value
+
+
+def dataset_list(text: str) -> list[str]:
+    """--ood: comma-separated dataset names, each known (datasets/specs.py: data)."""
+    from ..datasets.base import DatasetError
+    from ..datasets.specs import DATASETS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one dataset name, e.g. inaturalist-ood,textures-ood")
+    try:
+        names = [DATASETS.canonical(n) for n in names]
+    except DatasetError as exc:
+        raise argparse.ArgumentTypeError(" ".join(str(exc).split())) from None
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a dataset is listed twice: {','.join(names)}")
+    return names
+
+
+def ood_ratio(text: str) -> float:
+    from ..datasets.openset import MAX_OOD_RATIO
+    try:
+        value = float(Fraction(text.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a number of OOD images per ID image, got {text!r}") from None
+    if not 0 < value <= MAX_OOD_RATIO:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_OOD_RATIO:g} (OOD images per ID "
+                                         f"image), got {text}")
+    return value

@@ -20,7 +20,10 @@ def found_under(name: str, root: Path) -> dict | None:
     count, or why it cannot be used; None when neither holds it."""
     from ..datasets.base import DatasetError
     from ..datasets.build import build_dataset, layout_of, locate
+    from ..datasets.specs import DATASETS
     folder = locate(name, root)
+    if DATASETS.get(name).corrupted:   # one set per corruption and severity: the corruptions found are listed
+        return None if folder is None else {"folder": str(folder), "layout": "stored corrupted set"}
     try:
         ds = build_dataset(name, root)
     except (DatasetError, OSError) as exc:
@@ -35,12 +38,19 @@ def dataset_rows(root: str | None) -> list[dict]:
     rows = []
     for name in DATASETS.names():
         spec = DATASETS.get(name)
-        rows.append({
+        layout = LAYOUTS[spec.layout]
+        if spec.corrupted and spec.layout != "npy":
+            layout = f"<corruption>/<severity 1-5>/ folders, each {layout}"
+        row = {
             "name": name, "aliases": DATASETS.aliases(name)[1:], "classes": spec.num_classes,
-            "layout": LAYOUTS[spec.layout], "folders": list(spec.dirnames),
+            "layout": layout, "folders": list(spec.dirnames),
             "download": "shiftlab download" if spec.url else ("by hand (docs/DATA.md)" if spec.manual else "-"),
             **(_found_fields(found_under(name, Path(root).expanduser())) if root else {}),
-        })
+        }
+        if spec.corrupted and row.get("found"):
+            from ..datasets.corrupted import stored_corruptions
+            row["corruptions"] = stored_corruptions(Path(row["found"]), "npy" if spec.layout == "npy" else "folders")
+        rows.append(row)
     return rows
 
 
@@ -53,8 +63,10 @@ def _found_fields(found: dict | None) -> dict:
 def _found_text(r: dict) -> str:
     if not r["found"]:
         return "no"
-    what = (f"{r['found_images']} images" if r["found_problem"] is None
-            else f"cannot be used: {r['found_problem']}")
+    what = (f"cannot be used: {r['found_problem']}" if r["found_problem"] is not None
+            else f"{r['found_images']} images" if r["found_images"] is not None else "")
+    if not what:
+        return f"{r['found']} ({r['found_layout']})"
     return f"{r['found']} ({r['found_layout']}; {what})"
 
 
@@ -69,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             line += f"  found: {_found_text(r)}"
         print(line)
         print(f"{'':16} layout: {r['layout']}")
+        if r.get("corruptions") is not None:
+            print(f"{'':16} corruptions found: {', '.join(r['corruptions']) or 'none'}")
         if r["aliases"]:
             print(f"{'':16} aliases: {', '.join(r['aliases'])}")
         if r["folders"]:

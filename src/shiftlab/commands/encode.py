@@ -24,8 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import distributed
-    from ..engine.features import encode
     if args.suite or args.datasets:
         print("shiftlab encode: error: encode one --dataset at a time", file=sys.stderr)
         return 2
@@ -33,16 +31,20 @@ def run(args: argparse.Namespace) -> int:
         print("shiftlab encode: error: attacked views are never stored (--attack)", file=sys.stderr)
         return 2
     args.out = args.out or args.features
-    problem = run_command.check_combination(args)
-    if problem:
-        print(f"shiftlab encode: error: {problem}", file=sys.stderr)
-        return 2
+    code, problems = run_command.refusal(args)
+    if code:
+        for problem in problems:
+            print(f"shiftlab encode: error: {problem}", file=sys.stderr)
+        return code
+    from ..engine import distributed
+    from ..engine.features import encode
+    from ..engine.prepare import CannotStart
     distributed.context()
     try:
         try:
             # the methods that load models of their own need pixels, which encode never stores
-            cfg, model, datasets = run_command.prepare(args, method_models=False)
-        except run_command.CannotStart as exc:
+            cfg, model, datasets = run_command.prepare(args, method_models=False, command="shiftlab encode")
+        except CannotStart as exc:
             for problem in exc.problems:
                 print(f"shiftlab encode: error: {problem}", file=sys.stderr)
             return 1

@@ -25,11 +25,20 @@ def run(args: argparse.Namespace) -> int:
     if not record_files.record_files(run_dir):
         print(f"shiftlab merge: {run_dir} holds no records.jsonl and no shards/*.jsonl")
         return 2
+    from ..results import orders
     try:
         with RunLock(run_dir, "merge"):   # never while a run (or another merge) writes there
             _, md = run_summary.finish_run(run_dir)
+            # --orders K: each later order is a run directory of its own; merge them, then gather them again
+            for sub in sorted((Path(run_dir) / orders.ORDERS_DIR).glob("[0-9]*")):
+                if record_files.record_files(sub):
+                    with RunLock(sub, "merge"):
+                        run_summary.finish_run(sub)
+            table = orders.refresh_orders(run_dir)
     except (RunLockedError, OSError, ValueError) as exc:   # RunDirError, RunIdentityError (run.json) among them
         print(f"shiftlab merge: {exc}", file=sys.stderr)
         return 2
     print(md)
+    if table is not None:
+        print(orders.orders_markdown(table))
     return 0

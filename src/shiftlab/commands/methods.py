@@ -1,7 +1,6 @@
 """`shiftlab methods`: the registered methods, their defaults, and what each protocol runs.
 
-It reads the method catalogue (shiftlab.catalogue: a data file generated from the registry), so it
-imports no torch."""
+It reads the method catalogue (shiftlab.catalogue: every method folder's spec.py), so it imports no torch."""
 from __future__ import annotations
 
 import argparse
@@ -12,12 +11,18 @@ from .. import catalogue
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
-    p.add_argument("--json", action="store_true", help="print as JSON")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print as JSON")
+    out.add_argument("--table", action="store_true",
+                     help="print the methods table (markdown, each name linking its folder's README.md)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     rows = catalogue.entries()
+    if args.table:
+        print(catalogue.readme_table(rows))
+        return 0
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0

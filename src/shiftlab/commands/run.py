@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import catalogue
-from . import checks
+from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
+    from ..datasets.suites import Suite
     from ..engine.config import RunConfig
     from ..models import ClipModel
 
@@ -19,9 +19,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="imagenet-r",
                    help="imagenet-r, imagenet-a, imagenet-v2, imagenet-sketch, imagenet, the ten cross-dataset sets "
                         "(flowers102, dtd, ...), imagefolder; CLIP_benchmark's and TPT's names work too (docs/DATA.md)")
-    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset"],
+    p.add_argument("--suite", default=None, choices=["natural-shift", "cross-dataset", "corruption"],
                    help="run every dataset of a paper table, each into OUT/<dataset>, then write the suite "
-                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets")
+                        "table (OUT/suite.md, suite.csv); --data is the root holding all datasets. corruption: "
+                        "--dataset under each of --corruptions at --severity, each into OUT/<corruption>-<severity>, "
+                        "with accuracy per corruption, mean and mCE against zero-shot CLIP (docs/PROTOCOLS.md)")
     p.add_argument("--datasets", default=None, metavar="A,B,...",
                    help="like --suite, for your own comma-separated list of datasets")
     p.add_argument("--data", required=True, help="dataset folder, or the folder that contains it; 'DIR/{dataset}' "
@@ -52,10 +54,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the same weights in every process and on every rank, and run.json records it")
     p.add_argument("--limit", type=checks.int_in(1), default=None,
                    help="evaluate only the first N samples of the stream (N >= 1)")
-    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet"], default="shuffled",
+    p.add_argument("--order", choices=["shuffled", "iid", "sorted", "class-sorted", "dirichlet", "continual", "mixed"],
+                   default="shuffled",
                    help="the stream (matters for online and batch methods only): shuffled (= iid, with --seed), "
-                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); "
-                        "docs/PROTOCOLS.md")
+                        "sorted (the dataset's order), class-sorted, dirichlet (label shift, see --delta); with "
+                        "--suite/--datasets of one class list, continual (one dataset after the other, no reset) or "
+                        "mixed (all shuffled together), one run in --out; docs/PROTOCOLS.md")
     p.add_argument("--delta", type=checks.positive_float, default=None,
                    help="the dirichlet stream's concentration (smaller: longer runs of one class; RoTTA 0.1)")
     p.add_argument("--orders", type=checks.int_in(1, 1000), default=1, metavar="K",
@@ -93,6 +97,25 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
                    help="storage of new features: fp16 (half the disk; features change by ~1e-3, so records "
                         "read from it may differ from an uncached run) or fp32 (records identical)")
+    config_file.add_argument(p)
+    c = p.add_argument_group("corruptions and open-set streams (docs/PROTOCOLS.md)")
+    c.add_argument("--corruption", type=checks.corruption_name, default=None, metavar="NAME",
+                   help="a common corruption (gaussian_noise, ..., jpeg_compression; the 4 extra too): read from "
+                        "imagenet-c / cifar10-c / cifar100-c, or generated on the fly from any other --dataset "
+                        "(imagecorruptions, seeded per sample by --seed)")
+    c.add_argument("--severity", type=checks.severity, default="5",
+                   help="corruption severity 1..5 (default 5, the field's); 'all' with --suite corruption")
+    c.add_argument("--corruptions", type=checks.corruption_names, default=None, metavar="A,B|common|all",
+                   help="--suite corruption's corruptions: common (the 15, default; a stored set adds the extra "
+                        "ones it holds), all (19) or a list")
+    c.add_argument("--ood", type=checks.dataset_list, default=[], metavar="A,B",
+                   help="out-of-distribution sets mixed into the stream (inaturalist-ood, sun-ood, places-ood, "
+                        "textures-ood, ninco, svhn, or any dataset): records get ood and ood_score (MCM), the "
+                        "summary AUROC, FPR95, AUPR")
+    c.add_argument("--ood-ratio", type=checks.ood_ratio, default=1.0,
+                   help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
+    c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
+                   help="seed of the OOD draw (default: --seed)")
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
@@ -114,6 +137,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="evaluate methods on a dataset", description=__doc__)
     add_run_arguments(p)
+    tracking.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -141,51 +165,65 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),
-                     features_dtype=getattr(args, "features_dtype", "fp16"))
+                     features_dtype=getattr(args, "features_dtype", "fp16"),
+                     config_file=getattr(args, "config_file", None),
+                     allow_partial=getattr(args, "allow_partial", False),
+                     corruption=getattr(args, "corruption", None), severity=_single_severity(args),
+                     ood=list(getattr(args, "ood", None) or []), ood_ratio=getattr(args, "ood_ratio", 1.0),
+                     ood_seed=getattr(args, "ood_seed", None))
+
+
+def _single_severity(args: argparse.Namespace) -> int:
+    """--severity as one number (a suite over 'all' sets each entry's own; the config keeps the default)."""
+    text = str(getattr(args, "severity", "5"))
+    return int(text) if text.isdigit() else 5
+
+
+def _checked_config(args: argparse.Namespace) -> RunConfig:
+    """The config whose settings and data are checked: a corruption suite's is its first entry's."""
+    cfg = config_from_args(args)
+    if getattr(args, "suite", None) == "corruption":
+        from ..datasets.corruptions import COMMON
+        cfg.corruption = (args.corruptions or COMMON)[0]
+    return cfg
+
+
+def run_corruption_suite(args: argparse.Namespace) -> Suite:
+    """--suite corruption: --dataset under each corruption (--corruptions; a stored set adds the extra ones it holds
+    when none are named) at each severity (--severity, 'all' for 1..5)."""
+    from ..datasets.corruptions import COMMON
+    from ..datasets.suites import SuiteError, corruption_suite, parse_severities
+    if getattr(args, "corruption", None):
+        raise SuiteError("--suite corruption runs every corruption of --corruptions; leave out --corruption")
+    corruptions = args.corruptions or COMMON
+    if args.corruptions is None:
+        corruptions = COMMON + tuple(c for c in _stored_extra(args) if c not in COMMON)
+    return corruption_suite(args.dataset, corruptions, parse_severities(args.severity))
+
+
+def _stored_extra(args: argparse.Namespace) -> list[str]:
+    """The corruptions a stored corrupted --dataset holds under --data (none for other datasets)."""
+    from ..datasets.base import DatasetError
+    from ..datasets.build import expand_root, find_dataset_dir
+    from ..datasets.corrupted import stored_corruptions
+    from ..datasets.specs import DATASETS
+    if args.dataset not in DATASETS or not DATASETS.get(args.dataset).corrupted:
+        return []
+    spec = DATASETS.get(args.dataset)
+    try:
+        directory = find_dataset_dir(spec.name, expand_root(args.data, spec.name))
+    except DatasetError:
+        return []
+    return stored_corruptions(directory, "npy" if spec.layout == "npy" else "folders")
 
 
 def _random_weights(args: argparse.Namespace) -> bool:
     return str(args.pretrained).lower() in ("none", "random")
 
 
-class CannotStart(Exception):
-    """Data or weights are missing or unusable; one line per problem."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
 def one_line(text: object) -> str:
     """A multi-line message (error + hint) as one line."""
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def _missing_dirs(path: Path) -> list[Path]:
-    """`path` and its parents that do not exist yet, deepest first."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
-def _download_dataset(name: str, root: str, classnames: list[str] | None) -> FolderDataset:
-    """Download then build a dataset; a failed download leaves no empty folders behind."""
-    from ..datasets.build import build_dataset, expand_root
-    from ..datasets.install import download_dataset
-    root = str(expand_root(root, name))
-    created = _missing_dirs(Path(root).expanduser())
-    try:
-        download_dataset(name, root)
-        return build_dataset(name, root, classnames=classnames)
-    except BaseException:
-        for folder in created:   # deepest first; a folder holding a partial download stays
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
 
 
 def unknown_dataset(args: argparse.Namespace) -> str | None:
@@ -202,16 +240,83 @@ def unknown_dataset(args: argparse.Namespace) -> str | None:
 
 
 def check_combination(args: argparse.Namespace) -> str | None:
-    """A problem between flags that each parsed fine, or None: the attack's fields (`checks.attack_spec`), then
-    the run's settings as the engine checks them (`engine.config.settings_problem`) on every dataset it will run."""
+    """A problem between flags that each parsed fine, or None: --model-seed without random weights, the
+    attack's fields (`checks.attack_spec`), then the run's settings as the engine checks them
+    (`engine.config.settings_problem`) on every dataset it will run. What the catalogues decide is said
+    before torch is imported; the rest (a method given --set values) needs the method registry."""
+    problem = flag_problem(args)
+    if problem:
+        return problem
+    from ..engine.config import settings_problem
+    return settings_problem(_checked_config(args), dataset_names(args))
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """The checks of `check_combination` that read only data (the method and attack catalogues): no torch."""
+    if str(getattr(args, "severity", "5")) == "all" and getattr(args, "suite", None) != "corruption":
+        return "--severity all runs every severity as a suite: add --suite corruption, or give one severity 1..5"
+    if getattr(args, "corruptions", None) and getattr(args, "suite", None) != "corruption":
+        return "--corruptions lists the corruptions of --suite corruption; for one run give --corruption NAME"
+    from ..engine.shifts import shift_problem  # torch-free: corruption and --ood settings before any import
+    problem = shift_problem(_checked_config(args))
+    if problem:
+        return problem
     if getattr(args, "model_seed", None) is not None and not _random_weights(args):
         return (f"--model-seed seeds random weights only (--pretrained none); --pretrained {args.pretrained} "
                 "loads its weights from a checkpoint")
     problem = attack_problem(args)
     if problem:
         return problem
-    from ..engine.config import settings_problem
-    return settings_problem(config_from_args(args), dataset_names(args))
+    from ..rundir.stream import stream_problem  # torch-free: a stream's flags are checked before any import
+    problem = stream_problem(args.order, getattr(args, "delta", None), getattr(args, "orders", 1))
+    if problem:
+        return problem
+    if args.order in ("continual", "mixed") and not (getattr(args, "suite", None) or getattr(args, "datasets", None)):
+        return (f"--order {args.order} runs several datasets of one class list as one stream of domains: give "
+                "them with --datasets a,b,... or --suite")
+    from ..engine.config import catalogue_problem
+    return catalogue_problem(config_from_args(args), dataset_names(args))
+
+
+def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """(exit code, one line per problem) of a command line that cannot run, or (0, []): unknown dataset names
+    and every flag the catalogues judge (2); a --data folder that does not exist and an unknown --model, all
+    at once (1); what only the method registry can judge (2, torch imported). Unless a method's --set values
+    need the registry, everything but the last is said before torch is imported. The rest (the files inside
+    --data, the weights) is `engine.prepare`'s."""
+    problem = unknown_dataset(args) or flag_problem(args)
+    if problem:
+        return 2, [problem]
+    from ..engine.config import catalogue_undecided
+    undecided = catalogue_undecided(config_from_args(args), dataset_names(args))
+    problem = check_combination(args) if undecided else None   # the flags before the data, as ever
+    if problem:
+        return 2, [problem]
+    model = checks.unknown_model(args.model)
+    missing = missing_data(args, listing=model is not None)   # with a refusal anyway, every dataset's problem
+    missing += [f"model: {model}"] if model else []
+    if missing:
+        return 1, missing
+    problem = None if undecided else check_combination(args)
+    return (2, [problem]) if problem else (0, [])
+
+
+def missing_data(args: argparse.Namespace, listing: bool = False) -> list[str]:
+    """One line per dataset whose folder under --data does not exist (and --download is not given), as
+    `engine.prepare` says it; with `listing`, every dataset is listed for its problems (the run is refused
+    anyway: all of them at once). Reads the file system only, no torch."""
+    if getattr(args, "download", False):
+        return []
+    from ..datasets.build import expand_root
+    from ..engine.prepare import list_dataset
+    cfg = _checked_config(args)
+    names = dataset_names(args)
+    problems = []
+    for name in names:
+        if listing or not expand_root(cfg.data, name).expanduser().exists():
+            _, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
+            problems += [problem] if problem else []
+    return problems
 
 
 def attack_problem(args: argparse.Namespace) -> str | None:
@@ -225,131 +330,37 @@ def attack_problem(args: argparse.Namespace) -> str | None:
 
 
 def dataset_names(args: argparse.Namespace) -> list[str]:
-    """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets."""
+    """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets (a corruption suite
+    evaluates --dataset under each corruption)."""
+    if getattr(args, "suite", None) == "corruption":
+        return [args.dataset]
     if getattr(args, "suite", None) or getattr(args, "datasets", None):
         from ..datasets.suites import resolve_suite
         return list(resolve_suite(args.suite, args.datasets).datasets)
     return [args.dataset]
 
 
-def download_hint(name: str, root: str, exc: Exception) -> str:
-    """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
-    dataset with a download URL whose images (not only a split file) are missing."""
-    from ..datasets.build import expand_root
-    from ..datasets.specs import DATASETS
-    from ..datasets.splits import SplitFileMissing
-    if name not in DATASETS or isinstance(exc, SplitFileMissing) or getattr(exc, "found_instead", None):
-        return ""
-    spec = DATASETS.get(name)
-    if not spec.url:
-        return " (it cannot be downloaded automatically: see docs/DATA.md)" if spec.manual else ""
-    return (f" -> run `shiftlab download {spec.name} --root {expand_root(root, spec.name)}` (or pass --download), "
-            "see docs/DATA.md")
-
-
 def args_progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
-def prepare(args: argparse.Namespace, method_models: bool = True) -> tuple[RunConfig, ClipModel,
-                                                                           dict[str, FolderDataset]]:
-    """Check data and weights before any heavy work, downloading them when asked; with `method_models`, also
-    load the models the methods load themselves (`load_extra_models`).
+def prepare(args: argparse.Namespace, method_models: bool = True, command: str = "shiftlab run"
+            ) -> tuple[RunConfig, ClipModel, dict[str, FolderDataset]]:
+    """`engine.prepare` on the command line's config and datasets: every problem at once, one line each
+    (raises engine.prepare.CannotStart); set-up phases that take seconds say so on a terminal. Returns
+    (config, model, {dataset name: dataset})."""
+    from ..engine.prepare import prepare as prepare_run
 
-    Every problem is reported at once (each dataset and the weights), each with what to download
-    and where, one line each: raises CannotStart. Returns (config, model, {dataset name: dataset})."""
-    # set-up phases that take seconds on a CPU (an 80,000-file scan, an RN50 checkpoint) say so, on a terminal
-    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args_progress(args) else (lambda msg: None)
-    from ..datasets.base import DatasetError
-    from ..datasets.build import build_dataset, expand_root
-    from ..datasets.fetch import DownloadError
-    from ..engine.config import resolve_device
-    from ..models import ModelLoadError, load_run_model
+    def say(msg: str) -> None:
+        print(f"{command}: {msg}", file=sys.stderr, flush=True)
 
-    problems: list[str] = []
-    datasets = {}
-    model = None
+    def warn(msg: str) -> None:
+        print(f"{command}: warning: {msg}", file=sys.stderr)
+
     cfg = config_from_args(args)
-    names = dataset_names(args)
-    for name in names:
-        classnames = cfg.classnames if len(names) == 1 else None
-        try:
-            say(f"shiftlab run: listing {name} under {expand_root(cfg.data, name)} ...")
-            datasets[name] = build_dataset(name, cfg.data, classnames=classnames)
-        except DatasetError as exc:
-            if args.download:
-                try:
-                    datasets[name] = _download_dataset(name, cfg.data, classnames)
-                except (DownloadError, DatasetError, OSError) as dl_exc:
-                    problems.append(f"dataset {name}: {one_line(dl_exc)}")
-            else:
-                hint = download_hint(name, cfg.data, exc)
-                said = one_line(exc)
-                if "shiftlab download" in hint:   # the advice once: the loader's own copy goes
-                    said = re.sub(r"; get them with: shiftlab download \S+ --root [^)]*\)", ")", said)
-                problems.append(f"dataset {name}: {said}{hint}")
-    try:
-        say(f"shiftlab run: loading {cfg.model} ({cfg.pretrained or 'random weights'}) ...")
-        model = load_run_model(cfg, resolve_device(cfg.device))
-    except ModelLoadError as exc:
-        problems.append(f"model: {one_line(exc)}")
-    except OSError as exc:  # network failures inside open_clip's download
-        problems.append(f"model: downloading {cfg.model}/{cfg.pretrained} failed ({one_line(exc)}); on a machine "
-                        "without internet put the checkpoint in the cache or pass --pretrained /path/to/file")
-    if method_models:   # RLCF's reward model: refused here too, before any work
-        problems += load_extra_models(args, cfg, say)
-    for name, dataset in datasets.items():
-        for warning in dataset.warnings:  # empty classes, skipped files and links: said before any work
-            print(f"shiftlab run: warning: {name}: {warning}", file=sys.stderr)
-        if not args.allow_partial:
-            try:
-                dataset.require_complete()
-            except DatasetError as exc:
-                problems.append(f"dataset {name}: {one_line(exc)} -> complete the dataset, or pass --allow-partial "
-                                "to run on the classes present (labels keep the full class list)")
-    if problems:
-        raise CannotStart(problems)
-    return cfg, model, datasets
-
-
-def load_extra_models(args: argparse.Namespace, cfg: RunConfig, say: Any) -> list[str]:
-    """Load the CLIPs the methods load themselves (`Method.extra_models`: RLCF's reward model), each once per
-    process (`models.load_shared_model`, where the methods then find them), with the run's weight flags and
-    on the device the engine gives the run's model; returns one line per model that cannot be loaded."""
-    import torch
-
-    from ..datasets.specs import DATASETS
-    from ..engine import distributed
-    from ..engine.config import resolve_device
-    from ..methods import get_method_class, list_methods
-    from ..methods.base import effective_config
-    from ..models import ModelLoadError, load_shared_model
-    names = list_methods() if "all" in cfg.methods else cfg.methods
-    run_views = ({"n_views": cfg.views} if cfg.views is not None else {}) | ({"augmix": True} if cfg.augmix else {})
-    wanted: dict[tuple, tuple[str, str]] = {}
-    for dataset in dataset_names(args):
-        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
-        for name in names:
-            config = effective_config(name, cfg.protocol, canonical, cfg.precision, run_views,
-                                      **cfg.method_config.get(name, {}))
-            for extra in get_method_class(name).extra_models(config):
-                wanted.setdefault((extra.arch, extra.pretrained, extra.seed), (name, extra.settings))
-    device = resolve_device(cfg.device)
-    dist = distributed.context()
-    if dist.world_size > 1 and device.type == "cuda":
-        device = torch.device("cuda", dist.local_rank)
-    problems = []
-    for (arch, pretrained, seed), (method, settings) in wanted.items():
-        try:
-            say(f"shiftlab run: loading {arch} ({pretrained or 'random weights'}) for {method} ...")
-            load_shared_model(arch, pretrained, device=device, seed=seed, cache_dir=cfg.cache_dir,
-                              allow_download=cfg.download, trust_checkpoint=cfg.trust_checkpoint)
-        except ModelLoadError as exc:
-            problems.append(f"{method}: its model {arch} ({pretrained}): {one_line(exc)} (for {method}: {settings})")
-        except OSError as exc:
-            problems.append(f"{method}: downloading its model {arch}/{pretrained} failed ({one_line(exc)}); "
-                            f"put the weights in the cache or choose others ({settings})")
-    return problems
+    prepared = prepare_run(_checked_config(args), dataset_names(args), method_models=method_models, warn=warn,
+                           say=say if args_progress(args) else (lambda msg: None))
+    return cfg, prepared.model, prepared.datasets
 
 
 def run(args: argparse.Namespace) -> int:
@@ -360,15 +371,21 @@ def run(args: argparse.Namespace) -> int:
     from ..datasets.suites import SuiteError, resolve_suite
     try:
         suite = resolve_suite(args.suite, args.datasets) if (args.suite or args.datasets) else None
+        if suite is not None and suite.kind == "corruption":
+            suite = run_corruption_suite(args)
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = unknown_dataset(args) or check_combination(args)   # the dataset names first: no torch import
-    if problem:
-        print(f"shiftlab run: error: {problem}", file=sys.stderr)
-        return 2
+    problem = tracking.check(args)
+    code, problems = (2, [problem]) if problem else refusal(args)   # the names, the flags, then --data: no torch
+    if code:
+        for problem in problems:
+            print(f"shiftlab run: error: {problem}", file=sys.stderr)
+        return code
+    from ..datasets.base import DatasetError
     from ..engine import distributed
     from ..engine.loop import run as run_engine
+    from ..engine.prepare import CannotStart
     from ..engine.suite import run_suite
     from ..results.suite_table import table_markdown
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
@@ -380,19 +397,32 @@ def run(args: argparse.Namespace) -> int:
                 print(f"shiftlab run: error: {problem}", file=sys.stderr)
             return 1
         try:
-            if suite is not None:
+            if suite is not None and cfg.order in ("continual", "mixed"):   # one run over the datasets as domains
+                from ..datasets.domains import domain_sequence
+                sequence = domain_sequence({name: datasets[name] for name in suite.datasets})
+                cfg.dataset = sequence.name
+                summary = run_engine(cfg, model=model, dataset=sequence)
+            elif suite is not None:
                 table = run_suite(cfg, suite, model=model, datasets=datasets)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
-                return 0
-            summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
-        except (FileExistsError, KeyError, TypeError, ValueError) as exc:
+                from ..results.suite_table import dataset_dir
+                done = [dataset_dir(cfg.out, n) for n in suite.datasets if (dataset_dir(cfg.out, n) / "summary.json")
+                        .is_file()]
+                return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
+            else:
+                summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
+        except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes
             print(f"shiftlab run: error: {one_line(message)}", file=sys.stderr)
             return 2
         table = Path(cfg.out) / "summary.md"
         if summary and not cfg.progress and table.is_file():   # the engine prints it with the progress bar
             print(table.read_text(), end="")
+            if (Path(cfg.out) / "orders.md").is_file() and cfg.orders > 1:   # --orders K: the orders' table too
+                print((Path(cfg.out) / "orders.md").read_text(), end="")
+        if summary and distributed.context().rank == 0:
+            return tracking.log_after(args, cfg.out)
     finally:
         distributed.shutdown()
     return 0

@@ -18,16 +18,19 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from . import checks
 from . import run as run_command
 
 SWEEP_JSON = "sweep.json"
+SWEEP_ADVICE = "then run the same sweep again: the points already done are kept"
 
 
 def grid_arg(text: str) -> tuple[str, str, list[Any]]:
@@ -81,26 +84,28 @@ def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.loop import run as run_engine
-    from ..methods.base import get_method_class
     methods = list(dict.fromkeys(g[0] for g in args.grid))
-    pixels = [m for m in methods if get_method_class(m).needs_pixels]
-    if pixels:
-        print(f"shiftlab sweep: error: {', '.join(pixels)} need pixels (not only view features), so a grid over "
-              "them cannot be read from a feature store; run them with `shiftlab run --set`", file=sys.stderr)
-        return 2
     if args.suite or args.datasets or args.attack != "none":
         print("shiftlab sweep: error: a sweep reads one --dataset's clean features (no --suite, no --attack)",
               file=sys.stderr)
         return 2
     args.methods = methods
-    problem = run_command.check_combination(args)
-    if problem:
-        print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
+    code, problems = run_command.refusal(args)   # the flags and --data before torch is imported
+    if code:
+        for problem in problems:
+            print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
+        return code
+    from ..engine.loop import run as run_engine
+    from ..engine.prepare import CannotStart
+    from ..methods.base import get_method_class
+    pixels = [m for m in methods if get_method_class(m).needs_pixels]
+    if pixels:
+        print(f"shiftlab sweep: error: {', '.join(pixels)} need pixels (not only view features), so a grid over "
+              "them cannot be read from a feature store; run them with `shiftlab run --set`", file=sys.stderr)
         return 2
     try:
-        cfg, model, datasets = run_command.prepare(args)
-    except run_command.CannotStart as exc:
+        cfg, model, datasets = run_command.prepare(args, command="shiftlab sweep")
+    except CannotStart as exc:
         for problem in exc.problems:
             print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 1
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         s = summary["methods"].get(row["variant"], {})
         row.update(top1=s.get("top1"), ece=s.get("ece"), n=s.get("n"))
     body = {"grid": this, "grids": grids, "rows": rows}
-    (out / SWEEP_JSON).write_text(json.dumps(body | {"sha256": _digest(body)}, indent=1))
+    writes.write_file(out / SWEEP_JSON, json.dumps(body | {"sha256": _digest(body)}, indent=1), SWEEP_ADVICE)
     _write_table(out, rows)
     return 0
 
@@ -183,9 +188,10 @@ def _write_table(out: Path, rows: list[dict[str, Any]]) -> None:
     lines.append("\n`*`: the method's own (published) setting; grid: which sweep(s) of this directory ran the "
                  "point (sweep.json's `grids`, in order).")
     md = "\n".join(lines) + "\n"
-    (out / "sweep.md").write_text(md)
-    with open(out / "sweep.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["point"])
-        writer.writeheader()
-        writer.writerows([r | {"grids": " ".join(map(str, r["grids"]))} for r in rows])
+    writes.write_file(out / "sweep.md", md, SWEEP_ADVICE)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["point"])
+    writer.writeheader()
+    writer.writerows([r | {"grids": " ".join(map(str, r["grids"]))} for r in rows])
+    writes.write_file(out / "sweep.csv", buffer.getvalue(), SWEEP_ADVICE)
     print(md, end="")

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .imageio import decode_image
-
 if TYPE_CHECKING:
     from PIL import Image
 
@@ -52,6 +50,7 @@ class FolderDataset:
     # naming file and offset or row: an error unless --allow-partial, then counted in summary.json
     lost: list[str] = field(default_factory=list)
     found_layout: str = "class folders"   # what the builder found: `shiftlab datasets --data` says it
+    corruption_info: dict | None = None  # a stored corrupted set's (corruption, severity): datasets/corrupted.py
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -61,6 +60,7 @@ class FolderDataset:
 
     def image(self, i: int) -> Image.Image:
         """Sample i decoded to RGB (shiftlab.datasets.imageio: an undecodable file raises ImageDecodeError)."""
+        from .imageio import decode_image  # numpy and PIL, loaded with the first image: the table reads no image
         return decode_image(self.path(i))
 
     def label(self, i: int) -> int:

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .base import DatasetError, FolderDataset
-from .folders import build_folder_dataset
+from .corrupted import build_cifar_c, corruption_folder, stored_info
+from .folders import build_folder_dataset, build_image_pool
 from .shards import build_shard_dataset, shard_dir
 from .specs import DATASETS
 from .splits import build_split_dataset
@@ -31,17 +32,30 @@ __all__ = ["build_dataset", "find_dataset_dir", "expand_root", "locate", "layout
 _HUB_LOADERS = ((shard_dir, build_shard_dataset), (table_files, build_table_dataset))
 
 
-def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] | None = None) -> FolderDataset:
+def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] | None = None,
+                  corruption: str | None = None, severity: int | None = None) -> FolderDataset:
     """List and validate dataset ``name`` (or an alias) under ``root``; raise ``DatasetError`` on a bad layout.
 
     ``classnames`` overrides the class names (one per label, in label order); for ``imagefolder`` the
     default is ``<root>/classnames.txt`` if it exists, else the folder names with ``_`` as spaces.
+    ``corruption``/``severity`` pick one dataset of a stored corrupted set (ImageNet-C, CIFAR-C;
+    datasets/corrupted.py); other datasets ignore them (a run corrupts those on the fly).
     """
     spec = DATASETS.get(name)   # DatasetError naming the known datasets
     root = expand_root(root, spec.name)
     if spec.layout == "split":
         return build_split_dataset(spec, root, classnames)
     directory = find_dataset_dir(spec.name, root)
+    if spec.corrupted:
+        if spec.layout == "npy":
+            names = list(classnames) if classnames is not None else spec.classnames()
+            return build_cifar_c(spec.name, directory, names, corruption, severity)
+        folder = corruption_folder(spec.name, directory, corruption, severity)
+        dataset = build_folder_dataset(spec, folder, root.expanduser(), classnames)
+        dataset.corruption_info = stored_info(corruption, severity)
+        return dataset
+    if spec.layout == "images":
+        return build_image_pool(spec, directory)
     for holds, load in _HUB_LOADERS:
         if holds(directory):
             expected = spec.classnames() if spec.classes else None

@@ -18,6 +18,7 @@ import zipfile
 import zlib
 from pathlib import Path, PureWindowsPath
 
+from .. import writes
 from .fetch import DownloadError
 
 __all__ = ["UnsafeArchiveError", "safe_extract", "extract_into"]
@@ -36,12 +37,12 @@ def safe_extract(archive: str | os.PathLike, target_dir: str | os.PathLike) -> P
     archive, target = Path(archive), Path(target_dir)
     if target.exists():
         raise FileExistsError(f"refusing to extract {archive} over existing {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.extract-", dir=target.parent))
     try:
         extract_into(archive, staging)
         os.chmod(staging, 0o755)  # mkdtemp's 0700 would make a shared data folder private
-        os.replace(staging, target)
+        writes.rename(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -63,8 +64,8 @@ def extract_into(archive: Path, directory: Path) -> None:
     except tarfile.FilterError as exc:
         raise UnsafeArchiveError(f"refusing to extract {archive}: {exc}") from exc
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
-        if isinstance(exc, OSError) and exc.errno is not None:
-            raise  # disk full, permissions: a real OS problem, not a corrupt archive
+        if isinstance(exc, OSError) and exc.errno is not None:   # disk full, permissions: not a corrupt archive
+            raise writes.error(exc.filename or directory, exc, "then rerun: the archive is kept") from None
         raise DownloadError(f"{archive} is not a readable tar/zip archive or is corrupt ({exc}); "
                             f"delete it and download it again") from exc
 
@@ -123,8 +124,10 @@ def _extract_zip(archive: Path, directory: Path) -> None:
         for info in infos:
             out = root / info.filename
             if info.is_dir():
-                out.mkdir(parents=True, exist_ok=True)
+                writes.make_dirs(out)
                 continue
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, open(out, "wb") as dst:  # zf.open checks the CRC as it reads
-                shutil.copyfileobj(src, dst, 1 << 20)
+            writes.make_dirs(out.parent)
+            # into the caller's staging folder, published whole: no temporary per member
+            with zf.open(info) as src, writes.AppendFile(out) as dst:  # zf.open checks the CRC as it reads
+                while block := src.read(1 << 20):
+                    dst.append(block)

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from .. import writes
 
 __all__ = ["DownloadError", "ChecksumError", "download_file", "fetch_file"]
 
@@ -53,7 +53,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
     """``download_file`` that also returns (path, sha256 hex digest, size in bytes)."""
     hint = _offline_hint(url, dest) if hint is None else hint
     sha256 = sha256.lower() if sha256 else None
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(dest.parent)
     if dest.exists():
         digest, nbytes = _hash_file(dest)
         _verify(dest, url, digest, nbytes, sha256, size, delete=False)
@@ -63,7 +63,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
     for _attempt in range(2):  # the second attempt restarts from zero after a refused resume
         start = part.stat().st_size if part.exists() else 0
         if size is not None and start > size:
-            part.unlink()
+            writes.remove(part)
             start = 0
         hasher = _hash_file(part, hashlib.sha256())[0] if start else hashlib.sha256()
         if size is not None and start == size:
@@ -77,7 +77,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
             if exc.code == 416 and start:  # Range Not Satisfiable: complete already, or a stale .part
                 if _content_range_total(exc.headers.get("Content-Range")) == start:
                     break
-                part.unlink()
+                writes.remove(part)
                 continue
             raise DownloadError(f"HTTP {exc.code} {exc.reason} for {url}" + hint) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
@@ -88,7 +88,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
             status = getattr(response, "status", None) or 200  # file:// responses have no status
             if start and status == 206:
                 if _content_range_start(response.headers.get("Content-Range")) != start:
-                    part.unlink()  # the server sent a different range than asked: start over
+                    writes.remove(part)  # the server sent a different range than asked: start over
                     continue
             elif start:
                 start, hasher = 0, hashlib.sha256()  # Range ignored (200): the body is the whole file
@@ -105,25 +105,33 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None, size: int | None, pr
 
     digest, nbytes = hasher.hexdigest(), part.stat().st_size
     _verify(part, url, digest, nbytes, sha256, size, delete=True)
-    os.replace(part, dest)
+    writes.rename(part, dest)
     return dest, digest, nbytes
 
 
 def _stream(response, part: Path, start: int, hasher, total: int | None, url: str, progress: bool,
             chunk_size: int) -> None:
-    with open(part, "ab" if start else "wb") as out, tqdm(
+    from tqdm.auto import tqdm  # here: `shiftlab run` imports this module for its error types only
+    then = f"then rerun to resume from {part}"
+    with writes.AppendFile(part, then) as out, tqdm(
             total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024,
             desc=part.name.removesuffix(".part"), disable=not progress) as bar:
-        try:
-            while chunk := response.read(chunk_size):
-                out.write(chunk)
-                hasher.update(chunk)
-                bar.update(len(chunk))
-        except (OSError, http.client.HTTPException) as exc:
-            raise DownloadError(f"download of {url} interrupted after {out.tell()} bytes ({exc}); "
-                                f"rerun to resume from {part}") from exc
-        out.flush()
-        os.fsync(out.fileno())
+        if not start:
+            out.cut(0)
+        received = start
+        while True:
+            try:
+                chunk = response.read(chunk_size)
+            except (OSError, http.client.HTTPException) as exc:
+                raise DownloadError(f"download of {url} interrupted after {received} bytes ({exc}); "
+                                    f"rerun to resume from {part}") from exc
+            if not chunk:
+                break
+            out.append(chunk)   # a full or read-only disk: writes.WriteError naming the .part file
+            received += len(chunk)
+            hasher.update(chunk)
+            bar.update(len(chunk))
+        out.sync()
 
 
 def _content_range_start(value: str | None) -> int | None:
@@ -158,7 +166,7 @@ def _verify(path: Path, url: str, digest: str, nbytes: int, sha256: str | None, 
     if not problems:
         return
     if delete:
-        path.unlink(missing_ok=True)
+        writes.remove(path)
         action = f"deleted {path}"
     else:
         action = f"delete {path} (or correct the expected checksum) and retry"

@@ -30,7 +30,7 @@ from pathlib import Path
 from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing, is_inside
 from .specs import DatasetSpec
 
-__all__ = ["build_folder_dataset"]
+__all__ = ["build_folder_dataset", "build_image_pool"]
 
 
 def _raw_ilsvrc_hint(directory: Path) -> str:
@@ -203,3 +203,26 @@ def _labelled(spec: DatasetSpec, folders: list[str]):
     if spec.layout == "index":
         return ((int(f), f) for f in folders)
     return enumerate(folders)
+
+
+def build_image_pool(spec: DatasetSpec, directory: Path) -> FolderDataset:
+    """Layout ``images``: every image below ``directory`` (recursively, the same link rules), without labels:
+    an out-of-distribution set (MCM's iNaturalist/SUN/Places, NINCO, SVHN) whose images an open-set run draws
+    (datasets/openset.py). Its samples' labels are None and it has no classes."""
+    if not directory.is_dir():
+        raise DatasetError(f"{spec.name}: {directory} is not a directory" + spec.folder_hint(directory))
+    paths: list[str] = []
+    scan = _Scan(os.path.realpath(directory))
+    with os.scandir(directory) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                _scan_images(Path(entry.path), entry.name, paths, scan)
+            elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                paths.append(entry.name)
+    if not paths:
+        raise DatasetError(f"{spec.name}: no images in {directory} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))} "
+                           "files in it and its folders)")
+    return FolderDataset(root=directory, samples=[(p, None) for p in sorted(paths)], classnames=[], wnids=None,
+                         name=spec.name, warnings=scan.warnings(directory))

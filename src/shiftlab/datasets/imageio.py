@@ -28,7 +28,6 @@ import math
 import os
 from pathlib import Path
 
-import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 __all__ = ["ImageDecodeError", "decode_image", "decode_image_bytes", "DEFAULT_MAX_PIXELS"]
@@ -141,6 +140,7 @@ def _to_rgb(im: Image.Image, path: Path) -> Image.Image:
     if mode.startswith("I;16") or mode == "I":
         return _high_bit_depth_gray(im, path)
     if mode == "F":
+        import numpy as np  # here: listing a dataset (this module's other users) needs no numpy
         values = np.asarray(im, dtype=np.float64)
         # Float images in [0, 1] are the common convention; otherwise assume an 8-bit scale.
         scale = 255.0 if values.size and np.nanmax(values) <= 1.0 else 1.0
@@ -154,6 +154,7 @@ def _to_rgb(im: Image.Image, path: Path) -> Image.Image:
 
 
 def _high_bit_depth_gray(im: Image.Image, path: Path) -> Image.Image:
+    import numpy as np
     values = np.asarray(im).astype(np.int64)
     if im.mode.startswith("I;16"):
         full_scale = 65535

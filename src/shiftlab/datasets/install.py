@@ -23,8 +23,10 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from .. import writes
 from .base import DatasetError
 from .build import build_dataset
+from .corrupted import stored_corruptions
 from .extract import extract_into
 from .fetch import DownloadError, fetch_file
 from .specs import DATASETS, DatasetSpec
@@ -68,7 +70,7 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     for dirname in spec.dirnames if spec.layout != "split" else ():
         if (root / dirname).is_dir():
             try:
-                return build_dataset(name, root / dirname).root
+                return _validate(name, spec, root / dirname).root
             except DatasetError as exc:
                 raise DownloadError(f"{root / dirname} exists but is not a complete {name} ({exc}); "
                                     f"move it away and rerun") from exc
@@ -77,7 +79,7 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
     url = url or spec.url
     if url is None and not archive.exists():
         raise DownloadError(spec.manual.format(archive=archive, target=target))
-    root.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(root)
     record = root / f"{name}.sha256"
     recorded_sha, recorded_size = _read_record(record)
     expected_sha = sha256 or spec.sha256 or recorded_sha
@@ -94,15 +96,15 @@ def download_dataset(name: str, root: str | os.PathLike, *, url: str | None = No
         # archive we downloaded ourselves is deleted so that the next attempt fetches a fresh copy.
         if placed_by_user:
             raise
-        archive.unlink(missing_ok=True)
+        writes.remove(archive)
         raise type(exc)(f"{exc} (the downloaded {archive.name} was deleted; no checksum was recorded)") from exc
     if expected_sha is None:  # only now: the archive was extracted and its dataset validated in full
-        record.write_text(f"{digest}  {archive.name}\n# size {nbytes} bytes\n", encoding="utf-8")
+        writes.write_file(record, f"{digest}  {archive.name}\n# size {nbytes} bytes\n")
         print(f"{name}: SHA-256 of {archive.name} ({nbytes} bytes) is {digest}\n"
               f"recorded in {record}; later downloads are verified against it "
               f"(compare it with a trusted copy if you can).")
     if not keep_archive:
-        archive.unlink()
+        writes.remove(archive, missing_ok=False)
     return target
 
 
@@ -139,9 +141,9 @@ def _publish_split(name: str, spec: DatasetSpec, staging: Path, root: Path, targ
     clashes = [str(target / e.name) for e in entries if (target / e.name).exists()]
     if clashes:
         raise DownloadError(f"{name}: {', '.join(clashes)} exists already; move it away and rerun")
-    target.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(target)
     for entry in entries:
-        os.replace(entry, target / entry.name)
+        writes.rename(entry, target / entry.name)
 
 
 def _extract_and_publish(name: str, spec: DatasetSpec, archive: Path, root: Path, target: Path) -> None:
@@ -154,13 +156,26 @@ def _extract_and_publish(name: str, spec: DatasetSpec, archive: Path, root: Path
             return
         inner = _dataset_folder_in(staging, spec)
         try:
-            build_dataset(name, inner)  # validate before publishing it under the final name
+            _validate(name, spec, inner)  # validate before publishing it under the final name
         except DatasetError as exc:
             raise DownloadError(f"{archive} does not contain a valid {name} dataset: {exc}") from exc
         os.chmod(inner, 0o755)
-        os.replace(inner, target)
+        writes.rename(inner, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _validate(name: str, spec: DatasetSpec, directory: Path):
+    """`build_dataset` of the folder; for a stored corrupted set (one dataset per corruption and severity) its
+    first corruption at severity 1, and DatasetError when it holds none."""
+    if not spec.corrupted:
+        return build_dataset(name, directory)
+    held = stored_corruptions(directory, "npy" if spec.layout == "npy" else "folders")
+    if not held:
+        raise DatasetError(f"{directory} holds none of the corruptions of {name}")
+    dataset = build_dataset(name, directory, corruption=held[0], severity=1)
+    dataset.root = directory
+    return dataset
 
 
 def _dataset_folder_in(staging: Path, spec: DatasetSpec) -> Path:

@@ -24,6 +24,8 @@ LAYOUTS = {
     "index": "one folder per class named 0..999: <index>/*.jpeg",           # label = int(folder)
     "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",  # datasets/splits.py
     "any": "one folder per class (names sorted; --classnames FILE for CLIP names)",   # imagefolder
+    "images": "any images below the folder, no labels: an out-of-distribution set for --ood",   # folders.py
+    "npy": "CIFAR-C's arrays: <corruption>.npy (severities 1..5 stacked) and labels.npy",   # datasets/corrupted.py
 }
 COOP_DATASETS_MD = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
 
@@ -55,6 +57,9 @@ class DatasetSpec:
     with ``manual`` set means no automatic download (``manual`` may use ``{archive}`` and ``{target}``).
     ``sha256``/``size`` of the archive are None until recorded from a trusted download (datasets/install.py).
     ``split``: where a ``"split"`` layout's test split and images are.
+    ``corrupted``: the set holds one dataset per corruption and severity (ImageNet-C's
+    ``<corruption>/<severity>/`` folders, CIFAR-C's ``<corruption>.npy``); a run picks one with
+    ``--corruption``/``--severity`` (datasets/corrupted.py).
     """
 
     name: str
@@ -70,6 +75,7 @@ class DatasetSpec:
     size: int | None = None
     manual: str | None = None
     split: SplitLayout | None = None
+    corrupted: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -83,6 +89,8 @@ class DatasetSpec:
 
     def classnames(self) -> list[str]:
         """The CLIP class names in label order (DatasetError for imagefolder: its names are its folders')."""
+        if self.layout == "images":
+            raise DatasetError(f"{self.name} has no classes: it is an out-of-distribution set (--ood)")
         if self.classes is None:
             raise DatasetError(f"{self.name}: its class names come from its folders: "
                                "use shiftlab.datasets.build_dataset(name, root).classnames")
@@ -127,6 +135,13 @@ _IMAGENET_MANUAL = (
     "widely used valprep.sh script)."
 )
 _IMAGENET = "imagenet_classes.tsv"
+_MOS_OOD = "http://pages.cs.wisc.edu/~huangrui/imagenet_ood_dataset"   # MOS's and MCM's OOD subsets
+_IMAGENET_C_MANUAL = (
+    "ImageNet-C is five archives (about 65 GB) on Zenodo record 2235448 (https://zenodo.org/records/2235448: "
+    "blur.tar, digital.tar, noise.tar, weather.tar, and extra.tar for the four extra corruptions). Extract them "
+    "all into {target} so that {target}/<corruption>/<severity>/<wnid>/ holds the images; or generate the "
+    "corruptions from any ImageNet-layout folder with --corruption (docs/PROTOCOLS.md)."
+)
 
 # Names: shiftlab's own; CLIP_benchmark's (imagenet1k, imagenetv2, imagenet_sketch, imagenet_r, flowers, ...)
 # and TPT's set ids (I/A/V/R/K, Flower102, ...) as aliases. Folder names: shiftlab's, then the archive's, then
@@ -165,6 +180,47 @@ _TABLE = (
         dirnames=("imagenet-val", "imagenet/val", "val", "imagenet/images/val", "ImageNet/val", "imagenet1k/val"),
         manual=_IMAGENET_MANUAL),
     DatasetSpec(name="imagefolder", layout="any", classes=None),
+    # common corruptions as their authors ship them (Hendrycks & Dietterich, ICLR 2019; datasets/corrupted.py).
+    # Zenodo publishes MD5s, not SHA-256: shiftlab records a SHA-256 on the first download (datasets/install.py).
+    DatasetSpec(
+        name="imagenet-c", layout="wnid", classes=_IMAGENET, short="-C", aliases=("imagenetc",),
+        dirnames=("imagenet-c", "ImageNet-C", "imagenet_c"), corrupted=True, manual=_IMAGENET_C_MANUAL),
+    DatasetSpec(
+        name="cifar10-c", layout="npy", classes="classes/cifar10.txt", short="CIFAR-10-C",
+        aliases=("cifar-10-c", "cifar10c"), dirnames=("CIFAR-10-C", "cifar10-c", "cifar-10-c"), corrupted=True,
+        url="https://zenodo.org/records/2535967/files/CIFAR-10-C.tar", archive_name="CIFAR-10-C.tar",
+        archive_dir="CIFAR-10-C"),
+    DatasetSpec(
+        name="cifar100-c", layout="npy", classes="classes/cifar100.txt", short="CIFAR-100-C",
+        aliases=("cifar-100-c", "cifar100c"), dirnames=("CIFAR-100-C", "cifar100-c", "cifar-100-c"), corrupted=True,
+        url="https://zenodo.org/records/3555552/files/CIFAR-100-C.tar", archive_name="CIFAR-100-C.tar",
+        archive_dir="CIFAR-100-C"),
+    # out-of-distribution sets for open-set runs (--ood; datasets/openset.py): MCM's four ImageNet OOD sets (the
+    # curated subsets of MOS, Huang & Li 2021, hosted by its authors), NINCO (Bitterwolf et al., ICML 2023), SVHN
+    DatasetSpec(
+        name="inaturalist-ood", layout="images", classes=None, short="iNaturalist", aliases=("inaturalist",),
+        dirnames=("iNaturalist/images", "iNaturalist", "inaturalist"),
+        url=f"{_MOS_OOD}/iNaturalist.tar.gz", archive_name="iNaturalist.tar.gz", archive_dir="iNaturalist"),
+    DatasetSpec(
+        name="sun-ood", layout="images", classes=None, short="SUN", dirnames=("SUN/images", "SUN", "sun-ood"),
+        url=f"{_MOS_OOD}/SUN.tar.gz", archive_name="SUN.tar.gz", archive_dir="SUN"),
+    DatasetSpec(
+        name="places-ood", layout="images", classes=None, short="Places", aliases=("places",),
+        dirnames=("Places/images", "Places", "places-ood"),
+        url=f"{_MOS_OOD}/Places.tar.gz", archive_name="Places.tar.gz", archive_dir="Places"),
+    DatasetSpec(
+        name="textures-ood", layout="images", classes=None, short="Textures", aliases=("textures",),
+        dirnames=("dtd/images", "dtd/dtd/images", "Textures", "textures"),
+        url=_vgg("dtd/download/dtd-r1.0.1.tar.gz"), archive_name="dtd-r1.0.1.tar.gz", archive_dir="dtd/images"),
+    DatasetSpec(
+        name="ninco", layout="images", classes=None, short="NINCO",
+        dirnames=("NINCO/NINCO_OOD_classes", "NINCO_OOD_classes", "NINCO", "ninco"),
+        manual="NINCO is distributed by its authors (github.com/j-cb/NINCO, Zenodo): download NINCO_all.tar.gz and "
+               "extract it so that {target} holds NINCO_OOD_classes/<class>/*.jpg (64 classes, 5,879 images)."),
+    DatasetSpec(
+        name="svhn", layout="images", classes=None, short="SVHN", dirnames=("svhn", "SVHN"),
+        manual="SVHN's test split is distributed as test_32x32.mat (ufldl.stanford.edu/housenumbers); shiftlab reads "
+               "image files: save its 26,032 images as PNGs under {target} (one folder per digit or one folder)."),
     # the ten cross-dataset sets with CoOp's test splits (TPT's Table 2); folders: CoOp's, TPT's, CLIP_benchmark's
     DatasetSpec(
         name="flowers102", layout="split", classes="classes/flowers102.txt", short="Flowers102",

@@ -4,15 +4,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .corruptions import DEFAULT_SEVERITY, SEVERITIES
 from .specs import DATASETS
 
 
 @dataclass(frozen=True)
 class Suite:
     name: str
-    datasets: tuple[str, ...]
+    datasets: tuple[str, ...]        # its entries: dataset names; for kind "corruption" `<corruption>-<severity>`
     ood: tuple[str, ...] = ()        # datasets of the "OOD average" column (none: no such column)
     title: str = ""
+    kind: str = "datasets"           # "datasets", or "corruption": one dataset (`base`) under each corruption
+    base: str = ""                   # kind "corruption": the dataset corrupted (stored ImageNet-C/CIFAR-C or generated)
 
 
 SUITES: dict[str, Suite] = {
@@ -24,7 +27,44 @@ SUITES: dict[str, Suite] = {
         "cross-dataset", ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101",
                           "food101", "sun397", "fgvc-aircraft", "eurosat"),
         title="Cross-dataset generalization (ten fine-grained sets, CoOp's test splits; TPT's Table 2)"),
+    # entries are filled from --dataset, --corruptions and --severity by `corruption_suite`
+    "corruption": Suite("corruption", (), kind="corruption",
+                        title="Common corruptions (Hendrycks & Dietterich's 15, severity 5 unless asked)"),
 }
+
+
+def corruption_entry(corruption: str, severity: int) -> str:
+    """A corruption suite's entry (its run directory and column): 'gaussian_noise-5'."""
+    return f"{corruption}-{int(severity)}"
+
+
+def parse_corruption_entry(entry: str) -> tuple[str, int]:
+    corruption, _, severity = entry.rpartition("-")
+    return corruption, int(severity)
+
+
+def parse_severities(text: str | int | None) -> tuple[int, ...]:
+    """`--severity 1..5` or 'all' (the corruption suite) as severities; ValueError otherwise."""
+    if text is None:
+        return (DEFAULT_SEVERITY,)
+    if str(text).strip().lower() == "all":
+        return SEVERITIES
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"--severity must be 1..5 or all, got {text!r}") from None
+    if value not in SEVERITIES:
+        raise ValueError(f"--severity must be 1..5 or all, got {text!r}")
+    return (value,)
+
+
+def corruption_suite(dataset: str, corruptions: Sequence[str], severities: Sequence[int]) -> Suite:
+    """Every method over `dataset` under each corruption at each severity: one run directory per entry."""
+    entries = tuple(corruption_entry(c, s) for c in corruptions for s in severities)
+    sev = f"severity {severities[0]}" if len(severities) == 1 else "severities " + ",".join(map(str, severities))
+    name = DATASETS.canonical(dataset) if dataset in DATASETS else dataset
+    return Suite("corruption", entries, kind="corruption", base=name,
+                 title=f"Common corruptions of {name} ({len(corruptions)} corruptions, {sev}; Hendrycks & Dietterich)")
 
 
 class SuiteError(ValueError):

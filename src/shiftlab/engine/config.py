@@ -1,21 +1,25 @@
 """`RunConfig`: everything a run is asked to do; the devices, workers and method list it resolves to."""
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from .. import catalogue
+from ..options import say, say_set
 
-from ..attacks import attack_config
-from ..methods.base import get_method_class, list_methods
-from ..methods.protocols import DEFAULT_PROTOCOL
-from ..rundir import records
-from . import distributed
+if TYPE_CHECKING:   # torch is imported by what needs it: a RunConfig is made and checked without it
+    import torch
+
+    from . import distributed
 
 
-@dataclass
+@dataclass(repr=False)
 class RunConfig:
+    """Everything a run is asked to do: `shiftlab run`'s flags, one field each (the flag `--allow-partial`
+    is the field `allow_partial`). A plain dataclass: `engine.run` copies it and never changes yours."""
     dataset: str = "imagenet-r"
     data: str = ""
     model: str = "RN50"
@@ -26,7 +30,8 @@ class RunConfig:
     model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    protocol: str = DEFAULT_PROTOCOL    # each method's views, text head and precision (shiftlab.methods.protocols)
+    # each method's views, text head and precision (shiftlab.methods.protocols; DEFAULT_PROTOCOL)
+    protocol: str = field(default_factory=catalogue.default_protocol)
     views: int | None = None         # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
     seed: int = 0
@@ -54,6 +59,31 @@ class RunConfig:
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
     features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    # `--config FILE`: {"path", "sha256", "values"} of the file the flags came from; recorded in run.json and
+    # summary.json, never part of the run's identity (the flags it gave are)
+    config_file: dict[str, Any] | None = None
+    # shifts (engine/shifts.py, docs/PROTOCOLS.md): a common corruption (stored, or generated on the fly), and
+    # open-set streams mixing OOD images in at `ood_ratio` OOD images per ID image, drawn by `ood_seed` (None: seed)
+    corruption: str | None = None
+    severity: int = 5                # Hendrycks & Dietterich's 1..5; 5 is the field's default
+    ood: list[str] = field(default_factory=list)
+    ood_ratio: float = 1.0
+    ood_seed: int | None = None
+    # run a dataset more than 5% of whose classes have no images (datasets.base.MAX_EMPTY_FRACTION)
+    allow_partial: bool = False
+
+    def __repr__(self) -> str:
+        """The fields that say what runs (dataset, data, model, methods, out), then those set otherwise than
+        their defaults: one readable line."""
+        shown = ("dataset", "data", "model", "pretrained", "methods", "out")
+        parts = [f"{name}={getattr(self, name)!r}" for name in shown]
+        for f in dataclasses.fields(self):
+            if f.name in shown:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if getattr(self, f.name) != default:
+                parts.append(f"{f.name}={getattr(self, f.name)!r}")
+        return f"RunConfig({', '.join(parts)})"
 
     def run_views(self) -> dict[str, Any]:
         """What --views and --augmix set on every view-reading method's recipe ({} when neither is given)."""
@@ -69,31 +99,40 @@ class RunConfig:
         return self.seed if self.stream_seed is None else self.stream_seed
 
     def settings(self) -> list[str]:
+        from ..rundir import records
         return records.run_settings(self.attack, self.clean_and_robust)
 
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
-    """The first reason a run of `config` cannot work, as one line, or None: an attack config its attack
-    refuses, online methods with --clean-and-robust, or a method whose effective config (defaults <- the
-    protocol, with its values for each of `datasets` (default: the run's) <- --views/--augmix <- --set) is
-    refused, e.g. MTA under --views 4. The CLI asks before it loads anything; `engine.loop.run` before it
-    touches the run directory."""
+    """The first reason a run of `config` cannot work, as one line, or None: online methods with
+    clean_and_robust, an attack config its attack refuses, or a method whose effective config (defaults <- the
+    protocol, with its values for each of `datasets` (default: the run's) <- views/augmix <- method_config) is
+    refused, e.g. MTA under 4 views. The CLI asks before it loads anything; `engine.loop.run` before it
+    touches the run directory. Until the method registry is imported, what the method catalogue can answer
+    is answered from it first (`catalogue_problem`), so a refused command line never waits for torch."""
+    if "shiftlab.methods" not in sys.modules:   # the registry answers all of it once it is loaded anyway
+        problem = catalogue_problem(config, datasets)
+        if problem:
+            return problem
+    from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.base import effective_config
+    from ..methods.base import effective_config, get_method_class
     from ..rundir.stream import stream_problem
     names = expand_methods(config.methods)
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         return problem
     online = [n for n in names if not get_method_class(n).episodic]
-    if online and len(config.settings()) > 1:   # one state would adapt along both streams, interleaved by batch
-        return (f"--clean-and-robust: online methods ({', '.join(online)}) adapt along one stream and would mix "
-                "clean and attacked samples; run them once clean and once with --attack, or leave them out of "
-                "--methods")
+    if online and len(config.settings()) > 1:
+        return _online_and_attacked(online)
     try:
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         return f"attack: {exc}"
+    from .shifts import shift_problem
+    problem = shift_problem(config)
+    if problem:
+        return problem
     for dataset in datasets or [config.dataset]:
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:
@@ -105,15 +144,71 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     return None
 
 
+def _online_and_attacked(online: Sequence[str]) -> str:
+    # one state would adapt along both streams, interleaved by batch
+    return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
+            f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
+            f"out of {say('methods')}")
+
+
+def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
+    """What `settings_problem` refuses that the method catalogue (data, no torch) decides: online methods
+    with clean_and_robust, and a view count below a method's minimum where that minimum is the
+    catalogue's (`catalogue_undecided` lists the methods where it is not)."""
+    names = _catalogued_names(config)
+    entries = {e["name"]: e for e in catalogue.entries() if e["name"] in names}
+    online = [n for n in names if n in entries and not entries[n]["episodic"]]
+    if online and len(config.settings()) > 1:
+        return _online_and_attacked(online)
+    undecided = catalogue_undecided(config, datasets)
+    for name in names:
+        entry = entries.get(name)
+        if config.views is None or entry is None or not entry["uses_views"] or name in undecided:
+            continue
+        needed = int(entry["min_views"])
+        if config.views < needed:
+            return (f"{name}: needs at least {needed} views (incl. the original), got {config.views}; raise "
+                    f"{say('views')} or {say_set(name, 'views', needed)}")
+    return None
+
+
+def catalogue_undecided(config: RunConfig, datasets: Sequence[str] | None = None) -> list[str]:
+    """The methods of `config` whose settings only the registry can check (it imports torch): those the
+    catalogue does not list (a sweep's variants), those given method_config values, and those whose protocol
+    (or, under `paper`, per-dataset values) sets fields their minimum view count may depend on. For the
+    others the catalogue's facts (the defaults') are the whole check."""
+    entries = {e["name"]: e for e in catalogue.entries()}
+    undecided = []
+    for name in _catalogued_names(config):
+        entry = entries.get(name)
+        if entry is None or (config.method_config or {}).get(name):
+            undecided.append(name)
+            continue
+        sets = entry["protocols"].get(config.protocol, {}).get("sets")
+        by_dataset = config.protocol == "paper" and any(d in entry["paper_datasets"]
+                                                        for d in [*(datasets or []), config.dataset])
+        if sets or by_dataset:
+            undecided.append(name)
+    return undecided
+
+
+def _catalogued_names(config: RunConfig) -> list[str]:
+    """The run's method names with "all" read from the catalogue, in order, once each."""
+    known = catalogue.names()
+    return list(dict.fromkeys(n for name in config.methods for n in (known if name == "all" else [name])))
+
+
 def run_stream(config: RunConfig, dataset: Any) -> list[int]:
     """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
     from ..rundir.stream import canonical_kind, stream_order
     labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
-    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta)
+    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta,
+                         domains=getattr(dataset, "domain_index", None))
     return order if config.limit is None else order[:config.limit]
 
 
 def resolve_device(device: str) -> torch.device:
+    import torch
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -130,6 +225,7 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
 
 
 def expand_methods(names: Sequence[str]) -> list[str]:
+    from ..methods.base import get_method_class, list_methods
     out: list[str] = []
     for name in names:
         for n in (list_methods() if name == "all" else [name]):

@@ -190,7 +190,7 @@ def acquire_for_job(run_dir: Path, ctx: DistContext, purpose: str = "run") -> Ru
         except RunLockedError as exc:
             problem = ("locked", str(exc), None, None)
         except OSError as exc:
-            problem = ("os", exc.errno, exc.strerror or str(exc), exc.filename)
+            problem = ("os", exc.errno, exc.strerror or str(exc), exc.filename, getattr(exc, "advice", None))
     problems = [p for p in all_gather(ctx, problem) if p]
     if problems:
         if lock is not None:

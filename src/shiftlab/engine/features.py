@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import writes
 from ..rundir.feature_store import FeatureStore, feature_key, sample_info
+from ..rundir.lock import STORE_ADVICE
 from . import interrupt
 
 if TYPE_CHECKING:
@@ -67,8 +69,15 @@ class RunFeatures:
             info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.label(sid))
             self.store.put(key, sid, None, features, info=info)
 
-    def close(self) -> None:
-        self.store.close()
+    def close(self, failing: BaseException | None = None) -> None:
+        """Write the features still buffered and release the lock. While `failing` (the exception a run
+        is leaving with) is in flight, a store that cannot be written adds no second error: the first
+        failure is the one said."""
+        try:
+            self.store.close()
+        except OSError:
+            if failing is None:
+                raise
 
     def line(self) -> str:
         read = len(self.read_ids - self.encoded_ids)
@@ -81,24 +90,31 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     """Fill `config.features` with the clean view features a run of `config` would encode (every
     recipe family and precision of `config.methods`), running no method: `shiftlab encode`.
     Returns {"samples", "stored_before", "encoded", "errors"}."""
+    import dataclasses
+
     from torch.utils.data import DataLoader
 
-    from ..datasets.build import build_dataset
     from ..methods.base import get_method_class
-    from ..models import load_run_model
     from ..rundir import identity
     from ..version import __version__
     from . import distributed
     from .config import expand_methods, resolve_device, resolve_workers, run_stream
+    from .prepare import prepare
+    from .shifts import run_dataset
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
     if not config.features:
-        raise ValueError("encode needs a feature store directory (--features DIR)")
+        raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
     dist = distributed.context()
     device = resolve_device(config.device)
-    config.methods = [n for n in expand_methods(config.methods) if not get_method_class(n).needs_pixels]
-    dataset = dataset if dataset is not None else build_dataset(config.dataset, config.data,
-                                                                classnames=config.classnames)
-    model = (model if model is not None else load_run_model(config, device)).to(device)
+    # a copy: the caller's config is not changed; methods that need pixels have nothing to store
+    config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods)
+                                                  if not get_method_class(n).needs_pixels])
+    if dataset is None or model is None:   # as `shiftlab encode` starts (its methods' own models are not needed)
+        given = {config.dataset: dataset} if dataset is not None else None
+        prepared = prepare(config, [config.dataset], model=model, given=given, method_models=False)
+        model, dataset = prepared.model, prepared.datasets[config.dataset]
+    model = model.to(device)
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
@@ -118,7 +134,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
         for batch in loader:
             errors += runner.fill_store(batch)
     finally:
-        store.close()
+        store.close(failing=sys.exc_info()[1])
         evaluator.close()
     return {"samples": len(order), "stored_before": len(before), "encoded": len(store.encoded_ids),
             "errors": errors}
@@ -135,8 +151,10 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
     base = {"samples_sha256": shared["samples_sha256"], "model": model, "seed": config.seed,
             "checkpoint_sha256": shared["checkpoint_sha256"], "weights_sha256": shared["weights_sha256"],
             "storage": config.features_dtype}
+    if shared.get("corruption"):   # the same paths hold other pixels: a corrupted image's features are its own
+        base["corruption"] = shared["corruption"]
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(root, STORE_ADVICE)
         lock = acquire_for_job(root, dist, purpose="feature store")
         store = FeatureStore(root, "w", rank=dist.rank, lock=lock if lock is not None else False)
         writable = True

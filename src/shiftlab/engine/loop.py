@@ -10,6 +10,7 @@ sample), shardable (torchrun: ranks take blocks of the stream, see docs/SCALE_OU
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import time
@@ -28,11 +29,12 @@ from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
-from ..rundir.stream import order_seeds
+from ..rundir.stream import order_seeds, read_stream, write_stream
 from . import distributed, interrupt, planning
 from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
 from .features import open_run_features
 from .phases import PhaseTimer
+from .prepare import prepare
 from .step import Evaluator, Runner, ViewDataset, collate, view_generators, views_per_group
 
 __all__ = ["RunHooks", "run"]
@@ -58,29 +60,36 @@ class RunHooks:
 def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         hooks: RunHooks | None = None, *, group_views: dict | None = None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict (with `config.orders` K > 1,
-    order 0's, and `orders`: what `results.orders` writes to orders.json).
+    order 0's, and `orders`: what `results.orders` writes to orders.json). `config` is not changed.
+
+    Without `model` or `dataset`, the run starts as `shiftlab run` does (`engine.prepare.prepare`): the
+    dataset listed (downloaded with `config.download`), refused when more than 5% of its classes have no
+    images unless `config.allow_partial`, the model and the methods' own models loaded; every problem at
+    once in one CannotStart (a ValueError). A `dataset` you pass is used as it is.
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
     a file in the way, read-only, disk full); their messages name the path. A KeyboardInterrupt
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
-    from ..datasets.build import build_dataset
+    from .shifts import run_dataset
 
+    config = copy.deepcopy(config)   # the caller's config stays as given: what runs is a copy
+    config.methods = expand_methods(config.methods)
     hooks = hooks or RunHooks()
     dist = distributed.context()
     device = resolve_device(config.device)
     if dist.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
-    config.methods = expand_methods(config.methods)
     problem = settings_problem(config)
     if problem:
         raise ValueError(problem)
-    if dataset is None:
-        dataset = build_dataset(config.dataset, config.data, classnames=config.classnames)
-    if model is None:
-        from ..models import load_run_model
-        model = load_run_model(config, device)
+    if dataset is None or model is None:   # as `shiftlab run` starts: every problem at once (CannotStart)
+        given = {config.dataset: dataset} if dataset is not None else None
+        prepared = prepare(config, [config.dataset], model=model, given=given)
+        model, dataset = prepared.model, prepared.datasets[config.dataset]
+    dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     model = model.to(device)
+    run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
         return _run_orders(config, model, dataset, hooks)
     # every setting is checked (methods built, attack built) before the run directory is touched
@@ -148,6 +157,12 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity)})
+        earlier = (read_stream(run_dir) or {}).get("online", []) if config.resume else []   # a resume adding methods
+        online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items() if not m.episodic)]))
+        batched = any(m.adapts_on_batches for m in evaluator.methods.values())
+        write_stream(run_dir, order, config.order, config.stream_seed_used(), config.delta, online_names,
+                     config.batch_size if batched else None, getattr(dataset, "domains", None),
+                     getattr(dataset, "domain_index", None))
     plan = planning.plan(order, dist, evaluator.methods, block=config.batch_size)  # online: rank 0, whole stream
     online = list(plan.online)
 
@@ -204,8 +219,10 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         writer.close()
         progress.close()
         if store is not None:
-            store.close()
-            print(store.line(), file=sys.stderr, flush=True)
+            failing = sys.exc_info()[1]
+            store.close(failing)
+            if failing is None or isinstance(failing, KeyboardInterrupt):   # a failure is said in its one line
+                print(store.line(), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
 
     timings = distributed.gather_timings(dist, run_dir, wall, len(pending), timer.seconds.get("encode", 0.0))
@@ -263,7 +280,7 @@ def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordW
                 plan: planning.Plan, online_start: int, progress: _Progress) -> None:
     """Append a step's episodic records one sample at a time; hold online ones back for the checkpoint."""
     for rec in recs:
-        if rec.method is not None and rec.error is None:
+        if rec.method is not None and rec.error is None and rec.ood is not True:   # OOD samples have no class
             progress.update_method(rec.method, bool(rec.correct))
     online = [r for r in recs if state is not None and r.method in state.methods]
     by_sample: dict[int, list[Record]] = {sid: [] for sid in ids}

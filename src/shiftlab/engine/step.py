@@ -338,7 +338,9 @@ class Runner:
             return [load_item(self.dataset, sid, self.recipes) for sid in ids]
 
     def _base(self, sid: int, setting: str) -> dict[str, Any]:
-        return {"id": sid, "path": self.dataset.samples[sid][0], "label": self.dataset.label(sid), "setting": setting}
+        base = {"id": sid, "path": self.dataset.samples[sid][0], "label": self.dataset.label(sid), "setting": setting}
+        is_ood = getattr(self.dataset, "is_ood", None)   # an open-set stream (datasets/openset.py)
+        return {**base, "ood": bool(is_ood(sid))} if callable(is_ood) else base
 
     def _wanted(self, name: str, sid: int, setting: str) -> bool:
         if self.plan is not None and not self.plan.owns(sid, name):

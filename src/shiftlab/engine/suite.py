@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..datasets.suites import SUITES, Suite
+from .. import writes
+from ..datasets.suites import SUITES, Suite, parse_corruption_entry
 from ..results.suite_table import (
     SUITE_FILE,
     dataset_dir,
@@ -39,18 +40,19 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
                    kept: Sequence[str] = ()) -> None:
     """suite.json: the suite, its config, and which datasets the last command ran (`rewrote`)
     and which rows it kept from earlier commands (`kept`)."""
-    suite_dir.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(suite_dir, writes.RESUME_ADVICE)
+    writes.clean_orphans(suite_dir)   # one suite command at a time writes the suite's own files
     manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
-                "title": suite.title, "config": config,
+                "title": suite.title, "kind": suite.kind, "base": suite.base, "config": config,
                 "rewrote": list(suite.datasets if rewrote is None else rewrote), "kept": list(kept)}
-    (suite_dir / SUITE_FILE).write_text(json.dumps(manifest, indent=2))
+    writes.write_file(suite_dir / SUITE_FILE, json.dumps(manifest, indent=2), writes.RESUME_ADVICE)
 
 
 # RunConfig fields that do not change a result: a dataset run with other values of these (and the
 # method list, compared per method in the table) can share a table with this run
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
                           "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
-                          "save_probs"})
+                          "save_probs", "allow_partial"})
 
 
 @dataclass(frozen=True)
@@ -96,19 +98,27 @@ def merge_with_previous(suite_dir: str | Path, suite: Suite, config: dict) -> Su
     # the earlier suite's datasets (not started ones too: the table shows them as missing), then the new
     order = [d for d in previous["datasets"] if d in earlier or d in suite.datasets]
     order += [d for d in suite.datasets if d not in order]
-    known = next((k for k in SUITES.values() if set(k.datasets) == set(order)), None)
+    known = next((k for k in SUITES.values() if k.datasets and set(k.datasets) == set(order)), None)
     merged = known or Suite("custom", tuple(order), title="Datasets " + ", ".join(order))
+    if suite.kind == "corruption":   # more corruptions or severities than this command's: the same suite
+        merged = dataclasses.replace(suite, datasets=tuple(order))
     return SuiteMerge(merged, suite.datasets, tuple(d for d in merged.datasets if d in started))
 
 
 def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None) -> dict:
     """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
-    the suite, each into `out/<dataset>`; then write the suite table. Returns the table."""
+    the suite, each into `out/<dataset>`; then write the suite table. Returns the table. Without `model` or
+    some of the `datasets` (by name), every dataset and the model are prepared first (`engine.prepare`:
+    every problem at once, the partial-dataset rule, `config.allow_partial`); `config` is not changed."""
     from . import distributed
     from .config import expand_methods
     from .loop import run as run_engine
+    from .prepare import prepare
 
     config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
+    if model is None or set(datasets or {}) < set(suite.datasets):   # as `shiftlab run --suite` starts
+        prepared = prepare(config, suite.datasets, model=model, given=datasets)
+        model, datasets = prepared.model, prepared.datasets
     suite_dir = Path(config.out)
     check_suite_settings(config, suite, datasets)
     rank0 = distributed.context().rank == 0
@@ -121,9 +131,9 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     for name in suite.datasets:
         if config.progress and rank0:
             print(f"== {suite.name}: {name} -> {dataset_dir(suite_dir, name)}")
-        per_dataset = dataclasses.replace(config, dataset=name, out=str(dataset_dir(suite_dir, name)),
-                                          methods=list(config.methods), classnames=None)
-        run_engine(per_dataset, model=model, dataset=(datasets or {}).get(name))
+        per_dataset = dataclasses.replace(config, **entry_settings(suite, name), out=str(dataset_dir(suite_dir, name)),
+                                          methods=list(config.methods))
+        run_engine(per_dataset, model=model, dataset=(datasets or {}).get(per_dataset.dataset))
     if not rank0:
         return {}
     table = suite_table(suite_dir)
@@ -131,6 +141,15 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     if config.progress:
         print(table_markdown(table))
     return table
+
+
+def entry_settings(suite: Suite, entry: str) -> dict:
+    """The RunConfig fields a suite entry sets: its dataset (and no class-name file: those are per dataset), or,
+    in a corruption suite, its corruption and severity (the dataset, its classes and the rest stay the command's)."""
+    if suite.kind == "corruption":
+        corruption, severity = parse_corruption_entry(entry)
+        return {"corruption": corruption, "severity": severity}
+    return {"dataset": entry, "classnames": None}
 
 
 def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None = None) -> None:
@@ -142,7 +161,7 @@ def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None 
     from ..methods.heads import check_descriptions
     from ..methods.protocols import method_overrides
 
-    for name in suite.datasets:
+    for name in (suite.base,) if suite.kind == "corruption" else suite.datasets:
         classnames = getattr((datasets or {}).get(name), "classnames", None)
         for method in config.methods:
             cls = get_method_class(method)

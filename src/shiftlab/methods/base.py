@@ -1,10 +1,11 @@
 """Method base class and registry.
 
-A method turns one sample's `SampleContext` into class scores. Register a new one
-with `@register_method("name")` in its own module under `shiftlab/methods/` and
-add the module to `methods/__init__.py`; tests are parametrised over the registry.
-What is known about a method (its recipe per protocol, its published numbers, its per-dataset
-values) is declared in its class too (shiftlab.methods.facts).
+A method turns one sample's `SampleContext` into class scores. A method is a folder,
+`shiftlab/methods/<name>/` (CONTRIBUTING.md): its `spec.py` declares the config, the capabilities
+and the facts without torch (`shiftlab.methods.specs.MethodSpec`), its `method.py` holds a `Method`
+subclass naming that spec (`spec = MTASpec`). The registry finds the specs by scanning the folders
+and imports a method's class the first time it is built (`get_method_class`); tests are parametrised
+over the registry. A script or test registers a class of its own with `register_method("name")`.
 
 Every config field declares its valid range beside its default (`shiftlab.params.param`);
 `make_config` is the one check of a config (ranges, types, the method's minimum views) that
@@ -13,25 +14,51 @@ Every config field declares its valid range beside its default (`shiftlab.params
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from ..models import ClipModel
-from ..models.precision import PRECISIONS, PURE_FP16, Precision
+from ..models.precision import Precision
 from ..models.precision import resolve as resolve_precision
-from ..params import check_config, param
 from ..registry import Registry
 from ..views.generator import ViewConfig, ViewGenerator
 from ..views.recipe import ViewRecipe
+from . import specs as method_specs
 from .context import ClassHeads, SampleContext
 from .prediction import Prediction, load_image, make_prediction
 from .protocols import DEFAULT_PROTOCOL, merge_views, method_overrides, protocol_overrides
+from .specs import (
+    EPISODIC,
+    FROZEN_FEATURES,
+    ONLINE,
+    OWN_TOWER,
+    STATES,
+    Capabilities,
+    MethodConfig,
+    MethodSpec,
+    ViewMethodConfig,
+    check_method_config,
+    make_config,
+)
 
-_REGISTRY: Registry[type[Method]] = Registry("method")
-METHOD_KINDS = ("episodic", "online")
+__all__ = ["ExtraModel", "Method", "MethodConfig", "MethodOutput", "ViewMethodConfig", "check_method_config",
+           "create_method", "effective_config", "get_method_class", "list_methods", "make_config", "register_method"]
+
+
+class _ClassRegistry(Registry["type[Method]"]):
+    """The imported method classes; removing one removes its spec too (tests register temporary methods)."""
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        method_specs.SPECS.pop(name)
+        return super().pop(name, default)
+
+
+_REGISTRY: Registry[type[Method]] = _ClassRegistry("method")
+METHOD_KINDS = STATES
 
 
 @dataclass
@@ -55,25 +82,13 @@ class ExtraModel(NamedTuple):
     settings: str
 
 
-@dataclass
-class MethodConfig:
-    """Base of every method's config dataclass (the papers' defaults live in subclasses).
-
-    `precision`: "auto" follows the run's setting (shiftlab.models.precision); "fp32", "fp16" or
-    "bf16" fix this method's own; "fp16-pure" (the model itself in float16, on CUDA) only where the
-    method supports it (`Method.supports_pure_fp16`)."""
-    precision: str = param("auto", choices=PRECISIONS)
-
-
-@dataclass
-class ViewMethodConfig(MethodConfig):
-    """Config of a method that reads augmented views: `views` is its recipe (shiftlab.views.recipe.ViewRecipe:
-    count incl. the original, crop scale and ratio, flip, AugMix). Only these views are generated and
-    encoded for it; methods with equal recipes share them."""
-    views: ViewRecipe = ViewRecipe()
-
-
 class Method:
+    """A method's torch code. A method with a folder names its spec (`spec = MTASpec`), from which the
+    class gets its name, config class, summary, text head, minimum views, offline configs, facts and
+    capabilities when it is defined; the attributes below are those a class registered without a
+    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`
+    and `adapts_on_batches` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
+    spec: ClassVar[type[MethodSpec] | None] = None
     name: str = ""
     config_class: type = MethodConfig
     episodic: bool = True       # reset to the initial state before every sample
@@ -92,9 +107,10 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
-    # capability: adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md):
-    # the engine hands `adapt_batch` each batch of `--batch-size` consecutive stream positions whole, after
-    # `reset()` when the method is `episodic` (the state kept from batch to batch otherwise: continual)
+    # adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md; a spec's
+    # `Capabilities(batches=True)`): the engine hands `adapt_batch` each batch of `--batch-size` consecutive
+    # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
+    # batch otherwise: continual)
     adapts_on_batches: bool = False
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
@@ -102,6 +118,12 @@ class Method:
     # config overrides that give every model the method loads itself random weights of the same architecture
     # (same cost, nothing downloaded): what `shiftlab bench` measures it with when the run's model is random too
     random_weights_config: dict[str, Any] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            _take_spec(cls, spec)
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
@@ -121,8 +143,8 @@ class Method:
 
     @classmethod
     def needed_views(cls, config: Any) -> int:
-        """The fewest views (incl. the original) this method can use under `config`."""
-        return cls.min_views
+        """The fewest views (incl. the original) this method can use under `config` (its spec's rule)."""
+        return cls.spec.needed_views(config) if cls.spec is not None else cls.min_views
 
     @classmethod
     def extra_models(cls, config: Any) -> list[ExtraModel]:
@@ -256,23 +278,61 @@ def check_classnames(classnames: object, allow_duplicates: bool = False) -> list
     return list(classnames)
 
 
+def _take_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
+    """Give a method class its spec's declarations (facts into its own body: `facts.declared` reads them
+    there), refusing a class that cannot do what the spec declares."""
+    module, _, qualname = spec.impl.partition(":")
+    if (module, qualname) != (cls.__module__, cls.__qualname__):
+        raise TypeError(f"{cls.__qualname__} names spec {spec.__qualname__}, whose impl is {spec.impl!r}, "
+                        f"not '{cls.__module__}:{cls.__qualname__}'")
+    if not spec.episodic and (cls.state_dict is Method.state_dict or cls.load_state_dict is Method.load_state_dict):
+        raise TypeError(f"{spec.name}: an online method (capabilities state {ONLINE!r}) must define state_dict and "
+                        "load_state_dict: its state is checkpointed with the records and restored on resume")
+    for attr in (*method_specs.ATTRIBUTES, *method_specs.DERIVED):
+        setattr(cls, attr, getattr(spec, attr))
+    for fact in method_specs.FACTS:
+        if fact in spec.__dict__:
+            setattr(cls, fact, spec.__dict__[fact])
+        elif fact in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__}: the fact {fact!r} belongs in its spec ({spec.__qualname__})")
+
+
+def _spec_from_class(name: str, cls: type[Method]) -> type[MethodSpec]:
+    """A spec for a class registered without a folder, from the attributes it declares."""
+    reads = tuple(r for r, on in ((FROZEN_FEATURES, cls.reads_features), (OWN_TOWER, cls.needs_pixels)) if on)
+    body: dict[str, Any] = {attr: getattr(cls, attr) for attr in method_specs.ATTRIBUTES if hasattr(cls, attr)}
+    body.update({fact: cls.__dict__[fact] for fact in method_specs.FACTS if fact in cls.__dict__})
+    body.update(name=name, impl=f"{cls.__module__}:{cls.__qualname__}", __module__=cls.__module__,
+                capabilities=Capabilities(reads=reads, state=EPISODIC if cls.episodic else ONLINE,
+                                          batches=bool(cls.adapts_on_batches)))
+    if cls.needed_views.__func__ is not Method.needed_views.__func__:   # type: ignore[attr-defined]
+        body["needed_views"] = classmethod(lambda spec, config: cls.needed_views(config))
+    spec = type(f"{cls.__name__}Spec", (MethodSpec,), body)
+    if spec.needs_views != cls.needs_views:
+        spec.needs_views = cls.needs_views
+    return spec
+
+
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: make a `Method` subclass available as `--methods NAME`."""
-    return _REGISTRY.register(name)
+    """Class decorator for a method without a folder (a script's, a test's): make a `Method` subclass
+    available as `--methods NAME`, its spec made from the attributes it declares."""
+    def register(cls: type[Method]) -> type[Method]:
+        spec = cls.__dict__.get("spec") or _spec_from_class(name, cls)
+        method_specs.register_spec(spec, replace=True)
+        if cls.__dict__.get("spec") is None:
+            cls.spec = spec
+        return _REGISTRY.register(name, cls, replace=True)
+    return register
 
 
 def method_kind(cls: type[Method]) -> str:
     """"episodic" (reset before every sample) or "online" (adapts along the stream)."""
-    return "episodic" if cls.episodic else "online"
+    return EPISODIC if cls.episodic else ONLINE
 
 
 def list_methods(kind: str | None = None) -> list[str]:
     """Registered method names, sorted; `kind` ("episodic" or "online") keeps only those."""
-    if kind is None:
-        return _REGISTRY.names()
-    if kind not in METHOD_KINDS:
-        raise ValueError(f"unknown method kind {kind!r}; known: {', '.join(METHOD_KINDS)}")
-    return _REGISTRY.names(where=lambda cls: method_kind(cls) == kind)
+    return method_specs.spec_names(kind)
 
 
 # A run's method name may carry a variant: "tda@pos_alpha=2.0" is TDA under its own config, a method of
@@ -286,45 +346,16 @@ def registered_name(name: str) -> str:
 
 
 def get_method_class(name: str) -> type[Method]:
-    """The class registered as `name` (or as the method of a variant, `registered_name`); an unknown name
-    raises `UnknownNameError` (a KeyError)."""
-    return _REGISTRY.get(registered_name(name))
-
-
-def make_config(cls: type[Method], **overrides: Any) -> MethodConfig:
-    """The method's config: its defaults, overridden field by field, checked (`check_method_config`).
-    `views` may be a ViewRecipe, a view count, or a dict of recipe fields merged onto the method's
-    default recipe. An unknown field is a TypeError, a bad value a one-line ValueError."""
-    fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
-    unknown = set(overrides) - set(fields)
-    if unknown:
-        raise TypeError(f"{cls.name}: unknown config field(s) {sorted(unknown)}; known: {sorted(fields)}")
-    if "views" in overrides and isinstance(fields["views"].default, ViewRecipe):
-        try:
-            overrides["views"] = ViewRecipe.coerce(overrides["views"], base=fields["views"].default)
-        except ValueError as exc:
-            raise ValueError(f"{cls.name}: {exc}") from None
-    return check_method_config(cls, cls.config_class(**overrides))
-
-
-def check_method_config(cls: type[Method], config: Any) -> Any:
-    """`config` with every field in its declared range (an int in a float field made a float), and
-    views enough for the method (`Method.needed_views`), "fp16-pure" only where supported; else a
-    one-line ValueError such as
-    "tpt.lr: inf is not finite; must be a finite float >= 0"."""
-    config = check_config(cls.name, config)
-    if getattr(config, "precision", None) == PURE_FP16 and not cls.supports_pure_fp16:
-        supported = ", ".join(n for n in list_methods() if get_method_class(n).supports_pure_fp16)
-        raise ValueError(f"{cls.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
-                         f"for {supported} only; use fp16 (autocast) or fp32")
-    recipe = getattr(config, "views", None)
-    if cls.needs_views and isinstance(recipe, ViewRecipe):
-        needed = cls.needed_views(config)
-        if recipe.n_views < needed:
-            raise ValueError(f"{cls.name}: needs at least {needed} views (incl. the original), got {recipe.n_views}"
-                             + (f": {cls.min_views_why}" if cls.min_views_why else "")
-                             + f"; raise --views or --set {cls.name}.views={needed}")
-    return config
+    """The class registered as `name` (or as the method of a variant, `registered_name`), imported from its
+    spec's `impl` on first use; an unknown name raises `UnknownNameError` (a KeyError)."""
+    spec = method_specs.spec(registered_name(name))
+    if spec.name in _REGISTRY:
+        return _REGISTRY.get(spec.name)
+    module, _, qualname = spec.impl.partition(":")
+    cls = getattr(importlib.import_module(module), qualname)
+    if cls.__dict__.get("spec") is not spec:
+        raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
+    return _REGISTRY.register(spec.name, cls)
 
 
 def effective_config(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
@@ -333,7 +364,7 @@ def effective_config(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str |
     """The config a run gives method `name`, checked, without building it: its defaults <- the
     protocol (with its per-dataset values for `dataset`) <- the run's `run_views` ({"n_views": 4,
     "augmix": True}: --views, --augmix; view-reading methods only) <- `config` (--set)."""
-    cls = get_method_class(name)
+    cls = method_specs.spec(registered_name(name))
     if run_views and cls.needs_views:
         config["views"] = merge_views(dict(run_views), config.get("views", {}))
     return make_config(cls, **method_overrides(protocol, cls, config, run_precision, dataset=dataset))
@@ -342,8 +373,8 @@ def effective_config(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str |
 def describe(protocol: str, name: str) -> dict[str, Any]:
     """What method `name` runs with under a protocol, without a dataset: `views` (its recipe as a dict),
     `precision` and `config` (the other fields of its effective config)."""
-    fields = dataclasses.asdict(make_config(get_method_class(name),
-                                            **protocol_overrides(protocol, get_method_class(name))))
+    spec = method_specs.spec(name)
+    fields = dataclasses.asdict(make_config(spec, **protocol_overrides(protocol, spec)))
     return {"views": fields.pop("views", {"n_views": 1}), "precision": fields.pop("precision"), "config": fields}
 
 

@@ -1,6 +1,7 @@
 """What a method declares about itself, beside its code, and how the readers get it.
 
-A method module declares, as class attributes of its `Method` subclass (docs/ARCHITECTURE.md, "A method"):
+A method's spec declares, as class attributes of its `MethodSpec` subclass (methods/<name>/spec.py,
+CONTRIBUTING.md), and its `Method` class gets them from the spec:
 
 - `protocols = {"paper": {field: value, ...}}`: the config its authors' code runs on ImageNet-R, each value
   citing its source in a comment; `leaderboard` is the config's defaults and has no entry.
@@ -8,13 +9,13 @@ A method module declares, as class attributes of its `Method` subclass (docs/ARC
   numbers read in a primary source (`check_published` says what each field may hold); `()` when none was.
 - `fidelity`: in words, what was checked against the authors' code (the README's fidelity column).
 - optional: `dataset_settings = {canonical dataset: {field: value, "views": {...}}}` (what the authors' code
-  sets per dataset, layered under `paper`; a large table lives in data/settings/<method>.json, read by
+  sets per dataset, layered under `paper`; a large table lives in methods/<method>/settings.json, read by
   `settings_file`), `label` (the name the papers print; default: the registry name), `aliases` (other
   spellings of it in published tables: "clip", "zs"), `cupl_files` (dataset -> the CuPL file the method's
   code reads there).
 
-They are read from the class's own body (`declared`), never inherited: BoostAdapter subclasses TDA and must
-not show TDA's published numbers or run TDA's recipe.
+They are read from the class's own body (`declared`: a spec's, or the method class's, which holds its spec's),
+never inherited: BoostAdapter subclasses TDA and must not show TDA's published numbers or run TDA's recipe.
 """
 from __future__ import annotations
 
@@ -70,12 +71,13 @@ def check_published(entry: Mapping[str, Any], protocols: tuple[str, ...]) -> str
 
 @functools.cache
 def _settings_data(method: str) -> dict[str, Any]:
-    path = resources.files("shiftlab").joinpath("data", "settings", f"{method}.json")
+    # the method folder's settings.json, read without importing the folder (its spec may be importing)
+    path = resources.files("shiftlab").joinpath("methods", method, "settings.json")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
 def settings_file(method: str, templates_of: str | None = None) -> dict[str, dict[str, Any]]:
-    """`dataset_settings` from data/settings/<method>.json: per dataset its `config` fields, its `views`
+    """`dataset_settings` from methods/<method>/settings.json: per dataset its `config` fields, its `views`
     and its prompt `templates` (those of `templates_of`'s file where the method's code uses another
     method's lists; "clip80", CLIP's 80, is every such config's default, so it sets nothing)."""
     data = _settings_data(method)
@@ -90,11 +92,11 @@ def settings_file(method: str, templates_of: str | None = None) -> dict[str, dic
 
 
 def cupl_file_names(method: str) -> dict[str, str]:
-    """Dataset -> the name of the CuPL file the method's code reads there (data/settings/<method>.json)."""
+    """Dataset -> the name of the CuPL file the method's code reads there (methods/<method>/settings.json)."""
     return {dataset: entry["file"] for dataset, entry in _settings_data(method).get("cupl_files", {}).items()}
 
 
 def setting_source(method: str, dataset: str) -> str | None:
-    """Where data/settings/<method>.json's values for a canonical dataset come from."""
+    """Where methods/<method>/settings.json's values for a canonical dataset come from."""
     entry = _settings_data(method)["datasets"].get(dataset)
     return entry["source"] if entry else None

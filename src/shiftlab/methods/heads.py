@@ -13,19 +13,18 @@ picks among the field's choices), else its class attribute `Method.text_head`. T
 - `prompt`: context vectors the method tunes per image (the TPT family), started from `ctx_init` or a
   `ctx_checkpoint`; the method builds it (shiftlab.models.text.ContextPrompt).
 
-A method with a head of its own declares it in its module with `register_head`.
+A method with a head of its own declares it in its spec (`methods/<name>/spec.py`) with `register_head`.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..datasets.classes import load_templates
-from ..models.text import load_descriptions
+if TYPE_CHECKING:
+    import torch
+# no torch, numpy or text tower at import: the specs' head descriptions (`describe`) are read without them
 
 TIP_CUPL = "tip_cupl"
 CUPL_TEMPLATES = {"tip": "7 Tip-Adapter templates", "clip80": "CLIP's 80 templates"}
@@ -111,6 +110,7 @@ def _tip_cupl_words(cls: type, fields: Mapping[str, Any]) -> str:
 def _tip_cupl(method: Any) -> torch.Tensor:
     templates = getattr(method.config, "templates", None)
     if cupl_templates(type(method)) == "clip80":
+        from ..datasets.classes import load_templates
         templates = tuple(templates) if templates else tuple(load_templates())
     return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file", templates)
 
@@ -155,6 +155,7 @@ def check_descriptions(name: str, config: object, classnames: Sequence[str] | No
         return
     path = _cupl_path(name, config)
     if classnames is not None:
+        from ..models.text import load_descriptions
         load_descriptions(path, classnames, f"{name}.cupl_file")
 
 

@@ -1,12 +1,41 @@
 """Models: open_clip CLIPs loaded by one rule (`load_model`), frozen, with their preprocessing and
 normalisation inside (`ClipModel`); their architectures, checkpoint files, precision policy, text
-heads and the learnable prompt over the text tower."""
-from ..views.preprocess import OPENAI_MEAN, OPENAI_STD, Preprocess
-from .architectures import model_preprocess, register_architecture
-from .checkpoints import ModelLoadError
-from .clip_model import ClipModel
-from .loader import load_model, load_run_model, load_shared_model, state_dict_sha256
+heads and the learnable prompt over the text tower.
+
+The public names load on first use (PEP 562), so that a torch-free module can import a torch-free
+submodule (`models.precision`'s names, read by every method's spec) without loading torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..views.preprocess import OPENAI_MEAN, OPENAI_STD, Preprocess
+    from .architectures import model_preprocess, register_architecture
+    from .checkpoints import ModelLoadError
+    from .clip_model import ClipModel
+    from .loader import load_model, load_run_model, load_shared_model, state_dict_sha256
+
+# public name -> the module that defines it (relative to this package)
+_EXPORTS = {"OPENAI_MEAN": "..views.preprocess", "OPENAI_STD": "..views.preprocess", "Preprocess": "..views.preprocess",
+            "model_preprocess": ".architectures", "register_architecture": ".architectures",
+            "ModelLoadError": ".checkpoints", "ClipModel": ".clip_model", "load_model": ".loader",
+            "load_run_model": ".loader", "load_shared_model": ".loader", "state_dict_sha256": ".loader"}
 
 __all__ = ["ClipModel", "ModelLoadError", "Preprocess", "load_model", "load_run_model", "load_shared_model",
            "register_architecture",
            "model_preprocess", "state_dict_sha256", "OPENAI_MEAN", "OPENAI_STD"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

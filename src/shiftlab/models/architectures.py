@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import writes
 from .checkpoints import (
     ModelLoadError,
 )
@@ -54,7 +55,7 @@ def register_architecture(name: str, config: dict[str, Any] | str | Path) -> str
     if _CONFIG_DIR is None:
         _CONFIG_DIR = Path(tempfile.mkdtemp(prefix="shiftlab-model-configs-"))
     target = _CONFIG_DIR / f"{name}.json"
-    target.write_text(json.dumps(config))
+    writes.write_file(target, json.dumps(config))
     open_clip.add_model_config(target)
     _REGISTERED.add(name)
     return name

@@ -16,16 +16,16 @@ build than to look up).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from .. import writes
 
 HEAD_VERSION = 2   # 2: the tensor's SHA-256 in the file's metadata
 MIN_PROMPTS = 2000
@@ -100,24 +100,18 @@ def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
     folder = cache_dir()
     if folder is None or len(prompts) < MIN_PROMPTS:
         return build()
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     path = folder / f"{head_key(clip, device, prompts)}.safetensors"
     head = _load(path)
     if head is not None:
         return head.to(device)
     head = build()
-    tmp = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        os.close(fd)
+        writes.make_dirs(folder)
+        writes.clean_orphans(folder)
         stored = head.detach().contiguous().cpu()
-        save_file({"head": stored}, tmp, metadata={"sha256": tensor_digest(stored)})
-        os.replace(tmp, path)
+        writes.write_file(path, save({"head": stored}, metadata={"sha256": tensor_digest(stored)}))
     except OSError as exc:   # read-only or full: this run keeps the head in memory, the next builds it again
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        _warn(f"class-head cache: cannot write {folder} ({exc.strerror or exc}); the head is kept in memory "
-              "only (set SHIFTLAB_CACHE to a writable folder, or SHIFTLAB_HEAD_CACHE=0)")
+        _warn(f"class-head cache: cannot write {folder} ({getattr(exc, 'strerror', None) or exc}); the head is "
+              "kept in memory only (set SHIFTLAB_CACHE to a writable folder, or SHIFTLAB_HEAD_CACHE=0)")
     return head

@@ -27,8 +27,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+# torch is imported where it is used: the precision names are read without it (a method's spec)
 
 RUN_PRECISIONS = ("auto", "fp32", "fp16", "bf16")     # a run's --precision
 PURE_FP16 = "fp16-pure"
@@ -65,6 +68,7 @@ class Precision:
         """Autocast dtype, or None for float32 (always None off CUDA)."""
         if self.device_type != "cuda" or self.name in ("fp32", PURE_FP16):
             return None
+        import torch
         return torch.bfloat16 if self.name == "bf16" else torch.float16
 
     @property
@@ -72,11 +76,15 @@ class Precision:
         """The dtype the model's weights are cast to ("fp16-pure" on CUDA: float16, with the
         normalisation layers' parameters kept in float32, as the authors' `clip.load`), or None: the
         model as loaded (float32)."""
-        return torch.float16 if self.device_type == "cuda" and self.name == PURE_FP16 else None
+        if self.device_type != "cuda" or self.name != PURE_FP16:
+            return None
+        import torch
+        return torch.float16
 
     @property
     def loss_scaling(self) -> bool:
         """Whether gradient steps scale the loss (fp16 only, as torch's GradScaler)."""
+        import torch
         return self.amp_dtype == torch.float16
 
     @property
@@ -86,13 +94,17 @@ class Precision:
         if self.model_dtype is not None:
             return PURE_FP16
         dtype = self.amp_dtype
-        return "fp32" if dtype is None else ("bf16" if dtype == torch.bfloat16 else "fp16")
+        if dtype is None:
+            return "fp32"
+        import torch
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """Run the enclosed computation under this policy."""
         dtype = self.amp_dtype
         if dtype is not None:
+            import torch
             with torch.autocast(device_type=self.device_type, dtype=dtype):
                 yield
         elif self.device_type == "cuda":
@@ -104,6 +116,7 @@ class Precision:
 
 @contextlib.contextmanager
 def _no_tf32() -> Iterator[None]:
+    import torch
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
@@ -118,4 +131,5 @@ def resolve(name: str, device: torch.device | str, run: str = "auto") -> Precisi
     check(name)
     check_run(run)
     chosen = run if name == "auto" else name
+    import torch
     return Precision(chosen, torch.device(device).type)

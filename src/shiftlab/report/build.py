@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import itertools
 import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from shiftlab import writes
 from shiftlab.datasets import suites
 from shiftlab.report import sections
 from shiftlab.report.caveats import caveats
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
-from shiftlab.report.html import esc, page
+from shiftlab.report.html import REPORT_ADVICE, esc, page
 from shiftlab.report.load import ReportError, Run, Series, load_runs
 from shiftlab.report.stats import PairedResult, holm, paired_compare, series_metrics
 from shiftlab.results import suite_table
@@ -104,17 +106,17 @@ def _csv_value(v):
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> Path:
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        for row in rows:
-            w.writerow({c: _csv_value(row.get(c)) for c in columns})
-    return path
+    buffer = io.StringIO(newline="")
+    w = csv.DictWriter(buffer, fieldnames=columns)
+    w.writeheader()
+    for row in rows:
+        w.writerow({c: _csv_value(row.get(c)) for c in columns})
+    return writes.write_file(path, buffer.getvalue(), REPORT_ADVICE)
 
 
 METRIC_COLUMNS = ["run", "run_dir", "run_label", "model", "pretrained", "dataset", "method", "method_key",
                   "setting", "setting_label", "attack_eps", "top1", "top5", "ece", "nll", "brier", "n", "errors",
-                  "seconds_per_image"]
+                  "seconds_per_image", "auroc", "fpr95", "aupr", "n_ood"]
 PAIRED_COLUMNS = ["dataset", "setting", "a", "b", "n", "acc_a", "acc_b", "diff", "ci_low", "ci_high",
                   "a_only", "b_only", "p_value", "p_holm", "test", "verdict", "bootstrap_resamples", "seed"]
 
@@ -182,7 +184,7 @@ def _previous_report_files(out: Path) -> list[Path]:
 def _write_manifest(out: Path, before: set[str]) -> None:
     import json
     written = sorted(p.name for p in out.iterdir() if p.is_file() and p.name not in before and p.name != MANIFEST)
-    (out / MANIFEST).write_text(json.dumps({"files": written}, indent=1) + "\n", encoding="utf-8")
+    writes.write_file(out / MANIFEST, json.dumps({"files": written}, indent=1) + "\n", REPORT_ADVICE)
 
 
 def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str] = (),
@@ -194,13 +196,14 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
     run_dirs, suite_dirs = expand_suites(run_dirs)
     runs = load_runs(run_dirs)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    writes.make_dirs(out, REPORT_ADVICE)
+    writes.clean_orphans(out)
     metrics = {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}
     paired = paired_results(runs, choose_pairs(runs, pairs, compare, reference), n_resamples, seed)
     tables = [suite_table.suite_table(d) for d in suite_dirs]
     data = ReportData(runs, metrics, paired, out, n_resamples, seed, tables)
     for stale in _previous_report_files(out):
-        stale.unlink(missing_ok=True)
+        writes.remove(stale, REPORT_ADVICE)
     before = {p.name for p in out.iterdir()}
     for d, table in zip(suite_dirs, tables):
         suite_table.write_suite_csv(out / f"suite_{Path(d).resolve().name}.csv", table)
@@ -219,6 +222,6 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: I
                 "metrics.csv", "paired.csv", *(f"suite_{Path(d).resolve().name}.csv" for d in suite_dirs))))
     parts = [build(data) for build in sections.ALL]
     html_path = out / "report.html"
-    html_path.write_text(page(title, meta, [p for p in parts if p], caveats(data)), encoding="utf-8")
+    writes.write_file(html_path, page(title, meta, [p for p in parts if p], caveats(data)), REPORT_ADVICE)
     _write_manifest(out, before)
     return html_path

@@ -70,6 +70,8 @@ SORT_JS = """
 })();
 """
 
+REPORT_ADVICE = "then run shiftlab report again"   # what a failed write of a report file says to do
+
 
 class Cell:
     """A table cell: the text shown, the value sorted by, an optional CSS class."""

@@ -49,6 +49,10 @@ class Series:
     errors: int = 0
     key: str = ""         # unique display name across the report (set by assign_keys)
     probs: np.ndarray | None = None   # (n, C) float16 vectors (--save-probs); None unless every record has one
+    # an open-set run (engine/shifts.py): the OOD scores of its ID samples (this series' records) and of its OOD
+    # samples (no class: not in the arrays above); None for a closed-set run
+    id_scores: np.ndarray | None = None
+    ood_scores: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -142,6 +146,7 @@ def load_run(path: str | Path) -> Run:
     # (method, setting) -> {id: record}. The first record of a key wins, as in
     # shiftlab.rundir.record_files.load_records (resume never rewrites a finished key).
     groups: dict[tuple[str, str], dict[int, dict]] = {}
+    ood_groups: dict[tuple[str, str], dict[int, dict]] = {}   # open-set runs: the OOD samples' records
     error_keys: set = set()
     attack_of: dict[str, dict | None] = {}   # setting -> its attack config (a record's, else the summary's)
     for file in files:
@@ -162,7 +167,7 @@ def load_run(path: str | Path) -> Run:
                 continue
             if setting != "clean" and setting not in attack_of:
                 attack_of[setting] = rec.get("attack") or summary_attack
-            bucket = groups.setdefault((str(rec["method"]), setting), {})
+            bucket = (ood_groups if rec.get("ood") is True else groups).setdefault((str(rec["method"]), setting), {})
             run.duplicates += sid in bucket
             bucket.setdefault(sid, rec)
 
@@ -171,6 +176,7 @@ def load_run(path: str | Path) -> Run:
         run.series.append(_to_series(run, method, setting, attack_of.get(setting), by_id,
                                      errors[(method, setting)] + errors[(None, setting)]))
     _attach_probs(run, groups)
+    _attach_ood_scores(run, groups, ood_groups)
     if not run.series:
         run.warnings.append(f"{path} holds no prediction records")
     if run.bad_lines:
@@ -199,6 +205,17 @@ def _to_series(run: Run, method: str, setting: str, attack: dict | None, by_id: 
         correct=correct, confidence=floats("confidence"), true_prob=floats("true_prob"),
         top5=None if any(not isinstance(t, list) for t in top5) else top5,
         paths=[str(r.get("path", "")) for r in recs], seconds=floats("seconds"), errors=errors)
+
+
+def _attach_ood_scores(run: Run, groups: dict, ood_groups: dict) -> None:
+    """Each series' OOD scores of an open-set run: its ID records' and the OOD records' of the same method."""
+    for s in run.series:
+        id_recs = groups.get((s.method, s.setting), {}).values()
+        if not any(isinstance(r.get("ood"), bool) for r in id_recs) and (s.method, s.setting) not in ood_groups:
+            continue
+        s.id_scores = np.array([float(r["ood_score"]) for r in id_recs if isinstance(r.get("ood_score"), (int, float))])
+        s.ood_scores = np.array([float(r["ood_score"]) for r in ood_groups.get((s.method, s.setting), {}).values()
+                                 if isinstance(r.get("ood_score"), (int, float))])
 
 
 def _eps(attack: dict | None) -> float | None:

@@ -6,6 +6,7 @@ or leaks figures when it runs inside a notebook or a long-lived process.
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -13,14 +14,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from shiftlab import writes
+from shiftlab.report.html import REPORT_ADVICE
 from shiftlab.results import metrics
 
 DPI = 110
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return writes.write_file(path, buffer.getbuffer(), REPORT_ADVICE)
 
 
 def _short(label: str, width: int = 28) -> str:
@@ -220,5 +224,45 @@ def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: P
     ax.set(ylabel=ylabel, title=title)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def stream_accuracy(lines: list[tuple[str, np.ndarray, np.ndarray]], path: Path, title: str,
+                    boundaries: list[tuple[int, str]] = ()) -> Path | None:
+    """Cumulative accuracy over stream positions, one line per (label, positions, accuracy %); the first solid,
+    the rest (references) dashed; `boundaries`: (position where a domain starts, its name), drawn as lines."""
+    lines = [ln for ln in lines if ln[1].size]
+    if not lines:
+        return None
+    fig = Figure(figsize=(7.0, 3.6))
+    ax = fig.subplots()
+    for k, (label, x, y) in enumerate(lines):
+        ax.plot(x, y, label=_short(label, 40), linestyle="-" if k == 0 else "--", linewidth=1.4 if k == 0 else 1.0,
+                color=distinct_colors(max(2, len(lines)))[k])
+    lo, hi = accuracy_limits([float(v) for _, _, y in lines for v in y])
+    for position, name in boundaries:
+        ax.axvline(position, color="0.5", linewidth=0.8, linestyle=":")
+        ax.annotate(_short(name, 20), (position, hi), fontsize=7, rotation=90, va="top", ha="right", color="0.35")
+    ax.set(xlabel="images seen (stream position)", ylabel="cumulative top-1 (%)", title=title, ylim=(lo, hi))
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def order_boxes(values: dict[str, list[float]], path: Path, title: str) -> Path | None:
+    """One box per method over its per-order accuracies (whiskers: min and max, every order drawn as a dot)."""
+    values = {k: v for k, v in values.items() if v}
+    if not values:
+        return None
+    fig = Figure(figsize=(max(5.0, 0.8 * len(values) + 2), 4.0))
+    ax = fig.subplots()
+    names = list(values)
+    ax.boxplot([values[n] for n in names], whis=(0, 100))
+    for i, n in enumerate(names, start=1):
+        ax.plot(np.full(len(values[n]), i), values[n], "o", markersize=3, alpha=0.5, color="0.3")
+    lo, hi = accuracy_limits([float(v) for n in names for v in values[n]])
+    ax.set_xticks(range(1, len(names) + 1), [_short(n, 24) for n in names], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="top-1 accuracy (%)", title=title, ylim=(lo, hi))
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from shiftlab import writes
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
-from shiftlab.report.html import Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
+from shiftlab.report.html import REPORT_ADVICE, Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
 from shiftlab.report.stats import (
     RENDITIONS,
     known_rendition_share,
@@ -19,6 +21,7 @@ from shiftlab.report.stats import (
     rendition_accuracy,
     top_confusions,
 )
+from shiftlab.report.streams import orders_section, stream_section
 from shiftlab.results import metrics, suite_table
 from shiftlab.results.display import model_label
 from shiftlab.results.published import canonical_method, published_for_run
@@ -69,6 +72,27 @@ def results_section(data: ReportData) -> Section | None:
     return ("results", "Results", f"<p>Click a column header to sort.{note}</p>" + table(
         ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", *(["Brier"] if brier else []), "n",
          "errors", "s / image"], rows, text_cols=3, id_="metrics-table"))
+
+
+def ood_section(data: ReportData) -> Section | None:
+    """Open-set runs: each method's detection of the OOD samples by its OOD score (AUROC, FPR95, AUPR) beside its
+    accuracy on the ID part, so the cost of OOD images to an online method's memory shows."""
+    rows = []
+    for s in data.series:
+        if s.ood_scores is None:
+            continue
+        m = data.m(s)
+        mix = ((s.run.summary.get("identity") or {}).get("shared") or {}).get("open_set") or {}
+        rows.append([s.key, s.run.name, ", ".join(mix.get("ood") or []) or "?", num(m["top1"]), num(m.get("auroc")),
+                     num(m.get("fpr95")), num(m.get("aupr")), num(m["n"], 0), num(m.get("n_ood"), 0)])
+    if not rows:
+        return None
+    return ("ood", "Out-of-distribution detection", "<p>Open-set streams: ID top-1 on the in-distribution part; "
+            "AUROC, FPR95 (the share of OOD images kept at the threshold keeping 95% of ID images) and AUPR (ID "
+            "positive), in percent, by each method's maximum softmax probability (MCM), as CLIPTTA's "
+            "ood_metrics.py defines them (docs/PROTOCOLS.md).</p>" + table(
+                ["method", "run", "OOD sets", "ID top-1 %", "AUROC %", "FPR95 %", "AUPR %", "n ID", "n OOD"], rows,
+                text_cols=3, id_="ood-table"))
 
 
 def sweep_section(data: ReportData) -> Section | None:
@@ -357,10 +381,11 @@ def per_class_section(data: ReportData) -> Section | None:
 
 
 def write_rows_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    writes.write_file(path, buffer.getvalue(), REPORT_ADVICE)
 
 
 def confusions_section(data: ReportData) -> Section | None:
@@ -394,6 +419,7 @@ def errors_section(data: ReportData) -> Section | None:
     return ("errors", "Errors", body or "<p>No error records: every sample was predicted.</p>")
 
 
-ALL = [runs_section, suite_section, sweep_section, results_section, paired_section, published_section, cost_section,
-       calibration_section, robust_section, renditions_section, per_class_section,
+ALL = [runs_section, suite_section, sweep_section, results_section, ood_section, paired_section, published_section,
+       cost_section, stream_section, orders_section, calibration_section, robust_section, renditions_section,
+       per_class_section,
        confusions_section, errors_section]

@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 
 from shiftlab.report.load import Series
 from shiftlab.results import metrics
+from shiftlab.results.ood import ood_metrics
 from shiftlab.results.scoring import score
 
 RENDITIONS = ("art", "cartoon", "deviantart", "embroidery", "graffiti", "graphic", "misc",
@@ -42,6 +43,8 @@ def series_metrics(s: Series) -> dict:
         "brier": metrics.brier(s.probs, s.labels) if s.probs is not None else math.nan,
         "errors": s.errors,
         "seconds_per_image": math.nan if seconds is None else seconds,
+        # an open-set run: detection of its OOD samples by the method's OOD score (shiftlab.results.ood)
+        **(ood_metrics(s.id_scores, s.ood_scores) if s.ood_scores is not None else {}),
     }
 
 

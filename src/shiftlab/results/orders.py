@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import writes
+
 ORDERS_DIR = "orders"
 ORDERS_FILE, ORDERS_MD = "orders.json", "orders.md"
 TAIL_FRACTION = 0.1
@@ -82,11 +84,23 @@ def orders_markdown(table: dict[str, Any]) -> str:
 def write_orders(run_dir: Path | str, table: dict[str, Any]) -> None:
     run_dir = Path(run_dir)
     for name, text in ((ORDERS_FILE, json.dumps(table, indent=2) + "\n"), (ORDERS_MD, orders_markdown(table))):
-        tmp = run_dir / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(run_dir / name)
+        writes.write_file(run_dir / name, text, writes.RESUME_ADVICE)
 
 
 def read_orders(run_dir: Path | str) -> dict[str, Any] | None:
     path = Path(run_dir) / ORDERS_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def refresh_orders(run_dir: Path | str) -> dict[str, Any] | None:
+    """orders.json recomputed from the orders' summaries as they are now (`shiftlab merge` after merging each
+    order); None for a run directory without one."""
+    table = read_orders(run_dir)
+    if not table:
+        return None
+    kinds = {name: row.get("kind") for name, row in table.get("methods", {}).items()}
+    online = [n for n, k in kinds.items() if k == "online"]
+    episodic = [n for n, k in kinds.items() if k != "online"]
+    fresh = summarize_orders(run_dir, int(table["orders"]), table.get("order_seeds", []), online, episodic)
+    write_orders(run_dir, fresh)
+    return fresh

@@ -4,11 +4,13 @@ suite.csv. Every number is read from the datasets' summary.json."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import writes
 from ..datasets.specs import DATASETS
 from ..datasets.suites import Suite, SuiteError
 
@@ -36,7 +38,8 @@ def read_manifest(suite_dir: str | Path) -> dict | None:
 
 def suite_from_manifest(manifest: dict) -> Suite:
     return Suite(str(manifest.get("suite") or "custom"), tuple(manifest["datasets"]),
-                 tuple(manifest.get("ood") or ()), str(manifest.get("title") or ""))
+                 tuple(manifest.get("ood") or ()), str(manifest.get("title") or ""),
+                 kind=str(manifest.get("kind") or "datasets"), base=str(manifest.get("base") or ""))
 
 
 # ------------------------------------------------------------------ the table
@@ -99,7 +102,7 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
         values = [top1[method].get(d) for d in names]
         return None if not names or any(v is None for v in values) else float(sum(values) / len(values))
 
-    return {"suite": suite.name, "title": suite.title, "datasets": list(suite.datasets), "ood": list(suite.ood),
+    table = {"suite": suite.name, "title": suite.title, "datasets": list(suite.datasets), "ood": list(suite.ood),
             "methods": methods, "model": identity.get("model", config.get("model")),
             "pretrained": identity.get("pretrained", config.get("pretrained")),
             "weights_sha256": identity.get("weights_sha256"), "weights_source": identity.get("weights_source"),
@@ -108,6 +111,10 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             "rewrote": list(manifest.get("rewrote") or suite.datasets), "kept": list(manifest.get("kept") or []),
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
+    if suite.kind == "corruption":
+        from .corruption_table import corruption_columns
+        table.update(corruption_columns(top1, suite.datasets, methods, suite.base))
+    return table
 
 
 def partial_mark(config: dict, accounted: Sequence[int]) -> str:
@@ -126,18 +133,23 @@ def partial_mark(config: dict, accounted: Sequence[int]) -> str:
 
 
 def table_columns(table: dict) -> list[str]:
+    if table.get("kind") == "corruption":   # the field's table: accuracy per corruption, mean, mCE
+        return [*table["corruptions"], "average", "mce"]
     return [*table["datasets"], "average", *(["ood_average"] if table["ood"] else [])]
 
 
 def column_title(column: str) -> str:
     """A column's header as the papers print it: the dataset's `short` title (datasets/specs.py)."""
-    if column in ("average", "ood_average"):
-        return {"average": "Average", "ood_average": "OOD Average"}[column]
+    if column in ("average", "ood_average", "mce"):
+        return {"average": "Average", "ood_average": "OOD Average", "mce": "mCE"}[column]
     known = column in DATASETS and DATASETS.canonical(column) == column
     return (DATASETS.get(column).short or column) if known else column
 
 
 def row_values(table: dict, method: str) -> list[float | None]:
+    if table.get("kind") == "corruption":
+        return [*(table["accuracy"].get(method, {}).get(c) for c in table["corruptions"]), table["average"][method],
+                table["mce"].get(method)]
     return [*(table["top1"][method].get(d) for d in table["datasets"]), table["average"][method],
             *([table["ood_average"][method]] if table["ood"] else [])]
 
@@ -166,6 +178,9 @@ def published_suite_rows(table: dict) -> list[dict]:
 def table_markdown(table: dict) -> str:
     """The suite table as Markdown: our methods, then the comparable published rows with sources."""
     from .display import model_label
+    if table.get("kind") == "corruption":
+        from .corruption_table import corruption_markdown
+        return corruption_markdown(table)
 
     columns = table_columns(table)
     partial = table.get("partial") or {}
@@ -223,16 +238,16 @@ def table_rows(table: dict) -> list[dict]:
 
 
 def write_suite_csv(path: Path, table: dict) -> Path:
-    with Path(path).open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in table_rows(table):
-            writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
-                                                                 else row[k])) for k in CSV_COLUMNS})
-    return Path(path)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    for row in table_rows(table):
+        writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
+                                                             else row[k])) for k in CSV_COLUMNS})
+    return writes.write_file(path, buffer.getvalue(), writes.RESUME_ADVICE)
 
 
 def write_suite_table(suite_dir: str | Path, table: dict) -> None:
     suite_dir = Path(suite_dir)
-    (suite_dir / SUITE_MD).write_text(table_markdown(table))
+    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.RESUME_ADVICE)
     write_suite_csv(suite_dir / SUITE_CSV, table)

@@ -9,17 +9,19 @@ summary the run would have written.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
+from ..writes import RESUME_ADVICE
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
+from .ood import score_open_set
 from .scoring import score_records
 
 SUMMARY = "summary.json"
@@ -149,7 +151,12 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
     attack_setting = None
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
-        scored = {**score_records(recs), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        # an open-set run: accuracy on its ID part (OOD samples have no class), detection over both parts
+        id_part = [r for r in recs if r.get("ood") is not True]
+        scored = {**score_records(id_part), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        detection = score_open_set(recs)
+        if detection is not None:
+            scored["ood"] = detection
         seconds = sum(r.get("seconds", 0.0) for r in recs) / max(len(recs), 1)
         if setting == "clean":
             entry.update(scored)
@@ -191,6 +198,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
     if published_ece:
         head += ["published ECE (20 bins)"]
+    open_set = any("ood" in m for m in summary["methods"].values())
+    if open_set:
+        head += ["AUROC", "FPR95", "AUPR", "n OOD"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in summary["methods"].items():
         row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
@@ -202,6 +212,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row.append(_published_cell(published.get(name)))
         if published_ece:
             row.append(_fmt((published.get(name) or {}).get("paper_ece")))
+        if open_set:
+            ood = m.get("ood") or {}
+            row += [_fmt(ood.get("auroc")), _fmt(ood.get("fpr95")), _fmt(ood.get("aupr")), str(ood.get("n_ood", 0))]
         lines.append("| " + " | ".join(row) + " |")
     cfg = summary.get("config", {})
     title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"
@@ -212,6 +225,14 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     if lost:
         notes.append(f"LOST SAMPLES: {len(lost)} problem(s) in the dataset's files left samples out "
                      f"(--allow-partial), first: {lost[0]}")
+    corruption = (summary.get("identity") or {}).get("shared", {}).get("corruption") or {}
+    if corruption:
+        title += f" · {corruption.get('name')} severity {corruption.get('severity')} ({corruption.get('source')})"
+    if open_set:
+        mix = (summary.get("identity") or {}).get("shared", {}).get("open_set") or {}
+        notes.append(f"open set: top-1 etc. on the ID part; OOD {', '.join(mix.get('ood') or ['?'])} at ratio "
+                     f"{mix.get('ratio', '?')} (seed {mix.get('seed', '?')}); AUROC/FPR95/AUPR (%) by the max "
+                     "softmax probability (MCM), ID positive")
     if "attack" in summary:
         a = summary["attack"]
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
@@ -228,12 +249,10 @@ def _published_cell(row: dict | None) -> str:
 
 def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
     run_dir = Path(run_dir)
-    tmp = run_dir / (SUMMARY + ".tmp")
     md = summary_markdown(summary, published)
     try:
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
-        os.replace(tmp, run_dir / SUMMARY)
-        (run_dir / SUMMARY_MD).write_text(md)
+        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), RESUME_ADVICE)
+        writes.write_file(run_dir / SUMMARY_MD, md, RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None
     return md

@@ -47,12 +47,13 @@ from typing import Any
 
 import torch
 
+from .. import writes
 from ..views.generator import VIEW_GENERATOR_VERSION
+from .lock import STORE_ADVICE
 
 FORMAT = 2   # 2: rows bound to key, sample id and content digest; samples carry source and label
 STORAGE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 SHARD_ROWS = 256          # samples per shard: RN50 64 views fp16 is 32 MiB a shard
-_TMP = ".tmp"
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -112,13 +113,9 @@ def _warn(msg: str) -> None:
     print(f"shiftlab: warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f"{_TMP}{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def _atomic_write(path: Path, data: bytes | str) -> None:
+    """A store file, replaced whole (shiftlab.writes); a failure says the run's records are safe."""
+    writes.write_file(path, data, STORE_ADVICE)
 
 
 # what a caller knows of a sample's content: its digest, or a function that computes it when needed
@@ -255,13 +252,20 @@ class FeatureStore:
             if not (self.root / "store.json").is_file():
                 raise FileNotFoundError(f"{self.root} is not a feature store (no store.json)")
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(self.root, STORE_ADVICE)
         if lock is None:
             from .lock import RunLock
             lock = RunLock(self.root, purpose="feature store").acquire()
         self.lock = lock or None
-        if not (self.root / "store.json").is_file():
-            _atomic_write(self.root / "store.json", json.dumps({"format": FORMAT}).encode())
+        try:
+            if self.lock is not None:   # the lock holder alone cleans: other ranks' temporaries are live
+                for folder in (self.root, *(p for p in self.root.iterdir() if p.is_dir())):
+                    writes.clean_orphans(folder)
+            if not (self.root / "store.json").is_file():
+                _atomic_write(self.root / "store.json", json.dumps({"format": FORMAT}).encode())
+        except BaseException:
+            self.close()   # nothing buffered yet: releases the lock
+            raise
 
     def __repr__(self) -> str:
         keys = self.keys()
@@ -326,7 +330,7 @@ class FeatureStore:
         if not rows:
             return
         entry = self._entries[digest]
-        entry.dir.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(entry.dir, STORE_ADVICE)
         if not (entry.dir / "key.json").is_file():
             _atomic_write(entry.dir / "key.json", json.dumps(entry.key, sort_keys=True, indent=1).encode())
         feats = torch.stack([r[2] for r in rows]).contiguous()
@@ -344,11 +348,13 @@ class FeatureStore:
         entry.refresh()
 
     def close(self) -> None:
-        if self.mode == "w":
-            self.flush()
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        try:
+            if self.mode == "w":
+                self.flush()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     def __enter__(self) -> FeatureStore:
         return self

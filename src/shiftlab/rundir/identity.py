@@ -3,7 +3,7 @@
     {"shared": {"dataset", "samples_sha256", "n_samples", "classnames_sha256", "model",
                 "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
                 "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size",
-                "delta", "stream_seed", "orders", "order_seeds", "batch_size"},
+                "delta", "stream_seed", "orders", "order_seeds", "batch_size", "corruption", "open_set"},
      "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
      "shiftlab": version}
 
@@ -37,13 +37,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import writes
 from ..attacks import catalogue as attack_catalogue
 from ..attacks.base import NO_ATTACK
+from ..writes import RESUME_ADVICE
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
 # a change means another stream of samples
-STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "delta", "stream_seed", "orders", "order_seeds")
+STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "delta", "stream_seed", "orders", "order_seeds",
+                 "corruption", "open_set")
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 # absent from run.json files written before streams and batches were declared: adopted at these values
@@ -158,6 +161,10 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "clean_and_robust": config.clean_and_robust,
         "precision": config.precision,
         "image_size": getattr(model, "image_size", None),
+        # shifts (engine/shifts.py): the corruption (name, severity, stored or generated with its seed and package)
+        # and the open-set mix (OOD sets, ratio, seed, counts); null for a clean, closed-set run
+        "corruption": jsonable(getattr(dataset, "corruption_info", None)),
+        "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
 
@@ -170,7 +177,7 @@ SHARED_TYPES: dict[str, tuple] = {
     "augmix": (bool,), "seed": (int,), "order": (str,), "limit": (int, None), "attack": (dict,),
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
     "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
-    "batch_size": (int, None),
+    "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
 }
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
@@ -230,10 +237,8 @@ def one_line(exc: BaseException) -> str:
 
 def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
     path = Path(run_dir) / IDENTITY_FILE
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        writes.write_file(path, json.dumps(identity, indent=2, sort_keys=True) + "\n", RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(path, exc) from None
 

@@ -22,7 +22,12 @@ import os
 import socket
 from pathlib import Path
 
+from .. import writes
+from ..writes import RESUME_ADVICE
 from .record_files import run_dir_error
+
+STORE_ADVICE = ("the run's records are safe; the feature store can be deleted, or the run continued without "
+                "--features")
 
 LOCK_FILE = "run.lock"
 
@@ -42,26 +47,28 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         import fcntl
+        then = STORE_ADVICE if self.purpose == "feature store" else RESUME_ADVICE
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            writes.make_dirs(self.run_dir, then)
+            handle = writes.LockFile(self.path, then)
         except OSError as exc:
             raise run_dir_error(self.path, exc) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
+            holder = _read_holder(handle.fd)
+            handle.close()
             raise RunLockedError(f"{self.run_dir} is in use by another shiftlab process ({holder}); wait for it "
                                  "to finish or choose another --out") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            handle.rewrite(json.dumps(info) + "\n")
         except OSError as exc:
-            os.close(fd)
+            handle.close()
             raise run_dir_error(self.path, exc) from None
-        self._fd = fd
+        self._fd = handle.fd
+        writes.clean_orphans(self.run_dir)   # the holder alone writes here: a temporary left behind is an orphan
         return self
 
     def release(self) -> None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import errno
-import os
+import io
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .. import writes
+from ..writes import RESUME_ADVICE
 from .record_files import RecordWriter, run_dir_error
 from .records import Record, RecordSchema, as_dict, record_key
 
@@ -131,16 +132,12 @@ class OnlineState:
         blob = {"states": {n: m.state_dict() for n, m in self.methods.items()},
                 "processed": self.processed, "last_records": [as_dict(r) for r in online_records],
                 "last_probs": [getattr(r, "probs", None) for r in online_records]}
-        tmp = self.path.with_suffix(".tmp")
+        buffer = io.BytesIO()   # serialised in memory: the bytes reach the disk through shiftlab.writes
+        torch.save(blob, buffer)
         try:
-            torch.save(blob, tmp)
-            os.replace(tmp, self.path)
+            writes.write_file(self.path, buffer.getbuffer(), RESUME_ADVICE)
         except OSError as exc:
             raise run_dir_error(self.path, exc) from None
-        except RuntimeError as exc:   # torch.save's zip writer reports a failed write as RuntimeError
-            if "write" not in str(exc).lower():
-                raise
-            raise run_dir_error(self.path, OSError(errno.EIO, f"write failed ({exc})")) from None
 
 
 def _valid(rec: Any, schema: RecordSchema | None) -> bool:

@@ -22,13 +22,15 @@ vectors out for its method.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .. import writes
+from ..writes import RESUME_ADVICE
 
 PROBS = "probs"          # the folder in a run directory
 MAIN = "probs"           # the stem of a single process's (and the merged) files
@@ -63,42 +65,42 @@ class ProbsWriter:
         from .record_files import run_dir_error
         folder = Path(run_dir) / PROBS
         self.index_path, self.data_path = folder / f"{stem}.jsonl", folder / f"{stem}.f16"
+        self._data = self._index = None
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._size = _repair(self.index_path, self.data_path)
-            self._data = open(self.data_path, "ab")
-            self._index = open(self.index_path, "a", encoding="utf-8")
+            writes.make_dirs(folder, RESUME_ADVICE)
+            writes.clean_orphans(folder)
+            self._data = writes.AppendFile(self.data_path, RESUME_ADVICE)
+            self._index = writes.AppendFile(self.index_path, RESUME_ADVICE)
+            self._size = _repair(self._index, self._data)
         except OSError as exc:
+            self.close()
             raise run_dir_error(folder, exc) from None
 
     def write(self, entries: Sequence[tuple[Key, Any]]) -> None:
-        """Append (key, vector) pairs (vector: (C,) array or tensor, stored as float16), flushed."""
+        """Append (key, vector) pairs (vector: (C,) array or tensor, stored as float16), each file in one write."""
         if not entries:
             return
         lines, blobs = [], []
+        size = self._size
         for (sid, method, setting), vec in entries:
             blob = _as_f16(vec).tobytes()
-            lines.append(json.dumps({"id": int(sid), "method": method, "setting": setting, "offset": self._size,
+            lines.append(json.dumps({"id": int(sid), "method": method, "setting": setting, "offset": size,
                                      "classes": len(blob) // DTYPE.itemsize, "crc32": zlib.crc32(blob)},
                                     sort_keys=True) + "\n")
             blobs.append(blob)
-            self._size += len(blob)
-        self._data.write(b"".join(blobs))
-        self._data.flush()
-        self._index.write("".join(lines))
-        self._index.flush()
+            size += len(blob)
+        self._data.append(b"".join(blobs))
+        self._size = size   # only once the data is written: a failed write leaves the offsets right
+        self._index.append("".join(lines))
 
     def sync(self) -> None:
         for fh in (self._data, self._index):
-            fh.flush()
-            os.fsync(fh.fileno())
+            fh.sync()
 
     def close(self) -> None:
         for fh in (self._data, self._index):
-            try:
+            if fh is not None:
                 fh.close()
-            except OSError:
-                pass
 
 
 def _as_f16(vec: Any) -> np.ndarray:
@@ -107,21 +109,19 @@ def _as_f16(vec: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(vec).astype(DTYPE, copy=False).reshape(-1))
 
 
-def _repair(index: Path, data: Path) -> int:
+def _repair(index: writes.AppendFile, data: writes.AppendFile) -> int:
     """Cut a torn last index line and data past the last indexed vector; returns the data's end."""
     end = 0
-    if index.is_file():
-        raw = index.read_bytes()
+    if index.path.is_file():
+        raw = index.path.read_bytes()
         if raw and not raw.endswith(b"\n"):
             raw = raw[:raw.rfind(b"\n") + 1]
-            with open(index, "rb+") as fh:
-                fh.truncate(len(raw))
+            index.cut(len(raw))
         for entry in _parse_index(raw):
             end = max(end, entry["offset"] + entry["classes"] * DTYPE.itemsize)
-    size = data.stat().st_size if data.is_file() else 0
+    size = data.path.stat().st_size if data.path.is_file() else 0
     if size > end:
-        with open(data, "rb+") as fh:
-            fh.truncate(end)
+        data.cut(end)
     return min(size, end)
 
 
@@ -196,8 +196,8 @@ def merge_probs(run_dir: Path, recs: Sequence[Mapping[str, Any]]) -> None:
     finally:
         writer.close()
     for index, data in ranks:
-        index.unlink(missing_ok=True)
-        data.unlink(missing_ok=True)
+        writes.remove(index, RESUME_ADVICE)
+        writes.remove(data, RESUME_ADVICE)
 
 
 def _vectors_of(pairs: list[tuple[Path, Path]]) -> Iterator[tuple[Key, np.ndarray]]:

@@ -17,8 +17,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
+from .. import writes
+from ..writes import RESUME_ADVICE
 from .records import _FIELDS_ONLY, Key, Record, RecordSchema, dumps, record_key
 
 if TYPE_CHECKING:
@@ -28,11 +30,6 @@ if TYPE_CHECKING:
 RECORDS = "records.jsonl"
 SHARDS = "shards"
 QUARANTINE = "records.quarantine.jsonl"
-
-
-class RunDirError(OSError):
-    """The run directory cannot be written (a file in the way, read-only, disk full): an OSError whose
-    `filename` is always the path concerned, so the CLI prints one line naming it."""
 
 
 def _no_constant(name: str) -> Any:
@@ -129,22 +126,17 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
         bad = [line for line in scan(path, schema=schema) if line.record is None]
         if not bad:
             continue
-        with open(run_dir / QUARANTINE, "a", encoding="utf-8") as fh:
-            for line in bad:
-                fh.write(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
-                                     "problem": line.problem,
-                                     "text": line.raw.decode("utf-8", "backslashreplace").rstrip("\n")}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        lines = "".join(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
+                                    "problem": line.problem,
+                                    "text": line.raw.decode("utf-8", "backslashreplace").rstrip("\n")}) + "\n"
+                        for line in bad)
+        with writes.AppendFile(run_dir / QUARANTINE, RESUME_ADVICE) as fh:
+            fh.append(lines)
+            fh.sync()
         numbers = {line.number for line in bad}
-        tmp = path.with_name(path.name + ".tmp")
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            for number, raw in enumerate(src, start=1):
-                if number not in numbers:
-                    dst.write(raw)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, path)
+        with open(path, "rb") as src:
+            kept = b"".join(raw for number, raw in enumerate(src, start=1) if number not in numbers)
+        writes.write_file(path, kept, RESUME_ADVICE)
         # a problem shared by many lines (a method missing from run.json) is one warning, not 30,000
         for problem in dict.fromkeys(line.problem for line in bad):
             lines = [line.number for line in bad if line.problem == problem]
@@ -168,27 +160,31 @@ def merge_records(run_dir: Path, schema: RecordSchema | None = None) -> Path:
     `quarantine` first: a line this reader refuses would be dropped."""
     run_dir = Path(run_dir)
     records = sorted(load_records(run_dir, schema), key=_sort_key)
-    target = run_dir / RECORDS
-    tmp = run_dir / (RECORDS + ".tmp")
-    with open_for_writing(tmp, "w") as fh:
-        for rec in records:
-            fh.write(dumps(rec))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
+    target = writes.write_file(run_dir / RECORDS, "".join(dumps(rec) for rec in records), RESUME_ADVICE)
     shard_dir = run_dir / SHARDS
     if shard_dir.is_dir():
         for shard in shard_dir.glob("*.jsonl"):
-            shard.unlink()
-        shard_dir.rmdir() if not any(shard_dir.iterdir()) else None
+            writes.remove(shard, RESUME_ADVICE)
+        if not any(shard_dir.iterdir()):
+            writes.remove_dir(shard_dir, RESUME_ADVICE)
     return target
 
 
 # -- writing -------------------------------------------------------------------------------
 
+class RunDirError(writes.WriteError):
+    """The run directory cannot be written (a file in the way, read-only, disk full): a WriteError (an
+    OSError) whose `filename` is always the path concerned, so the CLI prints one line naming it."""
+
+    def __init__(self, err: int | None, reason: str, filename: str, advice: str | None = None):
+        super().__init__(err, reason, filename, writes.what_to_do(err, RESUME_ADVICE) if advice is None else advice)
+
+
 def run_dir_error(path: Path, exc: OSError) -> RunDirError:
     """An OSError while creating or writing a run directory -> a RunDirError naming the path
     (a failed write() on an open file carries no file name of its own)."""
+    if isinstance(exc, writes.WriteError):
+        return exc if isinstance(exc, RunDirError) else RunDirError(exc.errno, exc.strerror, exc.filename, exc.advice)
     return RunDirError(exc.errno, exc.strerror or str(exc), str(exc.filename or path))
 
 
@@ -196,7 +192,7 @@ def ensure_run_dir(run_dir: Path) -> Path:
     """Create the run directory; a RunDirError naming it when that is impossible."""
     run_dir = Path(run_dir)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        writes.make_dirs(run_dir, RESUME_ADVICE)
     except OSError as exc:
         raise run_dir_error(run_dir, exc) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
@@ -204,27 +200,20 @@ def ensure_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
-def open_for_writing(path: Path, mode: str) -> TextIO:
-    try:
-        return open(path, mode, encoding="utf-8")
-    except OSError as exc:
-        raise run_dir_error(path, exc) from None
-
-
 class RecordWriter:
-    """Appends one sample's records per call with a single write + flush. With `probs` (a
-    shiftlab.rundir.probs.ProbsWriter), the records' probability vectors are written and flushed first, so a
-    killed process never leaves a record without its vector."""
+    """Appends one sample's records per call with a single write (writes.AppendFile: no buffer in this
+    process). With `probs` (a shiftlab.rundir.probs.ProbsWriter), the records' probability vectors are
+    written first, so a killed process never leaves a record without its vector."""
 
     def __init__(self, path: Path, probs: Any = None):
         self.path = Path(path)
         self.probs = probs
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _cut_torn_tail(self.path)
+            writes.make_dirs(self.path.parent)
+            self._fh = writes.AppendFile(self.path, RESUME_ADVICE)
+            _cut_torn_tail(self.path, self._fh)
         except OSError as exc:
             raise run_dir_error(self.path, exc) from None
-        self._fh = open_for_writing(self.path, "a")
 
     def write(self, records: Sequence[Mapping[str, Any] | Record]) -> None:
         if records:
@@ -232,16 +221,12 @@ class RecordWriter:
                 if self.probs is not None:
                     self.probs.write([(r.key, r.probs) for r in records
                                       if isinstance(r, Record) and r.probs is not None and r.error is None])
-                self._fh.write("".join(dumps(r) for r in records))
-                self._fh.flush()
+                self._fh.append("".join(dumps(r) for r in records))
             except OSError as exc:
                 raise run_dir_error(self.path, exc) from None
 
     def close(self) -> None:
-        try:
-            self._fh.close()
-        except OSError:
-            pass  # the write that failed has already raised
+        self._fh.close()
         if self.probs is not None:
             self.probs.close()
 
@@ -252,10 +237,10 @@ class RecordWriter:
         self.close()
 
 
-def _cut_torn_tail(path: Path) -> None:
+def _cut_torn_tail(path: Path, fh: writes.AppendFile) -> None:
     if not path.is_file() or path.stat().st_size == 0:
         return
-    with open(path, "rb+") as fh:
-        data = fh.read()
-        if not data.endswith(b"\n"):
-            fh.truncate(data.rfind(b"\n") + 1)
+    with open(path, "rb") as src:
+        data = src.read()
+    if not data.endswith(b"\n"):
+        fh.cut(data.rfind(b"\n") + 1)

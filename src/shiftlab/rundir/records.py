@@ -43,33 +43,44 @@ class Record:
     extras: dict[str, Any] | None = None  # method-specific JSON scalars
     attack: dict[str, Any] | None = None  # {"name", the attack's record_fields, what it measured per sample}
     error: str | None = None
+    # open-set runs (engine/shifts.py): whether the sample is out-of-distribution (then `label`, `true_prob` and
+    # `correct` are null: it has no ID class) and the method's OOD score, MCM's max softmax probability (higher:
+    # more in-distribution); both absent from closed-set runs
+    ood: bool | None = None
+    ood_score: float | None = None
     # not a JSON field: the float16 probability vector (C,) of a prediction, for `--save-probs`
     # (shiftlab.rundir.probs); kept out of records.jsonl, equality and repr
     probs: Any = field(default=None, repr=False, compare=False, metadata={"side": True})
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
-    def prediction(cls, *, id: int, path: str, label: int, setting: str, method: str, output: MethodOutput,
-                   seconds: float, attack: dict | None = None) -> Record:
+    def prediction(cls, *, id: int, path: str, label: int | None, setting: str, method: str, output: MethodOutput,
+                   seconds: float, attack: dict | None = None, ood: bool | None = None) -> Record:
         """From a MethodOutput (logits + extras); an error record when its scores are not finite
-        (a diverged tuning step), since records.jsonl holds no NaN."""
+        (a diverged tuning step), since records.jsonl holds no NaN. `ood` (open-set runs): the sample is
+        out-of-distribution (`label` None) or not; the record then carries its `ood_score`."""
         import torch
         logits = output.logits.detach().float().cpu()
         probs = output.probabilities().detach().float().cpu()
         problem = _non_finite(logits, probs, output.extras)
         if problem:
-            return cls.failure(id=id, path=path, label=label, setting=setting, method=method,
+            return cls.failure(id=id, path=path, label=label, setting=setting, method=method, ood=ood,
                                error=f"non-finite scores from {method}: {problem}").with_attack(attack)
         pred = int(logits.argmax())
-        return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, pred=pred,
-                   top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=float(probs.max()),
-                   true_prob=float(probs[label]), correct=pred == label, seconds=seconds, extras=output.extras,
-                   attack=attack, probs=probs.to(torch.float16))
+        confidence = float(probs.max())
+        known = label is not None
+        return cls(id=int(id), path=str(path), label=int(label) if known else None, setting=setting, method=method,
+                   pred=pred, top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=confidence,
+                   true_prob=float(probs[label]) if known else None, correct=pred == label if known else None,
+                   seconds=seconds, extras=output.extras, attack=attack, probs=probs.to(torch.float16),
+                   ood=None if ood is None else bool(ood), ood_score=None if ood is None else ood_score(probs))
 
     @classmethod
-    def failure(cls, *, id: int, path: str, label: int, setting: str, method: str | None, error: str) -> Record:
+    def failure(cls, *, id: int, path: str, label: int | None, setting: str, method: str | None, error: str,
+                ood: bool | None = None) -> Record:
         """An error record: `method` None when the sample failed before any method (decoding)."""
-        return cls(id=int(id), path=str(path), label=int(label), setting=setting, method=method, error=error)
+        return cls(id=int(id), path=str(path), label=None if label is None else int(label), setting=setting,
+                   method=method, error=error, ood=None if ood is None else bool(ood))
 
     def with_attack(self, info: dict | None) -> Record:
         """This record with the attack's per-sample info merged in (attacked settings)."""
@@ -82,6 +93,9 @@ class Record:
             value = getattr(self, f.name)
             if value is not None or f.name in ("method", "setting"):
                 out[f.name] = value
+        if self.ood is True:   # an OOD sample has no ID class: its label (and a prediction's scores of it) are null
+            out.update({k: getattr(self, k) for k in (("label",) if self.error is not None
+                                                       else ("label", "true_prob", "correct"))})
         return out
 
     @classmethod
@@ -98,6 +112,12 @@ class Record:
     @property
     def key(self) -> Key:
         return (self.id, self.method, self.setting)
+
+
+def ood_score(probs: Any) -> float:
+    """MCM's OOD score of a prediction (Ming et al., NeurIPS 2022): the maximum of the method's own class
+    probabilities (for CLIP, the softmax of its scaled cosine logits); higher means more in-distribution."""
+    return float(probs.max())
 
 
 def record_key(rec: Mapping[str, Any] | Record) -> Key:
@@ -178,6 +198,8 @@ def check_record(data: Any) -> Record:
     `top5` (class indices), `confidence` and `true_prob` (probabilities), `correct` (a bool equal
     to pred == label) and `seconds` (>= 0); an error record has a non-empty `error` string and none
     of those. `extras` and `attack` are objects when present. No other field, no non-finite number.
+    Open-set runs: `ood` is a bool; an OOD sample's record (`ood` true) has `label`, `true_prob` and
+    `correct` null; a prediction of an open-set run has `ood_score` (a probability) as well.
     """
     if not isinstance(data, Mapping):
         raise ValueError("not a JSON object")
@@ -191,7 +213,14 @@ def check_record(data: Any) -> Record:
 
     def wrong(name: str, what: str) -> ValueError:
         return ValueError(f"{name} must be {what}, got {_short(data[name])}")
+    ood = data.get("ood")
+    if ood is not None and not isinstance(ood, bool):
+        raise wrong("ood", "true or false")
     for name in ("id", "label"):
+        if name == "label" and ood is True:
+            if data[name] is not None:
+                raise wrong(name, "null on an out-of-distribution sample (ood true)")
+            continue
         if not _is_int(data[name]) or data[name] < 0:
             raise wrong(name, "an integer >= 0")
     if not isinstance(data["path"], str):
@@ -217,10 +246,19 @@ def check_record(data: Any) -> Record:
     top5 = data["top5"]
     if not isinstance(top5, list) or not top5 or not all(_is_int(c) and c >= 0 for c in top5):
         raise wrong("top5", "a non-empty list of class indices")
-    for name in ("confidence", "true_prob"):
-        if not _is_number(data[name]) or not 0 <= data[name] <= 1 + PROB_SLACK:
+    probabilities = ("confidence", "true_prob") + (("ood_score",) if ood is not None else ())
+    for name in probabilities:
+        if name in ("true_prob", "correct") and ood is True:
+            continue
+        if not _is_number(data.get(name)) or not 0 <= data[name] <= 1 + PROB_SLACK:
+            if name not in data:
+                raise ValueError("missing field(s): ood_score (a prediction of an open-set run)")
             raise wrong(name, "a probability in [0, 1]")
-    if not isinstance(data["correct"], bool) or data["correct"] != (data["pred"] == data["label"]):
+    if ood is True:
+        for name in ("true_prob", "correct"):
+            if data[name] is not None:
+                raise wrong(name, "null on an out-of-distribution sample (ood true)")
+    elif not isinstance(data["correct"], bool) or data["correct"] != (data["pred"] == data["label"]):
         raise wrong("correct", f"pred == label ({data['pred'] == data['label']})")
     if not _is_number(data["seconds"]) or data["seconds"] < 0:
         raise wrong("seconds", "a number of seconds >= 0")
@@ -263,7 +301,8 @@ class RecordSchema:
                 raise ValueError(f"path {rec.path!r} and label {rec.label} are not sample {rec.id}'s "
                                  f"({str(path)!r}, {label})")
         if self.n_classes is not None:
-            top = max([rec.label] + ([rec.pred] if rec.pred is not None else []) + list(rec.top5 or []))
+            classes = ([rec.label] if rec.label is not None else []) + ([rec.pred] if rec.pred is not None else [])
+            top = max(classes + list(rec.top5 or []), default=-1)
             if top >= self.n_classes:
                 raise ValueError(f"class {top} is not one of the run's {self.n_classes} classes")
         return rec

@@ -8,24 +8,38 @@ Stream kinds (docs/PROTOCOLS.md says where each comes from):
 * ``sorted``: the dataset's own order (sample ids ascending);
 * ``class-sorted``: all of class 0, then class 1, ... (stable by sample id): mariodoebler/test-time-adaptation's
   ``correlated`` setting with ``DELTA_DIRICHLET = 0`` (classification/datasets/data_loading.py:228-231);
+* ``continual``: several datasets of one class list (domains) in sequence, each shuffled as ``shuffled`` does
+  (one generator seeded once, drawing each domain's permutation in turn), the online state kept across them:
+  mariodoebler/test-time-adaptation's ``continual`` setting (test_time.py resets only for ``reset_each_shift``);
+* ``mixed``: the same domains shuffled together into one i.i.d. stream (its ``mixed_domains`` setting:
+  data_loading.py:219-221 concatenates the domains' samples, then its loader shuffles them);
 * ``dirichlet``: label shift, classes correlated in time by a Dirichlet of concentration ``delta`` (smaller:
   longer runs of one class): the same repository's ``sort_by_dirichlet`` (data_loading.py:329-384, after
   NOTE and RoTTA), drawn from ``numpy.random.RandomState(seed)`` as its global ``np.random`` after
   ``np.random.seed(seed)``.
+
+``stream.json`` in a run directory records the stream as run (`write_stream`): its kind, seed, delta, the
+sample ids in order and which of the run's methods are online, so that the report can draw accuracy over the
+stream without rebuilding it.
 
 ``order_seeds(seed, k)``: the seeds of ``--orders K`` streams, as OGA draws its runs' shuffles (cfuchs2023/OGA
 runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs, replace=False)``).
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
-STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet")
+from .. import writes
+
+STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet", "continual", "mixed")
 ALIASES = {"iid": "shuffled"}
-SEEDED_KINDS = ("shuffled", "dirichlet")    # the kinds whose order depends on the seed (--orders K > 1 needs one)
+SEEDED_KINDS = ("shuffled", "dirichlet", "continual", "mixed")   # their order depends on the seed (--orders K > 1)
+DOMAIN_KINDS = ("continual", "mixed")   # streams over several datasets (shiftlab.datasets.domains)
 DIRICHLET_TRIES = 1000    # the authors stop after 120 s of tries; a bounded count keeps the outcome machine-free
 
 
@@ -59,12 +73,27 @@ def stream_problem(kind: str, delta: float | None, orders: int = 1) -> str | Non
 
 
 def stream_order(n: int, order: str, seed: int, labels: Sequence[int] | None = None,
-                 delta: float | None = None) -> list[int]:
-    """Sample ids 0..n-1 in the stream's order. `labels` (n ints) is needed by the label-aware kinds."""
+                 delta: float | None = None, domains: Sequence[int] | None = None) -> list[int]:
+    """Sample ids 0..n-1 in the stream's order. `labels` (n ints) is needed by the label-aware kinds, `domains`
+    (n domain indices, 0..D-1) by the domain streams."""
     kind = canonical_kind(order)
     if kind == "sorted":
         return list(range(n))
+    if kind in DOMAIN_KINDS:
+        if domains is None or len(domains) != n or len(set(domains)) < 2:
+            raise ValueError(f"the {kind} stream runs several datasets of one class list as domains: give two or "
+                             "more (--datasets a,b or --suite)")
+        if kind == "mixed":
+            return stream_order(n, "shuffled", seed)
+        import torch
+        gen = torch.Generator().manual_seed(int(seed))
+        order: list[int] = []
+        for d in sorted(set(domains)):
+            members = [i for i in range(n) if domains[i] == d]
+            order += [members[j] for j in torch.randperm(len(members), generator=gen).tolist()]
+        return order
     if kind == "shuffled":
+        import torch  # here: reading a recorded stream (the report) needs no torch
         gen = torch.Generator().manual_seed(int(seed))
         return torch.randperm(n, generator=gen).tolist()
     if labels is None or len(labels) != n:
@@ -129,3 +158,31 @@ def order_seeds(seed: int, orders: int) -> list[int]:
         return [int(seed)]
     rng = np.random.default_rng(int(seed))
     return [int(s) for s in rng.choice(range(10000 * orders), size=orders, replace=False)]
+
+
+STREAM_FILE = "stream.json"
+
+
+def write_stream(run_dir: Path | str, ids: Sequence[int], kind: str, seed: int, delta: float | None,
+                 online: Sequence[str], batch_size: int | None, domains: Sequence[str] | None = None,
+                 domain_index: Sequence[int] | None = None) -> None:
+    """Record the run's stream (`STREAM_FILE`): {"order", "seed", "delta", "batch_size", "online", "ids"}, and
+    for a stream of domains "domains" (their names) and "domain_of" (each id's domain, in stream order)."""
+    path = Path(run_dir) / STREAM_FILE
+    data = {"order": canonical_kind(kind), "seed": int(seed), "delta": delta, "batch_size": batch_size,
+            "online": list(online), "ids": [int(i) for i in ids]}
+    if domains is not None and domain_index is not None:
+        data["domains"] = list(domains)
+        data["domain_of"] = [int(domain_index[i]) for i in ids]
+    writes.write_file(path, json.dumps(data) + "\n", writes.RESUME_ADVICE)
+
+
+def read_stream(run_dir: Path | str) -> dict[str, Any] | None:
+    """A run directory's recorded stream, or None (a run made before streams were recorded, or a damaged file)."""
+    try:
+        data = json.loads((Path(run_dir) / STREAM_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("ids"), list) and isinstance(data.get("online"), list)):
+        return None
+    return data

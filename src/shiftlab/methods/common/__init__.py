@@ -1,0 +1,1 @@
+"""Machinery several methods share: the confident-view selection, the online methods' state checks."""

@@ -1,0 +1,1 @@
+"""The dmn_zs method folder (spec.py: no torch; method.py: the torch code)."""

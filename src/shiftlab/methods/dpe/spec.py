@@ -1,0 +1,70 @@
+"""DPE (Zhang et al., NeurIPS 2024, "Dual Prototype Evolving for Test-Time Generalization of VLMs").
+
+Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..dmn_zs.spec import DMNZeroShotSpec
+from ..facts import settings_file
+from ..specs import (
+    FROZEN_FEATURES,
+    ONLINE,
+    Capabilities,
+    MethodSpec,
+    ViewMethodConfig,
+)
+
+
+@dataclass
+class DPEConfig(ViewMethodConfig):
+    """DPE's ImageNet-R settings (`configs/imagenet_r.yaml` and `main_dpe.py` of zhangce01/DPE-CLIP;
+    other datasets: methods/dpe/settings.json under `--protocol paper`)."""
+    pos_capacity: int = param(3, ge=1)              # configs/imagenet_r.yaml:6 positive.shot_capacity
+    pos_alpha: float = param(3.0, ge=0)             # configs/imagenet_r.yaml:7 (cache logits weight)
+    pos_beta: float = param(8.0, ge=0)              # configs/imagenet_r.yaml:8 (affinity sharpness)
+    lr_text: float = param(0.0006, ge=0)            # configs/imagenet_r.yaml:11 learning_rate.text
+    lr_image: float = param(0.0006, ge=0)           # configs/imagenet_r.yaml:12 learning_rate.image
+    align: float = param(0.0, ge=0)                 # configs/imagenet_r.yaml:13 learning_rate.align (InfoNCE weight)
+    # main_dpe.py:231 `steps = 1`; each step is a fresh AdamW (main_dpe.py:247)
+    steps: int = param(1, ge=1)
+    adam_eps: float = param(1e-3, gt=0)             # main_dpe.py:249-250 'eps': 1e-3
+    weight_decay: float = param(0.1, ge=0)          # main_dpe.py:249-250 'weight_decay': 1e-1
+    temperature: float = param(0.01, gt=0)          # main_dpe.py:37 InfoNCE(temperature=0.01)
+    evolve_threshold: float = param(0.1, ge=0)      # main_dpe.py:288: the head evolves iff H_norm(final) < 0.1
+    # utils.py:150 int(N * 0.1) lowest-entropy views; at least one here
+    view_ratio: float = param(0.1, gt=0, le=1)
+    # main_dpe.py:270: "base" reads view 0 (every set but ImageNet-A); "confident": the views selected
+    # again with the adapted head (their 'A')
+    readout: str = param("base", choices=("base", "confident"))
+    # "ensemble": `templates` (None: CLIP's 80); "tip_cupl" (the authors', utils.py:88-89): `templates`
+    # (None: CLIP's 80, their ImageNet-R list) + CuPL descriptions from cupl_file; "zeroshot": one template
+    text_head: str = param("ensemble", choices=("ensemble", "zeroshot", "tip_cupl"))
+    cupl_file: str | None = None
+    templates: tuple[str, ...] | None = None
+    entropy_norm: str = param("log2", choices=("log2", "ln"))         # utils.py:47 H / log2(C); "ln": / ln(C)
+    # None: the model's; the authors' literal 100 (utils.py:146) under paper
+    logit_scale: float | None = param(None, gt=0)
+
+
+class DPESpec(MethodSpec):
+    name = "dpe"
+    impl = "shiftlab.methods.dpe.method:DPE"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    config_class = DPEConfig
+    supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
+    cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7
+    summary = "DPE: evolving textual and visual prototypes with per-sample residuals (one AdamW step)"
+    label = "DPE"
+    # zhangce01/DPE-CLIP utils.py get_preprocess, clip_classifier, get_clip_logits: 63 AugMix views + the original,
+    # the half model of `clip.load` on CUDA under autocast, logit scale 100, CLIP's 80 templates + CuPL
+    # descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set)
+    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
+                           "logit_scale": 100.0}}
+    # configs/<set>.yaml, the views utils.py gives each set and the templates of datasets/<set>.py
+    dataset_settings = settings_file("dpe")
+    cupl_files = DMNZeroShotSpec.cupl_files    # a directory of CuPL files is searched by DMN's names
+    published = ()
+    fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "
+                "ImageNet-R and ImageNet-A configs)")

@@ -1,0 +1,287 @@
+"""What a method is without its torch code: its spec, found by scanning the method folders.
+
+Every method lives in a folder `shiftlab/methods/<name>/` (CONTRIBUTING.md):
+
+    spec.py      the config dataclass (cited defaults, declared ranges), a `MethodSpec` subclass: the
+                 method's name, summary, capabilities, facts (protocols, published numbers, fidelity,
+                 per-dataset values, label, aliases), a small `test_config`, and `impl`, where its class
+                 lives ("shiftlab.methods.mta.method:MTA"); imports only the standard library and
+                 shiftlab's torch-free modules (tests/methods/test_specs.py imports each in a fresh
+                 interpreter and checks)
+    method.py    the torch code: a `Method` subclass naming its spec (`spec = MTASpec`)
+    settings.json  per-dataset values its authors' code sets (optional; `facts.settings_file`)
+    README.md    what it is, its paper and code, every choice that differs, its published numbers
+
+A folder may hold a family (one spec class per registered name, e.g. tpt/: tpt, ctpt, rtpt). The
+registry reads the specs (`spec`, `spec_names`): listing the methods, checking `--methods` and
+`--set`, the protocols and the methods table need no torch; a method's class is imported the first
+time it is built (`shiftlab.methods.base.get_method_class` imports `impl`).
+
+Capabilities (`Capabilities`) say once what a method reads and whether it carries state along the
+stream; the engine derives from them what to encode, whether a feature store can serve the method and
+how a resumed stream restarts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..models.precision import PRECISIONS, PURE_FP16
+from ..options import say, say_set
+from ..params import check_config, param
+from ..registry import Registry, scan_folders
+from ..views.recipe import ViewRecipe
+
+__all__ = ["EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "STATES", "Capabilities", "MethodConfig",
+           "MethodSpec", "ViewMethodConfig", "check_method_config", "make_config", "register_spec", "spec",
+           "spec_names", "specs"]
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method's config dataclass (the papers' defaults live in subclasses).
+
+    `precision`: "auto" follows the run's setting (shiftlab.models.precision); "fp32", "fp16" or
+    "bf16" fix this method's own; "fp16-pure" (the model itself in float16, on CUDA) only where the
+    method supports it (`MethodSpec.supports_pure_fp16`)."""
+    precision: str = param("auto", choices=PRECISIONS)
+
+
+@dataclass
+class ViewMethodConfig(MethodConfig):
+    """Config of a method that reads augmented views: `views` is its recipe (shiftlab.views.recipe.ViewRecipe:
+    count incl. the original, crop scale and ratio, flip, AugMix). Only these views are generated and
+    encoded for it; methods with equal recipes share them."""
+    views: ViewRecipe = ViewRecipe()
+
+
+# -- capabilities ----------------------------------------------------------------------------------------
+
+# what a method reads of a sample
+FROZEN_FEATURES = "frozen_features"   # the frozen image tower's features of its views (a feature store serves them)
+OWN_TOWER = "own_tower"   # its views' pixels, through a tower of its own (TTL's LoRA tower, RLCF's reward CLIP)
+READS = (FROZEN_FEATURES, OWN_TOWER)
+# whether it carries state along the stream
+EPISODIC = "episodic"                 # reset to its initial state before every sample
+ONLINE = "online"                     # adapts along the stream: checkpointed with the records, replayed on resume
+STATES = (EPISODIC, ONLINE)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method reads (`reads`: some of READS), whether it carries state (`state`: one of STATES) and
+    whether it adapts on a batch of test images together (`batches`: the episodic-batch protocol,
+    docs/PROTOCOLS.md: the engine hands `Method.adapt_batch` each batch of `--batch-size` stream positions).
+
+    The engine derives from them: a feature store can serve a method only when it reads no pixels
+    (`needs_pixels`); a precision group of methods none of which reads the frozen features is not
+    encoded (`reads_features`); online methods are checkpointed and replayed on resume (`episodic`);
+    batch methods make the batch the unit of results and resume (`adapts_on_batches`).
+    Invalid declarations are refused when the spec class is defined."""
+    reads: tuple[str, ...] = (FROZEN_FEATURES,)
+    state: str = EPISODIC
+    batches: bool = False
+
+    def __post_init__(self) -> None:
+        reads = (self.reads,) if isinstance(self.reads, str) else tuple(self.reads)
+        if not reads:
+            raise ValueError(f"capabilities: reads nothing; a method reads some of {', '.join(READS)}")
+        unknown = [r for r in reads if r not in READS]
+        if unknown:
+            raise ValueError(f"capabilities: unknown reads {unknown}; known: {', '.join(READS)}")
+        if len(set(reads)) != len(reads):
+            raise ValueError(f"capabilities: reads {list(reads)} names one input twice")
+        if self.state not in STATES:
+            raise ValueError(f"capabilities: state must be one of {', '.join(STATES)}, got {self.state!r}")
+        if not isinstance(self.batches, bool):
+            raise ValueError(f"capabilities: batches must be True or False, got {self.batches!r}")
+        object.__setattr__(self, "reads", tuple(r for r in READS if r in reads))
+
+    @property
+    def episodic(self) -> bool:
+        return self.state == EPISODIC
+
+    @property
+    def needs_pixels(self) -> bool:
+        """Reads pixels, not only view features: never served by a feature store."""
+        return OWN_TOWER in self.reads
+
+    @property
+    def reads_features(self) -> bool:
+        return FROZEN_FEATURES in self.reads
+
+    @property
+    def adapts_on_batches(self) -> bool:
+        return self.batches
+
+
+# -- the spec ----------------------------------------------------------------------------------------------
+
+# facts read from a spec's own body, never inherited (shiftlab.methods.facts), and their defaults
+FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_settings": {}, "label": "",
+                         "aliases": (), "cupl_files": {}}
+# what a spec declares (inherited defaults) and the method class carries over
+ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
+              "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates")
+# what the capabilities and the config class decide, never declared
+DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches")
+
+
+class MethodSpec:
+    """A method's declaration: subclass it in `methods/<folder>/spec.py` (one class per registered name).
+
+    Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
+    published, fidelity, dataset_settings, label, aliases, cupl_files; shiftlab.methods.facts says what
+    each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features` and `adapts_on_batches` are
+    derived (from the capabilities and the config class), never declared."""
+    name: ClassVar[str] = ""
+    impl: ClassVar[str] = ""                 # "package.module:Class", imported when the method is built
+    config_class: ClassVar[type] = MethodConfig
+    summary: ClassVar[str] = ""              # one line for `shiftlab methods`
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
+    text_head: ClassVar[str] = "zeroshot"
+    # the fewest views (incl. the original) its computation is defined for; a minimum that depends on the
+    # config overrides `needed_views` and says why in `min_views_why`
+    min_views: ClassVar[int] = 1
+    min_views_why: ClassVar[str] = ""
+    supports_pure_fp16: ClassVar[bool] = False   # accepts precision "fp16-pure" (its image features and text head)
+    # config overrides that run it with nothing downloaded (`shiftlab demo`, the registry tests: the tiny CLIP)
+    offline_config: ClassVar[dict[str, Any]] = {}
+    # config overrides giving every model it loads itself random weights (what `shiftlab bench` measures)
+    random_weights_config: ClassVar[dict[str, Any]] = {}
+    # the templates a `tip_cupl` head pools where its config sets none (shiftlab.methods.heads.CUPL_TEMPLATES)
+    cupl_templates: ClassVar[str] = "tip"
+    # a small config (with `offline_config`) that the registry-wide tests run it with on the tiny CLIP
+    test_config: ClassVar[dict[str, Any]] = {}
+
+    # derived, set on every subclass
+    episodic: ClassVar[bool] = True
+    needs_views: ClassVar[bool] = False
+    needs_pixels: ClassVar[bool] = False
+    reads_features: ClassVar[bool] = True
+    adapts_on_batches: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        derived = [k for k in DERIVED if k in cls.__dict__]
+        if derived:
+            raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "
+                            "config class; declare `capabilities = Capabilities(reads=..., state=...)`")
+        if not isinstance(cls.capabilities, Capabilities):
+            raise TypeError(f"{cls.__qualname__}.capabilities must be a Capabilities, got "
+                            f"{type(cls.capabilities).__name__}")
+        if not (isinstance(cls.config_class, type) and issubclass(cls.config_class, MethodConfig)):
+            raise TypeError(f"{cls.__qualname__}.config_class must subclass MethodConfig")
+        cls.episodic = cls.capabilities.episodic
+        cls.needs_pixels = cls.capabilities.needs_pixels
+        cls.reads_features = cls.capabilities.reads_features
+        cls.adapts_on_batches = cls.capabilities.adapts_on_batches
+        cls.needs_views = any(f.name == "views" for f in dataclasses.fields(cls.config_class))
+
+    @classmethod
+    def needed_views(cls, config: Any) -> int:
+        """The fewest views (incl. the original) this method can use under `config`."""
+        return cls.min_views
+
+    @classmethod
+    def kind(cls) -> str:
+        """"episodic" or "online" (its capabilities' state)."""
+        return cls.capabilities.state
+
+
+# -- the one check of a config ------------------------------------------------------------------------------
+
+def check_method_config(cls: Any, config: Any) -> Any:
+    """`config` with every field in its declared range (an int in a float field made a float), and
+    views enough for the method (`needed_views`), "fp16-pure" only where supported; else a
+    one-line ValueError such as "tpt.lr: inf is not finite; must be a finite float >= 0".
+    `cls` is a spec or a method class (both carry the attributes read here)."""
+    config = check_config(cls.name, config)
+    if getattr(config, "precision", None) == PURE_FP16 and not cls.supports_pure_fp16:
+        supported = ", ".join(n for n in spec_names() if spec(n).supports_pure_fp16)
+        raise ValueError(f"{cls.name}.precision: {PURE_FP16!r} (the authors' half-precision model) is implemented "
+                         f"for {supported} only; use fp16 (autocast) or fp32")
+    recipe = getattr(config, "views", None)
+    if cls.needs_views and isinstance(recipe, ViewRecipe):
+        needed = cls.needed_views(config)
+        if recipe.n_views < needed:
+            raise ValueError(f"{cls.name}: needs at least {needed} views (incl. the original), got {recipe.n_views}"
+                             + (f": {cls.min_views_why}" if cls.min_views_why else "")
+                             + f"; raise {say('views')} or {say_set(cls.name, 'views', needed)}")
+    return config
+
+
+def make_config(cls: Any, **overrides: Any) -> Any:
+    """The method's config: its defaults, overridden field by field, checked (`check_method_config`).
+    `views` may be a ViewRecipe, a view count, or a dict of recipe fields merged onto the method's
+    default recipe. An unknown field is a TypeError, a bad value a one-line ValueError."""
+    fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise TypeError(f"{cls.name}: unknown config field(s) {sorted(unknown)}; known: {sorted(fields)}")
+    if "views" in overrides and isinstance(fields["views"].default, ViewRecipe):
+        try:
+            overrides["views"] = ViewRecipe.coerce(overrides["views"], base=fields["views"].default)
+        except ValueError as exc:
+            raise ValueError(f"{cls.name}: {exc}") from None
+    return check_method_config(cls, cls.config_class(**overrides))
+
+
+# -- discovery -------------------------------------------------------------------------------------------
+
+SPECS: Registry[type[MethodSpec]] = Registry("method")
+_PACKAGE = __name__.rpartition(".")[0]     # shiftlab.methods
+SHARED_FOLDERS = ("common",)               # folders of shared machinery, not methods
+
+
+def specs_of(module: Any) -> list[type[MethodSpec]]:
+    """The spec classes a spec module defines (its own, with a name), in definition order."""
+    return [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, MethodSpec)
+            and v.__module__ == module.__name__ and v.name]
+
+
+@functools.cache
+def _scanned() -> bool:
+    """Import every folder's spec.py once and register its specs (name and aliases)."""
+    for module in scan_folders(_PACKAGE, "spec", skip=SHARED_FOLDERS):
+        found = specs_of(module)
+        if not found:
+            raise ValueError(f"{module.__name__} defines no MethodSpec subclass with a name")
+        for cls in found:
+            register_spec(cls)
+    return True
+
+
+def register_spec(cls: type[MethodSpec], replace: bool = False) -> type[MethodSpec]:
+    """Register a spec under its name and aliases (discovery does this for every folder; a script or test
+    registers a method of its own with `shiftlab.methods.base.register_method`)."""
+    if not cls.impl or ":" not in cls.impl:
+        raise ValueError(f"{cls.__qualname__}.impl must be 'package.module:Class', got {cls.impl!r}")
+    # a spec's `aliases` are the spellings of published tables (shiftlab.results.published), not run names
+    return SPECS.register(cls.name, cls, replace=replace)
+
+
+def spec_names(kind: str | None = None) -> list[str]:
+    """The registered method names, sorted; `kind` ("episodic" or "online") keeps only those."""
+    _scanned()
+    if kind is None:
+        return SPECS.names()
+    if kind not in STATES:
+        raise ValueError(f"unknown method kind {kind!r}; known: {', '.join(STATES)}")
+    return SPECS.names(where=lambda cls: cls.capabilities.state == kind)
+
+
+def spec(name: str) -> type[MethodSpec]:
+    """The spec registered as `name`; an unknown name is a one-line UnknownNameError (a KeyError and a ValueError)."""
+    _scanned()
+    return SPECS.get(name)
+
+
+def specs() -> Mapping[str, type[MethodSpec]]:
+    """Every registered spec by name, sorted."""
+    _scanned()
+    return dict(SPECS.items())

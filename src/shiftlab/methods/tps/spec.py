@@ -1,0 +1,72 @@
+"""TPS: test-time prototype shifting (Sui, Wang & Yeung-Levy 2024, "Just Shift It: Test-Time Prototype
+
+Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..heads import register_head
+from ..specs import (
+    EPISODIC,
+    FROZEN_FEATURES,
+    Capabilities,
+    MethodSpec,
+    ViewMethodConfig,
+)
+
+# "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
+# (save_class_embeds.py:84, --x_templates, every dataset); "descriptors": the class's descriptor
+# sentences (save_concepts.py:120); "ensemble_descriptors": the two means averaged (learnable_shift.py:77,
+# --with_concepts --with_templates: the README's recipe)
+TEXT_HEADS = ("zeroshot", "ensemble", "descriptors", "ensemble_descriptors")
+
+
+# TPS's own heads: it builds their prototypes itself (`TPS.prototypes`), the kinds only say what they are
+register_head("descriptors", lambda cls, fields: "descriptor sentences (descriptors_file)")
+
+
+register_head("ensemble_descriptors",
+              lambda cls, fields: "CLIP's 80 templates + descriptor sentences (descriptors_file)")
+
+
+SHIFTS = ("per_class", "shared")
+
+
+_FINE_GRAINED = ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101",
+                 "sun397", "fgvc-aircraft", "eurosat")
+
+
+@dataclass
+class TPSConfig(ViewMethodConfig):
+    """TPS's ImageNet-R settings (shift_classification.py, args.py, scripts/shift/*.sh at 556db0f)."""
+    steps: int = param(1, ge=0)                     # every scripts/shift/*.sh:12 --tta_steps 1 (0: no tuning)
+    lr: float = param(5e-3, ge=0)                   # args.py:13 default; README.md:48 passes 5e-3
+    weight_decay: float = param(0.01, ge=0)         # AdamW's default: shift_classification.py:181 passes lr only
+    selection_ratio: float = param(0.1, gt=0, le=1)   # args.py:20 --selection_p 0.1 (int(64 x 0.1) = 6 views)
+    loss_scale: float = param(1000.0, gt=0)         # shift_classification.py:185 GradScaler(init_scale=1e3)
+    # "per_class": scripts/shift/*per_class*.sh --per_label, one shift per class (shifter.py:36-37);
+    # "shared": scripts/shift/shift_text_shared*.sh, one shift for all classes (shifter.py:40)
+    shift: str = param("per_class", choices=SHIFTS)
+    text_head: str = param("ensemble", choices=TEXT_HEADS)
+    # their GPT-4 descriptors (gpt4_descriptors/<set>-gpt4.json: class -> phrases); not shipped
+    descriptors_file: str | None = None
+
+
+class TPSSpec(MethodSpec):
+    name = "tps"
+    impl = "shiftlab.methods.tps.method:TPS"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    config_class = TPSConfig
+    summary = "TPS: shift the class prototypes per image (one AdamW step, 10% most confident views), predict view 0"
+    # --protocol paper on ImageNet-R (README.md:48 runs scripts/shift/shift_text_per_class_mean_init_template_and_
+    # gpt4_micro.sh): fp16 autocast + GradScaler(1e3) (shift_classification.py:54,185,254) on the float32 model of
+    # their clip (model/model.py:434 leaves convert_weights commented out), 63 views + the original without AugMix
+    # for a one-letter set id (shift_classification.py:98-99), the templates + GPT-4 descriptors head (script lines
+    # 15-17). Their descriptors are not shipped: the run refuses until --set tps.descriptors_file=PATH.
+    protocols = {"paper": {"precision": "fp16", "text_head": "ensemble_descriptors"}}
+    published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log
+    fidelity = ('golden (24-sample stream: prototypes, first-step gradients, kept views, losses, shifts, logits; '
+                'templates + stand-in descriptors, 1 step; templates, 3 steps)')
+    # shift_classification.py:98-99: AugMix on for every set id longer than one letter (the fine-grained sets)
+    dataset_settings = {name: {"views": {"augmix": True}} for name in _FINE_GRAINED}

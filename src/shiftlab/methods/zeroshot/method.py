@@ -1,0 +1,42 @@
+"""Training-free baselines: CLIP zero-shot, the 80-template prompt ensemble, the view ensemble."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..base import Method, MethodOutput
+from ..context import SampleContext
+from .spec import PromptEnsembleSpec, ViewEnsembleSpec, ZeroShotSpec
+
+
+class ZeroShot(Method):
+    """CLIP zero-shot: "a photo of a {name}." on view 0."""
+    spec = ZeroShotSpec
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        return MethodOutput(ctx.zeroshot_logits)
+
+
+class PromptEnsemble(Method):
+    """CLIP's 80 ImageNet templates averaged per class (normalised mean of normalised embeddings), view 0."""
+    spec = PromptEnsembleSpec
+
+    def prepare(self) -> None:
+        _ = self.heads.ensemble
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        return MethodOutput(self.model.logit_scale * ctx.base_feature @ self.heads.ensemble.T)
+
+
+class ViewEnsemble(Method):
+    """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
+    spec = ViewEnsembleSpec
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        view_logits = ctx.zeroshot_view_logits
+        if self.config.average == "logits":
+            return MethodOutput(view_logits.mean(0))
+        # log of the mean probability: its softmax is exactly the averaged distribution
+        log_mean = torch.logsumexp(view_logits.log_softmax(-1), dim=0) - math.log(view_logits.shape[0])
+        return MethodOutput(log_mean)

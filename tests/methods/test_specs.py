@@ -1,0 +1,115 @@
+"""A method is a folder: every `methods/<name>/spec.py` imports no torch, is found by scanning, and declares
+capabilities the registry can trust (invalid ones refused when declared)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shiftlab.methods import specs
+from shiftlab.methods.base import Method, MethodOutput, get_method_class
+from shiftlab.methods.specs import (
+    EPISODIC,
+    FROZEN_FEATURES,
+    ONLINE,
+    OWN_TOWER,
+    Capabilities,
+    MethodSpec,
+    ViewMethodConfig,
+)
+
+PACKAGE = Path(specs.__file__).parent
+HEAVY = ("torch", "numpy", "PIL", "open_clip", "torchvision")
+
+# each spec module in turn; after each, the heavy modules it brought (none may)
+IMPORT_EACH = f"""
+import importlib, json, sys
+found = {{}}
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+    found[name] = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print(json.dumps(found))
+"""
+
+
+def spec_modules() -> list[str]:
+    return sorted(f"shiftlab.methods.{p.parent.name}.spec" for p in PACKAGE.glob("*/spec.py"))
+
+
+def test_every_spec_imports_no_torch():
+    modules = spec_modules() + ["shiftlab.methods.specs", "shiftlab.attacks.pgd.spec", "shiftlab.attacks.specs"]
+    proc = subprocess.run([sys.executable, "-c", IMPORT_EACH, json.dumps(modules)], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert json.loads(proc.stdout) == {m: [] for m in modules}
+
+
+def test_every_folder_is_found_and_names_its_class():
+    folders = {p.parent.name for p in PACKAGE.glob("*/spec.py")}
+    assert folders == {s.__module__.split(".")[-2] for s in specs.specs().values()}
+    assert "common" not in folders and len(specs.spec_names()) >= 20
+    for name, spec in specs.specs().items():
+        cls = get_method_class(name)
+        assert cls.spec is spec and cls.name == name and f"{cls.__module__}:{cls.__qualname__}" == spec.impl
+        assert (cls.episodic, cls.needs_views, cls.needs_pixels, cls.reads_features) == (
+            spec.episodic, spec.needs_views, spec.needs_pixels, spec.reads_features), name
+        folder = PACKAGE / spec.__module__.split(".")[-2]
+        assert {"spec.py", "method.py", "README.md"} <= {p.name for p in folder.iterdir()}, folder
+
+
+def test_the_capabilities_say_what_the_booleans_said():
+    # what the classes declared before the folders (ttl: its own tower only; rlcf: also a reward CLIP on pixels)
+    reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
+    assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
+    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in ("ttl", "rlcf"))
+    assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
+        specs.spec_names(ONLINE))
+    assert not specs.spec("ttl").reads_features and specs.spec("ttl").needs_pixels
+    assert not specs.spec("zeroshot").needs_views and specs.spec("mta").needs_views
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"reads": ()}, "reads nothing"),
+    ({"reads": ("pixels",)}, "unknown reads ['pixels']"),
+    ({"reads": (FROZEN_FEATURES, FROZEN_FEATURES)},
+     "reads ['frozen_features', 'frozen_features'] names one input twice"),
+    ({"state": "continual"}, "state must be one of episodic, online"),
+])
+def test_invalid_capabilities_are_refused(kwargs, says):
+    with pytest.raises(ValueError, match=re.escape(f"capabilities: {says}")):
+        Capabilities(**kwargs)
+
+
+def test_a_spec_cannot_declare_the_derived_booleans():
+    with pytest.raises(TypeError, match="episodic are derived from `capabilities`"):
+        type("Bad", (MethodSpec,), {"name": "bad", "episodic": False})
+    with pytest.raises(TypeError, match="capabilities must be a Capabilities"):
+        type("Bad", (MethodSpec,), {"name": "bad", "capabilities": "online"})
+
+
+def test_an_online_method_without_state_is_refused_when_defined():
+    @dataclasses.dataclass
+    class Config(ViewMethodConfig):
+        pass
+
+    spec = type("StatelessSpec", (MethodSpec,), {
+        "name": "stateless", "impl": f"{__name__}:Stateless", "config_class": Config,
+        "capabilities": Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE), "__module__": __name__})
+    with pytest.raises(TypeError, match="an online method .* must define state_dict and load_state_dict"):
+        type("Stateless", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Stateless",
+                                      "predict_context": lambda self, ctx: MethodOutput(ctx.zeroshot_logits[0])})
+    episodic = type("EpisodicSpec", (MethodSpec,), {
+        "name": "episodic_ok", "impl": f"{__name__}:Episodic", "config_class": Config,
+        "capabilities": Capabilities(state=EPISODIC), "__module__": __name__})
+    cls = type("Episodic", (Method,), {"spec": episodic, "__module__": __name__, "__qualname__": "Episodic"})
+    assert cls.name == "episodic_ok" and cls.episodic and cls.needs_views
+
+
+def test_a_class_must_be_where_its_spec_says():
+    spec = type("ElsewhereSpec", (MethodSpec,), {"name": "elsewhere", "impl": "somewhere.else:Thing"})
+    with pytest.raises(TypeError, match="whose impl is 'somewhere.else:Thing'"):
+        type("Thing", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Thing"})

@@ -1,0 +1,99 @@
+"""Every flag the CLI can judge from data is refused before torch is imported (issue 34, finding 5:
+`--data /nonexistent` took 26.7 s, `--methods mta --views 4` 25.7 s, `--model RN5O` 32.6 s), and an
+unknown flag, subcommand or choice gets a "did you mean"."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shiftlab.cli import did_you_mean
+
+# One fresh process runs every command line in turn: each must answer with torch (and open_clip,
+# numpy) still unimported, so the later ones are as fresh as the first. The time measured is
+# shiftlab's own (importing the CLI, then the command), not the interpreter's start.
+SCRIPT = """
+import json, sys, time, io, contextlib
+started = time.perf_counter()
+from shiftlab.cli import main
+import_seconds = time.perf_counter() - started
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    out.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - t0,
+                "heavy": sorted(m for m in ("torch", "open_clip", "torchvision", "numpy") if m in sys.modules)})
+print(json.dumps({"import_seconds": import_seconds, "results": out}))
+"""
+
+
+def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
+    missing, out = str(tmp / "no-such-folder"), str(tmp / "run")
+    run = ["run", "--out", out, "--data"]
+    return [
+        (run + [missing], 1, ["dataset imagenet-r: imagenet-r root does not exist", "--download"]),
+        (run + [missing + "/{dataset}", "--datasets", "imagenet-r,imagenet-a"], 1,
+         ["dataset imagenet-r:", "dataset imagenet-a:"]),
+        (run + [str(tmp), "--methods", "mta", "--views", "4"], 2,
+         ["mta: needs at least 5 views (incl. the original), got 4", "--set mta.views=5"]),
+        (run + [str(tmp), "--methods", "all", "--views", "1"], 2, ["needs at least 2 views"]),
+        (run + [str(tmp), "--model", "RN5O"], 1, ["error: model: unknown model 'RN5O'", "did you mean RN50"]),
+        (run + [missing, "--model", "RN5O"], 1, ["dataset imagenet-r: imagenet-r root does not exist",   # at once
+                                                 "model: unknown model 'RN5O'"]),
+        (run + [str(tmp), "--limt", "3"], 2, ["unrecognized arguments: --limt (did you mean --limit?)"]),
+        (["methds"], 2, ["invalid choice: 'methds'", "(did you mean methods?)"]),
+        (run + [str(tmp), "--precision", "fp61"], 2, ["invalid choice: 'fp61'", "did you mean fp16?"]),
+        (run + [str(tmp), "--attack", "pgd", "--eps", "2"], 2, ["--eps", "must be between 0 and 1"]),
+        (run + [str(tmp), "--methods", "tda", "--attack", "pgd", "--clean-and-robust"], 2,
+         ["--clean-and-robust: online methods (tda)"]),
+        (run + [str(tmp), "--suite", "cross-dataset", "--methods", "mta", "--views", "2"], 2,
+         ["mta: needs at least 5 views"]),
+        (["encode", "--data", missing, "--features", str(tmp / "feats")], 1, ["imagenet-r root does not exist"]),
+        (["sweep", "--data", missing, "--features", str(tmp / "feats"), "--out", out, "--grid", "tda.pos_alpha=1,2"],
+         1, ["imagenet-r root does not exist"]),
+    ]
+
+
+@pytest.mark.slow
+def test_every_check_answers_in_under_a_second_without_torch(tmp_path):
+    cases = _cases(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps([c[0] for c in cases])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["import_seconds"] < 1.0
+    for (argv, code, fragments), got in zip(cases, report["results"]):
+        lines = got["err"].strip().splitlines()
+        assert got["code"] == code, (argv, got)
+        assert all(line.startswith("shiftlab") and "error: " in line for line in lines), (argv, got["err"])
+        assert all(any(f in line for line in lines) for f in fragments), (argv, got["err"])
+        assert "Traceback" not in got["err"]
+        assert got["heavy"] == [], (argv, got["heavy"])     # torch, open_clip, numpy never imported
+        assert got["seconds"] < 1.0, (argv, got["seconds"])
+    assert not (tmp_path / "run").exists() and not (tmp_path / "feats").exists()
+
+
+def test_did_you_mean_picks_the_closest_and_stays_quiet_otherwise():
+    assert did_you_mean("--limt", ["--limit", "--seed"]) == " (did you mean --limit?)"
+    assert did_you_mean("methds", ["run", "methods", "merge"]) == " (did you mean methods?)"
+    assert did_you_mean("--xyzzy", ["--limit", "--seed"]) == ""
+
+
+def test_model_names_are_read_without_importing_open_clip():
+    code = ("import sys; from shiftlab.commands.checks import model_names; names = model_names(); "
+            "print(sorted(m for m in ('torch', 'open_clip') if m in sys.modules), 'RN50' in names, "
+            "'ViT-B-16' in names, 'shiftlab-tiny' in names, 'RN50-quickgelu' in names)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["[]", "True", "True", "True", "True"]
+    import open_clip  # the files read are exactly open_clip's list, plus shiftlab's own architectures
+
+    from shiftlab.commands.checks import config_file_names
+    from shiftlab.models.architectures import builtin_configs
+    assert set(config_file_names()) == set(open_clip.list_models()) | set(builtin_configs())
