@@ -73,6 +73,7 @@ class OGABatchSpec(OGASpec):
     order, the class means and the covariance are re-estimated once, then the batch is predicted
     (runner.py:199-258 with main.py:17's batch_size 32). The state carries from batch to batch."""
     name = "oga_batch"
+    bibtex = OGASpec.bibtex
     impl = "shiftlab.methods.oga.method:OGABatch"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
     summary = "OGA on batches: the memory takes a batch, the Gaussian models are re-estimated, the batch predicted"

@@ -33,6 +33,13 @@ class StatAConfig(MethodConfig):
 
 class StatASpec(MethodSpec):
     name = "stata"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' README's BibTeX, its missing comma added)
+    bibtex = r"""@article{zanella2025realistic,
+  title = {Realistic Test-Time Adaptation of Vision-Language Models},
+  author = {Zanella, Maxime and Fuchs, Cl{\'e}ment and De Vleeschouwer, Christophe and Ben Ayed, Ismail},
+  journal = {arXiv preprint arXiv:2501.03729},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
