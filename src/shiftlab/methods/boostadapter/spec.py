@@ -56,6 +56,13 @@ class BoostAdapterConfig(TDAConfig):
 
 class BoostAdapterSpec(MethodSpec):
     name = "boostadapter"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{zhang2024boostadapter,
+  title = {BoostAdapter: Improving Test-Time Adaptation via Regional Bootstrapping},
+  author = {Zhang, Taolin and Wang, Jinpeng and Guo, Hang and Dai, Tao and Chen, Bin and Xia, Shu-Tao},
+  journal = {arXiv preprint arXiv:2410.15430},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)
@@ -70,3 +77,6 @@ class BoostAdapterSpec(MethodSpec):
     published = ()     # its README prints no table
     fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
                 "`logit_scale=100`)")
+    # TDA's, and 2 boosting views of 8
+    test_config = {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0, "view_ratio": 0.25,
+                   "delta": 1}

@@ -45,6 +45,14 @@ class DOTAConfig(ViewMethodConfig):
 
 class DOTASpec(MethodSpec):
     name = "dota"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{han2024dota,
+  title = {DOTA: Distributional Test-Time Adaptation of Vision-Language Models},
+  author = {Han, Zongbo and Yang, Jialong and Wang, Guangyu and Li, Junfan and Xu, Qianli and Shou, Mike Zheng
+      and Zhang, Changqing},
+  journal = {arXiv preprint arXiv:2409.19375},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DOTAConfig
@@ -61,3 +69,5 @@ class DOTASpec(MethodSpec):
     dataset_settings = settings_file("dota", templates_of="tda")
     published = ()     # its README prints no table (docs/SUITES.md)
     fidelity = "golden (24-sample stream, estimates after every sample; `logit_scale=100`; rho 0.0025 and 3)"
+    # a fusion weight that matters on a short stream
+    test_config = {"text_head": "zeroshot", "rho": 1.0}

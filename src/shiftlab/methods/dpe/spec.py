@@ -50,6 +50,13 @@ class DPEConfig(ViewMethodConfig):
 
 class DPESpec(MethodSpec):
     name = "dpe"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{zhang2024dpe,
+  title = {Dual Prototype Evolving for Test-Time Generalization of Vision-Language Models},
+  author = {Zhang, Ce and Stepputtis, Simon and Sycara, Katia and Xie, Yaqi},
+  journal = {arXiv preprint arXiv:2410.12790},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DPEConfig
@@ -68,3 +75,5 @@ class DPESpec(MethodSpec):
     published = ()
     fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "
                 "ImageNet-R and ImageNet-A configs)")
+    # the cache fills on a short stream
+    test_config = {"pos_capacity": 2}
