@@ -190,6 +190,15 @@ def test_cli_open_set_run_and_resume_refusals(data, tiny_checkpoint, tmp_path, c
     assert all(r.split(",")[-1] == "4" for r in rows[1:])     # 0.8 x 5 ID images
 
 
+def test_library_shift_settings_out_of_range_are_refused():
+    from shiftlab.engine.config import RunConfig
+    from shiftlab.engine.shifts import shift_problem
+    assert shift_problem(RunConfig(severity=7)) == "severity must be one of 1..5 (Hendrycks & Dietterich's), got 7"
+    assert "--ood-ratio must be in (0, 10]" in shift_problem(RunConfig(ood=["ninco"], ood_ratio=float("nan")))
+    assert "unknown corruption 'rain'" in shift_problem(RunConfig(corruption="rain"))
+    assert shift_problem(RunConfig(corruption="fog", severity=1, ood=["ninco"], ood_ratio=0.5)) is None
+
+
 def test_open_set_flags_are_checked_before_any_work(data, tmp_path, capsys):
     base = ["run", "--dataset", "imagenet-r", "--data", str(data), "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit):
