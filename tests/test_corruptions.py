@@ -310,6 +310,13 @@ def test_corruption_suite_table_from_cifar_c(tmp_path, tiny_checkpoint):
     assert "| zeroshot |" in md and md.count("100.00 |") >= 1
     rows = (out / "suite.csv").read_text().splitlines()
     assert rows[0].startswith("suite,kind,method") and any(",mce," in r for r in rows)
+    # the report's suite section shows the same table (its page is built from these sections)
+    from shiftlab.report.data import ReportData
+    from shiftlab.report.sections import suite_section
+    from shiftlab.results.suite_table import suite_table
+    _, _, html = suite_section(ReportData([], {}, [], tmp_path, 20, 0, [suite_table(out)]))
+    assert "mean corruption error with zero-shot CLIP as the reference" in html and ">mCE<" in html
+    assert ">gaussian_noise<" in html and ">fog<" in html
 
 
 @pytest.mark.slow
