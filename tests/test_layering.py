@@ -1,5 +1,6 @@
-"""The package's import graph: no circles (function-level and TYPE_CHECKING imports included) and no
-import from a lower layer into a higher one, against the layer order docs/ARCHITECTURE.md declares.
+"""The package's import graph: no circles (function-level and TYPE_CHECKING imports included), and every
+import between top-level packages along an edge that docs/ARCHITECTURE.md's ```dependencies block
+declares (per package, the packages it may import: a graph without circles, not one total order).
 
 Every `import` and `from ... import` statement anywhere in a module counts (at the top, inside a
 function, under `if TYPE_CHECKING:`): each is a dependency someone reading or moving the module must
@@ -54,23 +55,41 @@ def graph() -> dict[str, list[tuple[str, int]]]:
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
-def declared_layers() -> list[list[str]]:
-    """The layers of docs/ARCHITECTURE.md's ```layers block, lowest first (the block lists them top down)."""
-    block = re.search(r"```layers\n(.*?)```", ARCHITECTURE.read_text(), re.S)
-    assert block, f"{ARCHITECTURE} has no ```layers block"
-    rows = [line.split("#")[0].split() for line in block.group(1).splitlines()]
-    return [row for row in rows if row][::-1]
+def declared_dependencies(text: str | None = None) -> dict[str, set[str]]:
+    """docs/ARCHITECTURE.md's ```dependencies block: `package: the packages it may import  # why` per line;
+    a line starting with spaces and `#` continues the comment."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    block = re.search(r"```dependencies\n(.*?)```", text, re.S)
+    assert block, f"{ARCHITECTURE} has no ```dependencies block"
+    declared: dict[str, set[str]] = {}
+    for line in block.group(1).splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        package, colon, targets = line.partition(":")
+        assert colon, f"```dependencies: expected 'package: dependencies', got {line!r}"
+        assert package.strip() not in declared, f"```dependencies: {package.strip()} has two lines"
+        declared[package.strip()] = set(targets.split())
+    return declared
 
 
-def layer_of(module: str, layers: list[list[str]]) -> int:
-    """A module's layer: that of its sub-package (shiftlab.engine.step -> engine) or of its own name
-    (shiftlab.registry -> registry); the package root is `shiftlab`."""
+def package_of(module: str) -> str:
+    """A module's top-level package: shiftlab.engine.step -> engine, shiftlab.methods.tpt.spec -> methods,
+    a root module its own name (shiftlab.registry -> registry); the package root is `shiftlab`."""
     parts = module.split(".")
-    key = parts[1] if len(parts) > 1 else "shiftlab"
-    for i, row in enumerate(layers):
-        if key in row:
-            return i
-    raise AssertionError(f"{module}: {key!r} is in no layer of docs/ARCHITECTURE.md's ```layers block")
+    return parts[1] if len(parts) > 1 else "shiftlab"
+
+
+def undeclared_imports(edges: dict[str, list[tuple[str, int]]], declared: dict[str, set[str]]) -> list[str]:
+    """Each import between two top-level packages that the declared graph has no edge for."""
+    found = []
+    for module, targets in edges.items():
+        mine = package_of(module)
+        for target, line in targets:
+            theirs = package_of(target)
+            if theirs != mine and theirs not in declared.get(mine, set()):
+                found.append(f"{module} imports {target} at line {line}: {mine} does not declare {theirs}")
+    return found
 
 
 def cycles(edges: dict[str, list[tuple[str, int]]]) -> list[list[str]]:
@@ -114,22 +133,33 @@ def test_the_import_graph_has_no_circles():
         " <-> ".join(c) for c in found)
 
 
-def test_no_module_imports_from_a_higher_layer():
-    layers = declared_layers()
-    upward = []
-    for module, targets in graph().items():
-        mine = layer_of(module, layers)
-        for target, line in targets:
-            theirs = layer_of(target, layers)
-            if theirs > mine:
-                upward.append(f"{module} (layer {mine}) imports {target} (layer {theirs}) at line {line}")
-    assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(upward)
+def test_every_import_between_packages_is_a_declared_dependency():
+    found = undeclared_imports(graph(), declared_dependencies())
+    assert not found, "imports the ```dependencies block of docs/ARCHITECTURE.md does not declare:\n" + "\n".join(found)
 
 
-def test_every_package_and_root_module_has_a_layer():
-    layers = declared_layers()
-    for module in modules():
-        layer_of(module, layers)
+def test_the_declared_dependencies_have_no_circles_and_name_real_packages():
+    declared = declared_dependencies()
+    packages = {package_of(m) for m in modules()}
+    named = set(declared) | {t for targets in declared.values() for t in targets}
+    assert named <= packages, f"```dependencies names no such package: {sorted(named - packages)}"
+    edges = {p: [(t, 0) for t in sorted(targets)] for p, targets in declared.items()}
+    assert not cycles(edges), f"the declared dependencies have circles: {cycles(edges)}"
+
+
+def test_every_package_and_root_module_has_a_line():
+    missing = sorted({package_of(m) for m in modules()} - set(declared_dependencies()))
+    assert not missing, f"packages without a line in docs/ARCHITECTURE.md's ```dependencies block: {missing}"
+
+
+def test_a_downward_import_that_is_not_declared_is_found():
+    # the old total order let any lower layer be imported (rundir -> attacks passed unseen); now only edges
+    declared = declared_dependencies("```dependencies\nrundir: views  # why\n          # more why\nviews:\n```")
+    assert declared == {"rundir": {"views"}, "views": set()}
+    edges = {"shiftlab.rundir.identity": [("shiftlab.attacks.base", 42), ("shiftlab.views.recipe", 3)],
+             "shiftlab.methods.tpt.spec": [("shiftlab.methods.base", 1)]}   # inside one package: always allowed
+    assert undeclared_imports(edges, declared) == [
+        "shiftlab.rundir.identity imports shiftlab.attacks.base at line 42: rundir does not declare attacks"]
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -56,7 +56,7 @@ def test_orders_run_online_methods_per_order_and_reuse_episodic_records(data, ti
         shared = json.loads((order_dir(out, k) / "run.json").read_text())["shared"]
         assert shared["stream_seed"] == seeds[k] and shared["orders"] == 3 and shared["order_seeds"] == seeds
         assert {r["method"] for r in json_lines(order_dir(out, k) / "records.jsonl")} == {"tda"}
-        stream = run_stream(_config(out, stream_seed=seeds[k]), data)
+        stream = run_stream(_config(out, orders=3, stream_seed=seeds[k]), data)
         tda = [r["id"] for r in json_lines(order_dir(out, k) / "records.jsonl")]
         assert sorted(tda) == sorted(stream)
     tops = [json.loads((d / "summary.json").read_text())["methods"]["tda"]["top1"]
@@ -185,3 +185,15 @@ def test_orders_interrupted_in_a_later_order_resume_exactly(data, tiny_model, tm
                 == comparable(json_lines(sub(tmp_path / "ref") / "records.jsonl")))
     assert (json.loads((tmp_path / "cut" / "orders.json").read_text())
             == json.loads((tmp_path / "ref" / "orders.json").read_text()))
+
+
+@pytest.mark.slow
+def test_orders_with_a_limit_reorder_the_same_samples(data, tiny_model, tmp_path):
+    out = tmp_path / "lim"
+    run(_config(out, orders=3, limit=4), model=tiny_model, dataset=data)
+    first = [r["id"] for r in json_lines(out / "records.jsonl") if r["method"] == "tda"]
+    assert len(first) == 4
+    streams = [json.loads((d / "stream.json").read_text())["ids"] for d in (out, order_dir(out, 1), order_dir(out, 2))]
+    assert all(sorted(s) == sorted(first) for s in streams) and len({tuple(s) for s in streams}) > 1
+    for k in (1, 2):
+        assert sorted(r["id"] for r in json_lines(order_dir(out, k) / "records.jsonl")) == sorted(first)

@@ -52,6 +52,8 @@ def test_allow_partial_runs_it(sparse, tmp_path):
     summary = shiftlab.run(_config(sparse, tmp_path / "run", allow_partial=True))
     assert summary["methods"]["zeroshot"]["n"] == 2
     assert (tmp_path / "run" / "records.jsonl").is_file()
+    top1 = summary["methods"]["zeroshot"]["top1"]   # the result prints as one readable line, not a dict dump
+    assert repr(summary) == f"RunSummary({str(tmp_path / 'run')!r}, imagenet-r, n=2, top-1 %: zeroshot {top1:.2f})"
 
 
 def test_run_never_changes_its_argument(sparse, tmp_path):
@@ -102,3 +104,11 @@ def test_run_config_repr_is_one_readable_line():
     assert "views=8" in text and "allow_partial=True" in text
     assert "seed=" not in text and "save_probs" not in text   # defaults are left out
     assert "\n" not in text
+
+
+def test_method_repr_is_its_name_classes_and_effective_config(tiny_model):
+    method = shiftlab.create_method("ctpt", tiny_model, ["cat", "dog"], protocol="paper", lr=0.01)
+    text = repr(method)
+    assert text.startswith("CTPT('ctpt', 2 classes, ")
+    assert "lr=0.01" in text and "lambda_atfd=20.0" in text   # --set and the paper protocol's value
+    assert "views='64 views: original + 63 x RandomResizedCrop" in text and "\n" not in text

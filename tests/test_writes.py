@@ -62,6 +62,9 @@ def test_a_file_replaced_whole_is_the_old_or_the_new_never_a_part(tmp_path, monk
     monkeypatch.undo()
     writes.write_file(path, b"new")
     assert path.read_bytes() == b"new"
+    monkeypatch.setattr(writes, "BLOCK", 4)
+    writes.write_file(path, (f"line {k}\n" for k in range(3)))   # chunks: a large file is never held whole
+    assert path.read_text() == "line 0\nline 1\nline 2\n"
 
 
 def test_appends_reach_the_file_at_once_and_a_torn_tail_is_cut(tmp_path):

@@ -68,7 +68,10 @@ class Registry(Generic[T]):
         return entry
 
     def canonical(self, name: str) -> str:
-        """The registered name that ``name`` (a name or alias) stands for; raises ``self.error`` if none."""
+        """The registered name that ``name`` (a name or alias) stands for; raises ``self.error`` if none, a
+        TypeError if ``name`` is not a string."""
+        if not isinstance(name, str):
+            raise TypeError(f"a {self.kind} name must be a string, got {type(name).__name__} {name!r}")
         key = self._normalize(str(name))
         if key not in self._aliases:
             known = ", ".join([*self._also_known, *self.names()])

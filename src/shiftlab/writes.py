@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -150,8 +150,13 @@ def _as_bytes(data: bytes | bytearray | memoryview | str) -> bytes | memoryview:
     return data.encode("utf-8") if isinstance(data, str) else data
 
 
-def write_file(path: str | os.PathLike, data: bytes | bytearray | memoryview | str, then: str = "") -> Path:
-    """Replace `path` by `data` (str: UTF-8) atomically: temporary, write, fsync, rename. On failure the
+Data = bytes | bytearray | memoryview | str
+BLOCK = 1 << 20   # chunks of an iterable are written in blocks of about this size
+
+
+def write_file(path: str | os.PathLike, data: Data | Iterable[Data], then: str = "") -> Path:
+    """Replace `path` by `data` (str: UTF-8; or an iterable of such chunks, written in ~1 MiB blocks, so a
+    large records file is never held whole) atomically: temporary, write, fsync, rename. On failure the
     temporary is removed (where the disk still allows it) and a WriteError naming `path` is raised."""
     path = Path(path)
     tmp = temporary_name(path)
@@ -159,7 +164,8 @@ def write_file(path: str | os.PathLike, data: bytes | bytearray | memoryview | s
     fd = None
     try:
         fd = _open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        _write(fd, _as_bytes(data), str(tmp))
+        for block in _blocks(data):
+            _write(fd, block, str(tmp))
         _fsync(fd, str(tmp))
         os.close(fd)
         fd = None
@@ -170,6 +176,22 @@ def write_file(path: str | os.PathLike, data: bytes | bytearray | memoryview | s
     finally:
         _in_progress.discard(str(tmp))
     return path
+
+
+def _blocks(data: Data | Iterable[Data]) -> Iterator[bytes | bytearray | memoryview]:
+    if isinstance(data, (bytes, bytearray, memoryview, str)):
+        yield _as_bytes(data)
+        return
+    pending: list[bytes | bytearray | memoryview] = []
+    size = 0
+    for chunk in data:
+        pending.append(_as_bytes(chunk))
+        size += len(pending[-1])
+        if size >= BLOCK:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
 
 
 def _discard(fd: int | None, tmp: Path) -> None:

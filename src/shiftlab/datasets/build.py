@@ -41,7 +41,13 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     ``corruption``/``severity`` pick one dataset of a stored corrupted set (ImageNet-C, CIFAR-C;
     datasets/corrupted.py); other datasets ignore them (a run corrupts those on the fly).
     """
-    spec = DATASETS.get(name)   # DatasetError naming the known datasets
+    spec = DATASETS.get(name)   # DatasetError naming the known datasets (TypeError: not a string)
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a folder path, got {type(root).__name__}")
+    if classnames is not None and (isinstance(classnames, str) or not isinstance(classnames, (list, tuple))
+                                   or not all(isinstance(c, str) for c in classnames)):
+        raise TypeError(f"classnames must be a list of class names, got {type(classnames).__name__}"
+                        + (f" {classnames!r}" if isinstance(classnames, str) else ""))
     root = expand_root(root, spec.name)
     if spec.layout == "split":
         return build_split_dataset(spec, root, classnames)

@@ -39,8 +39,9 @@ DEFAULT_MAX_PIXELS = 89_478_485
 _BACKGROUND = (255, 255, 255)
 
 
-class ImageDecodeError(Exception):
-    """An image file could not be turned into RGB pixels. ``path`` and ``reason`` are attributes."""
+class ImageDecodeError(ValueError):
+    """An image file could not be turned into RGB pixels. ``path`` and ``reason`` are attributes. A
+    ValueError: what the library raises for an input it cannot use."""
 
     def __init__(self, path: str | os.PathLike, reason: str):
         self.path = str(path)
@@ -63,6 +64,8 @@ def decode_image(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_P
         raise ImageDecodeError(path, "file not found") from None
     except OSError as exc:
         raise ImageDecodeError(path, f"cannot read file ({exc.strerror or exc})") from exc
+    if path.is_dir():
+        raise ImageDecodeError(path, "a directory, not an image file")
     if nbytes == 0:
         raise ImageDecodeError(path, "empty file (0 bytes)")
     return _decode(path, path, max_pixels)
@@ -77,6 +80,7 @@ def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_
 
 
 def _decode(source: Path | io.BytesIO, path: Path, max_pixels: int | None) -> Image.Image:
+    fmt = "unknown format"   # what the message says when Image.open itself fails
     try:
         with Image.open(source) as im:
             fmt = im.format or "unknown format"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
 from ..options import say, say_set
+from ..params import check_config, param
 
 if TYPE_CHECKING:   # torch is imported by what needs it: a RunConfig is made and checked without it
     import torch
@@ -27,22 +29,23 @@ class RunConfig:
     cache_dir: str | None = None     # weights cache, download and trust: see models.load_model
     download: bool = False
     trust_checkpoint: bool = False
-    model_seed: int | None = None    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
+    # random weights' seed (pretrained None); None: `seed` (models.run_model_seed)
+    model_seed: int | None = param(None, ge=0, le=2 ** 64 - 1)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     # each method's views, text head and precision (shiftlab.methods.protocols; DEFAULT_PROTOCOL)
     protocol: str = field(default_factory=catalogue.default_protocol)
-    views: int | None = None         # views per image for every view-reading method (None: each method's recipe)
+    views: int | None = param(None, ge=1)   # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
     seed: int = 0
-    limit: int | None = None
+    limit: int | None = param(None, ge=1)
     out: str = "runs/run"
     resume: bool = False
     device: str = "auto"
-    workers: int = -1                # DataLoader workers; -1: auto (see resolve_workers)
+    workers: int = param(-1, ge=-1)   # DataLoader workers; -1: auto (see resolve_workers)
     # samples per engine step (shared encoding, batched tuning) and, for a method that adapts on batches
     # (`Method.adapts_on_batches`), the batch B of the episodic-batch protocol (docs/PROTOCOLS.md)
-    batch_size: int = 8
+    batch_size: int = param(8, ge=1)
     # the stream kind (shiftlab.rundir.stream): "shuffled" (i.i.d., seeded by `seed`; "iid" says the same),
     # "sorted", "class-sorted" or "dirichlet" (label shift of concentration `delta`)
     order: str = "shuffled"
@@ -55,10 +58,11 @@ class RunConfig:
     classnames: list[str] | None = None
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
-    online_checkpoint_seconds: float = 60.0   # online state + records checkpoint interval (0: every batch)
+    online_checkpoint_seconds: float = param(60.0, ge=0)   # online state + records checkpoint interval (0: every batch)
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
-    features_dtype: str = "fp16"     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)
+    features_dtype: str = param("fp16", choices=("fp16", "fp32"))
     # `--config FILE`: {"path", "sha256", "values"} of the file the flags came from; recorded in run.json and
     # summary.json, never part of the run's identity (the flags it gave are)
     config_file: dict[str, Any] | None = None
@@ -101,6 +105,33 @@ class RunConfig:
     def settings(self) -> list[str]:
         from ..rundir import records
         return records.run_settings(self.attack, self.clean_and_robust)
+
+
+def check_run_config(config: object) -> RunConfig:
+    """`config` with every field of the type its annotation says and in its declared range (`params.param`;
+    paths given as `pathlib.Path` made strings), or a one-line ValueError / TypeError naming the field:
+    what `engine.run`, `encode`, suites and `prepare` check before anything else."""
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a shiftlab.RunConfig, got {type(config).__name__}")
+    paths = {name: os.fspath(getattr(config, name)) for name in ("data", "out", "features", "cache_dir")
+             if isinstance(getattr(config, name), os.PathLike)}
+    config = dataclasses.replace(config, **paths) if paths else config
+    methods = config.methods
+    if isinstance(methods, str) or not isinstance(methods, (list, tuple)) or not methods \
+            or not all(isinstance(n, str) for n in methods):
+        raise TypeError(f"RunConfig.methods must be a non-empty list of method names (or ['all']), got {methods!r}")
+    overrides = config.method_config
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) and isinstance(v, dict)
+                                                  for k, v in overrides.items()):
+        raise TypeError("RunConfig.method_config must be {method name: {field: value}}, got "
+                        f"{overrides!r}"[:200])
+    names = config.classnames
+    if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
+                              or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"RunConfig.classnames must be None or a list of class names, got {type(names).__name__}")
+    if isinstance(methods, tuple):
+        config = dataclasses.replace(config, methods=list(methods))
+    return check_config("RunConfig", config)
 
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
@@ -199,19 +230,32 @@ def _catalogued_names(config: RunConfig) -> list[str]:
 
 
 def run_stream(config: RunConfig, dataset: Any) -> list[int]:
-    """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`."""
-    from ..rundir.stream import canonical_kind, stream_order
+    """The sample ids of a run in stream order (its kind, delta and stream seed), cut at `limit`.
+
+    With `orders` K > 1 every order holds the same samples: order 0's stream (the first of `order_seeds`) cut
+    at `limit`, which order k (`stream_seed`, another of the seeds) puts in its own order of the same kind."""
+    from ..rundir.stream import canonical_kind, order_seeds, stream_order
     labels = None if canonical_kind(config.order) in ("shuffled", "sorted") else [lab for _, lab in dataset.samples]
-    order = stream_order(len(dataset), config.order, config.stream_seed_used(), labels=labels, delta=config.delta,
-                         domains=getattr(dataset, "domain_index", None))
-    return order if config.limit is None else order[:config.limit]
+    domains = getattr(dataset, "domain_index", None)
+    first = order_seeds(config.seed, config.orders)[0] if config.orders > 1 else config.stream_seed_used()
+    order = stream_order(len(dataset), config.order, first, labels=labels, delta=config.delta, domains=domains)
+    order = order if config.limit is None else order[:config.limit]
+    if config.stream_seed_used() == first:
+        return order
+    again = stream_order(len(order), config.order, config.stream_seed_used(),
+                         labels=None if labels is None else [labels[i] for i in order], delta=config.delta,
+                         domains=None if domains is None else [domains[i] for i in order])
+    return [order[j] for j in again]
 
 
 def resolve_device(device: str) -> torch.device:
     import torch
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
 
 
 def resolve_workers(workers: int, device: torch.device, dist: distributed.DistContext | None = None) -> int:

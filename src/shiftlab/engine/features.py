@@ -86,10 +86,11 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from ..rundir import identity
     from ..version import __version__
     from . import distributed
-    from .config import expand_methods, resolve_device, resolve_workers, run_stream
+    from .config import check_run_config, expand_methods, resolve_device, resolve_workers, run_stream
     from .prepare import prepare
     from .shifts import run_dataset
     from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+    config = check_run_config(config)
     if not config.features:
         raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
     dist = distributed.context()

@@ -31,7 +31,15 @@ from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
 from ..rundir.stream import order_seeds, read_stream, write_stream
 from . import distributed, interrupt, planning
-from .config import RunConfig, expand_methods, resolve_device, resolve_workers, run_stream, settings_problem
+from .config import (
+    RunConfig,
+    check_run_config,
+    expand_methods,
+    resolve_device,
+    resolve_workers,
+    run_stream,
+    settings_problem,
+)
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
@@ -73,7 +81,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     (SIGINT/SIGTERM under the CLI, runtime.interrupt) leaves with `progress` = (samples done, in the stream)."""
     from .shifts import run_dataset
 
-    config = copy.deepcopy(config)   # the caller's config stays as given: what runs is a copy
+    config = check_run_config(copy.deepcopy(config))   # the caller's config stays as given: what runs is a copy
     config.methods = expand_methods(config.methods)
     hooks = hooks or RunHooks()
     dist = distributed.context()
@@ -91,7 +99,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     model = model.to(device)
     run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
-        return _run_orders(config, model, dataset, hooks)
+        return run_summary.RunSummary(_run_orders(config, model, dataset, hooks))
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
@@ -99,7 +107,8 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
-        return _run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir, hooks, group_views)
+        return run_summary.RunSummary(_run_locked(config, model, dataset, evaluator, attacker, device, dist, run_dir,
+                                                  hooks, group_views))
     except KeyboardInterrupt as exc:   # SIGINT/SIGTERM (runtime.interrupt): the writer is closed; say how far
         stream = run_stream(config, dataset)
         interrupt.note_progress(exc, run_dir, stream, config.methods, config.settings())

@@ -111,10 +111,11 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     some of the `datasets` (by name), every dataset and the model are prepared first (`engine.prepare`:
     every problem at once, the partial-dataset rule, `config.allow_partial`); `config` is not changed."""
     from . import distributed
-    from .config import expand_methods
+    from .config import check_run_config, expand_methods
     from .loop import run as run_engine
     from .prepare import prepare
 
+    config = check_run_config(config)
     config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
     if model is None or set(datasets or {}) < set(suite.datasets):   # as `shiftlab run --suite` starts
         prepared = prepare(config, suite.datasets, model=model, given=datasets)

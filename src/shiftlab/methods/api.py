@@ -12,14 +12,18 @@ from typing import Any
 
 from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
-from .base import create_method
+from .base import check_model, create_method
 from .prediction import Prediction
 from .protocols import DEFAULT_PROTOCOL
 
 
 def resolve_classes(classes: str | Sequence[str]) -> list[str]:
     """A dataset name (`shiftlab.classnames`) or a list of class names -> the list."""
-    return classnames(classes) if isinstance(classes, str) else list(classes)
+    if isinstance(classes, str):
+        return classnames(classes)
+    if not isinstance(classes, (list, tuple)):
+        raise TypeError(f"classes must be a dataset name or a list of class names, got {type(classes).__name__}")
+    return list(classes)
 
 
 def predict(image: Any, method: str = "zeroshot", *, model: ClipModel | str, classes: str | Sequence[str],
@@ -31,7 +35,8 @@ def predict(image: Any, method: str = "zeroshot", *, model: ClipModel | str, cla
     method's settings (as in `create_method`). Each call builds the method anew, so an online method
     (TDA, DMN-ZS, ...) starts from an empty memory: keep a `create_method` instance and call its
     `predict_image` to adapt along a stream of images."""
-    if not isinstance(model, ClipModel):
-        model = load_model(str(model), pretrained="openai")
+    if isinstance(model, str):
+        model = load_model(model, pretrained="openai")
+    check_model(model)
     names = resolve_classes(classes)
     return create_method(method, model, names, protocol=protocol, **config).predict_image(image, seed=seed)

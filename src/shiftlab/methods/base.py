@@ -166,6 +166,13 @@ class Method:
         return recipe if isinstance(recipe, ViewRecipe) else ViewRecipe(n_views=1)
 
     # -- library use ------------------------------------------------------------
+    def __repr__(self) -> str:
+        """The method's name, its classes and its effective config, field by field, on one line."""
+        def shown(value: Any) -> str:
+            return repr(value.describe()) if isinstance(value, ViewRecipe) else repr(value)
+        fields = ", ".join(f"{f.name}={shown(getattr(self.config, f.name))}" for f in dataclasses.fields(self.config))
+        return f"{type(self).__name__}({self.name!r}, {len(self.classnames)} classes, {fields})"
+
     def predict(self, views: torch.Tensor) -> torch.Tensor:
         """Normalised views (N, 3, S, S) float, view 0 the original, S the model's input size -> logits (C,).
 
@@ -180,6 +187,9 @@ class Method:
         """One image (a path, a PIL image, a uint8 array) -> `Prediction` (class index and name,
         probabilities, logits, `top(k)`), with this method's own views: its view recipe drawn as a
         run draws them for sample `sample_id` of a run seeded `seed`."""
+        for argument, value in (("seed", seed), ("sample_id", sample_id)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{argument} must be an integer >= 0, got {value!r}")
         config = ViewConfig.from_recipe(self.view_recipe)
         views_u8 = ViewGenerator(config, seed, preprocess=self.model.preprocess)(load_image(image), sample_id)
         out = self._predict_views(self.model.normalize(views_u8.float() / 255))
@@ -252,6 +262,13 @@ def check_views(views: object, model: ClipModel) -> None:
         bad = (~finite).nonzero().flatten().tolist()
         raise ValueError(f"views hold NaN or inf values (view {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1
                          else "") + "); pass finite, normalised pixels")
+
+
+def check_model(model: object) -> None:
+    """A TypeError naming `model` unless it is a loaded model (`shiftlab.load_model`: it encodes views)."""
+    if not callable(getattr(model, "encode_views", None)):
+        raise TypeError(f"model must be a loaded model (shiftlab.load_model(...)), got {type(model).__name__}"
+                        + (f" {model!r}" if isinstance(model, str) else ""))
 
 
 def check_classnames(classnames: object, allow_duplicates: bool = False) -> list[str]:
@@ -347,7 +364,10 @@ def registered_name(name: str) -> str:
 
 def get_method_class(name: str) -> type[Method]:
     """The class registered as `name` (or as the method of a variant, `registered_name`), imported from its
-    spec's `impl` on first use; an unknown name raises `UnknownNameError` (a KeyError)."""
+    spec's `impl` on first use; an unknown name raises `UnknownNameError` (a KeyError), a name that is not a
+    string a TypeError."""
+    if not isinstance(name, str):
+        raise TypeError(f"method must be a method name (a string), got {type(name).__name__} {name!r}")
     spec = method_specs.spec(registered_name(name))
     if spec.name in _REGISTRY:
         return _REGISTRY.get(spec.name)
@@ -388,6 +408,7 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names
     (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
     cls = get_method_class(name)
+    check_model(model)
     names = check_classnames(classnames, allow_duplicate_names)
     cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
     return cls(model, names, cfg, heads=heads, run_precision=run_precision,

@@ -48,6 +48,7 @@ def load_image(image: Any) -> Image.Image:
     if isinstance(image, (str, os.PathLike)):
         return decode_image(image)
     if isinstance(image, Image.Image):
+        _check_size(image.width, image.height)
         return image.convert("RGB")
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3):
@@ -57,8 +58,15 @@ def load_image(image: Any) -> Image.Image:
         if image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (3, 4)):
             raise ValueError(f"image array must be uint8 (H, W), (H, W, 3) or (H, W, 4), got {image.dtype} "
                              f"{image.shape}")
+        _check_size(image.shape[1], image.shape[0])
         return Image.fromarray(np.ascontiguousarray(image)).convert("RGB")
     raise ValueError(f"image must be a path, a PIL image, a uint8 array or a uint8 tensor, got {type(image).__name__}")
+
+
+def _check_size(width: int, height: int) -> None:
+    """An image without pixels cannot be resized into views (torchvision divides by its size)."""
+    if width < 1 or height < 1:
+        raise ValueError(f"image has no pixels ({width} x {height}); give an image at least 1 x 1")
 
 
 def make_prediction(logits: torch.Tensor, probs: torch.Tensor, classnames: Sequence[str]) -> Prediction:

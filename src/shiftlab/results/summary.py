@@ -30,6 +30,23 @@ SUMMARY_MD = "summary.md"
 
 # -- finishing a run -------------------------------------------------------------------
 
+class RunSummary(dict):
+    """What `shiftlab.run` returns: summary.json's dict (`["methods"][name]["top1"]`, ...), printed as one
+    readable line: the run directory, the samples and each method's top-1."""
+
+    def __repr__(self) -> str:
+        config = self.get("config") or {}
+        methods = self.get("methods") or {}
+        scores = ", ".join(f"{name} {_percent(entry.get('top1'))}" for name, entry in methods.items())
+        n = max((entry.get("n") or 0 for entry in methods.values()), default=0)
+        where = f"{config.get('out')!r}, " if config.get("out") else ""
+        return f"RunSummary({where}{config.get('dataset', '?')}, n={n}, top-1 %: {scores or 'none'})"
+
+
+def _percent(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
+
 def finish_run(run_dir: Path, timings: dict | None = None,
                warn: Callable[[str], None] | None = None) -> tuple[dict, str]:
     """merge -> score -> summary.json and summary.md of a run directory; returns (summary, markdown).
@@ -42,8 +59,10 @@ def finish_run(run_dir: Path, timings: dict | None = None,
     from ..rundir import identity as run_identity
     from .published import published_for_run
     run_dir = Path(run_dir)
+    from ..rundir.stream import read_stream
     ident = run_identity.read(run_dir) or {}
-    schema = run_schema(ident)
+    recorded = read_stream(run_dir)   # the stream as run: its ids are the records' (any kind, any order of K)
+    schema = run_schema(ident, **({"ids": frozenset(recorded["ids"])} if recorded is not None else {}))
     record_files.quarantine(run_dir, warn, schema)
     record_files.merge_records(run_dir, schema)
     recs = record_files.load_records(run_dir, schema)
@@ -87,8 +106,12 @@ def run_schema(ident: dict | None, stream: bool = True, **known: Any) -> run_rec
     ident = ident if isinstance(ident, dict) else {}
     shared = ident.get("shared") if isinstance(ident.get("shared"), dict) else {}
     n, limit = shared.get("n_samples"), shared.get("limit")
-    if stream and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int) and (
-            limit is None or isinstance(limit, int)):
+    # a stream its seed alone does not make (another order of --orders K, a label or domain stream) is the one
+    # stream.json recorded: the caller passes its ids (finish_run), or they are checked against n_samples only
+    rebuildable = shared.get("stream_seed") is None and shared.get("orders", 1) == 1 and shared.get("order") in (
+        "shuffled", "sorted")
+    if (stream and rebuildable and "ids" not in known and isinstance(n, int) and isinstance(shared.get("seed"), int)
+            and (limit is None or isinstance(limit, int))):
         from ..rundir.stream import stream_order
         try:
             known["ids"] = frozenset(stream_order(n, str(shared.get("order")), shared["seed"])[:limit])

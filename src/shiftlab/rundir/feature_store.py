@@ -173,6 +173,10 @@ def _same_file(info: Sequence, path: str | os.PathLike) -> bool:
     return st.st_size == info[1] and info[3] is not None and file_digest(path) == info[3]
 
 
+class NotAFeatureStore(FileNotFoundError, ValueError):
+    """`FeatureStore(root, "r")` on a folder (or file) that holds no store: missing, and a bad argument."""
+
+
 class FeatureStore:
     """A feature store directory; mode "r" (no lock, many readers) or "w" (one writer: the lock).
 
@@ -180,6 +184,8 @@ class FeatureStore:
     `engine.distributed.acquire_for_job` under torchrun and passes `lock=False` on ranks other than 0."""
 
     def __init__(self, root: str | os.PathLike, mode: str = "r", rank: int = 0, lock: Any = None):
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a directory path, got {type(root).__name__}")
         if mode not in ("r", "w"):
             raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
         self.root, self.mode, self.rank = Path(root), mode, int(rank)
@@ -189,7 +195,7 @@ class FeatureStore:
         self.lock = None
         if mode == "r":
             if not (self.root / "store.json").is_file():
-                raise FileNotFoundError(f"{self.root} is not a feature store (no store.json)")
+                raise NotAFeatureStore(f"root: {self.root} is not a feature store (no store.json)")
             return
         writes.make_dirs(self.root, STORE_ADVICE)
         if lock is None:

@@ -135,8 +135,8 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
             fh.sync()
         numbers = {line.number for line in bad}
         with open(path, "rb") as src:
-            kept = b"".join(raw for number, raw in enumerate(src, start=1) if number not in numbers)
-        writes.write_file(path, kept, RESUME_ADVICE)
+            writes.write_file(path, (raw for number, raw in enumerate(src, start=1) if number not in numbers),
+                              RESUME_ADVICE)
         # a problem shared by many lines (a method missing from run.json) is one warning, not 30,000
         for problem in dict.fromkeys(line.problem for line in bad):
             lines = [line.number for line in bad if line.problem == problem]
@@ -160,7 +160,7 @@ def merge_records(run_dir: Path, schema: RecordSchema | None = None) -> Path:
     `quarantine` first: a line this reader refuses would be dropped."""
     run_dir = Path(run_dir)
     records = sorted(load_records(run_dir, schema), key=_sort_key)
-    target = writes.write_file(run_dir / RECORDS, "".join(dumps(rec) for rec in records), RESUME_ADVICE)
+    target = writes.write_file(run_dir / RECORDS, (dumps(rec) for rec in records), RESUME_ADVICE)
     shard_dir = run_dir / SHARDS
     if shard_dir.is_dir():
         for shard in shard_dir.glob("*.jsonl"):

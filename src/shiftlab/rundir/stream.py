@@ -28,11 +28,10 @@ runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .. import writes
 
@@ -60,7 +59,7 @@ def stream_problem(kind: str, delta: float | None, orders: int = 1) -> str | Non
     if kind == "dirichlet":
         if delta is None:
             return "the dirichlet stream needs its concentration: --delta D (e.g. 0.01 on ImageNet-C, 0.1 as RoTTA)"
-        if not (isinstance(delta, (int, float)) and np.isfinite(delta) and delta > 0):
+        if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
             return f"--delta must be a finite number > 0, got {delta!r}"
     elif delta is not None:
         return f"--delta is the dirichlet stream's concentration; the {kind} stream has none (drop --delta)"
@@ -114,6 +113,7 @@ def dirichlet_order(labels: Sequence[int], delta: float, seed: int) -> list[int]
     so their loop would end in its 120 s timeout); then each chunk is emitted class by class in a shuffled
     class order. Consumes `RandomState(seed)` exactly as their code consumes `np.random` after
     `np.random.seed(seed)`: with 10 or more samples per class the two orders are equal."""
+    import numpy as np  # here: the CLI checks a stream's flags (`stream_problem`) without numpy
     rng = np.random.RandomState(int(seed) % 2 ** 32)
     class_labels = np.asarray(list(labels), dtype=np.int64)
     n = len(class_labels)
@@ -156,6 +156,7 @@ def order_seeds(seed: int, orders: int) -> list[int]:
     draw of its runs' seeds from the run seed as master seed (OGA runner.py:54-55)."""
     if orders <= 1:
         return [int(seed)]
+    import numpy as np
     rng = np.random.default_rng(int(seed))
     return [int(s) for s in rng.choice(range(10000 * orders), size=orders, replace=False)]
 
