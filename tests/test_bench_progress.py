@@ -56,8 +56,9 @@ def test_heartbeat_stays_quiet_while_lines_come_and_names_each_new_phase():
 
 def test_heartbeat_thread_starts_and_stops():
     said = []
-    with Heartbeat(said.append, every=0.01) as beat:
-        beat.phase("x")
+    beat = Heartbeat(said.append, every=0.01)
+    beat.phase("x")
+    with beat:
         while not said:
             beat._stop.wait(0.01)
     n = len(said)

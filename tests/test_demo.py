@@ -17,7 +17,7 @@ from shiftlab.commands import demo
 @pytest.mark.slow
 def test_ecalp_sparse_graph_does_not_warn():
     # torch warns once per process: a fresh process, every warning shown
-    code = ("import torch\nfrom shiftlab.methods.ecalp import normalised_edges, propagate\n"
+    code = ("import torch\nfrom shiftlab.methods.ecalp.method import normalised_edges, propagate\n"
             "idx = torch.tensor([[0, 3], [1, 2]]); sim = torch.tensor([[0.9, 0.5], [0.8, 0.4]])\n"
             "edges, w = normalised_edges(idx, sim, 2)\n"
             "print(propagate(edges, w, torch.full((2, 2), 0.5), 2, 0.5, 3).shape)\n")

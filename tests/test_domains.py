@@ -147,3 +147,33 @@ def test_cli_continual_over_two_datasets_of_imagenets_classes(tmp_path, tiny_che
     stream = read_stream(tmp_path / "o")
     assert stream["domains"] == ["imagenet-v2", "imagenet-sketch"] and stream["domain_of"] == [0] * 4 + [1] * 4
     assert not (tmp_path / "o" / "imagenet-v2").exists()   # one run, not a suite of two
+
+
+@pytest.mark.slow
+def test_cli_continual_over_the_corruption_suite(tmp_path, tiny_checkpoint):
+    pytest.importorskip("imagecorruptions")
+    from shiftlab.datasets.corrupted import corrupt_image, corruption_seed, prepare_like_imagenet_c
+    data = make_imagenet_r(tmp_path / "data", classes=[0, 1], per_class=2, size=(48, 40))
+    out = tmp_path / "c"
+    argv = ["run", "--suite", "corruption", "--dataset", "imagenet-r", "--corruptions", "brightness,contrast",
+            "--severity", "2", "--data", str(data.parent), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint), "--methods", "zeroshot", "--order", "continual", "--allow-partial", "--workers", "0",
+            "--device", "cpu", "--no-progress", "--views", "1", "--out", str(out)]
+    assert cli_main(argv) == 0
+    shared = json.loads((out / "run.json").read_text())["shared"]
+    assert shared["dataset"] == "imagenet-r:brightness-2+contrast-2" and shared["order"] == "continual"
+    assert list(shared["domains"]) == ["brightness-2", "contrast-2"]
+    assert shared["domains"]["contrast-2"]["name"] == "contrast" and shared["domains"]["contrast-2"]["severity"] == 2
+    stream = read_stream(out)
+    assert stream["domain_of"] == [0] * 4 + [1] * 4 and not (out / "brightness-2").exists()
+    # each domain's images are its corruption of the same clean image, as a run of that corruption alone reads it
+    from shiftlab.datasets.domains import domain_sequence
+    from shiftlab.engine.shifts import run_dataset
+    clean = build_dataset("imagenet-r", data)
+    seq = domain_sequence({f"{c}-2": run_dataset(RunConfig(dataset="imagenet-r", data=str(data.parent), corruption=c,
+                                                           severity=2), clean) for c in ("brightness", "contrast")})
+    expected = corrupt_image(prepare_like_imagenet_c(clean.image(1)), "contrast", 2,
+                             corruption_seed(0, 1, "contrast", 2))
+    assert seq.image(5).tobytes() == expected.tobytes()
+    paths = {r["path"] for r in json_lines(out / "records.jsonl")}
+    assert {p.split("/")[0] for p in paths} == {"brightness-2", "contrast-2"} and len(paths) == 8

@@ -198,7 +198,7 @@ def test_runner_step_is_the_engine_step_and_reports_phases(synthetic, tmp_path):
     """`Runner.step` alone (as `shiftlab bench` uses it) gives the run's records, and its phase timer
     splits the time, the text tower included, without touching torch."""
     from shiftlab.engine.phases import PhaseTimer
-    from shiftlab.engine.step import Evaluator, Runner, view_generators
+    from shiftlab.engine.step import Evaluator, Runner, StepContext, view_generators
     model = tiny_clip(0)
     dataset = build_dataset("imagenet-r", synthetic)
     methods = ["zeroshot", "tpt"]
@@ -208,7 +208,8 @@ def test_runner_step_is_the_engine_step_and_reports_phases(synthetic, tmp_path):
     backward, grad = torch.Tensor.backward, torch.autograd.grad
     timer = PhaseTimer(text=True)
     evaluator = Evaluator(model, dataset.classnames, methods, text_timer=timer, run_views={"n_views": 4})
-    runner = Runner(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, 0), timer=timer)
+    runner = Runner(StepContext(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, 0),
+                                timer=timer))
     got = [r.to_dict() for ids in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9]) for r in runner.step(runner.load(ids))]
     evaluator.close()
     assert _strip(got) == want

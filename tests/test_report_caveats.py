@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -83,19 +82,20 @@ def test_suite_partial_columns_footnote_and_missing_datasets_reach_the_page(tmp_
 
 
 def test_transductive_methods_are_a_caveat(tmp_path, monkeypatch):
-    from shiftlab.methods.base import get_method_class
+    from shiftlab.methods.specs import Capabilities, spec
     run = write_run(tmp_path / "run", limit=None, n_samples=4)
     html = build_report([run], tmp_path / "out0", n_resamples=10).read_text()
     assert not any("Transductive" in n for n in caveat_notes(html))
-    monkeypatch.setattr(get_method_class("tpt"), "transductive", True, raising=False)
+    monkeypatch.setattr(spec("tpt"), "transductive", True, raising=False)
     html = build_report([run], tmp_path / "out1", n_resamples=10).read_text()
     notes = [n for n in caveat_notes(html) if n.startswith("Transductive: tpt ")]
     assert len(notes) == 1 and "zeroshot" not in notes[0]
-    # variants are their method; without the registry imported the catalogue answers
+    # variants are their method; an unknown name is not transductive
     assert caveats_mod.transductive("tpt@lr=0.1") and not caveats_mod.transductive("zeroshot")
-    monkeypatch.delitem(sys.modules, "shiftlab.methods")
-    monkeypatch.setattr("shiftlab.catalogue.entries", lambda: [{"name": "zeroshot", "transductive": True}])
-    assert caveats_mod.transductive("zeroshot") and not caveats_mod.transductive("tpt")
+    assert not caveats_mod.transductive("no_such_method")
+    # a method that adapts on a batch of test images together (the episodic-batch protocol) reads other images
+    monkeypatch.setattr(spec("zeroshot"), "capabilities", Capabilities(batches=True))
+    assert caveats_mod.transductive("zeroshot")
 
 
 # ------------------------------------------------------------------ the accuracy-vs-cost axis

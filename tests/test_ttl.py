@@ -166,7 +166,7 @@ def test_a_ttl_only_step_encodes_nothing_and_keeps_its_records(tmp_path, vit):
     zero-shot beside it."""
     from shiftlab.datasets import build_dataset
     from shiftlab.engine.phases import PhaseTimer
-    from shiftlab.engine.step import Evaluator, Runner, view_generators
+    from shiftlab.engine.step import Evaluator, Runner, StepContext, view_generators
     from shiftlab.synthetic import make_imagenet_r
     dataset = build_dataset("imagenet-r", make_imagenet_r(tmp_path, classes=[0, 100], per_class=1, size=(80, 64)))
 
@@ -176,7 +176,7 @@ def test_a_ttl_only_step_encodes_nothing_and_keeps_its_records(tmp_path, vit):
         seen = []
         original = ev.methods["ttl"].predict_context
         ev.methods["ttl"].predict_context = lambda ctx: seen.append("image_features" in ctx.__dict__) or original(ctx)
-        runner = Runner(ev, dataset, view_generators(ev.methods, vit.preprocess, 0), timer=timer)
+        runner = Runner(StepContext(ev, dataset, view_generators(ev.methods, vit.preprocess, 0), timer=timer))
         records = {r.to_dict()["id"]: r.to_dict() for r in runner.step(runner.load([0, 1])) if r.method == "ttl"}
         return {k: {f: v for f, v in r.items() if f != "seconds"} for k, r in records.items()}, timer.seconds, seen
 

@@ -15,7 +15,7 @@ import os
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 from . import commands, writes
@@ -41,7 +41,8 @@ class OneLineParser(argparse.ArgumentParser):
             message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         """argparse's, with a suggestion for each unknown flag among the flags of the (sub)command that met it."""
         parsed, extras = super().parse_known_args(args, namespace)
         unknown = [e for e in extras if e.startswith("-")]

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..engine.phases import PhaseTimer
-from ..engine.step import BatchItem, Evaluator, Runner
+from ..engine.step import BatchItem, Evaluator, Runner, StepContext
 
 IMAGENET_R_IMAGES = 30_000
 FULL_VIEWS = 64        # the leaderboard recipe's views per image (docs/PROTOCOL: view 0 + 63 augmented)
@@ -63,7 +63,7 @@ def _pass(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: Seque
           timer: PhaseTimer, recipes: Mapping[str, Any], features: Any = None) -> tuple[float, dict[str, float]]:
     """(wall seconds, its phases' seconds) of one engine pass of `methods` over `items`; with `features` (a
     filled store) every item is read from it instead of encoded."""
-    runner = Runner(ev, source, recipes, methods=list(methods), timer=timer, features=features)
+    runner = Runner(StepContext(ev, source, recipes, methods=list(methods), timer=timer, features=features))
     if features is not None:
         items = [BatchItem(item.sample_id, from_store=True) for item in items]
     timer.take()
@@ -87,7 +87,7 @@ def fill_store(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: 
     base = {"samples_sha256": "bench", "model": model, "seed": next(iter(recipes.values())).seed,
             "checkpoint_sha256": model.checkpoint_sha256, "weights_sha256": None, "storage": "fp16"}
     features = RunFeatures(store, base, source, writable=True)
-    runner = Runner(ev, source, recipes, methods=list(methods), features=features)
+    runner = Runner(StepContext(ev, source, recipes, methods=list(methods), features=features))
     for batch in _batches(items, batch_size):
         runner.fill_store(batch)
     store.flush()

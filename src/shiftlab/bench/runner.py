@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from ..engine.config import expand_methods, resolve_workers
 from ..engine.phases import PhaseTimer
-from ..engine.step import BatchItem, Evaluator, Runner, ViewDataset, recipe_key, view_generators
+from ..engine.step import BatchItem, Evaluator, Runner, StepContext, ViewDataset, recipe_key, view_generators
 from ..methods.base import MethodOutput, list_methods
 from ..models import ClipModel
 from ..views.generator import ViewGenerator
@@ -227,7 +227,8 @@ class Bench:
     def shared_pass(self, ids: Sequence[int]) -> dict:
         """Every method in one pass over `ids`: the engine's step; keeps the decoded views."""
         logits: dict[str, dict[int, torch.Tensor]] = {name: {} for name in self.methods}
-        runner = Runner(self.ev, self.source, self.recipes, timer=self.timer, on_outputs=_collector(logits))
+        runner = Runner(StepContext(self.ev, self.source, self.recipes, timer=self.timer,
+                                    on_outputs=_collector(logits)))
         self.timer.take()
         t_start = self.timer.now()
         for batch in _chunks(ids, self.config.batch_size):
@@ -243,8 +244,8 @@ class Bench:
     def alone(self, name: str, ids: Sequence[int]) -> dict:
         """One method as a one-method run does it: decode + its views, encoding, the method."""
         logits: dict[str, dict[int, torch.Tensor]] = {name: {}}
-        runner = Runner(self.ev, self.source, self.recipes_of([name]), methods=[name], timer=self.timer,
-                        on_outputs=_collector(logits))
+        runner = Runner(StepContext(self.ev, self.source, self.recipes_of([name]), methods=[name], timer=self.timer,
+                                    on_outputs=_collector(logits)))
         self.timer.take()
         with PeakMemory(self.device) as mem:
             for batch in _chunks(ids, self.config.batch_size):
@@ -364,7 +365,7 @@ class Bench:
 
     def decode_views(self, ids: Sequence[int]) -> float:
         """Decode and draw the views of `ids` (kept for the rounds), as the engine's loader does; seconds."""
-        runner = Runner(self.ev, self.source, self.recipes, timer=self.timer)
+        runner = Runner(StepContext(self.ev, self.source, self.recipes, timer=self.timer))
         self.timer.take()
         for batch in _chunks(ids, self.config.batch_size):
             items = runner.load(batch)

@@ -15,10 +15,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--json", action="store_true", help="print as JSON")
     out.add_argument("--table", action="store_true",
                      help="print the methods table (markdown, each name linking its folder's README.md)")
+    out.add_argument("--bibtex", action="store_true", help="print every method's citation as BibTeX (cite the "
+                                                           "methods you report; CITATION.cff cites shiftlab)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bibtex:
+        from .citations import print_bibtex
+        return print_bibtex()
     rows = catalogue.entries()
     if args.table:
         print(catalogue.readme_table(rows))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
 from . import checks, config_file, tracking
@@ -329,6 +329,24 @@ def attack_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _domains(cfg: RunConfig, suite: Any, datasets: dict, dataset: str) -> Any:
+    """A suite as one stream of domains (--order continual|mixed): its datasets, or for the corruption suite
+    --dataset under each of its corruptions (`engine.shifts.run_dataset`, as its own run would read it)."""
+    import dataclasses
+
+    from ..datasets.domains import SEPARATOR, domain_sequence
+    from ..datasets.suites import parse_corruption_entry
+    from ..engine.shifts import run_dataset
+    if suite.kind != "corruption":
+        return domain_sequence({name: datasets[name] for name in suite.datasets})
+    parts = {}
+    for entry in suite.datasets:
+        corruption, severity = parse_corruption_entry(entry)
+        parts[entry] = run_dataset(dataclasses.replace(cfg, dataset=dataset, corruption=corruption, severity=severity),
+                                   datasets[dataset])
+    return domain_sequence(parts, name=f"{dataset}:{SEPARATOR.join(parts)}")
+
+
 def dataset_names(args: argparse.Namespace) -> list[str]:
     """The datasets this command evaluates: --dataset, or every dataset of --suite/--datasets (a corruption suite
     evaluates --dataset under each corruption)."""
@@ -398,8 +416,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         try:
             if suite is not None and cfg.order in ("continual", "mixed"):   # one run over the datasets as domains
-                from ..datasets.domains import domain_sequence
-                sequence = domain_sequence({name: datasets[name] for name in suite.datasets})
+                sequence = _domains(cfg, suite, datasets, args.dataset)
                 cfg.dataset = sequence.name
                 summary = run_engine(cfg, model=model, dataset=sequence)
             elif suite is not None:

@@ -25,10 +25,12 @@ SEPARATOR = "+"   # the run's dataset name: the domains' names joined, in stream
 class DomainSequence(FolderDataset):
     parts: list[FolderDataset] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)   # index of each part's first sample
+    domains: list[str] = field(default_factory=list)  # each part's name in the stream (a dataset, `fog-5`)
 
     @property
-    def domains(self) -> list[str]:
-        return [part.name for part in self.parts]
+    def domain_info(self) -> dict[str, dict | None]:
+        """Each domain's shift as run.json records it (`shared.domains`): its corruption, or None."""
+        return {name: getattr(part, "corruption_info", None) for name, part in zip(self.domains, self.parts)}
 
     @property
     def domain_index(self) -> list[int]:
@@ -47,10 +49,11 @@ class DomainSequence(FolderDataset):
         return part.image(j)
 
 
-def domain_sequence(datasets: Mapping[str, FolderDataset]) -> DomainSequence:
-    """The datasets (name -> dataset, in stream order) as one dataset of domains; a DatasetError (one line)
-    unless there are two or more and all have the same class names in the same order."""
-    names = list(datasets)
+def domain_sequence(datasets: Mapping[str, FolderDataset], name: str | None = None) -> DomainSequence:
+    """The datasets (domain name -> dataset, in stream order) as one dataset of domains named `name` (default:
+    the domains' names joined by SEPARATOR); a DatasetError (one line) unless there are two or more and all
+    have the same class names in the same order."""
+    names, title = list(datasets), name
     if len(names) < 2:
         raise DatasetError(f"a stream of domains needs two datasets or more (--datasets a,b or --suite), got "
                            f"{len(names)}")
@@ -70,5 +73,5 @@ def domain_sequence(datasets: Mapping[str, FolderDataset]) -> DomainSequence:
         warnings += [f"{name}: {w}" for w in datasets[name].warnings]
     root = Path(os.path.commonpath([str(datasets[n].root) for n in names]))
     return DomainSequence(root=root, samples=samples, classnames=list(first.classnames), wnids=first.wnids,
-                          name=SEPARATOR.join(names), warnings=warnings, parts=[datasets[n] for n in names],
-                          starts=starts)
+                          name=title or SEPARATOR.join(names), warnings=warnings, parts=[datasets[n] for n in names],
+                          starts=starts, domains=names)

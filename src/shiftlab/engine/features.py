@@ -89,7 +89,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from .config import check_run_config, expand_methods, resolve_device, resolve_workers, run_stream
     from .prepare import prepare
     from .shifts import run_dataset
-    from .step import Evaluator, Runner, ViewDataset, collate, view_generators
+    from .step import Evaluator, Runner, StepContext, ViewDataset, collate, view_generators
     config = check_run_config(config)
     if not config.features:
         raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
@@ -110,8 +110,8 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     store = open_run_features(config, dist, dataset, model, run_identity)
     if store is None or not store.writable:
         raise FileExistsError(f"{config.features} is being written by another process; try again when it is done")
-    runner = Runner(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, config.seed),
-                    settings=["clean"], features=store)
+    runner = Runner(StepContext(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, config.seed),
+                                settings=["clean"], features=store))
     before = store.served(order, runner.store_keys())
     todo = [sid for i, sid in enumerate(order) if sid not in before and i % dist.world_size == dist.rank]
     workers = resolve_workers(config.workers, device, dist)

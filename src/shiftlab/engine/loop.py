@@ -43,7 +43,7 @@ from .config import (
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
-from .step import Evaluator, Runner, ViewDataset, collate, view_generators, views_per_group
+from .step import Evaluator, Runner, StepContext, ViewDataset, collate, view_generators, views_per_group
 
 __all__ = ["RunHooks", "run"]
 
@@ -196,8 +196,9 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         pending = _whole_batches(plan, pending)
     timer = PhaseTimer()
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
-    runner = Runner(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
-                    done=done, timer=timer, online_start=online_start, features=store, group_views=group_views)
+    runner = Runner(StepContext(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
+                                done=done, timer=timer, online_start=online_start, features=store,
+                                group_views=group_views or {}))
     served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),

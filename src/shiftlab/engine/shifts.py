@@ -75,6 +75,8 @@ def run_dataset(config: RunConfig, given: Any = None) -> Any:
     from ..datasets.corrupted import CorruptedDataset
     from ..datasets.openset import OpenSetDataset
     from ..datasets.specs import DATASETS
+    if getattr(given, "domain_info", None) is not None:   # a stream of domains (--order continual|mixed) carries
+        return given                                      # each domain's own shift (datasets.domains)
     problem = shift_problem(config)
     if problem:
         raise ValueError(problem)

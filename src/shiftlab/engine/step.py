@@ -1,6 +1,6 @@
 """The engine step: a batch of decoded samples -> records, for every method and setting.
 
-    runner = Runner(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, seed))
+    runner = Runner(StepContext(evaluator, dataset, view_generators(evaluator.methods, model.preprocess, seed)))
     records = runner.step(runner.load(ids))       # or batches of BatchItem from a DataLoader
 
 A `BatchItem` carries its views keyed by view recipe family (`recipe_key`: recipes that differ
@@ -17,7 +17,7 @@ import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset
@@ -34,6 +34,11 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.preprocess import Preprocess
 from ..views.recipe import ViewRecipe
 from .phases import PhaseTimer, text_tower_timer
+
+if TYPE_CHECKING:
+    from ..attacks.pixels import ImageAttack
+    from ..datasets.base import FolderDataset
+    from .planning import Plan
 
 
 def recipe_key(recipe: ViewRecipe) -> str:
@@ -194,36 +199,55 @@ class Evaluator:
         return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
 
 
+OutputsHook = Callable[[str, str, list[int], list[MethodOutput]], None]
+
+
+@dataclass
+class StepContext:
+    """Everything an engine step works with besides its batch, typed: the evaluator (model, heads, methods),
+    the samples and the view generators (one per recipe family, `view_generators`); then what a run sets:
+    its `settings` ("clean", an attack's), the `attacker` of attacked settings, the `plan` (which rank
+    owns which record) and `done` (the resume's record keys, `rundir.records.is_missing`), the `methods`
+    to run (default: all of the evaluator's), the `timer`, `online_start` (the stream position from which
+    online methods compute), the `features` store, `on_outputs(method, setting, ids, outputs)` (the
+    benchmark compares logits) and `group_views` ((recipe family, precision key) -> the fewest views its
+    encodings hold: `--orders`' later orders encode what the first order's methods did)."""
+    evaluator: Evaluator
+    dataset: FolderDataset   # or what answers as one: samples, image(i), label(i) (a bench's images, domains)
+    recipes: Mapping[str, ViewGenerator]
+    settings: Sequence[str] = ("clean",)
+    attacker: ImageAttack | None = None
+    plan: Plan | None = None
+    done: set[tuple[int, str, str]] = field(default_factory=set)
+    methods: Sequence[str] | None = None
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    online_start: int = 0
+    features: Any = None   # an engine.features.RunFeatures (which imports this module: named, not imported)
+    on_outputs: OutputsHook | None = None
+    group_views: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
 class Runner:
-    """One engine step over a batch, for `methods` (default: all of the evaluator's) and `settings`.
+    """One engine step over a batch, with what its `StepContext` says: `done` (resume keys) and `plan`
+    (which rank owns which record) decide what is computed; online methods (`episodic = False`) compute
+    every sample at stream position >= `online_start` (their state must see the whole stream; the caller
+    drops records that already exist)."""
 
-    `done` (resume keys) and `plan` (which rank owns which record) decide what is computed;
-    online methods (`episodic = False`) compute every sample at stream position >= `online_start`
-    (their state must see the whole stream; the caller drops records that already exist).
-    `on_outputs(method, setting, ids, outputs)` sees the raw outputs (the benchmark compares logits).
-    """
-
-    def __init__(self, evaluator: Evaluator, dataset: Any, recipes: Mapping[str, ViewGenerator], *,
-                 settings: Sequence[str] = ("clean",), attacker: Any = None, plan: Any = None,
-                 done: set | None = None, methods: Sequence[str] | None = None, timer: PhaseTimer | None = None,
-                 online_start: int = 0, features: Any = None,
-                 on_outputs: Callable[[str, str, list[int], list[MethodOutput]], None] | None = None,
-                 group_views: Mapping[tuple[str, str], int] | None = None):
-        self.evaluator = evaluator
-        self.dataset = dataset
-        self.recipes = dict(recipes)
-        self.settings = list(settings)
-        self.attacker = attacker
-        self.plan = plan
-        self.done = done if done is not None else set()
-        self.methods = list(methods) if methods is not None else list(evaluator.methods)
-        self.timer = timer or PhaseTimer()
-        self.online_start = online_start
-        self.on_outputs = on_outputs
-        self.features = features   # a feature_store.RunFeatures, or None
-        # (recipe family, precision key) -> the fewest views its encodings hold: `--orders`' later orders run the
-        # online methods alone yet encode (and read from a feature store) what the first order's methods did
-        self.group_views = dict(group_views or {})
+    def __init__(self, context: StepContext):
+        self.context = context
+        self.evaluator = context.evaluator
+        self.dataset = context.dataset
+        self.recipes = dict(context.recipes)
+        self.settings = list(context.settings)
+        self.attacker = context.attacker
+        self.plan = context.plan
+        self.done = context.done
+        self.methods = list(context.methods) if context.methods is not None else list(self.evaluator.methods)
+        self.timer = context.timer
+        self.online_start = context.online_start
+        self.on_outputs = context.on_outputs
+        self.features = context.features   # a feature_store.RunFeatures, or None
+        self.group_views = dict(context.group_views)
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (`recipe_key`)."""

@@ -7,8 +7,6 @@ of report.html, before the navigation, in the page's warning style.
 """
 from __future__ import annotations
 
-import sys
-
 from shiftlab.report.data import ReportData
 from shiftlab.results import suite_table
 from shiftlab.results.display import is_random_weights
@@ -23,20 +21,17 @@ def base_method(key: str) -> str:
 
 def transductive(method: str) -> bool:
     """Whether `method` reads more than the current sample and its past (a batch's other samples, the
-    whole test set): its class's `transductive` fact, False where it declares none or is unknown.
-
-    Read from the registry where it is imported (a method registered at run time included), else
-    from the catalogue, which stores the fact only for the methods that declare it."""
-    name = base_method(method)
-    if "shiftlab.methods" in sys.modules:
-        from shiftlab.methods.base import get_method_class
-        try:
-            return bool(getattr(get_method_class(name), "transductive", False))
-        except (KeyError, ValueError):
-            return False
-    from shiftlab import catalogue
-    entry = next((e for e in catalogue.entries() if e.get("name") == name), None)
-    return bool(entry and entry.get("transductive", False))
+    whole test set): its spec's `transductive` fact or capability, or the episodic-batch capability
+    (`Capabilities.batches`: it adapts on a batch of test images together); False for an unknown name.
+    Read from the torch-free specs, so the report imports no torch."""
+    from shiftlab.methods.specs import spec
+    try:
+        cls = spec(base_method(method))
+    except (KeyError, ValueError):
+        return False
+    caps = getattr(cls, "capabilities", None)
+    return bool(getattr(cls, "transductive", False) or getattr(caps, "transductive", False)
+                or getattr(caps, "batches", False))
 
 
 def run_partial_note(data: ReportData, run) -> str:

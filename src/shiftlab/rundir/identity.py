@@ -46,12 +46,12 @@ from .record_files import run_dir_error
 IDENTITY_FILE = "run.json"
 # a change means another stream of samples
 STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "delta", "stream_seed", "orders", "order_seeds",
-                 "corruption", "open_set")
+                 "corruption", "open_set", "domains")
 ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted from the resuming run
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 # absent from run.json files written before streams and batches were declared: adopted at these values
 STREAM_DEFAULTS: dict[str, Any] = {"delta": None, "stream_seed": None, "orders": 1, "order_seeds": None,
-                                   "batch_size": None}
+                                   "batch_size": None, "domains": None}
 
 
 class RunIdentityError(ValueError):
@@ -164,6 +164,8 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         # shifts (engine/shifts.py): the corruption (name, severity, stored or generated with its seed and package)
         # and the open-set mix (OOD sets, ratio, seed, counts); null for a clean, closed-set run
         "corruption": jsonable(getattr(dataset, "corruption_info", None)),
+        # a stream of domains (datasets.domains): each domain's corruption (or null), in stream order
+        "domains": jsonable(getattr(dataset, "domain_info", None)),
         "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
@@ -178,6 +180,7 @@ SHARED_TYPES: dict[str, tuple] = {
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
     "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
     "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
+    "domains": (dict, None),
 }
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}

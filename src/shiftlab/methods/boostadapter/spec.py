@@ -56,6 +56,13 @@ class BoostAdapterConfig(TDAConfig):
 
 class BoostAdapterSpec(MethodSpec):
     name = "boostadapter"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{zhang2024boostadapter,
+  title = {BoostAdapter: Improving Test-Time Adaptation via Regional Bootstrapping},
+  author = {Zhang, Taolin and Wang, Jinpeng and Guo, Hang and Dai, Tao and Chen, Bin and Xia, Shu-Tao},
+  journal = {arXiv preprint arXiv:2410.15430},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)

@@ -44,6 +44,13 @@ class DMNConfig(ViewMethodConfig):
 
 class DMNZeroShotSpec(MethodSpec):
     name = "dmn_zs"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{zhang2024dmn,
+  title = {Dual Memory Networks: A Versatile Adaptation Approach for Vision-Language Models},
+  author = {Zhang, Yabin and Zhu, Wenjie and Tang, Hui and Ma, Zhiyuan and Zhou, Kaiyang and Zhang, Lei},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.dmn_zs.method:DMNZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DMNConfig

@@ -45,6 +45,14 @@ class DOTAConfig(ViewMethodConfig):
 
 class DOTASpec(MethodSpec):
     name = "dota"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{han2024dota,
+  title = {DOTA: Distributional Test-Time Adaptation of Vision-Language Models},
+  author = {Han, Zongbo and Yang, Jialong and Wang, Guangyu and Li, Junfan and Xu, Qianli and Shou, Mike Zheng
+      and Zhang, Changqing},
+  journal = {arXiv preprint arXiv:2409.19375},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DOTAConfig

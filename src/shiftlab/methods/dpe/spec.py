@@ -50,6 +50,13 @@ class DPEConfig(ViewMethodConfig):
 
 class DPESpec(MethodSpec):
     name = "dpe"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@article{zhang2024dpe,
+  title = {Dual Prototype Evolving for Test-Time Generalization of Vision-Language Models},
+  author = {Zhang, Ce and Stepputtis, Simon and Sycara, Katia and Xie, Yaqi},
+  journal = {arXiv preprint arXiv:2410.12790},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DPEConfig

@@ -45,6 +45,14 @@ class DynaPromptConfig(ViewMethodConfig):
 
 class DynaPromptSpec(MethodSpec):
     name = "dynaprompt"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{xiao2025dynaprompt,
+  title = {DynaPrompt: Dynamic Test-Time Prompt Tuning},
+  author = {Xiao, Zehao and Yan, Shilin and Hong, Jack and Cai, Jiayin and Jiang, Xiaolong and Hu, Yao and Shen,
+      Jiayi and Wang, Qi and Snoek, Cees G. M.},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.dynaprompt.method:DynaPrompt"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DynaPromptConfig

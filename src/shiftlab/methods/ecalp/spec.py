@@ -39,6 +39,15 @@ class ECALPConfig(MethodConfig):
 
 class ECALPSpec(MethodSpec):
     name = "ecalp"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{li2025ecalp,
+  title = {Efficient and Context-Aware Label Propagation for Zero-/Few-Shot Training-Free Adaptation of
+      Vision-Language Model},
+  author = {Li, Yushu and Su, Yongyi and Goodge, Adam and Jia, Kui and Xu, Xun},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2025},
+  url = {https://openreview.net/forum?id=D10yarGQNk}
+}"""
     impl = "shiftlab.methods.ecalp.method:ECALP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = ECALPConfig

@@ -31,6 +31,14 @@ class MTAConfig(ViewMethodConfig):
 
 class MTASpec(MethodSpec):
     name = "mta"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{zanella2024mta,
+  title = {On the Test-Time Zero-Shot Generalization of Vision-Language Models: Do We Really Need Prompt
+      Learning?},
+  author = {Zanella, Maxime and Ben Ayed, Ismail},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.mta.method:MTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = MTAConfig

@@ -44,6 +44,15 @@ class OGAConfig(MethodConfig):
 
 class OGASpec(MethodSpec):
     name = "oga"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{fuchs2025oga,
+  title = {Online Gaussian Test-Time Adaptation of Vision-Language Models},
+  author = {Fuchs, Cl{\'e}ment and Zanella, Maxime and De Vleeschouwer, Christophe},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)
+      Workshops},
+  pages = {128--137},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.oga.method:OGA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = OGAConfig

@@ -52,6 +52,13 @@ class OnZetaConfig(MethodConfig):
 
 class OnZetaSpec(MethodSpec):
     name = "onzeta"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{qian2024onzeta,
+  title = {Online Zero-Shot Classification with CLIP},
+  author = {Qian, Qi and Hu, Juhua},
+  booktitle = {European Conference on Computer Vision (ECCV)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.onzeta.method:OnZeta"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = OnZetaConfig

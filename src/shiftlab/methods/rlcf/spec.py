@@ -43,6 +43,13 @@ class RLCFConfig(PromptTuningConfig):
 
 class RLCFSpec(PromptTuningSpec):
     name = "rlcf"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{zhao2024rlcf,
+  title = {Test-Time Adaptation with CLIP Reward for Zero-Shot Generalization in Vision-Language Models},
+  author = {Zhao, Shuai and Wang, Xiaohan and Zhu, Linchao and Yang, Yi},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.rlcf.method:RLCF"
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
     config_class = RLCFConfig

@@ -53,6 +53,13 @@ class TDAConfig(ViewMethodConfig):
 
 class TDASpec(MethodSpec):
     name = "tda"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{karmanov2024tda,
+  title = {Efficient Test-Time Adaptation of Vision-Language Models},
+  author = {Karmanov, Adilbek and Guan, Dayan and Lu, Shijian and El Saddik, Abdulmotaleb and Xing, Eric},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.tda.method:TDA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = TDAConfig

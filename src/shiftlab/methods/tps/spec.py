@@ -55,6 +55,14 @@ class TPSConfig(ViewMethodConfig):
 
 class TPSSpec(MethodSpec):
     name = "tps"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{sui2025tps,
+  title = {Just Shift It: Test-Time Prototype Shifting for Zero-Shot Generalization with Vision-Language
+      Models},
+  author = {Sui, Elaine and Wang, Xiaohan and Yeung-Levy, Serena},
+  booktitle = {Proceedings of the IEEE/CVF Winter Conference on Applications of Computer Vision (WACV)},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.tps.method:TPS"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = TPSConfig

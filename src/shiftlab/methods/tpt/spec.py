@@ -61,6 +61,14 @@ class PromptTuningSpec(MethodSpec):
 
 class TPTSpec(PromptTuningSpec):
     name = "tpt"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{shu2022tpt,
+  title = {Test-Time Prompt Tuning for Zero-Shot Generalization in Vision-Language Models},
+  author = {Shu, Manli and Nie, Weili and Huang, De-An and Yu, Zhiding and Goldstein, Tom and Anandkumar, Anima
+      and Xiao, Chaowei},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2022}
+}"""
     impl = "shiftlab.methods.tpt.method:TPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     summary = "TPT: tune 4 context tokens on the 10% most confident views (marginal entropy), predict view 0"
@@ -83,6 +91,14 @@ class TPTSpec(PromptTuningSpec):
 
 class CTPTSpec(PromptTuningSpec):
     name = "ctpt"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{yoon2024ctpt,
+  title = {C-TPT: Calibrated Test-Time Prompt Tuning for Vision-Language Models via Text Feature Dispersion},
+  author = {Yoon, Hee Suk and Yoon, Eunseop and Tee, Joshua Tian Jin and Hasegawa-Johnson, Mark and Li, Yingzhen
+      and Yoo, Chang D.},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.tpt.method:CTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = CTPTConfig
@@ -109,6 +125,13 @@ class CTPTSpec(PromptTuningSpec):
 
 class RTPTSpec(PromptTuningSpec):
     name = "rtpt"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{sheng2025rtpt,
+  title = {R-TPT: Improving Adversarial Robustness of Vision-Language Models through Test-Time Prompt Tuning},
+  author = {Sheng, Lijun and Liang, Jian and Wang, Zilei and He, Ran},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.tpt.method:RTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = RTPTConfig

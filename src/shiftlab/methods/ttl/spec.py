@@ -46,6 +46,16 @@ class TTLConfig(ViewMethodConfig):
 
 class TTLSpec(MethodSpec):
     name = "ttl"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@misc{imam2024ttl,
+  title = {Test-Time Low Rank Adaptation via Confidence Maximization for Zero-Shot Generalization of
+      Vision-Language Models},
+  author = {Imam, Raza and Gani, Hanan and Huzaifa, Muhammad and Nandakumar, Karthik},
+  year = {2024},
+  eprint = {2407.15913},
+  archivePrefix = {arXiv},
+  primaryClass = {cs.CV}
+}"""
     impl = "shiftlab.methods.ttl.method:TTL"
     capabilities = Capabilities(reads=(OWN_TOWER), state=EPISODIC)
     config_class = TTLConfig

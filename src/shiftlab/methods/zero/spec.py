@@ -28,6 +28,13 @@ class ZeroConfig(ViewMethodConfig):
 
 class ZeroSpec(MethodSpec):
     name = "zero"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
+    bibtex = r"""@inproceedings{farina2024zero,
+  title = {Frustratingly Easy Test-Time Adaptation of Vision-Language Models},
+  author = {Farina, Matteo and Franchi, Gianni and Iacca, Giovanni and Mancini, Massimiliano and Ricci, Elisa},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2024}
+}"""
     impl = "shiftlab.methods.zero.method:Zero"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = ZeroConfig

@@ -15,6 +15,23 @@ from ..specs import (
     ViewMethodConfig,
 )
 
+# the papers these baselines cite (`shiftlab methods --bibtex`)
+CLIP_BIBTEX = r"""@inproceedings{radford2021clip,
+  title = {Learning Transferable Visual Models From Natural Language Supervision},
+  author = {Radford, Alec and Kim, Jong Wook and Hallacy, Chris and Ramesh, Aditya and Goh, Gabriel and Agarwal,
+      Sandhini and Sastry, Girish and Askell, Amanda and Mishkin, Pamela and Clark, Jack and Krueger, Gretchen
+      and Sutskever, Ilya},
+  booktitle = {Proceedings of the 38th International Conference on Machine Learning (ICML)},
+  pages = {8748--8763},
+  year = {2021}
+}"""
+R_TPT_BIBTEX = r"""@inproceedings{sheng2025rtpt,
+  title = {R-TPT: Improving Adversarial Robustness of Vision-Language Models through Test-Time Prompt Tuning},
+  author = {Sheng, Lijun and Liang, Jian and Wang, Zilei and He, Ran},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2025}
+}"""
+
 
 @dataclass
 class ViewEnsembleConfig(ViewMethodConfig):
@@ -23,6 +40,7 @@ class ViewEnsembleConfig(ViewMethodConfig):
 
 class ZeroShotSpec(MethodSpec):
     name = "zeroshot"
+    bibtex = CLIP_BIBTEX   # its paper, as `shiftlab methods --bibtex` prints it
     impl = "shiftlab.methods.zeroshot.method:ZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     summary = "CLIP zero-shot, 'a photo of a {name}.', view 0"
@@ -41,6 +59,7 @@ class ZeroShotSpec(MethodSpec):
 
 class PromptEnsembleSpec(MethodSpec):
     name = "prompt_ensemble"
+    bibtex = CLIP_BIBTEX   # its paper, as `shiftlab methods --bibtex` prints it
     impl = "shiftlab.methods.zeroshot.method:PromptEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     summary = "CLIP's 80-template prompt ensemble, view 0"
@@ -57,6 +76,8 @@ class PromptEnsembleSpec(MethodSpec):
 
 class ViewEnsembleSpec(MethodSpec):
     name = "view_ensemble"
+    # CLIP, and the R-TPT paper, whose table holds this 'Ensemble' row (its text as tpt/spec.py's rtpt: one key)
+    bibtex = CLIP_BIBTEX + "\n" + R_TPT_BIBTEX
     impl = "shiftlab.methods.zeroshot.method:ViewEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = ViewEnsembleConfig
