@@ -284,3 +284,114 @@ def test_torchrun_ranks_write_their_own_shards_into_one_store(tmp_path, tiny_mod
     strip = [{(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
               for r in record_files.iter_records(tmp_path / d / "records.jsonl")} for d in ("job", "single")]
     assert strip[0] == strip[1] and len(strip[0]) == 8
+
+
+# --- every byte read back is verified (issue 29 findings 2-3, issue 34 item 4) ---------------------------
+
+
+def test_rows_are_bound_to_their_sample_ids_not_their_places(tmp_path, capsys):
+    """Two index rows swapped consistently (ids and samples, and the index's own checksum made to match,
+    as a tool rewriting the index would) serve neither sample the other's features."""
+    from shiftlab.rundir import feature_store
+    paths, feats = _files(tmp_path, 2), torch.randn(2, 4, 8)
+    _fill(tmp_path / "fs", paths, _key(), feats)
+    (index,) = [p for p in (tmp_path / "fs").rglob("*.json") if p.name not in ("key.json", "store.json")]
+    meta = json.loads(index.read_text())
+    for field in ("ids", "samples"):
+        meta[field] = meta[field][::-1]
+    index.write_text(json.dumps(meta))
+    # the index's own checksum no longer matches: not read at all
+    assert FeatureStore(tmp_path / "fs").entry(_key()).features(0) is None
+    assert "altered shard index" in capsys.readouterr().err
+    meta["index_sha256"] = feature_store._index_digest(meta)
+    index.write_text(json.dumps(meta))
+    # what the issue found: each sample served the other's features (rows checked by position alone)
+    entry = FeatureStore(tmp_path / "fs").entry(_key())
+    assert entry.features(0, paths[0]) is None and entry.features(1, paths[1]) is None
+    assert "damaged or truncated, or its index was altered" in capsys.readouterr().err
+
+
+def test_entries_say_which_sample_each_row_is_and_print_readably(tmp_path):
+    paths, feats = _files(tmp_path, 3), torch.randn(3, 4, 8)
+    key = _key()
+    with FeatureStore(tmp_path / "fs", "w") as store:
+        for sid in range(3):
+            store.put(key, sid, None, feats[sid], info=feature_store_info(paths[sid], label=10 + sid))
+        assert "writing" in repr(store)
+    store = FeatureStore(tmp_path / "fs")
+    entry = store.find(model="RN50")
+    assert [entry.label(s) for s in entry.ids()] == [10, 11, 12]
+    assert [entry.source(s) for s in entry.ids()] == [f"src/{p.name}" for p in paths]
+    assert entry.label(7) is None and entry.source(7) is None
+    assert repr(store) == f"<FeatureStore {str(tmp_path / 'fs')!r} (read-only): 1 entry of RN50>"
+    assert repr(entry) == (f"<FeatureStore entry {key_digest(key)}: RN50, 64 views (views), seed 0, fp32, "
+                           "stored fp32; 3 samples>")
+
+
+def feature_store_info(path, label):
+    from shiftlab.rundir.feature_store import file_digest, sample_info
+    return sample_info(f"src/{path.name}", file_digest(path), label)
+
+
+@pytest.mark.slow
+def test_an_image_replaced_with_its_size_and_mtime_kept_is_encoded_again(tmp_path, capsys):
+    """`cp -p`, rsync and tar restore mtimes: a sample is the same only when its content is."""
+    import os
+
+    from shiftlab.synthetic import random_image
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(64, 48),
+                           image_format="bmp")   # uncompressed: every image the same byte size
+    cfg = dict(methods=["zeroshot", "mta"], views=8, workers=0, progress=False, batch_size=1,
+               features=str(tmp_path / "fs"), features_dtype="fp32")   # batches of 1: encoded alike in every run
+    run(RunConfig(out=str(tmp_path / "a"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    target = sorted(data.rglob("*.bmp"))[0]
+    st = target.stat()
+    random_image((64, 48), seed=4242).save(target, format="BMP")
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))   # touch -r
+    assert target.stat().st_size == st.st_size and target.stat().st_mtime_ns == st.st_mtime_ns
+    capsys.readouterr()
+    run(RunConfig(out=str(tmp_path / "b"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    assert "3 sample(s) read from the store" in capsys.readouterr().err
+    run(RunConfig(out=str(tmp_path / "plain"), **{**cfg, "features": None}), model=tiny_clip(0),
+        dataset=build_dataset("imagenet-r", data))
+    b, plain = ({(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
+                 for r in record_files.iter_records(tmp_path / d / "records.jsonl")} for d in ("b", "plain"))
+    assert b == plain and len(b) == 8
+    # the new image was stored beside the old one: a third run reads all four
+    run(RunConfig(out=str(tmp_path / "c"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    assert "4 sample(s) read from the store" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_second_sweep_with_another_grid_keeps_every_point_in_the_tables(tmp_path, tiny_checkpoint, capsys):
+    """Issue 29 finding 7: sweep.json/md/csv and the report list every point with records in the
+    directory, marked with the grid(s) it came from; a damaged sweep.json is said, its points recovered."""
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 100), per_class=1, size=(48, 40))
+    flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "4", "--workers", "0", "--no-progress", "--allow-partial",
+             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep")]
+    assert cli_main([*flags, "--grid", "tda.pos_alpha=1,4"]) == 0
+    assert cli_main([*flags, "--grid", "tda.neg_alpha=0.2"]) == 0
+    out = tmp_path / "sweep"
+    body = json.loads((out / "sweep.json").read_text())
+    assert {(r["variant"], tuple(r["grids"]), r["n"]) for r in body["rows"]} == {
+        ("tda@pos_alpha=1.0", (1,), 2), ("tda@pos_alpha=4.0", (1,), 2), ("tda@neg_alpha=0.2", (2,), 2)}
+    assert body["grids"] == [[["tda", "pos_alpha", [1.0, 4.0]]], [["tda", "neg_alpha", [0.2]]]]
+    md = (out / "sweep.md").read_text()
+    assert "| tda.pos_alpha=4.0 | tda |" in md and "| 2 | 1 |" in md and "| tda.neg_alpha=0.2 | tda |" in md
+    assert "| 2 | 2 |" in md
+    assert len((out / "sweep.csv").read_text().strip().splitlines()) == 4
+    from shiftlab.report.build import build_report
+    build_report([out], tmp_path / "report")
+    section = re.search(r'<section id="sweep">.*?</section>', (tmp_path / "report" / "report.html").read_text(),
+                        re.S).group(0)
+    assert section.count("tda.pos_alpha=") == 2 and section.count("tda.neg_alpha=") == 1
+    # the first grid again: nothing new, nothing lost; a damaged sweep.json is said and its points recovered
+    (out / "sweep.json").write_text((out / "sweep.json").read_text().replace('"n": 2', '"n": 3', 1))
+    capsys.readouterr()
+    assert cli_main([*flags, "--grid", "tda.pos_alpha=1,4"]) == 0
+    assert "sweep.json cannot be trusted" in capsys.readouterr().err
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert sorted(r["variant"] for r in rows) == ["tda@neg_alpha=0.2", "tda@pos_alpha=1.0", "tda@pos_alpha=4.0"]
+    assert all(r["n"] == 2 for r in rows)

@@ -69,3 +69,32 @@ def test_digest_covers_only_the_text_tower(tiny_model):
         b.clip.ln_final.weight.add_(1.0)
     b.clip.__dict__.pop("_shiftlab_text_digest", None)
     assert head_cache.text_tower_digest(a.clip) != head_cache.text_tower_digest(b.clip)
+
+
+def test_bytes_flipped_inside_the_tensor_are_found_said_and_rebuilt(tiny_model, cache, capsys):
+    """Issue 29 finding 1: the header still parses, only the tensor's bytes differ."""
+    base = class_head(tiny_model, NAMES, TEMPLATES)
+    path = cache / f"{head_key(tiny_model)}.safetensors"
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) - 40, len(data) - 8):              # inside the tensor data, at the file's end
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    capsys.readouterr()
+    again = class_head(tiny_model, NAMES, TEMPLATES)
+    assert torch.equal(again, base)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "built again" in err[0]
+    assert torch.equal(class_head(tiny_model, NAMES, TEMPLATES), base)   # rewritten intact: read silently
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unwritable_cache_folder_costs_one_line_and_the_head_is_built(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(head_cache, "MIN_PROMPTS", 20)
+    monkeypatch.setenv("SHIFTLAB_HEAD_CACHE", "1")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SHIFTLAB_CACHE", str(blocker))          # heads/ would be inside a file
+    head = class_head(tiny_model, NAMES, TEMPLATES)
+    assert head.shape[0] == len(NAMES)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write" in err[0] and "kept in memory" in err[0]

@@ -140,3 +140,21 @@ def test_torchrun_ranks_each_handle_the_signal_and_rank0_alone_says_so(data, tmp
     assert [child.exit_code(r) for r in (0, 1)] == [143, 143]   # what each rank returned
     assert cli_main(_argv(data, out, "--workers", "0", "--resume", methods=methods)) == 0
     assert _strip(out / "records.jsonl") == _strip(ref / "records.jsonl")
+
+
+@pytest.mark.slow
+def test_held_back_online_records_are_written_when_the_signal_comes_between_steps(data, reference, tmp_path):
+    """Issue 29 finding 8: with the default checkpoint interval an online method holds its records back;
+    an interrupt between steps checkpoints them, so the line counts the samples whose records are all on
+    disk (it said 0 while records.jsonl held the episodic ones), and --resume completes exactly."""
+    out = tmp_path / "run"
+    argv = _argv(data, out, "--workers", "0")
+    argv[argv.index("--online-checkpoint-seconds") + 1] = "600"
+    with GatedRun(tmp_path / "gate", argv, at="after_step:1") as child:
+        child.wait_reached()
+        child.signal(signal.SIGINT)
+        assert child.wait(timeout=120) == 130
+    _check_interrupted(out, child.stderr)
+    assert {r["method"] for r in record_files.iter_records(out / "records.jsonl")} == {"zeroshot", "tpt", "tda"}
+    assert cli_main([*argv, "--resume"]) == 0
+    assert _strip(out / "records.jsonl") == reference

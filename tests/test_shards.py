@@ -86,3 +86,49 @@ def test_a_run_on_shards_writes_records_and_a_damaged_image_is_an_error_record(t
     assert bad["path"] == "test/1.tar/s0000009.png" and "not a recognised image format" in bad["error"]
     assert cli_main(argv + ["--resume"]) == 0                     # nothing left: same records
     assert len((out / "records.jsonl").read_text().splitlines()) == 5
+
+
+# --- a shard never loses a sample without a word (issue 29 finding 4) ---------------------------------
+
+
+def test_a_shard_cut_at_a_member_boundary_is_said_with_its_offset(tmp_path):
+    """Issue 29 finding 4: 8 samples, the tar cut where a header begins: tar itself reads the first ones
+    and stops without a word; the dataset says the shard and the byte where it ends."""
+    names = shiftlab.classnames("imagenet-r")
+    root = write_wds(tmp_path / "wds_imagenet-r", [list(range(8))], names)
+    shard = root / "test" / "0.tar"
+    data = shard.read_bytes()
+    with tarfile.open(shard) as tar:
+        cut = [m.offset for m in tar.getmembers()][10]          # the header of sample 5's image
+    shard.write_bytes(data[:cut])
+    ds = build_dataset("imagenet-r", tmp_path)
+    assert len(ds) == 5 and ds.lost and all(str(cut) in line for line in ds.lost)
+    assert any(line.startswith("test/0.tar:") and "truncated" in line for line in ds.lost)
+    with pytest.raises(DatasetError, match=rf"samples are lost .*test/0.tar.* {cut}"):
+        ds.require_complete()
+
+
+def test_a_shard_cut_inside_an_image_loses_that_sample_by_name(tmp_path):
+    names = shiftlab.classnames("imagenet-r")
+    root = write_wds(tmp_path / "wds_imagenet-r", [list(range(4))], names)
+    shard = root / "test" / "0.tar"
+    with tarfile.open(shard) as tar:
+        member = tar.getmember("s0000002.png")
+    shard.write_bytes(shard.read_bytes()[:member.offset_data + 10])
+    ds = build_dataset("imagenet-r", tmp_path)
+    assert [p for p, _ in ds.samples] == ["test/0.tar/s0000000.png", "test/0.tar/s0000001.png"]
+    assert ds.lost[0].startswith("test/0.tar/s0000002.png: the shard is truncated at byte "
+                                 f"{member.offset_data + 10}")
+
+
+@pytest.mark.parametrize("where", ["within", "across"])
+def test_a_duplicate_key_is_refused_naming_both_members(tmp_path, where):
+    names = ["cat", "dog"]
+    root = write_wds(tmp_path / "d", [[0, 1], [1]], names)
+    victim = root / "test" / ("0.tar" if where == "within" else "1.tar")
+    with tarfile.open(victim, "a") as tar:
+        _add(tar, "s0000000.png", b"another image under the same key")
+    first = "test/0.tar/s0000000.png"
+    second = f"{victim.relative_to(root).as_posix()}/s0000000.png"
+    with pytest.raises(DatasetError, match=rf"duplicate sample key 's0000000': {first} and {second}"):
+        build_dataset("imagefolder", root)

@@ -63,3 +63,27 @@ def test_save_to_disk_arrow_files_and_wrong_class_lists(tmp_path):
     write_parquet(tmp_path / "imagenet-a", [[0]], ["x", "y"])
     with pytest.raises(DatasetError, match="not shiftlab's 200 imagenet-a classes in order"):
         build_dataset("imagenet-a", tmp_path / "imagenet-a")
+
+
+# --- a table never loses a sample without a word (issue 29 item 2) -------------------------------------
+
+
+def test_null_image_cells_and_labels_are_counted_and_missing_columns_named(tmp_path):
+    names = ["cat", "dog", "fox"]
+    root = tmp_path / "t"
+    (root / "data").mkdir(parents=True)
+    table = _table([0, 1, 2, 1], names)
+    rows = table.to_pylist()
+    rows[1]["image"]["bytes"] = None
+    rows[3]["label"] = None
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / "data" / "test-00000-of-00001.parquet")
+    ds = build_dataset("imagefolder", root)
+    assert [p for p, _ in ds.samples] == ["data/test-00000-of-00001.parquet#0", "data/test-00000-of-00001.parquet#2"]
+    assert ds.lost == ["data/test-00000-of-00001.parquet#1: no image bytes (a null cell)",
+                       "data/test-00000-of-00001.parquet#3: label None, not a class index"]
+    with pytest.raises(DatasetError, match=r"samples are lost \(2 problem\(s\)\): data/test-00000-of-00001.parquet#1"):
+        ds.require_complete()
+    pq.write_table(table.drop_columns(["label"]), root / "data" / "test-00000-of-00001.parquet")
+    with pytest.raises(DatasetError, match=r"^imagefolder: data/test-00000-of-00001.parquet: a table dataset needs "
+                                           r"a label column; found \['image'\]$"):
+        build_dataset("imagefolder", root)

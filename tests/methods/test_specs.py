@@ -113,3 +113,10 @@ def test_a_class_must_be_where_its_spec_says():
     spec = type("ElsewhereSpec", (MethodSpec,), {"name": "elsewhere", "impl": "somewhere.else:Thing"})
     with pytest.raises(TypeError, match="whose impl is 'somewhere.else:Thing'"):
         type("Thing", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Thing"})
+
+
+@pytest.mark.parametrize("name", sorted(specs.spec_names()))
+def test_every_test_config_is_a_checked_config_of_the_method(name):
+    spec = specs.spec(name)
+    config = specs.make_config(spec, **{**spec.offline_config, **spec.test_config})
+    assert all(getattr(config, k) == v for k, v in spec.test_config.items()), name

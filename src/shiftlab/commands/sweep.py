@@ -8,7 +8,10 @@ A point of a method is a method of its own in ONE run directory OUT: `tda@pos_al
 state along the one stream. Each sample's features are read from the store once (encoded into it the
 first time) and shared by every point; the run is resumable, and a later sweep with more grid values adds
 its new points to the same directory. OUT/sweep.md, sweep.csv and sweep.json give top-1, ECE and n per
-point and method; `*` marks the point with the method's own (published) setting.
+point and method, for every point of every grid swept into OUT (the `grid` column numbers the grids
+in sweep.json's `grids`, in the order they were swept); `*` marks the point with the method's own
+(published) setting. sweep.json carries its own SHA-256: a damaged one is said, and the earlier
+grids' points are then recovered from the run's methods (run.json) under grid "?".
 """
 from __future__ import annotations
 
@@ -121,32 +124,74 @@ def run(args: argparse.Namespace) -> int:
     if not summary:   # torchrun: ranks other than 0 leave the table to rank 0
         return 0
     defaults = _defaults(cfg, methods)
-    rows = []
+    grids, rows = _earlier(out)
+    this = [list(g) for g in args.grid]
+    if this not in grids:
+        grids.append(this)
+    number = grids.index(this) + 1
+    by_key = {(r["point"], r["variant"]): r for r in rows}
     for point in points:
         published = all(getattr(defaults[m], f) == v for m, c in point.items() for f, v in c.items())
         for m, fields in point.items():
-            s = summary["methods"].get(variant_name(m, fields), {})
-            rows.append({"point": point_label(point), "published": published, "method": m,
-                         "variant": variant_name(m, fields), "top1": s.get("top1"), "ece": s.get("ece"),
-                         "n": s.get("n")})
-    writes.write_file(out / SWEEP_JSON, json.dumps({"grid": [list(g) for g in args.grid], "rows": rows}, indent=1),
-                      SWEEP_ADVICE)
+            row = by_key.setdefault((point_label(point), variant_name(m, fields)),
+                                    {"point": point_label(point), "published": published, "method": m,
+                                     "variant": variant_name(m, fields), "grids": []})
+            row["grids"] = sorted(set(row.get("grids", [])) | {number}, key=str)
+    rows = list(by_key.values())
+    for row in rows:   # every point's numbers from the run directory's records as they are now
+        s = summary["methods"].get(row["variant"], {})
+        row.update(top1=s.get("top1"), ece=s.get("ece"), n=s.get("n"))
+    body = {"grid": this, "grids": grids, "rows": rows}
+    writes.write_file(out / SWEEP_JSON, json.dumps(body | {"sha256": _digest(body)}, indent=1), SWEEP_ADVICE)
     _write_table(out, rows)
     return 0
+
+
+def _digest(body: dict) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _earlier(out: Path) -> tuple[list, list[dict]]:
+    """The grids and rows of the sweeps already in `out` (sweep.json, checked against its SHA-256); when
+    it is damaged, the points are recovered from run.json's methods (`tda@pos_alpha=2.0`) under grid "?"."""
+    path = out / SWEEP_JSON
+    if not path.is_file():
+        return [], []
+    try:
+        data = json.loads(path.read_text())
+        body = {k: v for k, v in data.items() if k != "sha256"}
+        if data.get("sha256") != _digest(body):
+            raise ValueError("its SHA-256 does not match")
+        return list(data["grids"]), [dict(r) for r in data["rows"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"shiftlab sweep: warning: {path} cannot be trusted ({exc}); the earlier points are taken from "
+              "run.json's methods", file=sys.stderr)
+    try:
+        methods = json.loads((out / "run.json").read_text())["methods"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], []
+    rows = []
+    for variant in sorted(v for v in methods if "@" in v):
+        method, _, fields = variant.partition("@")
+        rows.append({"point": ",".join(f"{method}.{f}" for f in fields.split(",")), "published": False,
+                     "method": method, "variant": variant, "grids": ["?"]})
+    return [], rows
 
 
 def _write_table(out: Path, rows: list[dict[str, Any]]) -> None:
     def num(v: Any) -> str:
         return "-" if v is None else f"{v:.2f}"
-    lines = ["| point | method | top-1 | ECE | n |", "|---|---|---|---|---|"]
+    lines = ["| point | method | top-1 | ECE | n | grid |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['point']}{' *' if r['published'] else ''} | {r['method']} | {num(r['top1'])} | "
-              f"{num(r['ece'])} | {r['n']} |" for r in rows]
-    lines.append("\n`*`: the method's own (published) setting.")
+              f"{num(r['ece'])} | {r['n']} | {','.join(map(str, r['grids']))} |" for r in rows]
+    lines.append("\n`*`: the method's own (published) setting; grid: which sweep(s) of this directory ran the "
+                 "point (sweep.json's `grids`, in order).")
     md = "\n".join(lines) + "\n"
     writes.write_file(out / "sweep.md", md, SWEEP_ADVICE)
     buffer = io.StringIO(newline="")
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["point"])
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows([r | {"grids": " ".join(map(str, r["grids"]))} for r in rows])
     writes.write_file(out / "sweep.csv", buffer.getvalue(), SWEEP_ADVICE)
     print(md, end="")

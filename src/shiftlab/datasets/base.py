@@ -3,6 +3,7 @@
 long list is shortened in a message (`format_listing`)."""
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,10 @@ class FolderDataset:
     warnings: list[str] = field(default_factory=list)
     empty_classes: list[str] = field(default_factory=list)  # class folders (or class names) without a sample
     missing_samples: int = 0  # listed in a split file but not on disk (split layouts only)
+    # samples the files promise but cannot deliver (a truncated shard, a null image cell), one line each
+    # naming file and offset or row: an error unless --allow-partial, then counted in summary.json
+    lost: list[str] = field(default_factory=list)
+    found_layout: str = "class folders"   # what the builder found: `shiftlab datasets --data` says it
     corruption_info: dict | None = None  # a stored corrupted set's (corruption, severity): datasets/corrupted.py
 
     def __len__(self) -> int:
@@ -61,6 +66,18 @@ class FolderDataset:
     def label(self, i: int) -> int:
         return self.samples[i][1]
 
+    def source(self, i: int) -> str:
+        """Where sample i's bytes come from, as a person reads it (a file; `shard.tar/member`; `file#row`)."""
+        return str(self.path(i))
+
+    def read_bytes(self, i: int) -> bytes:
+        """Sample i's encoded image bytes, as stored (raises OSError when they cannot be read)."""
+        return self.path(i).read_bytes()
+
+    def content_digest(self, i: int) -> str:
+        """SHA-256 of sample i's encoded bytes: its identity in a feature store, whatever the layout."""
+        return hashlib.sha256(self.read_bytes(i)).hexdigest()
+
     @property
     def num_classes(self) -> int:
         return len(self.classnames)
@@ -71,7 +88,11 @@ class FolderDataset:
 
     def require_complete(self, max_empty_fraction: float = MAX_EMPTY_FRACTION) -> None:
         """Raise ``DatasetError`` when more than ``max_empty_fraction`` of the classes have no sample:
-        a partly copied or extracted dataset would otherwise score as if it were the real one."""
+        a partly copied or extracted dataset would otherwise score as if it were the real one; and when
+        any sample the files promise cannot be read (`lost`: a truncated shard, a null table cell)."""
+        if self.lost:
+            raise DatasetError(f"{self.name}: samples are lost ({len(self.lost)} problem(s)): {self.lost[0]}"
+                               + (f" (and {len(self.lost) - 1} more)" if len(self.lost) > 1 else ""))
         if len(self.empty_classes) > max_empty_fraction * self.num_classes:
             share = len(self.empty_classes) / self.num_classes
             raise DatasetError(

@@ -26,7 +26,7 @@ from .specs import DATASETS
 from .splits import build_split_dataset
 from .tables import build_table_dataset, table_files
 
-__all__ = ["build_dataset", "find_dataset_dir", "expand_root"]
+__all__ = ["build_dataset", "find_dataset_dir", "expand_root", "locate", "layout_of"]
 
 # what a folder may hold besides class folders: (its test, its loader), tried in order
 _HUB_LOADERS = ((shard_dir, build_shard_dataset), (table_files, build_table_dataset))
@@ -75,15 +75,51 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
     root = Path(root).expanduser()
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
+        sibling = _hub_sibling(name, root)
+        if sibling is not None:   # `--data data/{dataset}` beside the hub's data/wds_imagenet-r
+            exc = DatasetError(f"{spec.name} root {what}: {root}, but {sibling} beside it holds the dataset "
+                               f"({layout_of(name, sibling)}): pass --data {sibling.parent} or --data {sibling}")
+            exc.found_instead = sibling   # nothing to download: said by the CLI's hint
+            raise exc
         raise DatasetError(f"{spec.name} root {what}: {root}" + spec.folder_hint(root))
-    for dirname in sorted(spec.dirnames, key=lambda d: -d.count("/")):  # nested layouts first
+    return locate(name, root) or root
+
+
+def _hub_sibling(name: str, root: Path) -> Path | None:
+    """A folder beside a missing `root` that holds dataset `name` in a hub layout (webdataset shards
+    as `wds_<name>`, or parquet/arrow files under the dataset's own name)."""
+    parent = root.parent
+    if not parent.is_dir():
+        return None
+    folder = locate(name, parent)
+    if folder is not None and folder != root and (shard_dir(folder) is not None or table_files(folder)):
+        return folder
+    return None
+
+
+def locate(name: str, root: str | os.PathLike) -> Path | None:
+    """The folder named for dataset ``name`` under ``root`` (``{dataset}`` expanded): one of its
+    folder names (nested layouts first), or the hub's ``wds_<alias>``; None when there is none."""
+    root = expand_root(root, name)
+    for dirname in sorted(DATASETS.get(name).dirnames, key=lambda d: -d.count("/")):  # nested layouts first
         if (root / dirname).is_dir():
             return root / dirname
     for alias in DATASETS.aliases(name):   # the hub's CLIP_benchmark shards: wds_imagenet-r, wds_imagenet_sketch
         for dirname in dict.fromkeys((f"wds_{alias}", f"wds_{alias.replace('-', '_')}")):
             if (root / dirname).is_dir():
                 return root / dirname
-    return root
+    return None
+
+
+def layout_of(name: str, directory: Path) -> str:
+    """Which loader `build_dataset` picks for `directory` (said by `shiftlab datasets --data`)."""
+    if DATASETS.get(name).layout == "split":
+        return "test split file"
+    if shard_dir(directory) is not None:
+        return "webdataset shards"
+    if table_files(directory):
+        return "Hugging Face parquet/arrow table"
+    return "class folders"
 
 
 def expand_root(root: str | os.PathLike, name: str) -> Path:

@@ -197,4 +197,5 @@ def build_split_dataset(spec: DatasetSpec, root: str | os.PathLike, classnames: 
     if empty:
         warnings.append(f"{len(empty)} of {spec.num_classes} classes have no test image: {format_listing(empty)}")
     return FolderDataset(root=image_dir, samples=present, classnames=classnames, wnids=None, name=spec.name,
-                         warnings=warnings, empty_classes=empty, missing_samples=missing)
+                         warnings=warnings, empty_classes=empty, missing_samples=missing,
+                         found_layout="test split file")

@@ -65,8 +65,10 @@ def _columns(features: dict, schema: Any) -> tuple[str, str, list[str] | None]:
     image = image or ("image" if "image" in schema.names else ("img" if "img" in schema.names else None))
     label = next((n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"), None)
     label = label or next((n for n in ("label", "labels", "cls") if n in schema.names), None)
-    if image is None or label is None:
-        raise DatasetError(f"a table dataset needs an image column and a label column; found {schema.names}")
+    missing = [what for what, name in (("an image", image), ("a label", label))
+               if name is None or name not in schema.names]
+    if missing:
+        raise DatasetError(f"a table dataset needs {' and '.join(missing)} column; found {schema.names}")
     names = features.get(label, {}).get("names") if isinstance(features.get(label), dict) else None
     return image, label, names
 
@@ -82,21 +84,52 @@ def _read(path: Path) -> Any:
             return pa.ipc.open_file(source).read_all()
 
 
+def _rows_without_image(path: Path, column: str) -> set[int]:
+    """Rows whose image cell holds no bytes. A parquet file's statistics say so without reading the
+    images; only a file whose statistics report (or do not rule out) nulls has its column read."""
+    pa = _pyarrow()
+    if path.suffix == ".parquet":
+        meta = pa.parquet.ParquetFile(path).metadata
+        leaves = {f"{column}.bytes", column}
+        stats = [meta.row_group(g).column(c).statistics for g in range(meta.num_row_groups)
+                 for c in range(meta.num_columns) if meta.row_group(g).column(c).path_in_schema in leaves]
+        if stats and all(st is not None and st.has_null_count and st.null_count == 0 for st in stats):
+            return set()
+        cells = pa.parquet.read_table(path, columns=[column]).column(column)
+    else:
+        cells = _read(path).column(column)
+    cells = cells.combine_chunks()
+    data = cells.field("bytes") if pa.types.is_struct(cells.type) else cells
+    nulls = data.is_null().to_pylist()
+    if pa.types.is_struct(cells.type):
+        nulls = [a or b for a, b in zip(nulls, cells.is_null().to_pylist())]
+    return {row for row, null in enumerate(nulls) if null}
+
+
 @dataclass
 class TableDataset(FolderDataset):
     """A FolderDataset whose images are cells of parquet/arrow files: `rows[i]` = (file, row)."""
     rows: list[tuple[str, int]] = field(default_factory=list)
     image_column: str = "image"
+    found_layout: str = "Hugging Face parquet/arrow table"
+
+    def read_bytes(self, i: int) -> bytes:
+        """The cell's encoded image bytes (OSError when the cell holds none)."""
+        file, row = self.rows[i]
+        cell = self._table(file).column(self.image_column)[row].as_py()
+        data = cell.get("bytes") if isinstance(cell, dict) else cell
+        if data is None:
+            held = f"a path ({cell['path']})" if isinstance(cell, dict) and cell.get("path") else "null"
+            raise OSError(f"the cell holds {held}, not the image bytes")
+        return data
 
     def image(self, i: int) -> Image.Image:
-        file, row = self.rows[i]
         where = str(self.root / self.samples[i][0])
-        table = self._table(file)
-        cell = table.column(self.image_column)[row].as_py()
-        data = cell.get("bytes") if isinstance(cell, dict) else cell
-        if data is None and isinstance(cell, dict) and cell.get("path"):
-            raise ImageDecodeError(where, f"the cell holds a path ({cell['path']}), not the image bytes")
-        return decode_image_bytes(data or b"", where)
+        try:
+            data = self.read_bytes(i)
+        except OSError as exc:
+            raise ImageDecodeError(where, str(exc)) from None
+        return decode_image_bytes(data, where)
 
     def _table(self, file: str) -> Any:
         # one file's image column kept per process (DataLoader workers each read their own), in file order
@@ -119,15 +152,23 @@ def build_table_dataset(spec: DatasetSpec, directory: Path, expected: list[str] 
     if not files:
         raise DatasetError(f"{spec.name}: {directory} holds no parquet or arrow files")
     pa = _pyarrow()
-    samples, rows, image_col, names = [], [], "image", None
+    samples, rows, image_col, names, lost = [], [], "image", None, []
     for path in files:
         rel = path.relative_to(directory).as_posix()
         schema = pa.parquet.read_schema(path) if path.suffix == ".parquet" else _read(path).schema
-        image_col, label_col, file_names = _columns(_features(directory, schema), schema)
+        try:
+            image_col, label_col, file_names = _columns(_features(directory, schema), schema)
+        except DatasetError as exc:
+            raise DatasetError(f"{spec.name}: {rel}: {exc}") from None
         names = names or file_names
         labels = (pa.parquet.read_table(path, columns=[label_col]) if path.suffix == ".parquet"
                   else _read(path).select([label_col])).column(label_col).to_pylist()
+        no_image = _rows_without_image(path, image_col)
         for row, label in enumerate(labels):
+            if row in no_image or not isinstance(label, int):
+                what = "no image bytes (a null cell)" if row in no_image else f"label {label!r}, not a class index"
+                lost.append(f"{rel}#{row}: {what}")
+                continue
             samples.append((f"{rel}#{row}", int(label)))
             rows.append((rel, row))
     if names is None:
@@ -142,5 +183,5 @@ def build_table_dataset(spec: DatasetSpec, directory: Path, expected: list[str] 
         raise DatasetError(f"{spec.name}: {bad[0][0]} has label {bad[0][1]}, outside 0..{len(names) - 1}")
     present = {label for _, label in samples}
     return TableDataset(root=directory, samples=samples, classnames=list(classnames or expected or names),
-                        wnids=spec.wnids(), name=spec.name, image_column=image_col, rows=rows,
+                        wnids=spec.wnids(), name=spec.name, image_column=image_col, rows=rows, lost=lost,
                         empty_classes=[n for i, n in enumerate(names) if i not in present])

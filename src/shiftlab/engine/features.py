@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import writes
-from ..rundir.feature_store import FeatureStore, feature_key
+from ..rundir.feature_store import FeatureStore, feature_key, sample_info
 from ..rundir.lock import STORE_ADVICE
 from . import interrupt
 
@@ -24,17 +24,28 @@ class RunFeatures:
     reads (`read`) and what it writes (`put`, when `writable`), and the counts the run reports.
 
     `base` holds the key fields that do not vary within a run (feature_key's keyword arguments
-    other than recipe, n_views and precision)."""
+    other than recipe, n_views and precision).
+
+    A sample is the same as the stored one when its content digest is (the dataset's
+    `content_digest`: file, webdataset member or parquet cell alike, hashed once per run)."""
 
     def __init__(self, store: FeatureStore, base: Mapping[str, Any], dataset: Any, writable: bool):
         self.store, self.base, self.dataset, self.writable = store, dict(base), dataset, writable
         self.read_ids: set[int] = set()
         self.encoded_ids: set[int] = set()
+        self._digests: dict[int, str | None] = {}
 
-    def _path(self, sid: int) -> str:
-        """The sample's file as it can be opened (a dataset's `samples` may hold paths relative to its root)."""
-        path = getattr(self.dataset, "path", None)
-        return str(path(sid)) if callable(path) else str(self.dataset.samples[sid][0])
+    def _digest(self, sid: int) -> str | None:
+        """The sample's content digest, computed once (None: its bytes cannot be read, never served)."""
+        if sid not in self._digests:
+            try:
+                self._digests[sid] = self.dataset.content_digest(sid)
+            except (OSError, ValueError):
+                self._digests[sid] = None
+        return self._digests[sid]
+
+    def _identity(self, sid: int) -> dict[str, Any]:
+        return dict(digest=lambda: self._digest(sid))
 
     def key(self, recipe: Any, precision: str, n_views: int) -> dict[str, Any]:
         return feature_key(recipe=recipe, precision=precision, n_views=n_views, **self.base)
@@ -44,10 +55,10 @@ class RunFeatures:
         if not keys:
             return set()
         entries = [self.store.entry(k) for k in keys]
-        return {sid for sid in ids if all(e.has(sid, self._path(sid)) for e in entries)}
+        return {sid for sid in ids if all(e.has(sid, **self._identity(sid)) for e in entries)}
 
     def read(self, key: Mapping[str, Any], sid: int) -> torch.Tensor | None:
-        feats = self.store.entry(key).features(sid, self._path(sid))
+        feats = self.store.entry(key).features(sid, **self._identity(sid))
         if feats is not None:
             self.read_ids.add(sid)
         return feats
@@ -55,7 +66,8 @@ class RunFeatures:
     def put(self, key: Mapping[str, Any], sid: int, features: torch.Tensor) -> None:
         self.encoded_ids.add(sid)
         if self.writable:
-            self.store.put(key, sid, self._path(sid), features)
+            info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.label(sid))
+            self.store.put(key, sid, None, features, info=info)
 
     def close(self, failing: BaseException | None = None) -> None:
         """Write the features still buffered and release the lock. While `failing` (the exception a run

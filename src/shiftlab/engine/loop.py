@@ -207,15 +207,24 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
                         persistent_workers=False, worker_init_fn=interrupt.ignore_in_worker)
     progress = _Progress(len(pending), config.methods, enabled=config.progress and dist.rank == 0)
     t_start = time.perf_counter()
+    stepping = False   # True while a step runs: the online methods' state is then part-way through a batch
     try:
         for batch in loader:
             ids = [item.sample_id for item in batch]
             hooks.before_step(ids)
+            stepping = True
             recs = [r for r in runner.step(batch) if r.key not in done]
             _write_step(ids, recs, writer, state, plan, online_start, progress)
+            stepping = False
             hooks.after_step(ids, recs)
         if state is not None:
             state.flush(writer)
+    except KeyboardInterrupt:
+        # between steps the online state matches its held-back records: checkpoint it and write them, so the
+        # interrupted line counts what is on disk and --resume continues from here
+        if state is not None and not stepping:
+            state.flush(writer)
+        raise
     finally:
         writer.close()
         progress.close()
@@ -317,6 +326,9 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     cfg["model_resolved"] = model.name
     cfg["classnames"] = list(dataset.classnames)
     cfg["n_samples"] = len(dataset)
+    # samples the dataset's files promise but cannot deliver (a truncated shard, a null cell), run with
+    # --allow-partial: said in summary.json, summary.md and the report, never dropped silently
+    cfg["dataset_lost"] = list(getattr(dataset, "lost", []))
     cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from

@@ -12,6 +12,7 @@ Nothing here touches a run directory: a refused run leaves no trace.
 """
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
 
     `say` hears what takes seconds on a CPU (an 80,000-file scan, an RN50 checkpoint); `warn` each
     dataset's warnings (empty classes, skipped files and links), said before any work."""
+    from ..datasets.build import expand_root
     from ..models import ModelLoadError, load_run_model
     from .config import resolve_device
 
@@ -77,7 +79,7 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
         if given and name in given:
             built[name] = given[name]
             continue
-        say(f"listing {name} under {config.data} ...")
+        say(f"listing {name} under {expand_root(config.data, name)} ...")
         dataset, problem = list_dataset(config, name, classnames=config.classnames if len(names) == 1 else None)
         if problem:
             problems.append(problem)
@@ -120,7 +122,11 @@ def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = No
         dataset = run_dataset(shifted)
     except DatasetError as exc:
         if not config.download:
-            return None, f"dataset {name}: {one_line(exc)}{download_hint(name, config.data, exc)}"
+            hint = download_hint(name, config.data, exc)
+            said = one_line(exc)
+            if "shiftlab download" in hint:   # the advice once: the loader's own copy goes
+                said = re.sub(r"; get them with: shiftlab download \S+ --root [^)]*\)", ")", said)
+            return None, f"dataset {name}: {said}{hint}"
         try:
             dataset = _download_dataset(name, config.data, classnames, build=lambda: run_dataset(shifted))
         except (DownloadError, DatasetError, OSError) as dl_exc:
@@ -176,15 +182,16 @@ def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _qu
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
+    from ..datasets.build import expand_root
     from ..datasets.specs import DATASETS
     from ..datasets.splits import SplitFileMissing
-    if name not in DATASETS or isinstance(exc, SplitFileMissing):
-        return ""
+    if name not in DATASETS or isinstance(exc, SplitFileMissing) or getattr(exc, "found_instead", None):
+        return ""   # (a hub folder beside the missing one holds the dataset: nothing to download)
     spec = DATASETS.get(name)
     if not spec.url:
         return " (it cannot be downloaded automatically: see docs/DATA.md)" if spec.manual else ""
-    return (f" -> run `shiftlab download {spec.name} --root {root}` (or pass {spell('download')}), "
-            "see docs/DATA.md")
+    return (f" -> run `shiftlab download {spec.name} --root {expand_root(root, spec.name)}` (or pass "
+            f"{spell('download')}), see docs/DATA.md")
 
 
 def _missing_dirs(path: Path) -> list[Path]:

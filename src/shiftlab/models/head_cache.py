@@ -3,9 +3,12 @@ are 80,000 prompts through the text tower: minutes on a CPU).
 
 An entry is keyed by everything that decides the head: a digest of the text tower's weights (as
 held, dtype included), the device type, the prompts in order (templates x class names) and
-`HEAD_VERSION`. A key that does not match is never read; a damaged file is rebuilt. Entries are
-safetensors files written atomically (temporary file + rename), so concurrent runs and ranks may
-share the folder.
+`HEAD_VERSION`. A key that does not match is never read. Each file carries the SHA-256 of its
+tensor's bytes in its safetensors metadata, checked on every load: bytes flipped inside the tensor
+(a header that still parses) or a truncated file give one warning line naming the file, and the
+head is rebuilt and rewritten. Entries are safetensors files written atomically (temporary file +
+rename), so concurrent runs and ranks may share the folder; a cache folder that cannot be written
+costs one line, and the head is built in memory.
 
 Folder: `$SHIFTLAB_CACHE/heads` (default `~/.cache/shiftlab/heads`); `SHIFTLAB_HEAD_CACHE=0` turns
 the cache off. Only heads of at least `MIN_PROMPTS` prompts are kept (smaller ones cost less to
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,7 +27,7 @@ import torch.nn as nn
 
 from .. import writes
 
-HEAD_VERSION = 1
+HEAD_VERSION = 2   # 2: the tensor's SHA-256 in the file's metadata
 MIN_PROMPTS = 2000
 _TEXT_PREFIXES = ("token_embedding.", "positional_embedding", "transformer.", "ln_final.", "text_projection",
                   "text.")
@@ -59,25 +63,55 @@ def head_key(clip: nn.Module, device: torch.device, prompts: Sequence[str]) -> s
     return h.hexdigest()
 
 
+def tensor_digest(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes, its dtype and shape."""
+    t = t.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{t.dtype}:{tuple(t.shape)};".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _warn(msg: str) -> None:
+    print(f"shiftlab: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _load(path: Path) -> torch.Tensor | None:
+    """The head stored in `path` when its bytes are those its digest names; None (said) otherwise."""
+    from safetensors import SafetensorError, safe_open
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            stored = (fh.metadata() or {}).get("sha256")
+            head = fh.get_tensor("head").clone()   # its own aligned memory, as load_file gives: BLAS kernels
+            # round differently on a buffer at the file's offset, and records must not depend on the cache
+    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
+        _warn(f"class-head cache: {path} is damaged or truncated; the head is built again")
+        return None
+    if stored != tensor_digest(head):
+        _warn(f"class-head cache: {path} does not match its digest (damaged bytes); the head is built again")
+        return None
+    return head
+
+
 def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
                 build: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """`build()` (a head for `prompts`), read from the cache when an entry for the same key exists."""
+    """`build()` (a head for `prompts`), read from the cache when an intact entry for the same key exists."""
     folder = cache_dir()
     if folder is None or len(prompts) < MIN_PROMPTS:
         return build()
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, save
+    from safetensors.torch import save
     path = folder / f"{head_key(clip, device, prompts)}.safetensors"
-    if path.is_file():
-        try:
-            return load_file(str(path))["head"].to(device)
-        except (SafetensorError, OSError, KeyError, ValueError):
-            pass   # damaged or truncated: rebuilt and rewritten below
+    head = _load(path)
+    if head is not None:
+        return head.to(device)
     head = build()
     try:
         writes.make_dirs(folder)
         writes.clean_orphans(folder)
-        writes.write_file(path, save({"head": head.detach().contiguous().cpu()}))
-    except OSError:
-        pass   # a read-only or full cache folder costs the next run the build, nothing else
+        stored = head.detach().contiguous().cpu()
+        writes.write_file(path, save({"head": stored}, metadata={"sha256": tensor_digest(stored)}))
+    except OSError as exc:   # read-only or full: this run keeps the head in memory, the next builds it again
+        _warn(f"class-head cache: cannot write {folder} ({getattr(exc, 'strerror', None) or exc}); the head is "
+              "kept in memory only (set SHIFTLAB_CACHE to a writable folder, or SHIFTLAB_HEAD_CACHE=0)")
     return head

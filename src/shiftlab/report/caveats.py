@@ -51,6 +51,12 @@ def caveats(data: ReportData) -> list[str]:
         if mark:
             notes.append(f"Not the whole dataset: {r.name} ({r.dataset}) is {mark}; its numbers are not "
                          "comparable with published ones.")
+    for r in data.runs:
+        lost = r.config.get("dataset_lost") or []
+        if lost:
+            notes.append(f"Samples lost: {r.name} ({r.dataset}) ran with --allow-partial on files that cannot "
+                         f"deliver every sample ({len(lost)} problem(s), first: {lost[0]}); its numbers are not "
+                         "comparable with published ones.")
     for t in data.suites:
         name = t.get("title") or t["suite"]
         if t["missing"]:

@@ -112,15 +112,16 @@ def sweep_section(data: ReportData) -> Section | None:
             s = clean.get(row.get("variant"))
             m = data.m(s) if s is not None else {}
             cells.append([str(row.get("point")) + (" *" if row.get("published") else ""), str(row.get("method")),
-                          num(m.get("top1")), num(m.get("ece")), num(m.get("n"), 0)])
+                          num(m.get("top1")), num(m.get("ece")), num(m.get("n"), 0),
+                          ",".join(map(str, row.get("grids") or ["1"]))])
         if cells:
-            body += f"<h3>{esc(run.name)}</h3>" + table(["point", "method", "top-1 %", "ECE %", "n"], cells,
+            body += f"<h3>{esc(run.name)}</h3>" + table(["point", "method", "top-1 %", "ECE %", "n", "grid"], cells,
                                                          text_cols=2)
     if not body:
         return None
     return ("sweep", "Sweeps", "<p>Every point of a hyperparameter grid, read from one pass over a feature "
             "store (each point's records are those of the method run with that setting). <code>*</code>: the "
-            "method's own (published) setting.</p>" + body)
+            "method's own (published) setting; grid: which sweep(s) into the directory ran the point.</p>" + body)
 
 
 def suite_section(data: ReportData) -> Section | None:

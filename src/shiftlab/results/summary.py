@@ -244,6 +244,10 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     if is_random_weights(cfg.get("pretrained")):
         title += " · RANDOM WEIGHTS: accuracies are meaningless"
     notes = [f"errors: {summary.get('errors', 0)}"]
+    lost = cfg.get("dataset_lost") or []
+    if lost:
+        notes.append(f"LOST SAMPLES: {len(lost)} problem(s) in the dataset's files left samples out "
+                     f"(--allow-partial), first: {lost[0]}")
     corruption = (summary.get("identity") or {}).get("shared", {}).get("corruption") or {}
     if corruption:
         title += f" · {corruption.get('name')} severity {corruption.get('severity')} ({corruption.get('source')})"

@@ -11,17 +11,27 @@ Layout (also in docs/ARCHITECTURE.md)::
     DIR/<digest>/key.json          an entry's full key; <digest> = first 16 hex of its SHA-256
     DIR/<digest>/<shard>.bin       raw little-endian features (n, N, D) in the entry's storage dtype
     DIR/<digest>/<shard>.json      the shard's index, written last (its presence commits the shard):
-                                   sample ids, each sample's file (path, size, mtime_ns, sha256),
-                                   each row's SHA-256, shape, dtype, the .bin's SHA-256
+                                   sample ids, each sample's identity (source, content SHA-256,
+                                   label), each row's checksum, shape, dtype, the .bin's SHA-256,
+                                   and the index's own SHA-256
 
 A key (`feature_key`) holds the sample list digest, the model's checkpoint or weights digest, its
 preprocessing, the view recipe (family + the count encoded) and seed, the precision, the device
 type, the storage dtype and the view generator's version; a different key is another entry, so
-nothing is mixed. A sample's own file is checked by size and mtime (one stat); when they changed,
-its content is hashed and compared with the digest taken when it was stored. A row whose bytes do
-not match their SHA-256 (a damaged or truncated shard) is not served: the caller recomputes it,
-with one warning per shard. Shard names carry the torchrun rank and the writer's pid, so ranks
-write their own shards into one store; each file is written to a temporary name and renamed.
+nothing is mixed.
+
+Every byte read back is verified against what it claims to be:
+- a sample is served only when its **content digest** (SHA-256 of the encoded image bytes: a file, a
+  webdataset member, a parquet cell) equals the one stored with its row, so an image replaced by
+  another of the same size with its mtime restored (`cp -p`, rsync, tar) is encoded again. Hashing
+  a JPEG costs less than 1/4,000 of decoding and encoding its views even with the tiny model
+  (docs/ARCHITECTURE.md, "Feature store"), so there is no size+mtime fast path;
+- a row's checksum is the SHA-256 of (entry key digest, sample id, content digest, feature bytes), so
+  rows moved, swapped or copied between samples or entries in an edited index fail their check;
+- an index whose own SHA-256 does not match is not read.
+A row that fails is not served: the caller recomputes it, with one warning per shard. Shard names
+carry the torchrun rank and the writer's pid, so ranks write their own shards into one store; each
+file is written to a temporary name and renamed.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +51,7 @@ from .. import writes
 from ..views.generator import VIEW_GENERATOR_VERSION
 from .lock import STORE_ADVICE
 
-FORMAT = 1
+FORMAT = 2   # 2: rows bound to key, sample id and content digest; samples carry source and label
 STORAGE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 SHARD_ROWS = 256          # samples per shard: RN50 64 views fp16 is 32 MiB a shard
 
@@ -54,13 +64,28 @@ def file_digest(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def file_info(path: str | os.PathLike) -> list:
-    """[path, size, mtime_ns, sha256] of a sample's file (sha256 None when it cannot be read)."""
+def file_info(path: str | os.PathLike, label: int | None = None) -> dict[str, Any]:
+    """A sample's identity as its own file gives it: source, content SHA-256, label (sha256 None when
+    the file cannot be read: then it is never served)."""
     try:
-        st = os.stat(path)
-        return [str(path), st.st_size, st.st_mtime_ns, file_digest(path)]
+        return sample_info(str(path), file_digest(path), label)
     except OSError:
-        return [str(path), -1, -1, None]
+        return sample_info(str(path), None, label)
+
+
+def sample_info(source: str, sha256: str | None, label: int | None = None) -> dict[str, Any]:
+    """What the index keeps of a sample: where it came from, its content digest, its label."""
+    return {"source": source, "sha256": sha256, "label": label}
+
+
+def row_checksum(digest: str, sid: int, content: str | None, data: bytes) -> str:
+    """A row's checksum: bound to its entry, its sample id and the sample's content, not to its place."""
+    return hashlib.sha256(f"{digest}\x1f{int(sid)}\x1f{content}\x1f".encode() + data).hexdigest()
+
+
+def _index_digest(meta: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "index_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, seed: int, precision: str,
@@ -93,19 +118,31 @@ def _atomic_write(path: Path, data: bytes | str) -> None:
     writes.write_file(path, data, STORE_ADVICE)
 
 
+# what a caller knows of a sample's content: its digest, or a function that computes it when needed
+Digest = str | Callable[[], str | None] | None
+
+
 class Entry:
-    """The stored features of one key: `features(sid)` -> (N, D) float32 tensor or None."""
+    """The stored features of one key: `features(sid)` -> (N, D) float32 tensor or None; `label(sid)`
+    and `source(sid)` say which sample they are, so stored features can be scored on their own."""
 
     def __init__(self, root: Path, key: Mapping[str, Any]):
         self.root, self.key = Path(root), dict(key)
-        self.dir = self.root / key_digest(key)
-        # sid -> its copies (bin, row, file info, row sha256): a sample re-stored after its shard was
+        self.digest = key_digest(key)
+        self.dir = self.root / self.digest
+        # sid -> its copies (bin, row, sample info, row checksum): a sample re-stored after its shard was
         # found damaged has two, and the first intact one is read
-        self._rows: dict[int, list[tuple[Path, int, list, str]]] = {}
+        self._rows: dict[int, list[tuple[Path, int, dict, str]]] = {}
         self._shape: dict[Path, tuple[int, int, str, str]] = {}   # bin -> (N, D, storage, encoder's dtype)
         self._seen: set[Path] = set()
         self._bad: set[Path] = set()
         self.refresh()
+
+    def __repr__(self) -> str:
+        k = self.key
+        return (f"<FeatureStore entry {self.digest}: {k.get('model')}, {k.get('n_views')} views "
+                f"({(k.get('recipe') or {}).get('kind', 'views')}), seed {k.get('seed')}, {k.get('precision')}, "
+                f"stored {k.get('storage')}; {len(self)} samples>")
 
     def refresh(self) -> None:
         """Read the index files of shards committed since the last call (not their features)."""
@@ -117,13 +154,16 @@ class Entry:
             self._seen.add(index)
             try:
                 meta = json.loads(index.read_text())
+                if meta.get("index_sha256") != _index_digest(meta):
+                    raise ValueError("its own checksum does not match")
                 binary = index.with_suffix(".bin")
                 n, d = int(meta["shape"][1]), int(meta["shape"][2])
                 self._shape[binary] = (n, d, meta["dtype"], meta.get("features_dtype", "float32"))
-                for row, (sid, info, sha) in enumerate(zip(meta["ids"], meta["files"], meta["rows_sha256"])):
-                    self._rows.setdefault(int(sid), []).append((binary, row, info, sha))
-            except (OSError, ValueError, KeyError, TypeError, IndexError):
-                _warn(f"feature store: unreadable shard index {index}; its samples are encoded again")
+                for row, (sid, info, sha) in enumerate(zip(meta["ids"], meta["samples"], meta["rows_sha256"],
+                                                           strict=True)):
+                    self._rows.setdefault(int(sid), []).append((binary, row, dict(info), sha))
+            except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+                _warn(f"feature store: unreadable or altered shard index {index}; its samples are encoded again")
 
     def __contains__(self, sid: int) -> bool:
         return self.has(sid)
@@ -134,19 +174,49 @@ class Entry:
     def ids(self) -> list[int]:
         return sorted(self._rows)
 
-    def has(self, sid: int, path: str | os.PathLike | None = None) -> bool:
-        """Whether `sid` is stored and, given `path`, still names the file it was encoded from."""
+    def label(self, sid: int) -> int | None:
+        """The label sample `sid` had when it was stored (None: not stored, or stored without one)."""
         found = self._copy(sid)
-        return found is not None and (path is None or _same_file(found[2], path))
+        return None if found is None else found[2].get("label")
 
-    def _copy(self, sid: int) -> tuple[Path, int, list, str] | None:
-        return next((c for c in self._rows.get(sid, ()) if c[0] not in self._bad), None)
+    def source(self, sid: int) -> str | None:
+        """Where sample `sid`'s image came from (a file; `shard.tar/member`; `file.parquet#row`)."""
+        found = self._copy(sid)
+        return None if found is None else found[2].get("source")
 
-    def features(self, sid: int, path: str | os.PathLike | None = None) -> torch.Tensor | None:
-        """(N, D) features of sample `sid` in the encoder's dtype (None: not stored, file changed, or damaged)."""
-        if not self.has(sid, path):
+    def has(self, sid: int, path: str | os.PathLike | None = None, *, digest: Digest = None) -> bool:
+        """Whether `sid` is stored and is still the same image: its content digest (`digest`, or
+        computed from the file `path`) equals the stored one. With neither, whether anything is
+        stored for `sid`."""
+        return self._find(sid, path, digest) is not None
+
+    def _find(self, sid: int, path: str | os.PathLike | None, digest: Digest) -> tuple[Path, int, dict, str] | None:
+        """The first intact copy of `sid` stored from the same image (see `has`)."""
+        copies = [c for c in self._rows.get(sid, ()) if c[0] not in self._bad]
+        if not copies or (path is None and digest is None):
+            return copies[0] if copies else None
+        if callable(digest):
+            digest = digest()
+        elif digest is None and path is not None:
+            try:
+                digest = file_digest(path)
+            except OSError:
+                digest = None
+        return next((c for c in copies if digest is not None and c[2].get("sha256") == digest), None)
+
+    def _copy(self, sid: int) -> tuple[Path, int, dict, str] | None:
+        return self._find(sid, None, None)
+
+    def features(self, sid: int, path: str | os.PathLike | None = None, *,
+                 digest: Digest = None) -> torch.Tensor | None:
+        """(N, D) features of sample `sid` in the encoder's dtype (None: not stored, another image now
+        (see `has`), or damaged)."""
+        if callable(digest):
+            digest = digest()
+        found = self._find(sid, path, digest)
+        if found is None:
             return None
-        binary, row, _, sha = self._copy(sid)
+        binary, row, info, sha = found
         n, d, dtype, out = self._shape[binary]
         storage = STORAGE_DTYPES[dtype]
         size = n * d * torch.empty((), dtype=storage).element_size()
@@ -156,21 +226,12 @@ class Entry:
                 data = fh.read(size)
         except OSError:
             data = b""
-        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+        if len(data) != size or row_checksum(self.digest, sid, info.get("sha256"), data) != sha:
             self._bad.add(binary)
-            _warn(f"feature store: shard {binary} is damaged or truncated; its samples are encoded again")
-            return self.features(sid, path)   # another intact copy, or None
+            _warn(f"feature store: shard {binary} is damaged or truncated, or its index was altered; "
+                  "its samples are encoded again")
+            return self.features(sid, path, digest=digest)   # another intact copy, or None
         return torch.frombuffer(bytearray(data), dtype=storage).view(n, d).to(getattr(torch, out))
-
-
-def _same_file(info: Sequence, path: str | os.PathLike) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    if [st.st_size, st.st_mtime_ns] == list(info[1:3]):
-        return True
-    return st.st_size == info[1] and info[3] is not None and file_digest(path) == info[3]
 
 
 class NotAFeatureStore(FileNotFoundError, ValueError):
@@ -212,6 +273,13 @@ class FeatureStore:
             self.close()   # nothing buffered yet: releases the lock
             raise
 
+    def __repr__(self) -> str:
+        keys = self.keys()
+        models = sorted({str(k.get("model")) for k in keys})
+        of = f" of {', '.join(models)}" if models else ""
+        return (f"<FeatureStore {str(self.root)!r} ({'read-only' if self.mode == 'r' else 'writing'}): "
+                f"{len(keys)} entr{'y' if len(keys) == 1 else 'ies'}{of}>")
+
     # reading
     def keys(self) -> list[dict[str, Any]]:
         out = []
@@ -238,19 +306,23 @@ class FeatureStore:
         return self.entry(hits[0])
 
     # writing
-    def put(self, key: Mapping[str, Any], sid: int, path: str | os.PathLike, features: torch.Tensor) -> None:
-        """Buffer (N, D) features of `sid`; a full shard is written at once, the rest by `flush`."""
+    def put(self, key: Mapping[str, Any], sid: int, path: str | os.PathLike | None, features: torch.Tensor, *,
+            info: Mapping[str, Any] | None = None) -> None:
+        """Buffer (N, D) features of `sid`; a full shard is written at once, the rest by `flush`.
+        `info`: the sample's identity (`sample_info`: source, content digest, label); without it,
+        the file `path` gives it (`file_info`)."""
         if self.mode != "w":
             raise ValueError("put() needs a store opened with mode='w'")
         digest = key_digest(key)
         entry = self.entry(key)
-        if sid in entry:
+        info = dict(info) if info is not None else file_info(path)
+        if entry.has(sid, digest=info["sha256"] or ""):   # the same image is stored: nothing to add
             return
         buf = self._pending.setdefault(digest, [])
         if buf and features.dtype != buf[0][3]:
             self._write(digest)
             buf = self._pending.setdefault(digest, [])
-        buf.append((int(sid), file_info(path), features.detach().to("cpu", STORAGE_DTYPES[key["storage"]], copy=True),
+        buf.append((int(sid), info, features.detach().to("cpu", STORAGE_DTYPES[key["storage"]], copy=True),
                     features.dtype))
         if len(buf) >= SHARD_ROWS:
             self._write(digest)
@@ -273,10 +345,11 @@ class FeatureStore:
         name = f"r{self.rank:03d}-{os.getpid()}-{time.time_ns()}-{self._count:05d}"
         data = b"".join(blobs)
         _atomic_write(entry.dir / f"{name}.bin", data)
-        meta = {"ids": [r[0] for r in rows], "files": [r[1] for r in rows],
+        meta = {"ids": [r[0] for r in rows], "samples": [r[1] for r in rows],
                 "features_dtype": str(rows[0][3]).removeprefix("torch."),
-                "rows_sha256": [hashlib.sha256(b).hexdigest() for b in blobs], "shape": list(feats.shape),
-                "dtype": entry.key["storage"], "sha256": hashlib.sha256(data).hexdigest()}
+                "rows_sha256": [row_checksum(digest, r[0], r[1]["sha256"], b) for r, b in zip(rows, blobs)],
+                "shape": list(feats.shape), "dtype": entry.key["storage"], "sha256": hashlib.sha256(data).hexdigest()}
+        meta["index_sha256"] = _index_digest(meta)
         _atomic_write(entry.dir / f"{name}.json", json.dumps(meta).encode())   # commits the shard
         entry.refresh()
 

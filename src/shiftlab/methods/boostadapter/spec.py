@@ -77,3 +77,6 @@ class BoostAdapterSpec(MethodSpec):
     published = ()     # its README prints no table
     fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
                 "`logit_scale=100`)")
+    # TDA's, and 2 boosting views of 8
+    test_config = {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0, "view_ratio": 0.25,
+                   "delta": 1}

@@ -69,3 +69,5 @@ class DOTASpec(MethodSpec):
     dataset_settings = settings_file("dota", templates_of="tda")
     published = ()     # its README prints no table (docs/SUITES.md)
     fidelity = "golden (24-sample stream, estimates after every sample; `logit_scale=100`; rho 0.0025 and 3)"
+    # a fusion weight that matters on a short stream
+    test_config = {"text_head": "zeroshot", "rho": 1.0}

@@ -66,3 +66,5 @@ class OGASpec(MethodSpec):
     published = ()
     fidelity = ("golden (24-sample stream, memory, means and inverse covariance after every sample; main.py's "
                 "defaults, 3 shots with the pseudo-inverse, tau 1 with the ridge estimator; `logit_scale=100`)")
+    # classes fill up: slots replaced, the covariance estimated
+    test_config = {"shot_capacity": 3}

@@ -70,3 +70,5 @@ class OnZetaSpec(MethodSpec):
     protocols = {"paper": {"precision": "fp16-pure"}}
     published = ()
     fidelity = "golden (24-sample stream, rho and proxies after every sample; `stream_length=24`)"
+    # the proxy's weight ramps over the tests' 24-sample stream
+    test_config = {"stream_length": 24}

@@ -77,3 +77,5 @@ class TDASpec(MethodSpec):
              source="github.com/kdiAAA/TDA README.md@e697fb0, 'Results' table 'OOD Benchmark' (CLIP ResNet-50)"),
     )
     fidelity = "golden (24-sample stream, caches after every sample; `logit_scale=100`)"
+    # both caches fill on a short stream
+    test_config = {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0}
