@@ -339,3 +339,22 @@ def test_corruption_suite_of_every_method_from_generated_corruptions(tmp_path, t
         cells = rows[name].strip("| ").split(" | ")
         assert len(cells) == 5 and all(c != "—" for c in cells[1:]), rows[name]   # fog, contrast, mean, mCE
     assert rows["zeroshot"].rstrip(" |").endswith("100.00")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["generated", "cifar-c"])
+def test_corrupted_samples_are_read_back_from_a_feature_store(tmp_path, tiny_checkpoint, capsys, which):
+    """A corruption made on the fly (its samples are the clean files, the key names the corruption) and
+    CIFAR-C's array rows (their identity is the row's pixels) are stored once and read back."""
+    if which == "generated":
+        make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), size=(60, 48))
+        flags = ["--dataset", "imagenet-r", "--corruption", "contrast", "--severity", "4"]
+    else:
+        make_cifar_c(tmp_path / "data")
+        flags = ["--dataset", "cifar10-c", "--corruption", "fog", "--severity", "2"]
+    store = ["--features", str(tmp_path / "fs"), "--features-dtype", "fp32", "--methods", "zeroshot"]
+    for k, said in enumerate(["0 sample(s) read from the store", "4 sample(s) read from the store"]):
+        capsys.readouterr()
+        assert _run(tmp_path / "data", tiny_checkpoint, tmp_path / f"run{k}", *flags, *store) == 0
+        assert said in capsys.readouterr().err
+    assert _records(tmp_path / "run0").keys() == _records(tmp_path / "run1").keys()
