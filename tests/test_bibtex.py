@@ -33,6 +33,7 @@ TITLES = {
            "Vision-Language Models",
     "rlcf": "Test-Time Adaptation with CLIP Reward for Zero-Shot Generalization in Vision-Language Models",
     "oga": "Online Gaussian Test-Time Adaptation of Vision-Language Models",
+    "stata": "Realistic Test-Time Adaptation of Vision-Language Models",
 }
 
 

@@ -310,3 +310,51 @@ def test_corruption_suite_table_from_cifar_c(tmp_path, tiny_checkpoint):
     assert "| zeroshot |" in md and md.count("100.00 |") >= 1
     rows = (out / "suite.csv").read_text().splitlines()
     assert rows[0].startswith("suite,kind,method") and any(",mce," in r for r in rows)
+    # the report's suite section shows the same table (its page is built from these sections)
+    from shiftlab.report.data import ReportData
+    from shiftlab.report.sections import suite_section
+    from shiftlab.results.suite_table import suite_table
+    _, _, html = suite_section(ReportData([], {}, [], tmp_path, 20, 0, [suite_table(out)]))
+    assert "mean corruption error with zero-shot CLIP as the reference" in html and ">mCE<" in html
+    assert ">gaussian_noise<" in html and ">fog<" in html
+
+
+@pytest.mark.slow
+def test_corruption_suite_of_every_method_from_generated_corruptions(tmp_path, tiny_checkpoint):
+    """The issue's command, `--suite corruption --methods all`, over corruptions generated from an ImageNet-layout
+    folder: every registered method gets a row of accuracies, a mean and an mCE (zero-shot's own is 100)."""
+    import shiftlab
+    make_imagenet_r(tmp_path, classes=range(0, 200, 50), size=(48, 40))
+    rlcf = [f"rlcf.{k}={v}" for k, v in {"reward_model": "shiftlab-tiny", "reward_pretrained": "none",
+                                         "reward_seed": 1}.items()]   # its offline stand-in: no download
+    out = tmp_path / "suite"
+    assert _run(tmp_path, tiny_checkpoint, out, "--suite", "corruption", "--dataset", "imagenet-r", "--corruptions",
+                "fog,contrast", "--methods", "all", "--views", "8", *[a for s in rlcf for a in ("--set", s)]) == 0
+    for entry in ("fog-5", "contrast-5"):
+        shared = json.loads((out / entry / "run.json").read_text())["shared"]
+        assert shared["corruption"]["source"] == "generated" and f"{shared['corruption']['name']}-5" == entry
+    md = (out / "suite.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    for name in shiftlab.list_methods():
+        cells = rows[name].strip("| ").split(" | ")
+        assert len(cells) == 5 and all(c != "—" for c in cells[1:]), rows[name]   # fog, contrast, mean, mCE
+    assert rows["zeroshot"].rstrip(" |").endswith("100.00")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["generated", "cifar-c"])
+def test_corrupted_samples_are_read_back_from_a_feature_store(tmp_path, tiny_checkpoint, capsys, which):
+    """A corruption made on the fly (its samples are the clean files, the key names the corruption) and
+    CIFAR-C's array rows (their identity is the row's pixels) are stored once and read back."""
+    if which == "generated":
+        make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), size=(60, 48))
+        flags = ["--dataset", "imagenet-r", "--corruption", "contrast", "--severity", "4"]
+    else:
+        make_cifar_c(tmp_path / "data")
+        flags = ["--dataset", "cifar10-c", "--corruption", "fog", "--severity", "2"]
+    store = ["--features", str(tmp_path / "fs"), "--features-dtype", "fp32", "--methods", "zeroshot"]
+    for k, said in enumerate(["0 sample(s) read from the store", "4 sample(s) read from the store"]):
+        capsys.readouterr()
+        assert _run(tmp_path / "data", tiny_checkpoint, tmp_path / f"run{k}", *flags, *store) == 0
+        assert said in capsys.readouterr().err
+    assert _records(tmp_path / "run0").keys() == _records(tmp_path / "run1").keys()

@@ -503,3 +503,24 @@ def test_dataset_root_template_is_expanded_per_dataset(tmp_path):
     assert expand_root(str(tmp_path / "{dataset}"), "imagenet-sketch") == tmp_path / "imagenet_sketch"
     assert expand_root(str(tmp_path / "{dataset}"), "imagenet-a") == tmp_path / "imagenet-a"   # none there
     assert expand_root(tmp_path, "imagenet-a") == tmp_path
+
+
+def test_a_dataset_template_is_expanded_in_every_message_and_a_hub_sibling_is_named(tmp_path, capsys):
+    """Issue 34 finding 6: `--data 'data/{dataset}'` with only data/wds_imagenet-r present said the download
+    advice twice, once with `{dataset}` unexpanded, and never named the wds_ folder beside it."""
+    from shiftlab.cli import main as cli_main
+    from test_shards import write_wds
+    data = tmp_path / "data"
+    data.mkdir()
+    argv = ["run", "--dataset", "imagenet-r", "--data", str(data / "{dataset}"), "--model", "shiftlab-tiny",
+            "--pretrained", "none", "--methods", "zeroshot", "--out", str(tmp_path / "run")]
+    capsys.readouterr()
+    assert cli_main(argv) != 0
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "{dataset}" not in err and str(data / "imagenet-r") in err and err.count("shiftlab download") == 1
+    write_wds(data / "wds_imagenet-r", [[0, 1]], classnames("imagenet-r"))
+    assert cli_main(argv) != 0
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "{dataset}" not in err and "shiftlab download" not in err
+    assert f"but {data / 'wds_imagenet-r'} beside it holds the dataset (webdataset shards)" in err
+    assert f"pass --data {data} or --data {data / 'wds_imagenet-r'}" in err

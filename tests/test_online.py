@@ -225,7 +225,7 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
         assert whole.rho.max() > 0 and not torch.equal(whole.proxy, whole.text())
     elif name == "dynaprompt":   # the carried buffer was tuned and every prompt used
         assert loaded["residuals"].abs().max() > 0 and min(loaded["uses"]) > 0
-    elif name == "oga":      # the covariance was estimated and carried over
+    elif name in ("oga", "oga_batch"):      # the covariance was estimated and carried over
         assert whole.estimated and loaded["estimated"] and int(whole.filled.sum(1).max()) == 3
     elif name == "ecalp":    # the graph holds every sample (and the last one's duplicate node)
         assert whole.graph.features.shape[0] == 24 and whole.graph.knn_idx.shape[0] == 25

@@ -182,12 +182,31 @@ def test_cli_open_set_run_and_resume_refusals(data, tiny_checkpoint, tmp_path, c
         assert all(w in err for w in words) and "define a different stream" in err, err
     assert run("--ood", "inaturalist,ninco", "--ood-ratio", "0.8", "--resume") == 0
     assert len(list(record_files.iter_records(tmp_path / "r" / "records.jsonl"))) == 2 * 9
-    from shiftlab.report.build import build_report
-    html = build_report([tmp_path / "r"], tmp_path / "rep", n_resamples=20).read_text()
-    assert "Out-of-distribution detection" in html and 'id="ood-table"' in html
-    rows = (tmp_path / "rep" / "metrics.csv").read_text().splitlines()
-    assert rows[0].endswith("auroc,fpr95,aupr,n_ood") and len(rows) == 3
-    assert all(r.split(",")[-1] == "4" for r in rows[1:])     # 0.8 x 5 ID images
+    # the report reads the same records: its OOD section and metrics.csv's columns (report.html is built from them)
+    from shiftlab.report.build import METRIC_COLUMNS, metric_rows
+    from shiftlab.report.data import ReportData
+    from shiftlab.report.load import load_runs
+    from shiftlab.report.sections import ood_section
+    from shiftlab.report.stats import series_metrics
+    runs = load_runs([tmp_path / "r"])
+    data = ReportData(runs, {(s.key, s.setting_label): series_metrics(s) for r in runs for s in r.series}, [],
+                      tmp_path, 20, 0)
+    anchor, heading, html = ood_section(data)
+    assert heading == "Out-of-distribution detection" and 'id="ood-table"' in html and "inaturalist-ood, ninco" in html
+    assert METRIC_COLUMNS[-4:] == ["auroc", "fpr95", "aupr", "n_ood"]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())["methods"]
+    for row in metric_rows(data):
+        assert row["n_ood"] == 4 and row["n"] == 5                     # 0.8 x 5 ID images
+        assert row["auroc"] == pytest.approx(summary[row["method"]]["ood"]["auroc"])
+
+
+def test_library_shift_settings_out_of_range_are_refused():
+    from shiftlab.engine.config import RunConfig
+    from shiftlab.engine.shifts import shift_problem
+    assert shift_problem(RunConfig(severity=7)) == "severity must be one of 1..5 (Hendrycks & Dietterich's), got 7"
+    assert "--ood-ratio must be in (0, 10]" in shift_problem(RunConfig(ood=["ninco"], ood_ratio=float("nan")))
+    assert "unknown corruption 'rain'" in shift_problem(RunConfig(corruption="rain"))
+    assert shift_problem(RunConfig(corruption="fog", severity=1, ood=["ninco"], ood_ratio=0.5)) is None
 
 
 def test_open_set_flags_are_checked_before_any_work(data, tmp_path, capsys):

@@ -93,6 +93,7 @@ def test_transductive_methods_are_a_caveat(tmp_path, monkeypatch):
     # variants are their method; an unknown name is not transductive
     assert caveats_mod.transductive("tpt@lr=0.1") and not caveats_mod.transductive("zeroshot")
     assert not caveats_mod.transductive("no_such_method")
+    assert caveats_mod.transductive("stata")   # StatA adapts on whole batches of test images (batches=True)
     # a method that adapts on a batch of test images together (the episodic-batch protocol) reads other images
     monkeypatch.setattr(spec("zeroshot"), "capabilities", Capabilities(batches=True))
     assert caveats_mod.transductive("zeroshot")

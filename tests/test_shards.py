@@ -132,3 +132,30 @@ def test_a_duplicate_key_is_refused_naming_both_members(tmp_path, where):
     second = f"{victim.relative_to(root).as_posix()}/s0000000.png"
     with pytest.raises(DatasetError, match=rf"duplicate sample key 's0000000': {first} and {second}"):
         build_dataset("imagefolder", root)
+
+
+@pytest.mark.slow
+def test_lost_samples_stop_a_run_unless_allow_partial_then_are_reported(tmp_path, tiny_checkpoint, capsys):
+    """A truncated shard is one line naming the shard and the offset; with --allow-partial the run goes on
+    and summary.json, summary.md and report.html say how many problems lost samples."""
+    from shiftlab.cli import main as cli_main
+    names = shiftlab.classnames("imagenet-r")
+    root = write_wds(tmp_path / "wds_imagenet-r", [list(range(0, 200, 20))], names)
+    shard = root / "test" / "0.tar"
+    with tarfile.open(shard) as tar:
+        cut = [m.offset for m in tar.getmembers()][8]             # the header of sample 4's image
+    shard.write_bytes(shard.read_bytes()[:cut])
+    argv = ["run", "--dataset", "imagenet-r", "--data", str(tmp_path), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint), "--methods", "zeroshot", "--workers", "0", "--no-progress", "--out",
+            str(tmp_path / "run")]
+    capsys.readouterr()
+    assert cli_main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "test/0.tar" in err[0] and str(cut) in err[0] and "Traceback" not in err[0]
+    assert cli_main([*argv, "--allow-partial"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    lost = summary["config"]["dataset_lost"]
+    assert lost and all(str(cut) in line for line in lost) and summary["methods"]["zeroshot"]["n"] == 4
+    assert f"LOST SAMPLES: {len(lost)} problem(s)" in (tmp_path / "run" / "summary.md").read_text()
+    assert cli_main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")]) == 0
+    assert "Samples lost: " in (tmp_path / "rep" / "report.html").read_text()

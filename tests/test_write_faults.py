@@ -125,6 +125,17 @@ def suite_scenario(data: Path, ckpt: Path) -> Scenario:
     return Scenario("suite", argv, lambda d: argv(d) + ["--resume"], state, _advice("--resume"))
 
 
+def report_scenario(source: Path) -> Scenario:
+    """`shiftlab report` of a finished run (`source`) into a fresh folder; run again, the same files."""
+    def argv(d):
+        return ["report", str(source), "--out", str(d["run"]), "--bootstrap", "50"]
+
+    def state(d):
+        files = sorted(p.name for p in d["run"].iterdir())
+        return files, [(d["run"] / name).read_text() for name in files if name.endswith(".csv")]
+    return Scenario("report", argv, argv, state, lambda path, d: "shiftlab report again")
+
+
 def _advice(run_dir_word: str | None) -> Callable[[str, dict], str]:
     def advice(path: str, d: dict) -> str:
         if path.startswith(str(d["fs"])):
@@ -244,3 +255,11 @@ def test_encode_sweep_and_suite_fail_in_one_line_and_recover_exactly(make, data,
                                                                      capsys):
     assert check_points(make(data, tiny_checkpoint), disk, tmp_path, capsys, per="point") >= 10
 
+
+@pytest.mark.slow
+def test_a_report_fails_in_one_line_and_is_written_again(data, tiny_checkpoint, disk, tmp_path, capsys):
+    source = tmp_path / "source"
+    assert cli_main(["run", *common(data, tiny_checkpoint), "--methods", "zeroshot,tda", "--set",
+                     "tda.text_head=zeroshot", "--out", str(source)]) == 0
+    capsys.readouterr()
+    assert check_points(report_scenario(source), disk, tmp_path, capsys, per="file") >= 6

@@ -281,3 +281,67 @@ def test_cli_refuses_a_bad_value_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "tau" in err and "-1" in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+# -- oga_batch: their default batched loop ----------------------------------------------------------------
+
+def _contexts(model, heads, features: torch.Tensor) -> list[SampleContext]:
+    return [SampleContext(model, heads, torch.zeros(1, 3, 1, 1), image_features=f[None]) for f in features]
+
+
+def test_oga_batch_of_one_is_the_online_method(tiny_model):
+    heads = ClassHeads(tiny_model, CLASSNAMES)
+    online = shiftlab.create_method("oga", tiny_model, CLASSNAMES, heads=heads, shot_capacity=3)
+    batched = shiftlab.create_method("oga_batch", tiny_model, CLASSNAMES, heads=heads, shot_capacity=3)
+    for c in _stream(tiny_model, heads, 20):
+        a, b = online.predict_context(c), batched.adapt_batch([c])[0]
+        assert torch.equal(a.probs, b.probs) and a.extras == b.extras
+    assert online.estimated and batched.estimated
+
+
+def test_oga_batch_offers_the_batch_to_the_memory_then_predicts_it(tiny_model):
+    heads = ClassHeads(tiny_model, CLASSNAMES)
+    ctxs = _stream(tiny_model, heads, 12)
+    batched = shiftlab.create_method("oga_batch", tiny_model, CLASSNAMES, heads=heads, shot_capacity=3)
+    outs = batched.adapt_batch(ctxs[:6]) + batched.adapt_batch(ctxs[6:])
+    # by hand: the memory takes the first six, then all six are predicted with the model after them
+    ref = shiftlab.create_method("oga", tiny_model, CLASSNAMES, heads=heads, shot_capacity=3)
+    for start in (0, 6):
+        half = ctxs[start:start + 6]
+        steps = [ref.step(c.base_feature.float()) for c in half]
+        for s, c, out in zip(steps, half, outs[start:start + 6]):
+            want = map_posterior(s["prior"], ref.log_likelihoods(c.base_feature.float()), ref.config.tau)
+            torch.testing.assert_close(out.probs, want.float())
+    assert batched.state_dict()["seen"] == 12
+
+
+@pytest.mark.golden
+@pytest.mark.slow
+def test_oga_batch_matches_the_authors_batched_loop(golden_model, golden_dir):
+    model, classnames = golden_model
+    want, info = _fixture(golden_dir, "oga_batch")
+    a = info["arguments"]
+    heads = ClassHeads(model, classnames)
+    kw = dict(heads=heads, logit_scale=100.0, shot_capacity=a["shot_capacity"], tau=a["tau"],
+              estimator=ESTIMATOR[a["sig_type"]])
+    replay = shiftlab.create_method("oga_batch", model, classnames, **kw)
+    replay.prototypes = lambda: want["prototypes"]            # their prototypes and features as inputs
+    replay.reset()
+    encoded = shiftlab.create_method("oga_batch", model, classnames, **kw)
+    views = stream_views(golden_dir, 1)
+    size, changed = a["batch_size"], 0
+    for b in range(info["n_calls"]):
+        z_replay = torch.stack([o.probs for o in replay.adapt_batch(_contexts(model, heads, want[f"{b}/feature"]))])
+        assert_close(z_replay, want[f"{b}/z"], LOSS, f"{b} posterior (replay)")
+        assert torch.equal(replay.filled.nonzero(), want[f"{b}/slots"]), f"{b} filled slots"
+        assert torch.equal(replay.memory[replay.filled], want[f"{b}/slot_features"]), f"{b} memory"
+        batch = [SampleContext(model, heads, model.normalize(v)) for v in views[b * size:(b + 1) * size]]
+        assert_close(torch.stack([c.base_feature for c in batch]), want[f"{b}/feature"], FEATURES, f"{b} features")
+        outs = encoded.adapt_batch(batch)
+        z = torch.stack([o.probs for o in outs])
+        assert_close(z, want[f"{b}/z"], ENCODED, f"{b} posterior")
+        _check_state(encoded, want, b, exact=False)
+        assert_top1_margin(want[f"{b}/z"], ENCODED, f"{b} posterior")
+        assert z.argmax(1).tolist() == want[f"{b}/z"].argmax(1).tolist(), f"{b} predictions"
+        changed += int((want[f"{b}/z"].argmax(1) != want[f"{b}/zs_label"]).sum())
+    assert changed > 0 and encoded.estimated        # the Gaussian part decides some predictions

@@ -1,6 +1,7 @@
 """What the bench measures on: synthetic JPEG files decoded like a dataset's, and class names."""
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 import tempfile
@@ -46,6 +47,17 @@ class SyntheticImages:
 
     def label(self, i: int) -> int:
         return 0
+
+    # what a feature store records of a sample (shiftlab.engine.features): where it came from, its content
+    def source(self, i: int) -> str:
+        return str(self.paths[i])
+
+    def read_bytes(self, i: int) -> bytes:
+        return self.paths[i].read_bytes()
+
+    def content_digest(self, i: int) -> str:
+        """SHA-256 of the JPEG's bytes, as a dataset's (datasets.base.FolderDataset.content_digest)."""
+        return hashlib.sha256(self.read_bytes(i)).hexdigest()
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

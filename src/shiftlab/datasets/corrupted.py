@@ -71,6 +71,13 @@ class CifarCDataset(FolderDataset):
         state["_array"] = None     # each worker maps the file again
         return state
 
+    def read_bytes(self, i: int) -> bytes:
+        """The row's pixels (32 x 32 x 3 uint8): what a feature store's content digest covers."""
+        import numpy as np
+        if self._array is None:
+            self._array = np.load(self.array_file, mmap_mode="r")
+        return np.ascontiguousarray(self._array[self.first_row + i]).tobytes()
+
     def image(self, i: int) -> Image.Image:
         import numpy as np
         from PIL import Image as PILImage

@@ -69,10 +69,10 @@ class RunConfig:
     # shifts (engine/shifts.py, docs/PROTOCOLS.md): a common corruption (stored, or generated on the fly), and
     # open-set streams mixing OOD images in at `ood_ratio` OOD images per ID image, drawn by `ood_seed` (None: seed)
     corruption: str | None = None
-    severity: int = 5                # Hendrycks & Dietterich's 1..5; 5 is the field's default
+    severity: int = param(5, ge=1, le=5)   # Hendrycks & Dietterich's 1..5; 5: CLIPTTA's default
     ood: list[str] = field(default_factory=list)
-    ood_ratio: float = 1.0
-    ood_seed: int | None = None
+    ood_ratio: float = param(1.0, gt=0, le=10)   # datasets.openset.MAX_OOD_RATIO
+    ood_seed: int | None = param(None, ge=0)
     # run a dataset more than 5% of whose classes have no images (datasets.base.MAX_EMPTY_FRACTION)
     allow_partial: bool = False
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import writes
-from ..rundir.feature_store import FeatureStore, feature_key, sample_info
+from ..rundir.feature_store import FeatureStore, feature_key, file_digest, sample_info
 from ..rundir.lock import STORE_ADVICE
 from . import interrupt
 
@@ -38,11 +38,18 @@ class RunFeatures:
     def _digest(self, sid: int) -> str | None:
         """The sample's content digest, computed once (None: its bytes cannot be read, never served)."""
         if sid not in self._digests:
+            # a dataset that wraps another (a corruption made on the fly, an open-set stream) names the file
+            # its sample comes from; the key says what was done to it (run.json's corruption)
+            digest = getattr(self.dataset, "content_digest", None)
             try:
-                self._digests[sid] = self.dataset.content_digest(sid)
+                self._digests[sid] = digest(sid) if callable(digest) else file_digest(self.dataset.path(sid))
             except (OSError, ValueError):
                 self._digests[sid] = None
         return self._digests[sid]
+
+    def _source(self, sid: int) -> str:
+        source = getattr(self.dataset, "source", None)
+        return source(sid) if callable(source) else str(self.dataset.path(sid))
 
     def _identity(self, sid: int) -> dict[str, Any]:
         return dict(digest=lambda: self._digest(sid))
@@ -66,7 +73,7 @@ class RunFeatures:
     def put(self, key: Mapping[str, Any], sid: int, features: torch.Tensor) -> None:
         self.encoded_ids.add(sid)
         if self.writable:
-            info = sample_info(self.dataset.source(sid), self._digest(sid), self.dataset.label(sid))
+            info = sample_info(self._source(sid), self._digest(sid), self.dataset.label(sid))
             self.store.put(key, sid, None, features, info=info)
 
     def close(self, failing: BaseException | None = None) -> None:

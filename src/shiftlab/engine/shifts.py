@@ -30,6 +30,8 @@ def shift_problem(config: RunConfig) -> str | None:
     from ..datasets.corruptions import check_corruption
     from ..datasets.openset import MAX_OOD_RATIO
     from ..datasets.specs import DATASETS
+    if isinstance(config.severity, bool) or config.severity not in (1, 2, 3, 4, 5):
+        return f"severity must be one of 1..5 (Hendrycks & Dietterich's), got {config.severity!r}"
     if config.corruption is not None:
         try:
             check_corruption(config.corruption, config.severity)

@@ -149,6 +149,11 @@ def suite_section(data: ReportData) -> Section | None:
                          + "; averages over them are not comparable with published numbers")
         if t["missing"]:
             notes.append("no records yet for " + ", ".join(t["missing"]) + ": averages need every dataset")
+        if t.get("kind") == "corruption":
+            notes.append(f"Top-1 of {t.get('base')} under each corruption (the mean over severities "
+                         f"{', '.join(map(str, t['severities']))}); mCE: Hendrycks & Dietterich's mean corruption "
+                         "error with zero-shot CLIP as the reference instead of AlexNet (100 = as many errors as "
+                         "zero-shot CLIP; docs/PROTOCOLS.md)")
         if t["ood"]:
             notes.append("Average: all " + str(len(t["datasets"])) + " datasets; OOD Average: "
                          + ", ".join(suite_table.column_title(d) for d in t["ood"]) + " (as in TPT's Table 1)")
@@ -166,8 +171,8 @@ def suite_section(data: ReportData) -> Section | None:
                          f"source {t.get('weights_source') or 'unknown'}, "
                          f"protocol {t.get('protocol') or 'not recorded'}); see shiftlab/data/published_suites.json.")
         body += "".join(f"<p class=meta>{esc(n)}</p>" for n in notes)
-    return ("suite", "Suite tables", "<p>Top-1 accuracy (%) on clean images per dataset, recomputed from each "
-            "dataset's records.jsonl.</p>" + body)
+    return ("suite", "Suite tables", "<p>Top-1 accuracy (%) per dataset (or per corruption), recomputed from each "
+            "run's records.jsonl.</p>" + body)
 
 
 PAIRED_HELP = """<p>Each row compares methods A and B on the <em>same</em> images (matched by sample id

@@ -90,8 +90,9 @@ def _index_digest(meta: Mapping[str, Any]) -> str:
 
 def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, seed: int, precision: str,
                 storage: str = "fp16", checkpoint_sha256: str | None = None,
-                weights_sha256: str | None = None) -> dict[str, Any]:
-    """The key of an entry: every input that decides its features (see the module docstring)."""
+                weights_sha256: str | None = None, corruption: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The key of an entry: every input that decides its features (see the module docstring);
+    `corruption` (run.json's, when the run corrupts its images) is part of it when given."""
     if storage not in STORAGE_DTYPES:
         raise ValueError(f"features dtype must be one of {sorted(STORAGE_DTYPES)}, got {storage!r}")
     family = recipe.family.to_dict() if hasattr(recipe, "family") else dict(recipe)
@@ -102,7 +103,7 @@ def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, s
             "preprocess": dataclasses.asdict(model.preprocess) if hasattr(model, "preprocess") else None,
             "recipe": json.loads(json.dumps(family)), "n_views": int(n_views), "seed": int(seed),
             "precision": precision, "device": getattr(getattr(model, "device", None), "type", "cpu"),
-            "storage": storage}
+            "storage": storage} | ({"corruption": json.loads(json.dumps(dict(corruption)))} if corruption else {})
 
 
 def key_digest(key: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ commit b91d449. What it is and every choice that differs from it: src/shiftlab/m
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from ..base import Method, MethodOutput
 from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
 from ..heads import text_head
-from .spec import OGASpec
+from .spec import OGABatchSpec, OGASpec
 
 
 def zero_shot(feature: torch.Tensor, prototypes: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,3 +219,30 @@ class OGA(Method):
         self.estimated = bool(state["estimated"])
         self.seen = int(state["seen"])
         self._refresh()
+
+
+class OGABatch(OGA):
+    """OGA on batches (their benchmark's default): every image of the batch is offered to the memory in stream
+    order, then the means and the covariance are re-estimated once and every image is predicted with them."""
+    spec = OGABatchSpec
+
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        with torch.no_grad():
+            xs = [c.base_feature.float() for c in ctxs]
+            scale = self.model.logit_scale if self.config.logit_scale is None else self.config.logit_scale
+            priors = [zero_shot(x, self.prototypes(), scale) for x in xs]
+            # update_memory: each image's memory decision in order, one re-estimate after (OGA_core.py:58-81)
+            stored = [self.store(x, prior, entropy, int(prior.argmax())) for x, (prior, entropy) in zip(xs, priors)]
+            if any(stored):
+                self._refresh()
+            self.seen += len(xs)
+            outs = []
+            for x, (prior, entropy), kept in zip(xs, priors, stored):
+                z = map_posterior(prior, self.log_likelihoods(x), self.config.tau)
+                outs.append(MethodOutput(z.clamp_min(torch.finfo(z.dtype).tiny).log().float(), probs=z.float(),
+                                         extras={"stored": kept, "entropy": float(entropy),
+                                                 "memory": int(self.filled.sum())}))
+        return outs
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        return self.adapt_batch([ctx])[0]

@@ -68,3 +68,21 @@ class OGASpec(MethodSpec):
                 "defaults, 3 shots with the pseudo-inverse, tau 1 with the ridge estimator; `logit_scale=100`)")
     # classes fill up: slots replaced, the covariance estimated
     test_config = {"shot_capacity": 3}
+
+
+class OGABatchSpec(OGASpec):
+    """OGA as its benchmark runs by default: the memory takes a whole batch of `--batch-size` images in stream
+    order, the class means and the covariance are re-estimated once, then the batch is predicted
+    (runner.py:199-258 with main.py:17's batch_size 32). The state carries from batch to batch."""
+    name = "oga_batch"
+    bibtex = OGASpec.bibtex
+    impl = "shiftlab.methods.oga.method:OGABatch"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
+    summary = "OGA on batches: the memory takes a batch, the Gaussian models are re-estimated, the batch predicted"
+    label = "OGA (batches)"
+    # as oga's; their default batch of 32 images (main.py:17) is the run's `--batch-size 32`
+    protocols = {"paper": {"precision": "fp16-pure", "logit_scale": 100.0}}
+    published = ()
+    fidelity = "golden (24-sample stream in batches of 8 through their runner; `logit_scale=100`)"
+    # one image per batch in the registry-wide tests (its batches: tests/test_oga.py)
+    test_config = {"shot_capacity": 3}

@@ -33,6 +33,14 @@ class StatAConfig(MethodConfig):
 
 class StatASpec(MethodSpec):
     name = "stata"
+    # its paper, as `shiftlab methods --bibtex` prints it (the CVPR version of the authors' README's arXiv entry)
+    bibtex = r"""@inproceedings{zanella2025stata,
+  title = {Realistic Test-Time Adaptation of Vision-Language Models},
+  author = {Zanella, Maxime and Fuchs, Cl{\'e}ment and De Vleeschouwer, Christophe and Ben Ayed, Ismail},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  pages = {25103--25112},
+  year = {2025}
+}"""
     impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
