@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf.py).
+"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
 Its spec: config, capabilities and facts, without torch (the code: method.py)."""
 from __future__ import annotations
