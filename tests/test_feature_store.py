@@ -121,12 +121,13 @@ def test_one_writer_many_readers(tmp_path):
 
 
 def test_readme_example_runs(tmp_path, monkeypatch):
-    code = re.search(r"### Stored features.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    code = re.search(r"## Stored features.*?```python\n(.*?)```", (REPO / "docs" / "LIBRARY.md").read_text(),
+                     re.S).group(1)
     paths = _files(tmp_path, 2)
     _fill(tmp_path / "feats", paths, _key(storage="fp16"), torch.nn.functional.normalize(torch.randn(2, 64, 8), dim=-1))
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/LIBRARY.md", "exec"), scope)
     assert scope["feats"].shape == (64, 8) and scope["score"].shape == ()
     assert shiftlab.FeatureStore is FeatureStore
 

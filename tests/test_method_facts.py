@@ -42,10 +42,10 @@ def test_every_method_declares_its_facts_in_its_own_class(name):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_dataset_settings_name_canonical_datasets_and_known_fields(name):
+def test_dataset_values_name_canonical_datasets_and_known_fields(name):
     cls = get_method_class(name)
     fields = {f.name for f in dataclasses.fields(cls.config_class)}
-    for dataset, values in facts.declared(cls, "dataset_settings").items():
+    for dataset, values in facts.declared(cls, "dataset_values").items():
         assert dataset in DATASETS and DATASETS.canonical(dataset) == dataset, (name, dataset)
         assert set(values) <= fields, (name, dataset, set(values) - fields)
         make_config(cls, **method_overrides(PAPER, cls, dataset=dataset))
@@ -102,7 +102,7 @@ def test_the_papers_suite_tables_name_methods_by_registry_names_and_agree_with_t
 
 # -- per-dataset values: the authors' own -------------------------------------------------------------------
 
-def test_dataset_settings_are_the_authors_values():
+def test_dataset_values_are_the_authors_values():
     assert _paper("ctpt", "flowers") == {"lambda_atfd": 50.0, "views": {"augmix": True}}   # test_tpt_ctpt_fg.sh
     assert _paper("ctpt", "R") == {"lambda_atfd": 20.0, "views": {"augmix": True}}         # test_tpt_ctpt_ds.sh
     assert _paper("tpt", "R") == {"views": {"augmix": False}}

@@ -167,17 +167,19 @@ def test_predict_image_refuses_what_is_not_an_image(tiny_model, bad, message):
         m.predict_image(np.zeros((8, 8, 3), dtype=np.float32))
 
 
-def test_readme_library_section_runs_as_written(tiny_model, tmp_path, monkeypatch):
-    # the README's library snippet, executed: only the weights are the tiny random CLIP's
+@pytest.mark.parametrize("doc, heading", [("README.md", "## Library use"), ("docs/LIBRARY.md", "# Library use")])
+def test_readme_library_section_runs_as_written(tiny_model, tmp_path, monkeypatch, doc, heading):
+    # the library snippet (the README's, and docs/LIBRARY.md's longer one), executed: only the weights are the
+    # tiny random CLIP's
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Library use"):]
+    readme = (Path(__file__).resolve().parents[1] / doc).read_text()
+    section = readme[readme.index(heading):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     _image_file(tmp_path)
     monkeypatch.setattr(shiftlab, "load_model", lambda *a, **k: tiny_model)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, doc, "exec"), {})
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_predict_refuses_non_finite_views_before_an_online_memory_sees_them(tiny_model, value):

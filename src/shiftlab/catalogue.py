@@ -101,7 +101,7 @@ def entry(name: str) -> dict[str, Any]:
                     else params.describe(spec_.hint, spec_.range) for k, spec_ in specs.items()},
         "min_views": cls.needed_views(cls.config_class()) if cls.needs_views else 1,
         "protocols": recipes,
-        "paper_datasets": sorted(facts.declared(cls, "dataset_settings")),
+        "paper_datasets": sorted(facts.declared(cls, "dataset_values")),
         "fidelity": facts.declared(cls, "fidelity"),
         "kind": cls.kind(),
         "reads": list(cls.capabilities.reads),

@@ -234,7 +234,7 @@ def test_paper_protocol_is_the_authors_precision_ties_and_views():
     assert effective_config("dynaprompt", "paper", dataset="flowers102").views.augmix is True
     assert effective_config("dynaprompt", "leaderboard", dataset="flowers102").views.augmix is False
     assert DynaPrompt.protocols["paper"] == {"precision": "fp16", "ties": "topk"}
-    for dataset, values in DynaPrompt.dataset_settings.items():
+    for dataset, values in DynaPrompt.dataset_values.items():
         assert effective_config("dynaprompt", "paper", dataset=dataset).views.augmix == values["views"]["augmix"]
 
 

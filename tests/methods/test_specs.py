@@ -84,6 +84,11 @@ def test_invalid_capabilities_are_refused(kwargs, says):
         Capabilities(**kwargs)
 
 
+def test_the_old_name_of_the_per_dataset_values_is_refused():
+    with pytest.raises(TypeError, match="`dataset_settings` is now `dataset_values`"):
+        type("Old", (MethodSpec,), {"name": "old", "dataset_settings": {"dtd": {"lr": 1.0}}})
+
+
 def test_a_spec_cannot_declare_the_derived_booleans():
     with pytest.raises(TypeError, match="episodic are derived from `capabilities`"):
         type("Bad", (MethodSpec,), {"name": "bad", "episodic": False})

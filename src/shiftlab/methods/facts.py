@@ -8,7 +8,7 @@ CONTRIBUTING.md), and its `Method` class gets them from the spec:
 - `published = (dict(dataset=..., backbone=..., protocol=..., metric=..., value=..., source=...), ...)`:
   numbers read in a primary source (`check_published` says what each field may hold); `()` when none was.
 - `fidelity`: in words, what was checked against the authors' code (the README's fidelity column).
-- optional: `dataset_settings = {canonical dataset: {field: value, "views": {...}}}` (what the authors' code
+- optional: `dataset_values = {canonical dataset: {field: value, "views": {...}}}` (what the authors' code
   sets per dataset, layered under `paper`; a large table lives in methods/<method>/settings.json, read by
   `settings_file`), `label` (the name the papers print; default: the registry name), `aliases` (other
   spellings of it in published tables: "clip", "zs"), `cupl_files` (dataset -> the CuPL file the method's
@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any
 
 # fact -> its value where a method declares none
-DEFAULTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_settings": {},
+DEFAULTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {},
                             "label": "", "aliases": (), "cupl_files": {}}
 REQUIRED = ("protocols", "published", "fidelity")   # declared by every method, even when empty
 PUBLISHED_FIELDS = ("dataset", "backbone", "protocol", "metric", "value", "source")
@@ -77,7 +77,7 @@ def _settings_data(method: str) -> dict[str, Any]:
 
 
 def settings_file(method: str, templates_of: str | None = None) -> dict[str, dict[str, Any]]:
-    """`dataset_settings` from methods/<method>/settings.json: per dataset its `config` fields, its `views`
+    """`dataset_values` from methods/<method>/settings.json: per dataset its `config` fields, its `views`
     and its prompt `templates` (those of `templates_of`'s file where the method's code uses another
     method's lists; "clip80", CLIP's 80, is every such config's default, so it sets nothing)."""
     data = _settings_data(method)

@@ -16,7 +16,7 @@ last word. The effective config (with its view recipe) is what a run records.
   training-free methods of the seed table.
 - `paper`: each method as its authors' code runs ImageNet-R (sources in the method's module); with a
   dataset (the engine passes the run's), also what the code sets for that dataset
-  (`Method.dataset_settings`: C-TPT's lambda, TDA's configs/<set>.yaml, DMN's weight, TPT's AugMix on
+  (`Method.dataset_values`: C-TPT's lambda, TDA's configs/<set>.yaml, DMN's weight, TPT's AugMix on
   the fine-grained sets, TDA's and DMN's per-dataset prompt templates).
 
 Every function takes the method's class: this module reads what the class declares and imports no
@@ -65,7 +65,7 @@ def merge_views(lower: Any, upper: Any) -> Any:
 
 
 def dataset_overrides(protocol: str, cls: type, dataset: str | None) -> dict[str, Any]:
-    """Under `paper`, what the method's code sets for `dataset` (its `dataset_settings`: config fields,
+    """Under `paper`, what the method's code sets for `dataset` (its `dataset_values`: config fields,
     `views`, prompt `templates`); {} under `leaderboard`, without a dataset or for an unknown name.
 
     A method with a `templates` config field, on a dataset its code names nothing for (`imagefolder`),
@@ -76,7 +76,7 @@ def dataset_overrides(protocol: str, cls: type, dataset: str | None) -> dict[str
     if dataset not in DATASETS:
         return {}
     name = DATASETS.canonical(dataset)
-    table = declared(cls, "dataset_settings")
+    table = declared(cls, "dataset_values")
     out = copy.deepcopy(dict(table.get(name, {})))
     if name not in table and "templates" in {f.name for f in dataclasses.fields(cls.config_class)}:
         from ..datasets.classes import dataset_templates

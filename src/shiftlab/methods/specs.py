@@ -121,7 +121,7 @@ class Capabilities:
 # -- the spec ----------------------------------------------------------------------------------------------
 
 # facts read from a spec's own body, never inherited (shiftlab.methods.facts), and their defaults
-FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_settings": {}, "label": "",
+FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {}, "label": "",
                          "aliases": (), "cupl_files": {}}
 # what a spec declares (inherited defaults) and the method class carries over
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
@@ -134,7 +134,7 @@ class MethodSpec:
     """A method's declaration: subclass it in `methods/<folder>/spec.py` (one class per registered name).
 
     Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
-    published, fidelity, dataset_settings, label, aliases, cupl_files; shiftlab.methods.facts says what
+    published, fidelity, dataset_values, label, aliases, cupl_files; shiftlab.methods.facts says what
     each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features` and `adapts_on_batches` are
     derived (from the capabilities and the config class), never declared."""
     name: ClassVar[str] = ""
@@ -167,6 +167,9 @@ class MethodSpec:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "dataset_settings" in cls.__dict__:   # the fact's old name: refused, never silently ignored
+            raise TypeError(f"{cls.__qualname__}: `dataset_settings` is now `dataset_values` (a run's 'setting' is "
+                            "clean or attacked; a method's per-dataset values are its dataset_values)")
         derived = [k for k in DERIVED if k in cls.__dict__]
         if derived:
             raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "

@@ -43,7 +43,7 @@ def n_confident(n_views: int, top: float) -> int:
     """How many views TPT's filter keeps: the authors' int(N * top), but at least one.
 
     The authors' int(N * top) is 0 below 10 views at top = 0.1, and their `avg_entropy` then takes
-    log(0) ("math domain error"); the library keeps at least one view (`methods.confidence.n_selected`),
+    log(0) ("math domain error"); the library keeps at least one view (`methods.common.confidence.n_selected`),
     so the baseline does too, or the two would not run the same method.
     """
     return max(1, int(n_views * top))

@@ -73,7 +73,7 @@ class BoostAdapterSpec(MethodSpec):
     # templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False)
     protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0}}
     # configs/<set>.yaml and runner.py per dataset; its datasets/*.py template lists are TDA's, list for list
-    dataset_settings = settings_file("boostadapter", templates_of="tda")
+    dataset_values = settings_file("boostadapter", templates_of="tda")
     published = ()     # its README prints no table
     fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
                 "`logit_scale=100`)")

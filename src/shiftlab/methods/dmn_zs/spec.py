@@ -64,7 +64,7 @@ class DMNZeroShotSpec(MethodSpec):
     protocols = {"paper": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
                            "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"}}
     # the mixing weight of its logs and the templates of data/imagnet_prompts.py, per dataset
-    dataset_settings = settings_file("dmn_zs")
+    dataset_values = settings_file("dmn_zs")
     cupl_files = cupl_file_names("dmn_zs")     # data/imagnet_prompts.py ID_to_gptprompts_path
     published = (
         dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=61.44,

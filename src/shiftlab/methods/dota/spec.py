@@ -66,7 +66,7 @@ class DOTASpec(MethodSpec):
                            "logit_scale": 100.0}}
     # configs/vit/<set>.yaml and the views utils.py gives each set; its datasets/*.py hold TDA's templates
     # (checked file by file, bc67d44)
-    dataset_settings = settings_file("dota", templates_of="tda")
+    dataset_values = settings_file("dota", templates_of="tda")
     published = ()     # its README prints no table (docs/SUITES.md)
     fidelity = "golden (24-sample stream, estimates after every sample; `logit_scale=100`; rho 0.0025 and 3)"
     # a fusion weight that matters on a short stream

@@ -70,7 +70,7 @@ class DPESpec(MethodSpec):
     protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
                            "logit_scale": 100.0}}
     # configs/<set>.yaml, the views utils.py gives each set and the templates of datasets/<set>.py
-    dataset_settings = settings_file("dpe")
+    dataset_values = settings_file("dpe")
     cupl_files = DMNZeroShotSpec.cupl_files    # a directory of CuPL files is searched by DMN's names
     published = ()
     fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "

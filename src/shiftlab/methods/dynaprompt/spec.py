@@ -24,7 +24,7 @@ INTERSECTIONS = ("rank", "prompts")
 class DynaPromptConfig(ViewMethodConfig):
     """DynaPrompt's ImageNet-R run (run_dynap.sh -> scripts/test_dynap.sh -> dynap_classification.py). Views:
     the shared 64 (scripts/test_dynap.sh:12 bs=64: the original + 63 crops; AugMix only on the fine-grained
-    sets, dynap_classification.py:252-253, `dataset_settings`)."""
+    sets, dynap_classification.py:252-253, `dataset_values`)."""
     n_prompts: int = param(12, ge=2)          # run_dynap.sh:6 num_p=12 (with one prompt their selection is undefined)
     lr: float = param(5e-3, ge=0)             # run_dynap.sh:8 lr=0.005
     weight_decay: float = param(0.01, ge=0)   # dynap_classification.py:226 AdamW(trainable_param, args.lr): its default
@@ -72,7 +72,7 @@ class DynaPromptSpec(MethodSpec):
     # test's
     test_config = {"n_prompts": 3, "refresh": False}
     # dynap_classification.py:252-253 AugMixAugmenter(..., augmix=len(set_id) > 1): AugMix on the fine-grained sets
-    dataset_settings = {**{name: {"views": {"augmix": False}} for name in
+    dataset_values = {**{name: {"views": {"augmix": False}} for name in
                            ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")},
                         **{name: {"views": {"augmix": True}} for name in
                            ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101",

@@ -66,6 +66,6 @@ class RLCFSpec(PromptTuningSpec):
     random_weights_config = {"reward_pretrained": "none"}
     # per dataset (scripts/rlcf-prompt-fine.sh:39 tta_steps=5; AugMix on the fine-grained sets only:
     # tpt_cls_rl.py:150 augmix=len(set_id)>1 and args.augmix, params.py:48 default 1)
-    dataset_settings = {**{d: {"views": {"augmix": False}} for d in
+    dataset_values = {**{d: {"views": {"augmix": False}} for d in
                            ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")},
                         **{d: {"steps": 5, "views": {"augmix": True}} for d in _FINE_GRAINED}}

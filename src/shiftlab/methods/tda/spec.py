@@ -71,7 +71,7 @@ class TDASpec(MethodSpec):
     # precision) with the logit scale fixed at 100.
     protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
                            "logit_scale": 100.0}}
-    dataset_settings = settings_file("tda")     # configs/<set>.yaml and datasets/<set>.py's templates
+    dataset_values = settings_file("tda")     # configs/<set>.yaml and datasets/<set>.py's templates
     published = (
         dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=62.58,
              source="github.com/kdiAAA/TDA README.md@e697fb0, 'Results' table 'OOD Benchmark' (CLIP ResNet-50)"),

@@ -77,4 +77,4 @@ class TPSSpec(MethodSpec):
     fidelity = ('golden (24-sample stream: prototypes, first-step gradients, kept views, losses, shifts, logits; '
                 'templates + stand-in descriptors, 1 step; templates, 3 steps)')
     # shift_classification.py:98-99: AugMix on for every set id longer than one letter (the fine-grained sets)
-    dataset_settings = {name: {"views": {"augmix": True}} for name in _FINE_GRAINED}
+    dataset_values = {name: {"views": {"augmix": True}} for name in _FINE_GRAINED}

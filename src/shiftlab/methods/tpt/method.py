@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf.py).
+"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
 One shared recipe (TPT, Shu et al. 2022): learnable context vectors start from the
 embeddings of "a photo of a" for every image; the image tower is frozen, so the

@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf.py).
+"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
 Its spec: config, capabilities and facts, without torch (the code: method.py)."""
 from __future__ import annotations
@@ -77,7 +77,7 @@ class TPTSpec(PromptTuningSpec):
     # fine-grained sets (len(set_id) > 1), so not for ImageNet-R
     protocols = {"paper": {"precision": "fp16"}}
     # tpt_classification.py AugMixAugmenter(..., augmix=len(set_id)>1): none for I/A/V/R/K, AugMix on the others
-    dataset_settings = {**{name: {"views": {"augmix": False}} for name in IMAGENET_SETS},
+    dataset_values = {**{name: {"views": {"augmix": False}} for name in IMAGENET_SETS},
                         **{name: {"views": {"augmix": True}} for name in FINE_GRAINED}}
     published = (
         dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=58.9,
@@ -108,7 +108,7 @@ class CTPTSpec(PromptTuningSpec):
     # hee-suk-yoon/C-TPT's distribution-shift script passes --I_augmix (AugMix on for ImageNet-R), lambda 20;
     # precision as TPT's code, which it runs
     protocols = {"paper": {"precision": "fp16", "views": {"augmix": True}, "lambda_atfd": 20.0}}
-    dataset_settings = {
+    dataset_values = {
         # scripts/test_tpt_ctpt_ds.sh (--lambda_term 20 --I_augmix)
         **{name: {"lambda_atfd": 20.0, "views": {"augmix": True}} for name in IMAGENET_SETS},
         # scripts/test_tpt_ctpt_fg.sh (--lambda_term 50; AugMix from augmix=len(set_id)>1 in tpt_classification.py)

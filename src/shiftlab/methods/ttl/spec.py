@@ -74,4 +74,4 @@ class TTLSpec(MethodSpec):
     fidelity = ('golden (tiny ViT: 1 step on 4 samples, 4 steps on 2; view logits, losses, LoRA gradients and '
                 'weights, final logits)')
     # nothing per dataset: ttl.py:255-271 sets only the class names, the same recipe for every set
-    dataset_settings: dict[str, dict[str, Any]] = {}
+    dataset_values: dict[str, dict[str, Any]] = {}

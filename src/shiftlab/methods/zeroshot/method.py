@@ -1,4 +1,4 @@
-"""Training-free baselines: CLIP zero-shot, the 80-template prompt ensemble, the view ensemble."""
+"""The reference methods (training-free): CLIP zero-shot, the 80-template prompt ensemble, the view ensemble."""
 from __future__ import annotations
 
 import math

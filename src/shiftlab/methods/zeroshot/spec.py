@@ -1,4 +1,4 @@
-"""Training-free baselines: CLIP zero-shot, the 80-template prompt ensemble, the view ensemble.
+"""The reference methods (training-free): CLIP zero-shot, the 80-template prompt ensemble, the view ensemble.
 
 Its spec: config, capabilities and facts, without torch (the code: method.py)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..specs import (
     ViewMethodConfig,
 )
 
-# the papers these baselines cite (`shiftlab methods --bibtex`)
+# the papers these reference methods cite (`shiftlab methods --bibtex`)
 CLIP_BIBTEX = r"""@inproceedings{radford2021clip,
   title = {Learning Transferable Visual Models From Natural Language Supervision},
   author = {Radford, Alec and Kim, Jong Wook and Hallacy, Chris and Ramesh, Aditya and Goh, Gabriel and Agarwal,
