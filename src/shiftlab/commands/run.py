@@ -292,7 +292,9 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     problem = check_combination(args) if undecided else None   # the flags before the data, as ever
     if problem:
         return 2, [problem]
-    model = checks.unknown_model(args.model)
+    # a local checkpoint under an unknown name goes to the loader, which says what the file holds
+    local = Path(str(args.pretrained or "").removeprefix("file:") or ".").expanduser().is_file()
+    model = None if local else checks.unknown_model(args.model)
     missing = missing_data(args, listing=model is not None)   # with a refusal anyway, every dataset's problem
     missing += [f"model: {model}"] if model else []
     if missing:

@@ -8,6 +8,7 @@ of report.html, before the navigation, in the page's warning style.
 from __future__ import annotations
 
 from shiftlab.report.data import ReportData
+from shiftlab.report.load import Run
 from shiftlab.results import suite_table
 from shiftlab.results.display import is_random_weights
 
@@ -34,7 +35,7 @@ def transductive(method: str) -> bool:
                 or getattr(caps, "batches", False))
 
 
-def run_partial_note(data: ReportData, run) -> str:
+def run_partial_note(data: ReportData, run: Run) -> str:
     """suite.md's mark for one run ('partial: --limit 4', 'incomplete: 3 of 5 samples'), '' if whole."""
     accounted = [int(data.m(s)["n"] + data.m(s)["errors"]) for s in run.series if s.setting == "clean"]
     return suite_table.partial_mark(run.config, accounted)
