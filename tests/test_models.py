@@ -389,7 +389,12 @@ def test_offline_openai_tag_fails_fast_with_url_and_destination(empty_cache, net
     url = open_clip.get_pretrained_cfg("RN50-quickgelu", "openai")["url"]
     assert url and url in msg
     assert str(empty_cache / "clip-cache" / RN50_URL_NAME) in msg
-    assert "--download" in msg
+    # the library names its keyword, the command line its flag (#34: Python errors said `--download`)
+    assert "allow_download=True" in msg and "--download" not in msg and "--pretrained" not in msg
+    from shiftlab.options import speaking_cli
+    with speaking_cli(), pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("RN50", "openai")
+    assert "--download" in str(info.value) and "--pretrained /path/to/checkpoint" in str(info.value)
 
 
 def test_offline_download_request_fails_fast(empty_cache, network_attempts, monkeypatch):

@@ -28,6 +28,7 @@ OPTIONS: dict[str, Option] = {
     "download": Option("allow_download=True (RunConfig: download=True)", "--download"),
     "trust_checkpoint": Option("trust_checkpoint=True", "--trust-checkpoint"),
     "pretrained_file": Option("pretrained='/path/to/checkpoint'", "--pretrained /path/to/checkpoint"),
+    "pretrained": Option("pretrained=", "--pretrained"),
     "classnames": Option("classnames=[...]", "--classnames FILE"),
     "resume": Option("resume=True", "--resume"),
     "out": Option("another out=", "another --out"),

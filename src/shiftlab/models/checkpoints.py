@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ..options import say
+
 # Buffers of OpenAI's TorchScript archives that are facts, not weights.
 OPENAI_SCALARS = ("input_resolution", "context_length", "vocab_size")
 
@@ -281,4 +283,4 @@ def require_network(where: str) -> None:
         except OSError:
             continue
     raise ModelLoadError(f"no internet connection: cannot download the weights. Download {where} on a machine "
-                         "with internet and copy them there, or pass --pretrained /path/to/checkpoint.")
+                         f"with internet and copy them there, or pass {say('pretrained_file')}.")

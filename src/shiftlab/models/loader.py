@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..options import say
 from ..views.preprocess import OPENAI_PREPROCESS, Preprocess
 from .architectures import (
     _check_fits,
@@ -87,7 +88,7 @@ def _resolve(name: str, pretrained: str) -> tuple[str, str]:
     if pretrained.startswith("hf-hub:"):
         repo = pretrained[len("hf-hub:"):].strip("/")
         if repo.count("/") != 1 or not all(repo.split("/")):
-            raise ModelLoadError(f"--pretrained {pretrained!r}: expected hf-hub:ORG/REPO")
+            raise ModelLoadError(f"{say('pretrained')}{pretrained!r}: expected hf-hub:ORG/REPO")
         return "hf-hub", repo
     if pretrained.startswith("file:"):
         return "file", pretrained[len("file:"):]
@@ -111,7 +112,7 @@ def _download(what: str, where: str, fetch) -> Path:
         return Path(fetch())
     except Exception as exc:  # network and hub errors come in many types; each is one line to the user
         raise ModelLoadError(f"downloading {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                             f"download {where} by hand or pass --pretrained /path/to/checkpoint") from exc
+                             f"download {where} by hand or pass {say('pretrained_file')}") from exc
 
 
 def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tuple[Path, dict[str, Any]]:
@@ -127,7 +128,7 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
                             lambda: download_pretrained_from_hf(repo, cache_dir=cache_dir))
     else:
         raise ModelLoadError(f"weights hf-hub:{repo} are not in the Hugging Face cache and downloading was not "
-                             f"requested; run with --download, or `hf download {repo}`")
+                             f"requested; pass {say('download')}, or `hf download {repo}`")
     config_file = weights.parent / "open_clip_config.json"
     cfg = json.loads(config_file.read_text()) if config_file.is_file() else {}
     return weights, cfg.get("preprocess_cfg", {})
@@ -163,8 +164,8 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
             if not allow_download:
                 raise ModelLoadError(
                     f"weights {name}/{value} are not in the cache and downloading was not requested. "
-                    f"Download {where}; or run with --download on a machine with internet; "
-                    "or pass --pretrained /path/to/checkpoint.")
+                    f"Download {where}; or pass {say('download')} on a machine with internet; "
+                    f"or pass {say('pretrained_file')}.")
             local = _download(f"{name}/{value}", where, lambda: open_clip.download_pretrained(
                 open_clip.get_pretrained_cfg(arch, value) or tag_cfg, cache_dir=cache_dir))
         return _load_file(arch, local, trust_checkpoint, model_preprocess(arch, value), value, device)
