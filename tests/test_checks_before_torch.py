@@ -45,6 +45,9 @@ def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
         (run + [str(tmp), "--methods", "mta", "--views", "4"], 2,
          ["mta: needs at least 5 views (incl. the original), got 4", "--set mta.views=5"]),
         (run + [str(tmp), "--methods", "all", "--views", "1"], 2, ["needs at least 2 views"]),
+        # a minimum that follows from a --set value is the spec's to decide, still without torch
+        (run + [str(tmp), "--methods", "mta", "--views", "4", "--set", "mta.neighbour_ratio=0.2"], 2,
+         ["mta: needs at least 6 views (incl. the original), got 4", "--set mta.views=6"]),
         (run + [str(tmp), "--model", "RN5O"], 1, ["error: model: unknown model 'RN5O'", "did you mean RN50"]),
         (run + [missing, "--model", "RN5O"], 1, ["dataset imagenet-r: imagenet-r root does not exist",   # at once
                                                  "model: unknown model 'RN5O'"]),

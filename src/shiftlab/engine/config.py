@@ -147,13 +147,15 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
             return problem
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.base import effective_config, get_method_class
+    from ..methods.effective import effective_config, method_spec
+    from ..methods.specs import spec_names
     from ..rundir.stream import stream_problem
-    names = expand_methods(config.methods)
+    # the specs alone answer (no torch): a refused command line never waits for the methods' code
+    names = list(dict.fromkeys(n for name in config.methods for n in (spec_names() if name == "all" else [name])))
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         return problem
-    online = [n for n in names if not get_method_class(n).episodic]
+    online = [n for n in names if not method_spec(n).capabilities.episodic]
     if online and len(config.settings()) > 1:
         return _online_and_attacked(online)
     try:

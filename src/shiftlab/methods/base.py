@@ -29,8 +29,9 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.recipe import ViewRecipe
 from . import specs as method_specs
 from .context import ClassHeads, SampleContext
+from .effective import effective_config, registered_name
 from .prediction import Prediction, load_image, make_prediction
-from .protocols import DEFAULT_PROTOCOL, merge_views, method_overrides, protocol_overrides
+from .protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .specs import (
     EPISODIC,
     FROZEN_FEATURES,
@@ -352,16 +353,6 @@ def list_methods(kind: str | None = None) -> list[str]:
     return method_specs.spec_names(kind)
 
 
-# A run's method name may carry a variant: "tda@pos_alpha=2.0" is TDA under its own config, a method of
-# its own in the run (its records, summary row and online state), as `shiftlab sweep` runs a grid point.
-VARIANT = "@"
-
-
-def registered_name(name: str) -> str:
-    """The registered method of a run's method name: "tda@pos_alpha=2.0" -> "tda"."""
-    return name.partition(VARIANT)[0]
-
-
 def get_method_class(name: str) -> type[Method]:
     """The class registered as `name` (or as the method of a variant, `registered_name`), imported from its
     spec's `impl` on first use; an unknown name raises `UnknownNameError` (a KeyError), a name that is not a
@@ -376,18 +367,6 @@ def get_method_class(name: str) -> type[Method]:
     if cls.__dict__.get("spec") is not spec:
         raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
     return _REGISTRY.register(spec.name, cls)
-
-
-def effective_config(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
-                     run_precision: str = "auto", run_views: dict[str, Any] | None = None,
-                     **config: Any) -> MethodConfig:
-    """The config a run gives method `name`, checked, without building it: its defaults <- the
-    protocol (with its per-dataset values for `dataset`) <- the run's `run_views` ({"n_views": 4,
-    "augmix": True}: --views, --augmix; view-reading methods only) <- `config` (--set)."""
-    cls = method_specs.spec(registered_name(name))
-    if run_views and cls.needs_views:
-        config["views"] = merge_views(dict(run_views), config.get("views", {}))
-    return make_config(cls, **method_overrides(protocol, cls, config, run_precision, dataset=dataset))
 
 
 def describe(protocol: str, name: str) -> dict[str, Any]:
