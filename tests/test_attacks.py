@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from shiftlab.attacks import (
     build_attack,
     eps_255,
     list_attacks,
-    pgd,
+    pgd_linf,
     quantize,
     register_attack,
 )
@@ -141,16 +143,16 @@ def test_pgd_on_a_linear_model_lowers_the_margin_by_the_full_budget():
 
     eps = 4 / 255
     # without random start, 4 steps of eps/4 reach the corner x - eps * sign(d): margin drops by eps * |d|_1
-    adv = pgd(model, x, y, eps=eps, alpha=eps / 4, steps=4, random_start=False)
+    adv = pgd_linf(model, x, y, eps=eps, alpha=eps / 4, steps=4, random_start=False)
     torch.testing.assert_close(adv, x - eps * d.sign().view_as(x))
     assert margin(adv) == pytest.approx(margin(x) - eps * float(d.abs().sum()), rel=1e-5)
     # with random start (uniform in the ball) and 7 steps of eps/4, every pixel ends >= 0.75 eps along -sign(d)
     torch.manual_seed(0)
-    adv = pgd(model, x, y, eps=eps, alpha=eps / 4, steps=7, random_start=True)
+    adv = pgd_linf(model, x, y, eps=eps, alpha=eps / 4, steps=7, random_start=True)
     assert (adv - x).abs().max() <= eps + 1e-7
     assert margin(adv) <= margin(x) - 0.75 * eps * float(d.abs().sum()) + 1e-4
     # eps = 0: the input comes back unchanged
-    assert torch.equal(pgd(model, x, y, eps=0.0, alpha=0.0, steps=7, random_start=True), x)
+    assert torch.equal(pgd_linf(model, x, y, eps=0.0, alpha=0.0, steps=7, random_start=True), x)
 
 
 def test_pgd_on_tiny_clip_raises_the_true_class_loss(evaluator, samples):
@@ -164,7 +166,7 @@ def test_pgd_on_tiny_clip_raises_the_true_class_loss(evaluator, samples):
         ref = model.logit_scale * model.encode_pixels(x) @ evaluator.heads.zeroshot.T
     torch.testing.assert_close(logits, ref)  # the attacked model is zero-shot CLIP with the initial prompt
     eps = 4 / 255
-    adv = pgd(clf, x, y, eps=eps, alpha=eps / 4, steps=7, random_start=False)
+    adv = pgd_linf(clf, x, y, eps=eps, alpha=eps / 4, steps=7, random_start=False)
     q = torch.stack([quantize(a, v[0], eps) for a, v in zip(adv, views)]).float() / 255
     with torch.no_grad():
         before = F.cross_entropy(clf(x), y, reduction="none")
@@ -186,7 +188,7 @@ def test_pgd_is_torchattacks_pgd_bit_for_bit(evaluator, samples, random_start):
     y = torch.tensor(labels)
     eps = 4 / 255
     torch.manual_seed(5)
-    ours = pgd(clf, x, y, eps=eps, alpha=eps / 4, steps=3, random_start=random_start)
+    ours = pgd_linf(clf, x, y, eps=eps, alpha=eps / 4, steps=3, random_start=random_start)
     torch.manual_seed(5)
     ref = torchattacks.PGD(clf, eps=eps, alpha=eps / 4, steps=3, random_start=random_start)
     ref.set_device(x.device)
@@ -336,3 +338,12 @@ def test_every_episodic_method_scores_clean_and_robust_accuracy_and_ece_in_one_p
     assert entry["n"] == 3 and 0 <= entry["ece"] <= 100
     assert entry["robust"]["setting"] == "pgd" and entry["robust"]["n"] == 3 and 0 <= entry["robust"]["ece"] <= 100
     assert summary["errors"] == 0 and summary["attack"]["n"] == 3
+
+
+def test_the_pgd_function_is_not_shadowed_by_the_attack_folder():
+    # attacks/pgd/ is a subpackage: once spec discovery imports it, `shiftlab.attacks.pgd` is that module, so
+    # the function has a name of its own (a suite importing the specs first got "'module' object is not callable")
+    code = ("import shiftlab.attacks.pgd.spec; from shiftlab.attacks import pgd_linf; "
+            "import shiftlab.attacks as a; print(callable(pgd_linf), callable(a.pgd_linf))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["True", "True"]

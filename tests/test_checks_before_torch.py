@@ -96,8 +96,12 @@ def test_model_names_are_read_without_importing_open_clip():
             "'ViT-B-16' in names, 'shiftlab-tiny' in names, 'RN50-quickgelu' in names)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.split() == ["[]", "True", "True", "True", "True"]
-    import open_clip  # the files read are exactly open_clip's list, plus shiftlab's own architectures
-
-    from shiftlab.commands.checks import config_file_names
-    from shiftlab.models.architectures import builtin_configs
-    assert set(config_file_names()) == set(open_clip.list_models()) | set(builtin_configs())
+    # the files read are exactly open_clip's list, plus shiftlab's own architectures; asked of a fresh
+    # process, since tests register architectures of their own into this one's open_clip
+    code = ("import json, open_clip; from shiftlab.commands.checks import config_file_names; "
+            "from shiftlab.models.architectures import builtin_configs; "
+            "listed = set(open_clip.list_models()) | set(builtin_configs()); "
+            "print(json.dumps([sorted(config_file_names()), sorted(listed)]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    files, listed = json.loads(proc.stdout)
+    assert files == listed and "RN50" in files

@@ -18,7 +18,7 @@ from PIL import Image
 
 import shiftlab
 from _golden import LOGITS, PARAMS, PIXELS, assert_close, online_fixture
-from shiftlab.attacks import ZeroShotClassifier, eps_255, pgd, quantize
+from shiftlab.attacks import ZeroShotClassifier, eps_255, pgd_linf, quantize
 from shiftlab.models.text import ContextPrompt
 from shiftlab.views.generator import base_view, to_uint8_tensor
 
@@ -59,7 +59,7 @@ def test_pgd_matches_the_authors_attack_on_the_first_sample(attack_golden):
     eps = info["eps"] / 255
     x = want["0/clean"].unsqueeze(0)
     torch.manual_seed(info["seed0"] + 0)
-    got = pgd(classifier, x, want["labels"][:1], eps=eps, alpha=info["alpha"] / 255, steps=info["steps"])[0]
+    got = pgd_linf(classifier, x, want["labels"][:1], eps=eps, alpha=info["alpha"] / 255, steps=info["steps"])[0]
     close = (got - want["0/adv_float"]).abs() <= PIXELS
     assert float(close.float().mean()) >= 0.99, f"only {float(close.float().mean()):.4f} of the pixels agree"
     assert float((got - want["0/adv_float"]).abs().max()) <= 2 * info["alpha"] / 255 + PIXELS

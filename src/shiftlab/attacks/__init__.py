@@ -22,17 +22,17 @@ if TYPE_CHECKING:
     import torch
 
     from ..models import ClipModel
-    from .pgd.attack import PGDAttack, pgd
+    from .pgd.attack import PGDAttack, pgd_linf
     from .pgd.spec import PGDConfig
     from .pixels import QUANTIZE_MODES, ImageAttack, ZeroShotClassifier, attack_seed, eps_255, quantize
 
 # public name -> the module that defines it (loaded on first use: these import torch)
-_EXPORTS = {"PGDAttack": "pgd.attack", "PGDConfig": "pgd.spec", "pgd": "pgd.attack", "QUANTIZE_MODES": "base",
+_EXPORTS = {"PGDAttack": "pgd.attack", "PGDConfig": "pgd.spec", "pgd_linf": "pgd.attack", "QUANTIZE_MODES": "base",
             "ImageAttack": "pixels", "ZeroShotClassifier": "pixels", "attack_seed": "pixels", "eps_255": "pixels",
             "quantize": "pixels"}
 __all__ = ["NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "ImageAttack", "PGDAttack", "PGDConfig",
            "ZeroShotClassifier", "attack_config", "attack_seed", "build_attack", "eps_255", "get_attack_class",
-           "list_attacks", "load", "pgd", "quantize", "register_attack"]
+           "list_attacks", "load", "pgd_linf", "quantize", "register_attack"]
 
 
 def load() -> None:

@@ -20,7 +20,7 @@ from ..pixels import ImageAttack, attack_seed, quantize
 from .spec import PGDConfig, PGDSpec
 
 
-def pgd(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, eps: float, alpha: float,
+def pgd_linf(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, eps: float, alpha: float,
         steps: int, random_start: bool = True) -> torch.Tensor:
     """Untargeted L-inf PGD on `classifier` (images in [0, 1]) -> float images in [0, 1].
 
@@ -77,6 +77,6 @@ class PGDAttack(ImageAttack):
             if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(attack_seed(run_seed, sample_id))
-            x_adv = pgd(self.classifier, x, y, eps=cfg.eps, alpha=cfg.alpha, steps=cfg.steps,
+            x_adv = pgd_linf(self.classifier, x, y, eps=cfg.eps, alpha=cfg.alpha, steps=cfg.steps,
                         random_start=cfg.random_start)
         return quantize(x_adv[0], clean_u8, cfg.eps, cfg.quantize, cfg.clip_to_ball)
