@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..options import cli_speaking, say
 from .base import DatasetError, FolderDataset
 from .corrupted import build_cifar_c, corruption_folder, stored_info
 from .folders import build_folder_dataset, build_image_pool
@@ -78,7 +79,8 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
         sibling = _hub_sibling(name, root)
         if sibling is not None:   # `--data data/{dataset}` beside the hub's data/wds_imagenet-r
             exc = DatasetError(f"{spec.name} root {what}: {root}, but {sibling} beside it holds the dataset "
-                               f"({layout_of(name, sibling)}): pass --data {sibling.parent} or --data {sibling}")
+                               f"({layout_of(name, sibling)}): pass {say('data')}{_spell(sibling.parent)} or "
+                               f"{say('data')}{_spell(sibling)}")
             exc.found_instead = sibling   # nothing to download: said by the CLI's hint
             raise exc
         raise DatasetError(f"{spec.name} root {what}: {root}" + spec.folder_hint(root))
@@ -135,3 +137,8 @@ def expand_root(root: str | os.PathLike, name: str) -> Path:
         if path.is_dir():
             return path
     return Path(text.replace("{dataset}", name)).expanduser()
+
+
+def _spell(path: Path) -> str:
+    """A path as the caller writes it after `--data ` or `data=`."""
+    return f" {path}" if cli_speaking() else repr(str(path))

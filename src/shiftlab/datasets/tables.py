@@ -18,6 +18,7 @@ from typing import Any
 
 from PIL import Image
 
+from ..options import say
 from .base import DatasetError, FolderDataset
 from .imageio import ImageDecodeError, decode_image_bytes
 from .specs import DatasetSpec
@@ -174,7 +175,7 @@ def build_table_dataset(spec: DatasetSpec, directory: Path, expected: list[str] 
     if names is None:
         names = expected or classnames
     if names is None:
-        raise DatasetError(f"{spec.name}: {directory}'s label column has no ClassLabel names; pass --classnames FILE")
+        raise DatasetError(f"{spec.name}: {directory}'s label column has no ClassLabel names; pass {say('classnames')}")
     if expected is not None and [n.lower() for n in names] != [n.lower() for n in expected]:
         raise DatasetError(f"{spec.name}: the dataset's {len(names)} class names are not shiftlab's "
                            f"{len(expected)} {spec.name} classes in order (first: {names[:3]})")
