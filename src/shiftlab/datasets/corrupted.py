@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..options import say
 from .base import DatasetError, FolderDataset
 from .corruptions import (
     CORRUPTIONS,
@@ -47,8 +48,9 @@ def corruption_folder(name: str, directory: Path, corruption: str | None, severi
     """ImageNet-C's `<directory>/<corruption>/<severity>/`, or DatasetError saying what to pick or what is missing."""
     if corruption is None:
         held = stored_corruptions(directory, "folders")
-        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with --corruption NAME "
-                           f"--severity 1..5 (found under {directory}: {', '.join(held) or 'none'})")
+        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with "
+                           f"{say('corruption', 'NAME')} {say('severity', '1..5')} "
+                           f"(found under {directory}: {', '.join(held) or 'none'})")
     check_corruption(corruption, severity)
     folder = directory / corruption / str(severity)
     if not folder.is_dir():
@@ -95,8 +97,8 @@ def build_cifar_c(name: str, directory: Path, classnames: list[str], corruption:
     """CIFAR-10-C / CIFAR-100-C at one corruption and severity; DatasetError when the files are not as shipped."""
     import numpy as np
     if corruption is None:
-        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with --corruption NAME "
-                           f"--severity 1..5 (found under {directory}: "
+        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with "
+                           f"{say('corruption', 'NAME')} {say('severity', '1..5')} (found under {directory}: "
                            f"{', '.join(stored_corruptions(directory, 'npy')) or 'none'})")
     check_corruption(corruption, severity)
     array_file, labels_file = directory / f"{corruption}.npy", directory / "labels.npy"

@@ -40,7 +40,8 @@ from typing import Any
 from .. import writes
 from ..attacks import catalogue as attack_catalogue
 from ..attacks.base import NO_ATTACK
-from ..writes import RESUME_ADVICE
+from ..options import say
+from ..writes import resume_advice
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
@@ -199,7 +200,7 @@ def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
     """`data` (a parsed run.json) if every section has its type: an object with `shared` (an object whose
     known fields have the types of SHARED_TYPES), `methods` (an object of objects) and `shiftlab` (a
     string). Otherwise RunIdentityError, one line naming the file and the first field that is wrong."""
-    unknown = "the run's settings are unknown, so it cannot be resumed safely: restore the file or choose another --out"
+    unknown = f"the run's settings are unknown, so it cannot be resumed safely: restore the file or choose {say('out')}"
 
     def wrong(field: str, types: tuple, value: Any) -> RunIdentityError:
         got = _JSON_NAMES.get(_json_type(value), "something else")
@@ -230,7 +231,7 @@ def read(run_dir: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         raise RunIdentityError(f"{path} is damaged ({one_line(exc)}); the run's settings are unknown, so it cannot "
-                               "be resumed safely. Choose another --out") from None
+                               f"be resumed safely. Choose {say('out')}") from None
     return validate(data, path)
 
 
@@ -241,7 +242,7 @@ def one_line(exc: BaseException) -> str:
 def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
     path = Path(run_dir) / IDENTITY_FILE
     try:
-        writes.write_file(path, json.dumps(identity, indent=2, sort_keys=True) + "\n", RESUME_ADVICE)
+        writes.write_file(path, json.dumps(identity, indent=2, sort_keys=True) + "\n", resume_advice())
     except OSError as exc:
         raise run_dir_error(path, exc) from None
 
@@ -300,7 +301,7 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
             + ("; these define a different stream of samples" if stream else "")
             + ("; its random weights were unseeded (made before shiftlab recorded them), so no run can "
                "rebuild them" if unseeded else "")
-            + ". Resume with the original settings or choose another --out")
+            + f". Resume with the original settings or choose {say('out')}")
     merged = {**old_methods, **new["methods"]}
     identity = {"shared": {**old_shared, "limit": new_shared.get("limit")} if limit_raised else old_shared,
                 "methods": merged, "shiftlab": new.get("shiftlab")}
