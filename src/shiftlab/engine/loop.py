@@ -25,6 +25,7 @@ from ..attacks import attack_config, build_attack
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
+from ..options import name_of
 from ..results import orders as results_orders
 from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
@@ -306,7 +307,8 @@ def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int],
     if resumed.added_methods:
         line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
     if resumed.limit_raised:
-        line += f"; extending --limit {resumed.limit_raised[0]} -> {resumed.limit_raised[1] or 'all samples'}"
+        old, new = resumed.limit_raised
+        line += f"; extending {name_of('limit')} {old} -> {new or 'all samples'}"
     if state is not None and state.replayed:
         line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
     print(line, file=sys.stderr, flush=True)

@@ -251,10 +251,10 @@ def write_suite_csv(path: Path, table: dict) -> Path:
     for row in table_rows(table):
         writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
                                                              else row[k])) for k in CSV_COLUMNS})
-    return writes.write_file(path, buffer.getvalue(), writes.RESUME_ADVICE)
+    return writes.write_file(path, buffer.getvalue(), writes.resume_advice())
 
 
 def write_suite_table(suite_dir: str | Path, table: dict) -> None:
     suite_dir = Path(suite_dir)
-    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.RESUME_ADVICE)
+    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.resume_advice())
     write_suite_csv(suite_dir / SUITE_CSV, table)

@@ -18,7 +18,7 @@ from .. import writes
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
-from ..writes import RESUME_ADVICE
+from ..writes import resume_advice
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .ood import score_open_set
@@ -284,8 +284,8 @@ def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | Non
     run_dir = Path(run_dir)
     md = summary_markdown(summary, published)
     try:
-        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), RESUME_ADVICE)
-        writes.write_file(run_dir / SUMMARY_MD, md, RESUME_ADVICE)
+        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), resume_advice())
+        writes.write_file(run_dir / SUMMARY_MD, md, resume_advice())
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None
     return md
