@@ -28,7 +28,7 @@ from .spec import EATASpec
 
 def select_samples(entropies: torch.Tensor, probs: torch.Tensor, average: torch.Tensor | None, entropy_margin: float,
                    redundancy_margin: float) -> torch.Tensor:
-    """(B,) entropies, (B, C) probabilities, the moving average (C,) or None -> (B,) bool: reliable and non-redundant."""
+    """(B,) entropies, (B, C) probabilities, the moving average (C,) or None -> (B,) bool: reliable, not redundant."""
     keep = entropies < entropy_margin
     if average is not None:
         cos = F.cosine_similarity(average[None], probs, dim=1)
