@@ -60,13 +60,12 @@ def degree_threshold(sim: torch.Tensor, target_degree: float) -> float:
     has an average degree within 1e-2 of `target_degree`, or after 500 steps (utils_cosmic.py
     build_graph_by_degree; Python floats, compared with the float32 matrix as their code does)."""
     n = sim.shape[0]
+    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=sim.device)
     low, high = sim.min().item(), sim.max().item()
     mid = (low + high) / 2
     for _ in range(MAX_BISECTIONS):
         mid = (low + high) / 2
-        adj = (sim > mid).float()
-        adj.fill_diagonal_(0)
-        degree = adj.sum() / n
+        degree = ((sim > mid) & off_diagonal).sum().to(torch.float32) / n
         if abs(degree - target_degree) < DEGREE_TOLERANCE:
             break
         if degree < target_degree:
@@ -89,9 +88,12 @@ def degree_graph(space: torch.Tensor, target_degree: float, second_order: bool) 
 
 def maximal_cliques(adj: torch.Tensor) -> list[list[int]]:
     """The graph's maximal cliques in networkx's order (`find_cliques`, their code's); an isolated node is a
-    clique of its own."""
+    clique of its own. The graph is built as their `from_numpy_matrix` builds it (nodes 0..n-1, then the
+    edges (u <= v) in row-major order), from the edge list rather than the dense matrix."""
     import networkx as nx
-    graph = nx.from_numpy_array(adj.cpu().numpy())
+    graph = nx.Graph()
+    graph.add_nodes_from(range(adj.shape[0]))
+    graph.add_edges_from(torch.triu(adj).nonzero().tolist())
     cliques = [list(c) for c in nx.find_cliques(graph)]
     covered = {v for c in cliques for v in c}
     missing = [v for v in range(adj.shape[0]) if v not in covered]   # their rule; none: singletons are cliques
@@ -104,7 +106,11 @@ def maximal_cliques(adj: torch.Tensor) -> list[list[int]]:
 
 def clique_anchors(space: torch.Tensor, cliques: list[list[int]]) -> torch.Tensor:
     """(K, D): each clique's mean feature (not normalised)."""
-    return torch.stack([space[c].mean(0) for c in cliques])
+    members = torch.tensor([v for c in cliques for v in c], device=space.device)
+    which = torch.repeat_interleave(torch.arange(len(cliques), device=space.device),
+                                    torch.tensor([len(c) for c in cliques], device=space.device))
+    sums = space.new_zeros(len(cliques), space.shape[1]).index_add_(0, which, space[members])
+    return sums / torch.bincount(which, minlength=len(cliques)).unsqueeze(1).to(space.dtype)
 
 
 def clique_scores(feature: torch.Tensor, anchors: torch.Tensor, space: torch.Tensor, cliques: list[list[int]],
