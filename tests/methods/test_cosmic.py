@@ -44,6 +44,32 @@ def test_degree_graph_reaches_the_target_degree_and_second_order_needs_two_commo
         assert bool(sog[i, j]) == (bool(plain[i, j]) and common >= 2), (i, j)
 
 
+def _their_bisection(sim: torch.Tensor, target: float) -> float:
+    """utils_cosmic.py build_graph_by_degree's loop, written out."""
+    n = sim.shape[0]
+    low, high = sim.min().item(), sim.max().item()
+    for _ in range(500):
+        mid = (low + high) / 2
+        adj = (sim > mid).float()
+        adj.fill_diagonal_(0)
+        degree = adj.sum() / n
+        if abs(degree - target) < 1e-2:
+            break
+        if degree < target:
+            high = mid
+        else:
+            low = mid
+    return mid
+
+
+@pytest.mark.parametrize("spread", [1.0, 0.01])     # 0.01: features as alike as random weights give (500 steps)
+def test_degree_threshold_is_their_bisection_exactly(spread):
+    gen = torch.Generator().manual_seed(0)
+    x = F.normalize(spread * torch.randn(300, 16, generator=gen) + torch.randn(1, 16, generator=gen), dim=-1)
+    sim = x @ x.T
+    assert cosmic.degree_threshold(sim, 4.0) == _their_bisection(sim, 4.0)
+
+
 def test_maximal_cliques_are_maximal_and_cover_every_node():
     adj = torch.zeros(6, 6)
     for i, j in [(0, 1), (1, 2), (0, 2), (2, 3), (4, 5)]:
