@@ -45,11 +45,21 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def probe():
+    """The test-only method, registered for one test: the registry-wide tests (the methods table, "all") never
+    see it."""
+    from shiftlab.methods import base, specs
+    register_method(PROBE)(OwnScoreProbe)
+    yield PROBE
+    base._REGISTRY.pop(PROBE)
+    specs.SPECS.pop(PROBE)
+
+
 def _run(data: Path, out: Path, methods: list[str]) -> Path:
     from shiftlab.engine.config import RunConfig
     from shiftlab.engine.loop import run
     from shiftlab.synthetic import tiny_clip
-    register_method(PROBE)(OwnScoreProbe)
     run(RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny", pretrained=None, methods=methods,
                   views=1, out=str(out), workers=0, batch_size=4, progress=False, ood=["ninco"], ood_ratio=1.0,
                   allow_partial=True), model=tiny_clip(0))
@@ -57,7 +67,7 @@ def _run(data: Path, out: Path, methods: list[str]) -> Path:
 
 
 @pytest.mark.slow
-def test_an_own_score_is_recorded_beside_mcm_and_scored_in_its_own_column(data, tmp_path):
+def test_an_own_score_is_recorded_beside_mcm_and_scored_in_its_own_column(data, tmp_path, probe):
     from shiftlab.report.build import build_report
     out = _run(data, tmp_path / "run", ["zeroshot", PROBE])
     recs = list(record_files.iter_records(out / "records.jsonl"))
@@ -90,7 +100,7 @@ def test_a_run_without_own_scores_has_no_such_column(data, tmp_path):
     assert "own OOD score" not in (out / "summary.md").read_text()
 
 
-def test_a_non_finite_own_score_is_an_error_record_and_the_field_is_checked(data, tmp_path):
+def test_a_non_finite_own_score_is_an_error_record_and_the_field_is_checked(data, tmp_path, probe):
     OwnScoreProbe.bad_id = 7
     try:
         out = _run(data, tmp_path / "run", [PROBE])
