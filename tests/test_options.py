@@ -152,3 +152,18 @@ def test_library_refusals_name_keywords_and_the_cli_its_flags(call, python, cli)
     with speaking_cli(), pytest.raises(ValueError) as info:
         call()
     assert cli in str(info.value)
+
+
+def test_a_method_file_setting_is_named_as_the_caller_sets_it(tiny_model):
+    """TPS's descriptors file (and so every method file setting built with say_set): the method's field in Python,
+    `--set` under the CLI (#34: the message named only `--set tps.descriptors_file=PATH`)."""
+    import shiftlab
+    model = tiny_model
+    with pytest.raises(ValueError) as info:
+        shiftlab.create_method("tps", model, ["cat", "dog"], text_head="descriptors")
+    assert str(info.value).endswith(
+        "pass tps's descriptors_file='PATH' (RunConfig: method_config={'tps': {'descriptors_file': 'PATH'}}) "
+        "(or tps's text_head='ensemble' (RunConfig: method_config={'tps': {'text_head': 'ensemble'}}))")
+    with speaking_cli(), pytest.raises(ValueError) as info:
+        shiftlab.create_method("tps", model, ["cat", "dog"], text_head="descriptors")
+    assert str(info.value).endswith("pass --set tps.descriptors_file=PATH (or --set tps.text_head=ensemble)")
