@@ -253,3 +253,15 @@ def assert_underflow_margin(logits: torch.Tensor, tol: float, what: str) -> None
         if m >= 1:
             gap = min(gap, abs(math.log(2 * m) - float(log_s[row])))
         check_margin(gap, 2 * tol, f"{what} (row {row}: smallest probability vs float32 underflow)")
+
+
+# -- CLIPTTA (tests/methods/test_cliptta.py) ---------------------------------------------------------------
+
+CLIPTTA_PARAMS = 1e-4
+"""The image tower's norm affine parameters (values ~1) after 10 Adam steps per batch over 3 continual batches
+(lr 1e-3, eps 1e-6): each step moves an entry by lr x m / (sqrt(v) + eps), about lr whatever the gradient's size,
+so an entry whose gradient nearly cancels carries its sign noise; measured 9e-6 (and the Otsu threshold 3.3e-6)
+against their code; 1e-4 is 0.1 lr, far below one step's move on an entry that matters."""
+
+CLIPTTA_LOSS = 1e-4
+"""A step's loss (entropies and the Otsu term, of order 1, through parameters adapted by earlier steps)."""
