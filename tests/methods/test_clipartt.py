@@ -1,7 +1,7 @@
 """CLIPArTT: its loss against a straightforward computation, the episodic reset per batch, and the authors' own
 code on the golden stream (tests/fixtures/golden/clipartt, made by the driver beside the fixtures from
 github.com/dosowiechi/CLIPArTT's adapt.py setup and models/tent.py, float32 on the CPU): every step's loss
-(CLIPTTA_LOSS), every batch's probabilities (FEATURES) and LayerNorm parameters (CLIPTTA_PARAMS), through
+(CLIPTTA_LOSS), every batch's probabilities (FEATURES) and LayerNorm parameters (NORM_PARAMS), through
 shiftlab's own tiny ViT encoder (the same weights)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import CLIPTTA_LOSS, CLIPTTA_PARAMS, FEATURES, assert_close, stream_views
+from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
 from shiftlab.methods.clipartt.method import captions, clipartt_loss, soft_targets
 from shiftlab.methods.context import ClassHeads, SampleContext
 
@@ -81,6 +81,6 @@ def test_every_batch_as_their_code(golden_dir):
         assert_close(torch.tensor(method.losses), want[f"{b}/losses"], CLIPTTA_LOSS, f"{b} losses")
         assert_close(torch.stack([o.probabilities() for o in outs]), want[f"{b}/probs"], FEATURES, f"{b} probs")
         params = torch.cat([p.detach().reshape(-1) for p in method.tower.adapted_parameters()])
-        assert_close(params, want[f"{b}/params"], CLIPTTA_PARAMS, f"{b} LayerNorm parameters")
+        assert_close(params, want[f"{b}/params"], NORM_PARAMS, f"{b} LayerNorm parameters")
     # the adaptation changed predictions away from the frozen model's single class
     assert len(set(want["2/probs"].argmax(-1).tolist())) > 1

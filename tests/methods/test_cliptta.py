@@ -5,7 +5,7 @@ github.com/MarcLafon/cliptta's `CLIPTTA` class, float32 on the CPU).
 
 Golden: 3 continual batches of 8 through shiftlab's own tiny ViT encoder (the same weights): every step's loss
 (CLIPTTA_LOSS), every batch's cosine logits and scores (FEATURES), the adapted norm parameters and the Otsu
-threshold (CLIPTTA_PARAMS), the memory's labels exactly and its confidences (FEATURES).
+threshold (NORM_PARAMS), the memory's labels exactly and its confidences (FEATURES).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import CLIPTTA_LOSS, CLIPTTA_PARAMS, FEATURES, assert_close, stream_views
+from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
 from shiftlab.methods.cliptta.method import ConfidentMemory, contrastive_loss, ood_scores, otsu_loss
 from shiftlab.methods.context import ClassHeads, SampleContext
 
@@ -181,9 +181,9 @@ def test_every_batch_as_their_code(variant, golden_vit, golden_dir):
         assert_close(torch.stack([o.logits for o in outs]) / 100.0, want[f"{b}/logits"], FEATURES, f"{b} logits")
         assert_close(torch.tensor([o.extras["ood_score"] for o in outs]), want[f"{b}/scores"], FEATURES, f"{b} scores")
         params = torch.cat([p.detach().reshape(-1) for p in method.tower.adapted_parameters()])
-        assert_close(params, want[f"{b}/params"], CLIPTTA_PARAMS, f"{b} norm parameters")
+        assert_close(params, want[f"{b}/params"], NORM_PARAMS, f"{b} norm parameters")
         if name == "cliptta_ood":
-            assert_close(method.alpha.detach(), want[f"{b}/alpha"], CLIPTTA_PARAMS, f"{b} threshold")
+            assert_close(method.alpha.detach(), want[f"{b}/alpha"], NORM_PARAMS, f"{b} threshold")
         if config.get("memory", True):
             labels = [k for k in sorted(method.memory.images) for _ in range(len(method.memory.images[k]))]
             assert labels == want[f"{b}/memory_labels"].tolist()

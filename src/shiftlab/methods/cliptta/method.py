@@ -149,13 +149,10 @@ class CLIPTTA(NormTTAMethod):
         self.losses: list[float] = []
 
     def extra_state(self) -> dict[str, Any]:
-        return {"n_classes": len(self.classnames), "alpha": self.alpha.detach().clone(),
+        return {"alpha": self.alpha.detach().clone(),
                 **({"memory": self.memory.state()} if self.config.memory else {})}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if state.get("n_classes") != len(self.classnames):
-            raise ValueError(f"{self.name}: the state was saved with {state.get('n_classes')} classes, this run has "
-                             f"{len(self.classnames)}")
         with torch.no_grad():
             self.alpha.copy_(state["alpha"])
         if self.config.memory:
