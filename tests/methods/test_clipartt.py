@@ -84,3 +84,9 @@ def test_every_batch_as_their_code(golden_dir):
         assert_close(params, want[f"{b}/params"], NORM_PARAMS, f"{b} LayerNorm parameters")
     # the adaptation changed predictions away from the frozen model's single class
     assert len(set(want["2/probs"].argmax(-1).tolist())) > 1
+
+
+def test_continual_is_refused_in_one_line(tiny_model):
+    for name in ("clipartt", "watt"):
+        with pytest.raises(ValueError, match=rf"^{name}\.episodic: False \(continual\) is not offered"):
+            shiftlab.create_method(name, tiny_model, CLASSNAMES, episodic=False)

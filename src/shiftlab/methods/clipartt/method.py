@@ -42,12 +42,21 @@ def clipartt_loss(features: torch.Tensor, captions_features: torch.Tensor, targe
     return (-weights * logits.log_softmax(-1)).sum(1).mean()
 
 
+def refuse_continual(method: NormTTAMethod) -> None:
+    """A one-line ValueError for `episodic=False` on a method declared episodic (its spec's capabilities): the
+    engine neither checkpoints nor replays its state, so a continual run could not resume."""
+    if not method.config.episodic:
+        raise ValueError(f"{method.name}.episodic: False (continual) is not offered: {method.name} is declared "
+                         "episodic (reset before every batch), as its authors' code runs it")
+
+
 class CLIPArTT(NormTTAMethod):
     """CLIPArTT on the shared norm-adaptation machinery (common/norm_adaptation.py)."""
     spec = CLIPArTTSpec
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        refuse_continual(self)
         if self.config.top_k > len(self.classnames):
             raise ValueError(f"clipartt.top_k: {self.config.top_k} classes per caption but the run has "
                              f"{len(self.classnames)} classes")

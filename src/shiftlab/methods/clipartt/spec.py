@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..common.norm_config import NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
 # their target_method 1..4 (models/tent.py:96-111): the softmax of the mean of the image-image and caption-caption
 # similarities, of the image one alone, of the caption one alone (each halved), or the identity
@@ -24,7 +24,9 @@ class CLIPArTTConfig(NormTTAConfig):
     steps: int = param(10, ge=1)                 # --niter 10 (configuration.py:44)
     lr: float = param(1e-3, gt=0)                # setup_optimizer: Adam lr 1e-3 (adapt.py:41-44)
     adam_eps: float = param(1e-8, gt=0)          # PyTorch's default (adapt.py:41: no eps given)
-    episodic: bool = True                        # tent.Tent(..., episodic=True) (adapt.py:32), reset per batch
+    # tent.Tent(..., episodic=True) (adapt.py:32): reset before every batch; the method is declared episodic, so
+    # False (continual, as CLIPTTA's toolkit runs it) is refused
+    episodic: bool = True
     top_k: int = param(3, ge=1)                  # --K 3 (configuration.py:35): classes named in a caption
     temperature: float = param(0.01, gt=0)       # softmax(similarity / 0.01) (models/tent.py:98)
     targets: str = param("both", choices=TARGETS)    # --target-method 1 (configuration.py:37)
@@ -49,9 +51,8 @@ class CLIPArTTSpec(MethodSpec):
   year = {2025}
 }"""
     impl = "shiftlab.methods.clipartt.method:CLIPArTT"
-    # the image tower's normalisation layers adapt on whole batches; episodic by default (`episodic=False`:
-    # continual, the state carried from batch to batch, as CLIPTTA's toolkit runs it)
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    # the image tower's normalisation layers adapt on whole batches, reset before every batch
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
     config_class = CLIPArTTConfig
     summary = ("CLIPArTT: the image tower's norm parameters, soft targets from a batch's image and top-3 caption "
                "similarities (episodic per batch)")

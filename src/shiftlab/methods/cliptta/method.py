@@ -115,15 +115,20 @@ class ConfidentMemory:
         return torch.cat(drawn)
 
     def state(self) -> dict[str, Any]:
+        """Plain tensors: the classes held, how many images each, their images and confidences concatenated."""
         classes = sorted(self.images)
         return {"classes": torch.tensor(classes, dtype=torch.int64),
-                "images": [self.images[k] for k in classes], "confidences": [self.confidences[k] for k in classes],
+                "counts": torch.tensor([len(self.confidences[k]) for k in classes], dtype=torch.int64),
+                "images": torch.cat([self.images[k] for k in classes]) if classes else torch.zeros(0),
+                "confidences": torch.cat([self.confidences[k] for k in classes]) if classes else torch.zeros(0),
                 "generator": self.generator.get_state()}
 
     def load(self, state: dict[str, Any]) -> None:
-        classes = state["classes"].tolist()
-        self.images = {k: v.float() for k, v in zip(classes, state["images"])}
-        self.confidences = {k: v.float() for k, v in zip(classes, state["confidences"])}
+        classes, counts = state["classes"].tolist(), state["counts"].tolist()
+        images, confidences = state["images"].float(), state["confidences"].float()
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        self.images = {k: images[a:a + n] for k, a, n in zip(classes, starts, counts)}
+        self.confidences = {k: confidences[a:a + n] for k, a, n in zip(classes, starts, counts)}
         self.generator.set_state(state["generator"])
 
 

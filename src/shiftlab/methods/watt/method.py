@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..clipartt.method import clipartt_loss, soft_targets
+from ..clipartt.method import clipartt_loss, refuse_continual, soft_targets
 from ..common.norm_adaptation import NormTTAMethod, cloned
 from .spec import WATTSpec
 
@@ -27,6 +27,10 @@ def average(weights: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 class WATT(NormTTAMethod):
     """WATT on the shared norm-adaptation machinery (common/norm_adaptation.py)."""
     spec = WATTSpec
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        refuse_continual(self)
 
     @property
     def head(self) -> torch.Tensor:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..common.norm_config import NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
 # templates.yaml: the eight templates of the paper
 TEMPLATES = ("a photo of a {}", "itap of a {}", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
@@ -24,7 +24,8 @@ class WATTConfig(NormTTAConfig):
     `common/norm_config.py`."""
     lr: float = param(1e-3, gt=0)                # LR=1e-3 (watt_s/*.sh; main.py:31's default 1e-4 for watt_p)
     adam_eps: float = param(1e-8, gt=0)          # optim.Adam(params, lr, betas=(0.9, 0.999)) (adapt/watt.py:55)
-    episodic: bool = True                        # reset() before every batch (main.py:94; adapt/watt.py:72)
+    # reset() before every batch (main.py:94; adapt/watt.py:72): the method is declared episodic (False refused)
+    episodic: bool = True
     averaging: str = param("sequential", choices=AVERAGING)     # WATT_TYPE=sequential (watt_s/*.sh)
     steps_per_template: int = param(2, ge=1)     # WATT_L=2 (l: adapt/watt.py:22)
     repetitions: int = param(5, ge=1)            # WATT_M=5 (m: watt_s/*.sh; 50 in watt_p/*.sh)
@@ -46,7 +47,7 @@ class WATTSpec(MethodSpec):
   year = {2024}
 }"""
     impl = "shiftlab.methods.watt.method:WATT"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
     config_class = WATTConfig
     summary = ("WATT: the image tower's norm parameters adapted under each text template (CLIPArTT's loss), "
                "averaged, repeated (episodic per batch)")
