@@ -119,6 +119,7 @@ def test_ood_aware_records_its_own_score_and_which_images_it_adapted_on(tiny_mod
     cos = torch.stack([o.logits for o in outs]) / tiny_model.logit_scale
     want = (cos.softmax(-1).max(-1).values).log()                 # max_log_prob at ood_logit_scale 1
     assert [o.extras["ood_score"] for o in outs] == pytest.approx(want.tolist(), abs=1e-6)
+    assert [o.ood_score for o in outs] == [o.extras["ood_score"] for o in outs]     # recorded as own_ood_score
     judged = [o.extras["judged_id"] for o in outs]
     assert judged == [s > float(method.alpha.detach()) for s in want.tolist()] and 0 < sum(judged) < len(judged)
 

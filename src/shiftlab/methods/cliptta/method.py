@@ -9,12 +9,15 @@ every choice that differs from it: src/shiftlab/methods/cliptta/README.md.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ..base import MethodOutput
 from ..common.norm_adaptation import NormTTAMethod, make_optimizer, mean_prediction_entropy, softmax_entropy
+from ..context import SampleContext
 from .spec import CLIPTTAOODSpec, CLIPTTASpec
 
 
@@ -162,6 +165,13 @@ class CLIPTTA(NormTTAMethod):
             self.alpha.copy_(state["alpha"])
         if self.config.memory:
             self.memory.load(state["memory"])
+
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        """The shared adaptation, each output carrying the method's own OOD score (its spec's `own_ood_score`)."""
+        outs = super().adapt_batch(ctxs)
+        for out in outs:
+            out.ood_score = out.extras["ood_score"]
+        return outs
 
     def scores(self, cosines: torch.Tensor, kind: str | None = None) -> torch.Tensor:
         return ood_scores(cosines, kind or self.config.score, self.config.ood_logit_scale)

@@ -80,6 +80,9 @@ class CLIPTTASpec(MethodSpec):
     summary = ("CLIPTTA: soft contrastive loss between a batch's images and their pseudo-captions, with a "
                "confident-image memory, on the image tower's norm parameters (continual)")
     label = "CLIPTTA"
+    # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
+    # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with
+    own_ood_score = "CLIPTTA's score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py get_scores)"
     # their scripts: batches of 128 (configuration.py:86; 256 in the ImageNet scripts: `--batch-size 256`),
     # 10 Adam steps per batch, continual within a dataset (main.py:77 resets between corruptions only)
     protocols = {"paper": dict(_PAPER)}
@@ -102,6 +105,8 @@ class CLIPTTAOODSpec(CLIPTTASpec):
     summary = ("CLIPTTA, OOD-aware: an Otsu threshold on its OOD score learnt with the batch, only the images "
                "above it adapt; records its own ood_score")
     label = "CLIPTTA (OOD-aware)"
+    own_ood_score = ("CLIPTTA's OOD-aware score (`score`: max_log_prob at logit scale 1, thresholded by Otsu; "
+                     "ttavlm/methods/abstract_model.py get_scores)")
     protocols = {"paper": dict(_PAPER)}
     published = ()
     fidelity = ("golden (their CLIPTTA class with the open-set scripts' flags on the tiny ViT: 3 continual "
