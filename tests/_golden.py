@@ -253,3 +253,9 @@ def assert_underflow_margin(logits: torch.Tensor, tol: float, what: str) -> None
         if m >= 1:
             gap = min(gap, abs(math.log(2 * m) - float(log_s[row])))
         check_margin(gap, 2 * tol, f"{what} (row {row}: smallest probability vs float32 underflow)")
+
+LAME_PROBS = 1e-5
+"""LAME's output Y (probabilities, tests/methods/test_lame.py) through shiftlab's encoder: its unary is
+-log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
+ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
+(fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""
