@@ -273,3 +273,10 @@ class features, x 18): one float32 step there is 7.6e-6, so LOSS is ~1 ulp; rela
 
 CLIPTTA_LOSS = 1e-4
 """A step's loss (entropies and the Otsu term, of order 1, through parameters adapted by earlier steps)."""
+
+
+LAME_PROBS = 1e-5
+"""LAME's output Y (probabilities, tests/methods/test_lame.py) through shiftlab's encoder: its unary is
+-log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
+ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
+(fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""
