@@ -201,6 +201,9 @@ class Method:
         return make_prediction(out.logits, out.probabilities(), self.classnames)
 
     def _predict_views(self, views: torch.Tensor) -> MethodOutput:
+        if self.reads_ahead == TEST_SET and not self.test_set_seen:
+            raise ValueError(f"{self.name} reads the whole test set before predicting: hand it every test image's "
+                             "contexts with observe_test_set(...) and call end_test_set() first (shiftlab.run does)")
         check_views(views, self.model)
         needed = self.needed_views(self.config) if self.needs_views else 1
         if views.shape[0] < needed:
@@ -233,6 +236,14 @@ class Method:
     def end_test_set(self) -> None:
         """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
         the state this leaves, and an online method's checkpoints hold it."""
+
+    # set once the test-set pass has ended (`finish_test_set`): a test-set method refuses `predict` before
+    test_set_seen: bool = False
+
+    def finish_test_set(self) -> None:
+        """End the test-set pass (`end_test_set`) and mark it seen: what the engine calls after the last group."""
+        self.end_test_set()
+        self.test_set_seen = True
 
     def in_groups(self, ctxs: Sequence[SampleContext], size: int,
                   predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:
