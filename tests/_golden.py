@@ -266,3 +266,7 @@ OTPT_LOSS_REL = 4e-7
 """O-TPT's loss with lambda 18 is ~106 (the orthogonality penalty of the tiny CLIP's 200 nearly parallel
 class features, x 18): one float32 step there is 7.6e-6, so LOSS is ~1 ulp; relative 4e-7 allows ~5 ulps
 (measured: 1 ulp)."""
+
+TCA_CACHE = 1e-5
+"""TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
+FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""

@@ -155,6 +155,11 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         return problem
+    from ..methods.specs import tower_of_name, tower_problem
+    for name in names:   # a method bound to one image tower, on a model whose name tells another
+        problem = tower_problem(method_spec(name), tower_of_name(config.model), config.model)
+        if problem:
+            return problem
     online = [n for n in names if not method_spec(n).capabilities.episodic]
     if online and len(config.settings()) > 1:
         return _online_and_attacked(online)

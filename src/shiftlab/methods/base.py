@@ -134,6 +134,15 @@ class Method:
                  heads: ClassHeads | None = None, run_precision: str = "auto",
                  allow_duplicate_names: bool = False):
         self.model = model
+        if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:   # a tower-bound method: the loaded tower decides
+            from ..models.tower_tokens import tower_kind
+            try:
+                tower = tower_kind(model.clip.visual)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {model.name}: {exc}") from None
+            problem = method_specs.tower_problem(self, tower, model.name)
+            if problem:
+                raise ValueError(problem)
         self.classnames = check_classnames(classnames, allow_duplicate_names)
         self.config = check_method_config(type(self), config if config is not None else self.config_class())
         self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
