@@ -47,10 +47,12 @@ def test_a_resnet_is_refused_in_one_line_before_and_at_load(tiny_model):
     assert settings_problem(RunConfig(dataset="imagenet-r", model="ViT-B-16", methods=["tca"])) is None
 
 
-def test_condense_blocks_beyond_the_tower_are_refused(tiny_vit):
-    with pytest.raises(ValueError, match=r"tca.condense_blocks: \(3, 6, 9\) must name distinct blocks of "
-                                         r"shiftlab-tiny-vit's ViT, 0..3"):
-        shiftlab.create_method("tca", tiny_vit, ["a", "b"])
+def test_condense_blocks_default_to_their_places_and_beyond_the_tower_are_refused(tiny_vit):
+    assert shiftlab.create_method("tca", tiny_vit, ["a", "b"]).condense_blocks == (1, 2, 3)
+    assert shiftlab.create_method("tca", vit12_model(), ["a", "b"]).condense_blocks == (3, 6, 9)   # theirs
+    with pytest.raises(ValueError, match=r"^tca.condense_blocks: \(3, 6, 9\) must name distinct blocks of "
+                                         r"shiftlab-tiny-vit's ViT, 0..3 \(None: "):
+        shiftlab.create_method("tca", tiny_vit, ["a", "b"], condense_blocks=(3, 6, 9))
 
 
 def test_without_condensing_or_cache_the_feature_is_the_towers_own(tiny_vit):

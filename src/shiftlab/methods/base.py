@@ -134,7 +134,10 @@ class Method:
                  heads: ClassHeads | None = None, run_precision: str = "auto",
                  allow_duplicate_names: bool = False):
         self.model = model
-        if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:   # a tower-bound method: the loaded tower decides
+        self.classnames = check_classnames(classnames, allow_duplicate_names)
+        self.config = check_method_config(type(self), config if config is not None else self.config_class())
+        # a method bound to some image towers (its spec's `towers`): the loaded tower decides, in one line
+        if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:
             from ..models.tower_tokens import tower_kind
             try:
                 tower = tower_kind(model.clip.visual)
@@ -143,8 +146,6 @@ class Method:
             problem = method_specs.tower_problem(self, tower, model.name)
             if problem:
                 raise ValueError(problem)
-        self.classnames = check_classnames(classnames, allow_duplicate_names)
-        self.config = check_method_config(type(self), config if config is not None else self.config_class())
         self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
         self.run_precision = run_precision
         # the run's precision is a run setting; the method's own config wins unless it says "auto"

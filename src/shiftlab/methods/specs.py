@@ -152,7 +152,8 @@ class Capabilities:
 FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {}, "label": "",
                          "aliases": (), "cupl_files": {}}
 # what a spec declares (inherited defaults) and the method class carries over
-ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "towers", "towers_why", "text_head", "min_views", "min_views_why",
+ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "towers", "towers_why", "text_head", "min_views",
+              "min_views_why",
               "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates")
 # what the capabilities and the config class decide, never declared
 DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches", "reads_ahead")

@@ -67,6 +67,17 @@ def reservoir_logits(tokens: torch.Tensor, keys: torch.Tensor, labels: torch.Ten
     return lambd * ((-(beta - beta * affinity)).exp() @ onehot)
 
 
+def condense_blocks(blocks: tuple[int, ...] | None, depth: int, model: str) -> tuple[int, ...]:
+    """The condensing blocks of a `depth`-block ViT: `blocks`, checked, or None's L/4, L/2, 3L/4; else a one-line
+    ValueError."""
+    if blocks is None:
+        blocks = tuple(dict.fromkeys(depth * k // 4 for k in (1, 2, 3)))
+    if not blocks or any(not 0 <= b < depth for b in blocks) or len(set(blocks)) != len(blocks):
+        raise ValueError(f"tca.condense_blocks: {tuple(blocks)!r} must name distinct blocks of {model}'s ViT, "
+                         f"0..{depth - 1} (None: blocks L/4, L/2, 3L/4, their (3, 6, 9) on 12 blocks)")
+    return tuple(blocks)
+
+
 class TCA(Method):
     """TCA: a condensed ViT pass per image, its class tokens cached per class, zero-shot + reservoir logits."""
     spec = TCASpec
@@ -79,11 +90,7 @@ class TCA(Method):
         except ValueError as exc:
             raise ValueError(f"tca: {self.model.name}: {exc}") from None
         self.depth = len(visual.transformer.resblocks)
-        blocks = self.config.condense_blocks
-        bad = [b for b in blocks if not (isinstance(b, int) and 0 <= b < self.depth)]
-        if not blocks or bad or len(set(blocks)) != len(blocks):
-            raise ValueError(f"tca.condense_blocks: {tuple(blocks)!r} must name distinct blocks of {self.model.name}'s "
-                             f"ViT, 0..{self.depth - 1} (their ViT-B/16 default (3, 6, 9))")
+        self.condense_blocks = condense_blocks(self.config.condense_blocks, self.depth, self.model.name)
         # where the first centre of each token clustering comes from (n tokens -> an index); None: `seed`'s
         # generator for the sample. A comparison with the authors' unseeded draws injects theirs here.
         self.first_centers: Callable[[int], int] | None = None
@@ -117,7 +124,7 @@ class TCA(Method):
         if self.model.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
         with torch.inference_mode(), self.precision.autocast():
-            feature, tokens = condensed_forward(self.model.clip.visual, image, cfg.condense_blocks, cfg.drop_rate,
+            feature, tokens = condensed_forward(self.model.clip.visual, image, self.condense_blocks, cfg.drop_rate,
                                                 cfg.merge_centers, self.cache, self._draw())
         feature, tokens = F.normalize(feature.float(), dim=-1)[0], tokens.float()[0]
         scale = cfg.logit_scale if cfg.logit_scale is not None else self.model.logit_scale

@@ -16,9 +16,10 @@ COMMIT = "0f846d6"
 class TCAConfig(MethodConfig):
     """TCA as `runner.run_test_tca` runs it (Jo-wang/TCA@0f846d6) with `--token_pruning Ours-0.1` and
     configs/imagenet_r.yaml (the defaults below)."""
-    # clip/model.py VisionTransformer.__init__: `drop_loc = [3, 6, 9]`, the blocks that condense tokens (ViT-B/16's
-    # 12 blocks); each must be a block of the tower (checked when the model is known)
-    condense_blocks: tuple[int, ...] = (3, 6, 9)
+    # the blocks that condense tokens. clip/model.py VisionTransformer.__init__: `drop_loc = [3, 6, 9]` (ViT-B/16's
+    # 12 blocks). None: the same places in any depth L, blocks L/4, L/2, 3L/4 ((3, 6, 9) on 12 blocks); a tuple
+    # names them, each a block of the tower (checked when the model is known)
+    condense_blocks: tuple[int, ...] | None = param(None, ge=0)
     # `--token_pruning Ours-0.1` (runner.py:25): the share of the patch tokens a condensing block removes
     drop_rate: float = param(0.1, gt=0, lt=1)
     # clip/model.py ResidualAttentionBlock_Ours.forward: `coreset_averaging(x_cluster, num_centers=4)`
@@ -63,5 +64,5 @@ class TCASpec(MethodSpec):
     published = ()
     fidelity = ("golden (24 images, a 12-block tiny ViT: features, class tokens, cache, reservoir logits and final "
                 "logits of their runner.run_test_tca, first centres injected)")
-    # the tiny ViT has 4 blocks; 2 classes x reservoir 2 fill up (and engage the cache) within a short stream
-    test_config = {"condense_blocks": (1, 3), "reservoir_size": 2}
+    # the tiny ViT's 4 blocks condense at 1, 2, 3; a reservoir of 2 per class fills up (and replaces) on a short stream
+    test_config = {"reservoir_size": 2}
