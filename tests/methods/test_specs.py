@@ -67,7 +67,8 @@ def test_the_capabilities_say_what_the_booleans_said():
     reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
     assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
     assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == reads["eata"] == (OWN_TOWER,)
-    own = ("ttl", "rlcf", "calip", "tent", "eata")
+    assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
+    own = ("ttl", "rlcf", "calip", "tent", "eata", "tca")
     assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))

@@ -31,6 +31,9 @@ class TCAConfig(MethodConfig):
     beta: float = param(8.0, ge=0)
     # runner.py `--flag` (default True): the class-token cache steers the condensing blocks' attention
     cls_cache: bool = True
+    # "zeroshot": "a photo of a {}." (the leaderboard's); "ensemble": CLIP's 80 templates (theirs for the ImageNet
+    # family, datasets/imagenet_r.py:7 etc., averaged as utils.clip_classifier)
+    text_head: str = param("zeroshot", choices=("zeroshot", "ensemble"))
     # None: the model's exp(logit_scale); their utils.get_clip_logits multiplies by the literal 100
     logit_scale: float | None = param(None, gt=0)
     # the first centre of each token clustering is drawn at random (their global torch RNG): shiftlab draws it
@@ -59,7 +62,7 @@ class TCASpec(MethodSpec):
     label = "TCA"
     # runner.py main(): batch size 1, one centre crop (clip.load's preprocess), clip.load's half model on CUDA,
     # logits x 100 (utils.get_clip_logits)
-    protocols = {"paper": {"logit_scale": 100.0, "precision": "fp16"}}
+    protocols = {"paper": {"text_head": "ensemble", "logit_scale": 100.0, "precision": "fp16"}}
     # their README's results are an image (asset/result_vit-b-16.jpg), not transcribed here
     published = ()
     fidelity = ("golden (24 images, a 12-block tiny ViT: features, class tokens, cache, reservoir logits and final "
