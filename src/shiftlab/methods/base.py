@@ -70,6 +70,9 @@ class MethodOutput:
     logits: torch.Tensor
     probs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    # the method's own OOD score of the sample where its spec declares one (`own_ood_score`; higher: more
+    # in-distribution); recorded on open-set runs beside MCM's, which every prediction gets
+    ood_score: float | None = None
 
     def probabilities(self) -> torch.Tensor:
         return self.probs if self.probs is not None else self.logits.float().softmax(-1)
@@ -109,6 +112,7 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
+    own_ood_score: str = ""     # its own OOD score's name and source ("": MCM only; MethodSpec.own_ood_score)
     # adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md; a spec's
     # `Capabilities(batches=True)`): the engine hands `adapt_batch` each batch of `--batch-size` consecutive
     # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
