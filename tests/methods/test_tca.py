@@ -166,3 +166,21 @@ def test_tca_is_their_code(golden_dir):
         assert_top1_margin(want[f"{i}/final"][None], LOGITS, f"sample {i}: prediction")
         assert int(out.logits.argmax()) == int(want[f"{i}/final"].argmax())
     assert engaged >= 12 and next(centres, None) is None   # the cache steered half the stream; every centre used
+
+
+def test_cli_runs_tca_on_a_vit_and_refuses_a_resnet_in_one_line(tmp_path, capsys):
+    from _runs import json_lines
+    from _synthetic import make_imagenet_r
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), size=(48, 40))
+    argv = ["run", "--dataset", "imagenet-r", "--data", str(data), "--workers", "0", "--no-progress",
+            "--allow-partial", "--device", "cpu", "--methods", "tca"]
+    assert cli_main([*argv, "--model", "shiftlab-tiny-vit", "--pretrained", "none", "--out", str(tmp_path / "r")]) == 0
+    recs = [r for r in json_lines(tmp_path / "r" / "records.jsonl") if r.get("method") == "tca"]
+    assert len(recs) == 4 and all("error" not in r for r in recs)
+    capsys.readouterr()
+    assert cli_main([*argv, "--model", "RN50-quickgelu", "--out", str(tmp_path / "x")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == ["shiftlab run: error: tca: runs on a ViT image tower only, and RN50-quickgelu is a ResNet: it "
+                   "condenses the ViT's patch tokens inside its blocks (their runner.py offers ViT-B/16 only)"]
+    assert not (tmp_path / "x").exists()
