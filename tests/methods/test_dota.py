@@ -3,7 +3,7 @@
 Golden checks (marked `golden`): DOTA against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online).
 
-The fixtures (tools/golden/make_golden.py with tools/golden/driver_dota.py, from
+The fixtures (tools/golden/make_golden.py with tests/fixtures/golden/dota/driver.py, from
 github.com/skylineeeeen/DOTA, float32 on the CPU) hold, per sample, what their
 `get_clip_logits_aug` kept (features, soft labels), their Gaussian scores (`DOTA.predict`,
 before the sample's update), the final logits, and after the update the means, counts,

@@ -4,7 +4,7 @@ authors' code is the golden checks below.
 Golden checks (marked `golden`): DPE against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online, dpe*.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_dpe.py) ran zhangce01/DPE-CLIP's
+tools/golden/make_golden.py (driver tests/fixtures/golden/dpe/driver.py) ran zhangce01/DPE-CLIP's
 `main_dpe.run_test_dpe` float32 on the CPU: `dpe` with configs/imagenet_r.yaml (align 0, readout on
 view 0), `dpe_a` with configs/imagenet_a.yaml and dataset 'A' (align 2.5, so the InfoNCE term
 trains the residuals; readout on the views selected again). After every sample the fixture holds the
