@@ -11,7 +11,7 @@ trains the residuals; readout on the views selected again). After every sample t
 final logits, the cache, the cache prototypes, both residuals after the AdamW step and the evolved
 text head; shiftlab runs the same stream and must match them.
 
-Tolerances: those of test_golden_online.py (logits 2e-4, features 1e-5, entropies 1e-5), and for
+Tolerances: those of test_tda.py (logits 2e-4, features 1e-5, entropies 1e-5), and for
 the residuals 2e-6 absolute (they are ~lr = 6e-4 in size; one AdamW step from zero moves each
 entry by lr * g / (|g| + 1e-3), so a gradient that differs in the 7th digit moves it by ~1e-9;
 the largest difference measured was below 1e-7). Labels, counts and the evolution decisions exactly."""
