@@ -265,3 +265,16 @@ def assert_underflow_margin(logits: torch.Tensor, tol: float, what: str) -> None
         if m >= 1:
             gap = min(gap, abs(math.log(2 * m) - float(log_s[row])))
         check_margin(gap, 2 * tol, f"{what} (row {row}: smallest probability vs float32 underflow)")
+
+
+NORM_PARAMS = 1e-4
+"""Normalisation affine parameters (values ~1) adapted at test time by a few dozen optimiser steps (TENT, EATA,
+SAR on the tiny ViT): each Adam step moves an entry by about lr x m / (sqrt(v) + eps), so the LOGITS-sized noise
+of the inputs reaches the parameters through the sign and size of gradients that nearly cancel; measured 1.6e-5
+after 30 Adam steps (lr 1e-3, eps 1e-6), 1.2e-7 after SGD steps, between CLIPTTA's code and shiftlab."""
+
+
+OTPT_LOSS_REL = 4e-7
+"""O-TPT's loss with lambda 18 is ~106 (the orthogonality penalty of the tiny CLIP's 200 nearly parallel
+class features, x 18): one float32 step there is 7.6e-6, so LOSS is ~1 ulp; relative 4e-7 allows ~5 ulps
+(measured: 1 ulp)."""

@@ -27,7 +27,10 @@ def test_the_methods_table_is_read_from_the_specs():
     cells = [[c.strip() for c in line.strip("|").split(" | ")]
              for line in catalogue.readme_table(catalogue.entries()).splitlines() if line.startswith("| [`")]
     rows = {re.match(r"\[`(\w+)`\]", row[0]).group(1): row for row in cells}
-    assert list(rows) == shiftlab.list_methods(kind="episodic") + shiftlab.list_methods(kind="online")
+    # one table per block (single-image, then the transductive ones), each episodic then online
+    assert list(rows) == [n for b in catalogue.BLOCKS for kind in ("episodic", "online")
+                          for n in shiftlab.list_methods(kind=kind) if catalogue.block(n) == b]
+    assert "stata" in rows and catalogue.block("stata") == catalogue.BATCH_TRANSDUCTIVE
     # each cell read from the method's own spec: its published numbers (leaderboard, paper), recipe, fidelity
     assert rows["tpt"][3:5] == ["58.9", "59.11"] and rows["tda"][3:5] == ["—", "62.58"]
     assert rows["zeroshot"][5] == "as leaderboard" and rows["mta"][5] == "precision fp16"

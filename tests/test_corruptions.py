@@ -25,6 +25,7 @@ from shiftlab.datasets.corruptions import (
     corruption_seed,
     prepare_like_imagenet_c,
 )
+from shiftlab.options import speaking_cli
 from shiftlab.results.corruption_table import mean_corruption_error
 from shiftlab.rundir import record_files
 
@@ -167,8 +168,10 @@ def test_imagenet_c_layout_is_one_dataset_per_corruption_and_severity(tmp_path):
     assert d.root == tmp_path / "imagenet-c" / "fog" / "3" and len(d) == 3 and len(d.classnames) == 1000
     assert d.corruption_info == {"name": "fog", "severity": 3, "source": "stored"}
     assert [label for _, label in d.samples] == [0, 1, 2]
-    with pytest.raises(DatasetError, match=r"choose one with --corruption NAME --severity 1..5 \(found under .*: "
+    with pytest.raises(DatasetError, match=r"choose one with corruption=NAME severity=1..5 \(found under .*: "
                                            r"gaussian_noise, fog\)"):
+        build_dataset("imagenet-c", tmp_path)
+    with speaking_cli(), pytest.raises(DatasetError, match=r"choose one with --corruption NAME --severity 1..5 "):
         build_dataset("imagenet-c", tmp_path)
     with pytest.raises(DatasetError, match=r"no fog/1 folder .*found corruptions: gaussian_noise, fog"):
         build_dataset("imagenet-c", tmp_path, corruption="fog", severity=1)

@@ -12,6 +12,7 @@ import shiftlab
 from conftest import make_tiny_model
 from shiftlab.methods.heads import text_head
 from shiftlab.models.text import TIP_TEMPLATES, tip_cupl_head
+from shiftlab.options import speaking_cli
 
 NAMES = ["great_white_shark", "cat", "hot dog"]
 # unequal numbers of descriptions per class (3, 1, 2): pooling all sentences differs from averaging
@@ -72,8 +73,13 @@ def test_tip_cupl_errors_are_one_line_and_name_the_field(model, tmp_path):
         return str(err.value)
 
     assert refused() == ("dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON file, "
-                         "class name -> sentences, not shipped): pass --set dmn_zs.cupl_file=PATH "
-                         "(or --set dmn_zs.text_head=ensemble)")
+                         "class name -> sentences, not shipped): pass dmn_zs's cupl_file='PATH' (RunConfig: "
+                         "method_config={'dmn_zs': {'cupl_file': 'PATH'}}) (or dmn_zs's text_head='ensemble' "
+                         "(RunConfig: method_config={'dmn_zs': {'text_head': 'ensemble'}}))")
+    with speaking_cli():   # the command line names its flag (#34)
+        assert refused() == ("dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON "
+                             "file, class name -> sentences, not shipped): pass --set dmn_zs.cupl_file=PATH "
+                             "(or --set dmn_zs.text_head=ensemble)")
     missing = str(tmp_path / "nope.json")
     assert refused(cupl_file=missing) == f"dmn_zs.cupl_file: cannot read {missing!r} (No such file or directory)"
     partial = tmp_path / "partial.json"
@@ -101,7 +107,9 @@ def test_tip_cupl_errors_are_one_line_and_name_the_field(model, tmp_path):
 
 
 def test_paper_protocol_needs_the_cupl_file(model, cupl_file):
-    with pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .* pass --set dmn_zs\.cupl_file=PATH"):
+    with pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .* pass dmn_zs's cupl_file='PATH' \(RunConfig: "):
+        shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper")
+    with speaking_cli(), pytest.raises(ValueError, match=r"^dmn_zs\.cupl_file: .* pass --set dmn_zs\.cupl_file=PATH"):
         shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper")
     dmn = shiftlab.create_method("dmn_zs", model, NAMES, protocol="paper", cupl_file=cupl_file)
     assert dmn.config.text_head == "tip_cupl"
@@ -209,7 +217,9 @@ def test_a_cupl_directory_without_the_datasets_file_is_a_one_line_error(model, t
                                               "names none for dataset 'imagefolder': pass the file itself "
                                               "(class name -> sentences)")
     assert refused() == (f"dmn_zs.cupl_file: {folder!r} is a directory; the run's dataset picks the file in it "
-                         "(shiftlab run --dataset/--suite), without one pass the file itself")
+                         "(dataset or suite), without one pass the file itself")
+    with speaking_cli():
+        assert "picks the file in it (--dataset or --suite), without one" in refused()
 
 
 def test_a_single_cupl_file_is_used_on_every_dataset(model, cupl_file):

@@ -28,6 +28,7 @@ from shiftlab.engine.config import RunConfig
 from shiftlab.engine.distributed import DistContext
 from shiftlab.methods import base as method_base
 from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.options import speaking_cli
 from shiftlab.rundir import record_files, records, stream
 from shiftlab.rundir.online_state import OnlineState
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
@@ -181,7 +182,9 @@ def test_prior_records_agree_and_read_every_shard(tmp_path, monkeypatch):
     _write(run_dir / "records.jsonl", [_rec(0)])
     _write(run_dir / "shards" / "records-rank0.jsonl", [_rec(1), _rec(1, None, error="x")], torn='{"id": 9')
     _write(run_dir / "shards" / "records-rank2.jsonl", [_rec(2), _rec(0)], torn='{"id": 8, "meth')
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="pass resume=True to continue it or choose another out="):
+        distributed.prior_records(run_dir, False, DistContext())
+    with speaking_cli(), pytest.raises(FileExistsError, match="pass --resume to continue it or choose another --out"):
         distributed.prior_records(run_dir, False, DistContext())
     assert distributed.prior_records(run_dir, True, DistContext()) == {
         (0, "a", "clean"), (1, "a", "clean"), (1, None, "clean"), (2, "a", "clean")}

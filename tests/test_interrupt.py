@@ -20,6 +20,7 @@ from _runs import comparable
 from shiftlab.cli import main as cli_main
 from shiftlab.engine import interrupt
 from shiftlab.engine import loop as engine
+from shiftlab.options import speaking_cli
 from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r
 
@@ -93,7 +94,9 @@ def test_interrupt_helpers():
     exc = interrupt.Interrupted(signal.SIGTERM)
     assert interrupt.message(exc) == "interrupted"
     exc.progress = (3, 24)
-    assert interrupt.message(exc) == "interrupted after 3 of 24 samples; continue with --resume"
+    assert interrupt.message(exc) == "interrupted after 3 of 24 samples; continue with resume=True"
+    with speaking_cli():
+        assert interrupt.message(exc) == "interrupted after 3 of 24 samples; continue with --resume"
 
 
 @pytest.mark.slow

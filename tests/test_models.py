@@ -19,6 +19,7 @@ from conftest import TINY_CONFIG, make_tiny_model
 from shiftlab.models import ModelLoadError, architectures
 from shiftlab.models import loader as M
 from shiftlab.models.checkpoints import cached_tag_file
+from shiftlab.options import speaking_cli
 from shiftlab.views import preprocess
 from shiftlab.views.preprocess import OPENAI_MEAN, OPENAI_STD
 
@@ -289,7 +290,7 @@ def test_pickled_python_objects_need_trust(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         shiftlab.load_model("shiftlab-tiny", str(path))
     msg = str(info.value)
-    assert "--trust-checkpoint" in msg and str(path) in msg
+    assert "trust_checkpoint=True" in msg and "--trust-checkpoint" not in msg and str(path) in msg
 
     model = shiftlab.load_model("shiftlab-tiny", str(path), trust_checkpoint=True)
     x = _images(1, seed=4)
@@ -650,7 +651,10 @@ def test_trust_advice_only_for_a_valid_pickle_of_python_objects(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         shiftlab.load_model("shiftlab-tiny", str(path))
     msg = str(info.value)
-    assert "--trust-checkpoint" in msg and "argparse.Namespace" in msg and "corrupt" not in msg and "\n" not in msg
+    assert "trust_checkpoint=True" in msg and "argparse.Namespace" in msg and "corrupt" not in msg and "\n" not in msg
+    with speaking_cli(), pytest.raises(ModelLoadError) as info:
+        shiftlab.load_model("shiftlab-tiny", str(path))
+    assert "pass --trust-checkpoint if you trust this file" in str(info.value)
 
 
 class _Payload:
@@ -679,7 +683,7 @@ def test_a_malicious_pickle_is_untrusted_not_corrupt_and_never_run(tmp_path, lay
         shiftlab.load_model("shiftlab-tiny", str(path))
     msg = str(info.value)
     assert not marker.exists(), "the payload ran"
-    assert "untrusted pickle" in msg and "pass --trust-checkpoint" in msg and "if you trust this file" in msg
+    assert "untrusted pickle" in msg and "pass trust_checkpoint=True" in msg and "if you trust this file" in msg
     assert "corrupt" not in msg and "download it again" not in msg and "\n" not in msg and str(path) in msg
     assert "system" in msg                      # the refused object is named (posix.system / nt.system)
 

@@ -172,11 +172,18 @@ def test_dmn_mixes_zero_shot_and_memory_probabilities(tiny_model, heads):
 
 # -- online state: reset and round trip -----------------------------------------------------------
 
-def _stream(tiny_model, heads, n: int, views: int = 8):
+def _stream(tiny_model, heads, n: int, views: int = 8, pixels: bool = False):
+    """n samples: view features scattered around random classes, or (`pixels`, for a method that reads
+    pixels through a tower of its own) one random image each at the model's input size."""
     gen = torch.Generator().manual_seed(7)
     dim = heads.zeroshot.shape[1]
     ctxs = []
     for _ in range(n):
+        if pixels:
+            size = tiny_model.image_size
+            image = tiny_model.normalize(torch.rand(1, 3, size, size, generator=gen))
+            ctxs.append(SampleContext(tiny_model, heads, image))
+            continue
         centre = heads.zeroshot[int(torch.randint(0, len(CLASSNAMES), (1,), generator=gen))]
         feats = F.normalize(centre + 0.6 * torch.randn(views, dim, generator=gen), dim=-1)
         ctxs.append(SampleContext(tiny_model, heads, torch.zeros(views, 3, 1, 1), image_features=feats))
@@ -196,7 +203,7 @@ def test_every_online_method_has_a_small_test_config():
 
 @pytest.mark.parametrize("name", ONLINE_METHODS)
 def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, tmp_path):
-    ctxs = _stream(tiny_model, heads, 24)
+    ctxs = _stream(tiny_model, heads, 24, pixels=spec(name).needs_pixels)
     whole = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
     assert whole.episodic is False
     want = [whole.predict_context(c) for c in ctxs]
@@ -237,7 +244,7 @@ def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, 
 
 @pytest.mark.parametrize("name", ONLINE_METHODS)
 def test_reset_returns_to_the_initial_state(name, tiny_model, heads):
-    ctxs = _stream(tiny_model, heads, 10)
+    ctxs = _stream(tiny_model, heads, 10, pixels=spec(name).needs_pixels)
     method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
     fresh = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
     empty = fresh.state_dict()

@@ -205,7 +205,10 @@ def test_library_shift_settings_out_of_range_are_refused():
     from shiftlab.engine.config import RunConfig
     from shiftlab.engine.shifts import shift_problem
     assert shift_problem(RunConfig(severity=7)) == "severity must be one of 1..5 (Hendrycks & Dietterich's), got 7"
-    assert "--ood-ratio must be in (0, 10]" in shift_problem(RunConfig(ood=["ninco"], ood_ratio=float("nan")))
+    assert shift_problem(RunConfig(ood=["ninco"], ood_ratio=float("nan"))).startswith("ood_ratio must be in (0, 10]")
+    from shiftlab.options import speaking_cli
+    with speaking_cli():
+        assert "--ood-ratio must be in (0, 10]" in shift_problem(RunConfig(ood=["ninco"], ood_ratio=float("nan")))
     assert "unknown corruption 'rain'" in shift_problem(RunConfig(corruption="rain"))
     assert shift_problem(RunConfig(corruption="fog", severity=1, ood=["ninco"], ood_ratio=0.5)) is None
 

@@ -102,7 +102,13 @@ def test_paper_protocol_refuses_dmn_zs_without_cupl_descriptions(data, tmp_path,
         _run(data, tmp_path / "run", "paper", monkeypatch)
     assert str(err.value) == (
         "dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON file, class name -> "
-        "sentences, not shipped): pass --set dmn_zs.cupl_file=PATH (or --set dmn_zs.text_head=ensemble)")
+        "sentences, not shipped): pass dmn_zs's cupl_file='PATH' (RunConfig: method_config={'dmn_zs': "
+        "{'cupl_file': 'PATH'}}) (or dmn_zs's text_head='ensemble' (RunConfig: method_config={'dmn_zs': "
+        "{'text_head': 'ensemble'}}))")
+    from shiftlab.options import speaking_cli
+    with speaking_cli(), pytest.raises(ValueError) as err:   # the CLI's spelling of the same refusal (#34)
+        _run(data, tmp_path / "run", "paper", monkeypatch)
+    assert str(err.value).endswith("pass --set dmn_zs.cupl_file=PATH (or --set dmn_zs.text_head=ensemble)")
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 

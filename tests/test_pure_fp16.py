@@ -49,9 +49,16 @@ def test_the_policy_on_cpu_is_float32_like_every_precision():
 
 def test_it_is_a_method_setting_not_a_runs():
     msg = ("precision 'fp16-pure' is a method setting (the authors' half-precision model, e.g. "
-           "--set tda.precision=fp16-pure), not a run's; a run's is one of auto, fp32, fp16, bf16")
-    with pytest.raises(ValueError, match=f"^{msg}$".replace("(", r"\(").replace(")", r"\)")):
+           "tda's precision='fp16-pure' (RunConfig: method_config={'tda': {'precision': 'fp16-pure'}})), not a "
+           "run's; a run's is one of auto, fp32, fp16, bf16")
+    with pytest.raises(ValueError) as info:
         resolve("auto", "cpu", run="fp16-pure")
+    assert str(info.value) == msg
+    from shiftlab.options import speaking_cli
+    with speaking_cli(), pytest.raises(ValueError) as info:
+        resolve("auto", "cpu", run="fp16-pure")
+    assert str(info.value) == ("precision 'fp16-pure' is a method setting (the authors' half-precision model, e.g. "
+                               "--set tda.precision=fp16-pure), not a run's; a run's is one of auto, fp32, fp16, bf16")
 
 
 def test_a_run_precision_of_fp16_pure_is_refused_before_any_method(tiny_model):

@@ -86,7 +86,10 @@ def test_methods_command_lists_every_method(capsys):
     out = capsys.readouterr().out
     # the first word of each method row, compared whole: "tpt" must be a row, not a part of "ctpt"
     listed = re.findall(r"^(\S+) +(?:episodic|online) ", out, flags=re.MULTILINE)
-    assert listed == shiftlab.list_methods()
+    # grouped by block (single-image first, then the transductive tracks), sorted within each block
+    assert sorted(listed) == shiftlab.list_methods() and len(listed) == len(set(listed))
+    blocks = [re.findall(r"^(\S+) +(?:episodic|online) ", part, flags=re.MULTILINE) for part in out.split("\n== ")]
+    assert all(block == sorted(block) for block in blocks)
 
 
 def test_methods_json_says_what_each_field_accepts(capsys):

@@ -489,7 +489,10 @@ def test_ten_methods_five_datasets_compare_with_one_reference_holm_corrected(big
     build_report(runs[:1], root / "mta", n_resamples=50, reference="mta")
     assert {r["b"] for r in read_csv(root / "mta" / "paired.csv")} == {"mta"}   # one run: plain keys
     from shiftlab.report.load import ReportError
-    with pytest.raises(ReportError, match="--reference: no method 'nope'"):
+    with pytest.raises(ReportError, match="^reference: no method 'nope'"):
+        build_report(runs[:1], root / "x", reference="nope")
+    from shiftlab.options import speaking_cli
+    with speaking_cli(), pytest.raises(ReportError, match="^--reference: no method 'nope'"):
         build_report(runs[:1], root / "x", reference="nope")
 
 

@@ -86,7 +86,7 @@ def test_transductive_methods_are_a_caveat(tmp_path, monkeypatch):
     run = write_run(tmp_path / "run", limit=None, n_samples=4)
     html = build_report([run], tmp_path / "out0", n_resamples=10).read_text()
     assert not any("Transductive" in n for n in caveat_notes(html))
-    monkeypatch.setattr(spec("tpt"), "transductive", True, raising=False)
+    monkeypatch.setattr(spec("tpt"), "capabilities", Capabilities(reads_ahead="test_set"))
     html = build_report([run], tmp_path / "out1", n_resamples=10).read_text()
     notes = [n for n in caveat_notes(html) if n.startswith("Transductive: tpt ")]
     assert len(notes) == 1 and "zeroshot" not in notes[0]

@@ -126,7 +126,10 @@ def test_a_method_missing_from_run_json_is_a_new_method(finished, tmp_path, mode
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     path = out / "run.json"
-    path.write_text(json.dumps(_set(json.loads(path.read_text()), "methods.tda", _DELETE)))
+    # the entry deleted in a run.json from before its self-checksum (a sealed one edited so is refused:
+    # test_a_hand_edited_run_json_is_refused_naming_the_file_and_what_to_do)
+    path.write_text(json.dumps(_set(_set(json.loads(path.read_text()), "methods.tda", _DELETE), "self_sha256",
+                                    _DELETE)))
     other = {"tda": {**FAST_TDA, "pos_alpha": 3.0}}
     ref = tmp_path / "ref"
     run(_cfg(ref, method_config=other), model=model, dataset=dataset)
@@ -150,8 +153,43 @@ def test_a_method_missing_from_run_json_is_redone_even_with_its_old_settings(fin
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     path = out / "run.json"
-    path.write_text(json.dumps(_set(json.loads(path.read_text()), "methods.zeroshot", _DELETE)))
+    # the entry deleted in a run.json from before its self-checksum (a sealed one edited so is refused:
+    # test_a_hand_edited_run_json_is_refused_naming_the_file_and_what_to_do)
+    path.write_text(json.dumps(_set(_set(json.loads(path.read_text()), "methods.zeroshot", _DELETE), "self_sha256",
+                                    _DELETE)))
     run(_cfg(out, resume=True), model=model, dataset=dataset)
     quarantined = [json.loads(line) for line in (out / record_files.QUARANTINE).read_text().splitlines()]
     assert len(quarantined) == 6 and {json.loads(q["text"])["method"] for q in quarantined} == {"zeroshot"}
     assert _by_method(out / "records.jsonl") == _by_method(finished / "records.jsonl")
+
+
+def test_a_hand_edited_run_json_is_refused_naming_the_file_and_what_to_do(finished, tmp_path, model, data, dataset,
+                                                                          capsys):
+    """Leftover of #34: run.json carries a checksum of itself, verified on read. Without it, editing the views
+    in run.json to match another run resumed that run and mixed records made with 4 views and with 2."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    path = out / "run.json"
+    sealed = json.loads(path.read_text())
+    assert sealed["self_sha256"] == identity.self_checksum(sealed)        # written with it
+    assert "self_sha256" not in identity.read(out)                        # read without it: not a setting
+    path.write_text(json.dumps(_set(sealed, "shared.views", 2), indent=2))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    with pytest.raises(RunIdentityError) as info:
+        run(_cfg(out, resume=True, views=2), model=model, dataset=dataset)
+    assert str(info.value) == (
+        f"{path} was changed after shiftlab wrote it (its self_sha256 does not match its contents), so the run's "
+        "settings cannot be trusted: restore the file, or choose another out= and run again")
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    assert after == before
+    argv = ["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", "none", "--methods", "zeroshot",
+            "--views", "2", "--workers", "0", "--device", "cpu", "--no-progress", "--allow-partial", "--limit", "6",
+            "--out", str(out), "--resume"]
+    capsys.readouterr()
+    assert cli_main(argv) != 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1 and err[0].endswith("restore the file, or choose another --out and run again"), err
+    # a run.json written before the checksum existed has none, and is read as before
+    del sealed["self_sha256"]
+    path.write_text(json.dumps(_set(sealed, "shared.views", 4)))
+    assert identity.read(out)["shared"]["views"] == 4

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from shiftlab.options import speaking_cli
 from shiftlab.rundir.stream import dirichlet_order, order_seeds, stream_order, stream_problem
 
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden" / "streams" / "dirichlet.json"
@@ -53,19 +54,23 @@ def test_order_seeds_are_ogas_draw_and_one_order_is_the_run_seed():
     assert len(set(order_seeds(0, 100))) == 100
 
 
-@pytest.mark.parametrize(("kind", "delta", "orders", "words"), [
-    ("dirichlet", None, 1, "--delta D"),
-    ("dirichlet", 0.0, 1, "must be a finite number > 0"),
-    ("dirichlet", float("nan"), 1, "must be a finite number > 0"),
-    ("shuffled", 0.1, 1, "drop --delta"),
-    ("class-sorted", None, 3, "one order only"),
-    ("sorted", None, 2, "one order only"),
-    ("shuffled", None, 0, "--orders must be an integer >= 1"),
-    ("zigzag", None, 1, "stream order must be one of"),
+@pytest.mark.parametrize(("kind", "delta", "orders", "words", "cli_words"), [
+    ("dirichlet", None, 1, "delta=D", "--delta D"),
+    ("dirichlet", 0.0, 1, "delta must be a finite number > 0", "--delta must be a finite number > 0"),
+    ("dirichlet", float("nan"), 1, "must be a finite number > 0", "must be a finite number > 0"),
+    ("shuffled", 0.1, 1, "drop delta)", "drop --delta)"),
+    ("class-sorted", None, 3, "orders=3: the class-sorted stream has one order only",
+     "--orders 3: the class-sorted stream has one order only"),
+    ("sorted", None, 2, "use order=shuffled or", "use --order shuffled or"),
+    ("shuffled", None, 0, "orders must be an integer >= 1", "--orders must be an integer >= 1"),
+    ("zigzag", None, 1, "stream order must be one of", "stream order must be one of"),
 ])
-def test_stream_problems_are_one_line(kind, delta, orders, words):
+def test_stream_problems_are_one_line(kind, delta, orders, words, cli_words):
+    # the library names its keywords (delta=, orders=), the command line its flags (#34)
     problem = stream_problem(kind, delta, orders)
-    assert problem is not None and words in problem and "\n" not in problem
+    assert problem is not None and words in problem and "\n" not in problem and " --" not in problem
+    with speaking_cli():
+        assert cli_words in stream_problem(kind, delta, orders)
 
 
 def test_streams_are_permutations_with_counts_kept():

@@ -349,3 +349,20 @@ def test_merge_with_previous_keeps_rows_of_the_same_configuration_only(tmp_path)
     # the same datasets again, or a directory without suite.json: nothing to say
     assert suite_runs.merge_with_previous(tmp_path, suites.SUITES["natural-shift"], config).message() is None
     assert suite_runs.merge_with_previous(tmp_path / "new", subset, config).message() is None
+
+
+def test_a_suite_resumed_from_another_config_file_keeps_its_rows(tmp_path):
+    """Leftover of #34: `config_file` (the path, digest and values of `--config FILE`) decides no result, the
+    flags it gave do; a suite continued with the same settings from another file (or from flags) kept no row."""
+    config = {"model": "RN50", "pretrained": "openai", "protocol": "paper", "methods": ["tpt"],
+              "config_file": {"path": "a.toml", "sha256": "0" * 64, "values": {"model": "RN50"}}}
+    suite_runs.write_manifest(tmp_path, suites.SUITES["natural-shift"], config)
+    for name in ("imagenet", "imagenet-a", "imagenet-r"):
+        write_records(tmp_path / name, name, "RN50", {"tpt": [True, False]})
+    subset = suites.resolve_suite(None, "imagenet-r")
+    for other in ({"path": "b.toml", "sha256": "1" * 64, "values": {"model": "RN50"}}, None):
+        merge = suite_runs.merge_with_previous(tmp_path, subset, {**config, "config_file": other})
+        assert merge.kept == ("imagenet", "imagenet-a") and not merge.dropped, merge.message()
+    # a setting the file gave that does change results still leaves the rows out
+    merge = suite_runs.merge_with_previous(tmp_path, subset, {**config, "model": "ViT-B-16", "config_file": None})
+    assert merge.dropped == ("imagenet", "imagenet-a") and "another model" in merge.message()

@@ -24,6 +24,8 @@ from shiftlab.cli import main as cli_main
 from shiftlab.rundir import probs as run_probs
 from shiftlab.rundir import record_files
 
+CLI_RESUME_ADVICE = "then rerun with --resume: the records written so far are kept"   # as the CLI says it (#34)
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "shiftlab"
 
 
@@ -238,7 +240,7 @@ def test_run_dir_turning_read_only_while_saving_online_state_is_one_line_and_res
     captured = capsys.readouterr()
     assert code == 1 and "Traceback" not in captured.err
     assert captured.err.splitlines() == [f"shiftlab run: error: {tmp_path / 'run' / 'online_state.pt'}: "
-                                         f"{os.strerror(err)} ({writes.what_to_do(err, writes.RESUME_ADVICE)})"]
+                                         f"{os.strerror(err)} ({writes.what_to_do(err, CLI_RESUME_ADVICE)})"]
     assert cli_main(_argv(pets, tiny_checkpoint, tmp_path / "run", "--resume")) == 0
     runs = [tmp_path / "whole", tmp_path / "run"]
     assert comparable(record_files.load_records(runs[0])) == comparable(record_files.load_records(runs[1]))

@@ -8,8 +8,15 @@ checked and tabled as soon as it exists. A value is checked by `params.FieldSpec
 One entry per method: name, label, aliases, episodic, uses_views, summary, defaults, accepts (what
 `--set` takes, in words), min_views, protocols ({protocol: views, views_text, precision, text_head,
 sets}), paper_datasets (the datasets the method's code sets values for under `paper`), published
-(shiftlab.methods.facts), fidelity, kind ("episodic" or "online"), reads (its capabilities) and
-fields ({field: params.FieldSpec.to_json(): type and declared range}).
+(shiftlab.methods.facts), fidelity, kind ("episodic" or "online"), reads (its capabilities), reads_ahead
+(None, "batch" or "test_set") and block (the table block it is shown in, `BLOCKS`) and fields ({field:
+params.FieldSpec.to_json(): type and declared range}).
+
+The blocks (docs/PROTOCOLS.md, "The transductive track"): every table (the methods table, `shiftlab methods`,
+suite.md, report.html) shows single-image methods (each prediction reads the current image and the images
+before it) apart from the methods that read other test images: those that read their batch of
+`--batch-size` images ("batch-transductive") and those that read the whole test set ("transductive"), each
+block under its own label, so that their numbers never sit in one column with the single-image ones.
 
     python -m shiftlab.catalogue        # the methods table (markdown), as `shiftlab methods --table` prints it
 """
@@ -28,6 +35,51 @@ from .methods.specs import make_config, spec, spec_names
 from .views.recipe import ViewRecipe
 
 COMMAND = "shiftlab methods --table"   # prints `readme_table`
+
+
+# the blocks of every methods table, in table order: (block, label); a method's block is its `reads_ahead`
+SINGLE_IMAGE, BATCH_TRANSDUCTIVE, TRANSDUCTIVE = "single-image", "batch-transductive", "transductive"
+BLOCKS = {
+    SINGLE_IMAGE: "Single-image methods: each prediction reads the current image and the images before it",
+    BATCH_TRANSDUCTIVE: "Batch-transductive methods: each prediction reads the other images of its batch of "
+                        "--batch-size test images (not comparable with single-image methods)",
+    TRANSDUCTIVE: "Transductive methods: each prediction reads the whole test set (not comparable with "
+                  "single-image methods)",
+}
+_BLOCK_OF = {None: SINGLE_IMAGE, "batch": BATCH_TRANSDUCTIVE, "test_set": TRANSDUCTIVE}
+
+
+def block(method: str) -> str:
+    """The block a method key ('tda', 'tda@pos_alpha=2') is tabled in (`BLOCKS`), from its spec's capabilities;
+    a name no spec holds (a test's method registered at run time, a removed one) is read as single-image only
+    when no registered class says otherwise."""
+    name = method.split("@", 1)[0]
+    try:
+        reads_ahead = spec(name).capabilities.reads_ahead
+    except (KeyError, ValueError):
+        reads_ahead = _registered_reads_ahead(name)
+    return _BLOCK_OF[reads_ahead]
+
+
+def _registered_reads_ahead(name: str) -> str | None:
+    """A method registered at run time without a folder (`register_method`): its class's declaration, if the
+    methods package is loaded (the catalogue never imports torch for it)."""
+    registry = getattr(sys.modules.get("shiftlab.methods.base"), "_REGISTRY", None)
+    cls = registry.get(name) if registry is not None and name in registry else None
+    return getattr(cls, "reads_ahead", None)
+
+
+def by_block(methods: list[str]) -> list[tuple[str, list[str]]]:
+    """`methods` split into the blocks that hold any, in `BLOCKS` order, each keeping the given order."""
+    blocks = [(b, [m for m in methods if block(m) == b]) for b in BLOCKS]
+    return [(b, ms) for b, ms in blocks if ms]
+
+
+def published_note(method: str) -> str:
+    """What a published number of `method` is said with: '' for a single-image method, else its block
+    ('transductive', 'batch-transductive')."""
+    b = block(method)
+    return "" if b == SINGLE_IMAGE else b
 
 
 def names() -> list[str]:
@@ -105,6 +157,8 @@ def entry(name: str) -> dict[str, Any]:
         "fidelity": facts.declared(cls, "fidelity"),
         "kind": cls.kind(),
         "reads": list(cls.capabilities.reads),
+        "reads_ahead": cls.capabilities.reads_ahead,
+        "block": _BLOCK_OF[cls.capabilities.reads_ahead],
         "fields": {k: spec_.to_json() for k, spec_ in specs.items()},
     }
 
@@ -132,19 +186,31 @@ def paper_recipe_text(e: dict[str, Any]) -> str:
 
 
 def readme_table(rows: list[dict[str, Any]]) -> str:
-    """The methods table (markdown) from catalogue entries: episodic methods, then online ones, each by
-    name, each linking its folder's README.md."""
+    """The methods table (markdown) from catalogue entries: one table per block (`BLOCKS`, under its label),
+    in each the episodic methods, then the online ones, each by name, each linking its folder's README.md.
+    A transductive method's published numbers say so ("64.17 (transductive)")."""
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|") if text not in (None, "") else "—"
 
-    lines = ["| method | what it does | kind | leaderboard | paper | `--protocol paper` runs it with | fidelity |",
-             "|---|---|---|---|---|---|---|"]
+    def number(e: dict[str, Any], protocol: str) -> str:
+        value = published_value(e, protocol)
+        return cell(value) if value is None or e["block"] == SINGLE_IMAGE else f"{value} ({e['block']})"
+
+    head = ["| method | what it does | kind | leaderboard | paper | `--protocol paper` runs it with | fidelity |",
+            "|---|---|---|---|---|---|---|"]
     board, paper = protocols()
-    for e in sorted(rows, key=lambda e: (e["kind"] != "episodic", e["name"])):
-        lines.append("| " + " | ".join([f"[`{e['name']}`]({readme_link(e['name'])})", cell(e["summary"]), e["kind"],
-                                        cell(published_value(e, board)), cell(published_value(e, paper)),
-                                        cell(paper_recipe_text(e)), cell(e["fidelity"])]) + " |")
-    return "\n".join(lines)
+    tables = []
+    for name, label in BLOCKS.items():
+        members = sorted((e for e in rows if e["block"] == name), key=lambda e: (e["kind"] != "episodic", e["name"]))
+        if not members:
+            continue
+        lines = [f"**{label}**", "", *head]
+        for e in members:
+            lines.append("| " + " | ".join([f"[`{e['name']}`]({readme_link(e['name'])})", cell(e["summary"]),
+                                            e["kind"], number(e, board), number(e, paper),
+                                            cell(paper_recipe_text(e)), cell(e["fidelity"])]) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def readme_link(name: str, base: str = "src/shiftlab/methods") -> str:

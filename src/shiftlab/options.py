@@ -33,6 +33,7 @@ OPTIONS: dict[str, Option] = {
     "resume": Option("resume=True", "--resume"),
     "out": Option("another out=", "another --out"),
     "data": Option("data=", "--data"),
+    "dataset": Option("dataset=", "--dataset"),
     "model": Option("model=", "--model"),
     "views": Option("views=N", "--views"),
     "methods": Option("methods=", "--methods"),
@@ -40,15 +41,40 @@ OPTIONS: dict[str, Option] = {
     "features": Option("features=DIR", "--features DIR"),
     "clean_and_robust": Option("clean_and_robust=True", "--clean-and-robust"),
     "attack": Option("attack={'name': ...}", "--attack"),
+    "seed": Option("seed=", "--seed"),
+    "order": Option("order=", "--order"),
+    "orders": Option("orders=", "--orders"),
+    "delta": Option("delta=", "--delta"),
+    "corruption": Option("corruption=", "--corruption"),
+    "corruptions": Option("corruptions=", "--corruptions"),
+    "severity": Option("severity=", "--severity"),
+    "ood": Option("ood=[...]", "--ood"),
+    "ood_ratio": Option("ood_ratio=", "--ood-ratio"),
+    "suite": Option("suite=", "--suite"),
+    "datasets": Option("datasets=[...]", "--datasets"),
+    "compare": Option("compare=", "--compare"),
+    "reference": Option("reference=", "--reference"),
+    "random_weights": Option("pretrained=None", "--pretrained none"),
 }
 
 _CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("shiftlab_cli", default=False)
 
 
-def say(name: str) -> str:
-    """How the caller spells option `name`: its flag under the CLI, its keyword in Python."""
+def say(name: str, value: object = None) -> str:
+    """How the caller spells option `name`: its flag under the CLI, its keyword in Python. With a `value`
+    (a placeholder such as 'D', or the value itself): `--delta D` under the CLI, `delta=D` in Python."""
     option = OPTIONS[name]
-    return option.flag if _CLI.get() else option.keyword
+    if value is None:
+        return option.flag if _CLI.get() else option.keyword
+    if _CLI.get():
+        return f"{option.flag.split()[0]} {value}"
+    return f"{option.keyword.split('=')[0]}={value}"
+
+
+def name_of(name: str) -> str:
+    """The option's bare name, as a message's subject: `--orders` under the CLI, `orders` in Python."""
+    option = OPTIONS[name]
+    return option.flag.split()[0] if _CLI.get() else option.keyword.split("=")[0]
 
 
 def say_set(method: str, field: str, value: object) -> str:

@@ -10,7 +10,7 @@
   file itself: `guard`) becomes a `WriteError`: an OSError whose message is one line naming the file,
   the reason (the OS's words: "Read-only file system", "No space left on device", "Permission denied",
   "Input/output error") and what to do (`advice`, given by the owner of the file: a run directory says
-  that the records written so far are kept and `--resume` continues; a feature store that the run's
+  that the records written so far are kept and a resume continues; a feature store that the run's
   records are safe and the store can be dropped).
 - A temporary is named `<name>~<host>~<pid>.shiftlab-tmp`; a write that fails removes its own, and
   `clean_orphans(folder)` (called where a writer opens its folder: the run lock, the feature store
@@ -20,7 +20,8 @@
 The OS calls themselves are the small functions `_open`, `_write`, `_fsync`, `_rename`, `_truncate`,
 `_mkdir`, `_unlink` and `_rmdir`: the fault-injection tests (tests/test_write_faults.py) wrap them to make the N-th
 call fail with EROFS, ENOSPC or EIO, the way SQLite tests its I/O error paths. tests/test_writes.py greps
-src/ so that no other module writes a file by itself. No shiftlab imports: every layer can use it.
+src/ so that no other module writes a file by itself. It imports only `options` (a leaf: the advice's
+spelling), so every layer can use it.
 """
 from __future__ import annotations
 
@@ -31,8 +32,22 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .options import say
+
 TMP_SUFFIX = ".shiftlab-tmp"
-RESUME_ADVICE = "then rerun with --resume: the records written so far are kept"
+
+
+def resume_advice() -> str:
+    """What a run directory's writer says to do after a failed write, in the caller's spelling (`--resume` under
+    the CLI, `resume=True` in Python): built when the error is, never at import."""
+    return f"then rerun with {say('resume')}: the records written so far are kept"
+
+
+def __getattr__(name: str) -> str:
+    # `writes.RESUME_ADVICE`, read when the error is built, so it speaks the caller's spelling too
+    if name == "RESUME_ADVICE":
+        return resume_advice()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _HOST = socket.gethostname().replace("~", "-")
 _in_progress: set[str] = set()   # this process's temporaries being written (never orphans)

@@ -62,10 +62,12 @@ def test_every_folder_is_found_and_names_its_class():
 
 
 def test_the_capabilities_say_what_the_booleans_said():
-    # what the classes declared before the folders (ttl: its own tower only; rlcf: also a reward CLIP on pixels)
+    # what the classes declared before the folders (ttl: its own tower only; rlcf: also a reward CLIP on pixels);
+    # calip: the frozen tower's spatial tokens, read from view 0's pixels
     reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
     assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
-    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in ("ttl", "rlcf"))
+    assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == (OWN_TOWER,)
+    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in ("ttl", "rlcf", "calip", "tent"))
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
     assert not specs.spec("ttl").reads_features and specs.spec("ttl").needs_pixels

@@ -31,6 +31,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
+    for block, label in catalogue.BLOCKS.items():
+        members = [r for r in rows if r["block"] == block]
+        if members:
+            print(f"\n== {label}" if block != catalogue.SINGLE_IMAGE else f"== {label}")
+            _print_rows(members)
+    print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "
+          "'fp16-pure' is the model itself in float16 on CUDA (the authors' clip.load), float32 on CPU.")
+    return 0
+
+
+def _print_rows(rows: list[dict]) -> None:
+    """Each method's lines: name, kind, summary; defaults; both protocols' recipes; published numbers (said
+    as transductive where the method reads other test images)."""
     for r in rows:
         print(f"{r['name']:<16} {r['kind']:<9} {r['summary']}")
         defaults = {k: v for k, v in r["defaults"].items() if k not in ("views", "precision")}
@@ -44,9 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(" " * 27 + f"per dataset:  {len(r['paper_datasets'])} datasets get their values from the "
                   "authors' code under paper")
         if r["published"]:
+            said = "" if r["block"] == catalogue.SINGLE_IMAGE else f", {r['block']}"
             print(" " * 27 + "published:    " + "; ".join(
-                f"{p['value']} {p['metric']} ({p['dataset']}, {p['backbone']}, {p['protocol']})"
+                f"{p['value']} {p['metric']} ({p['dataset']}, {p['backbone']}, {p['protocol']}{said})"
                 for p in r["published"]))
-    print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "
-          "'fp16-pure' is the model itself in float16 on CUDA (the authors' clip.load), float32 on CPU.")
-    return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..options import say
 from .base import DatasetError, FolderDataset
 from .corruptions import (
     CORRUPTIONS,
@@ -25,6 +26,7 @@ from .corruptions import (
     package_version,
     prepare_like_imagenet_c,
 )
+from .derived import DerivedDataset
 from .imageio import ImageDecodeError
 
 if TYPE_CHECKING:
@@ -47,8 +49,9 @@ def corruption_folder(name: str, directory: Path, corruption: str | None, severi
     """ImageNet-C's `<directory>/<corruption>/<severity>/`, or DatasetError saying what to pick or what is missing."""
     if corruption is None:
         held = stored_corruptions(directory, "folders")
-        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with --corruption NAME "
-                           f"--severity 1..5 (found under {directory}: {', '.join(held) or 'none'})")
+        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with "
+                           f"{say('corruption', 'NAME')} {say('severity', '1..5')} "
+                           f"(found under {directory}: {', '.join(held) or 'none'})")
     check_corruption(corruption, severity)
     folder = directory / corruption / str(severity)
     if not folder.is_dir():
@@ -95,8 +98,8 @@ def build_cifar_c(name: str, directory: Path, classnames: list[str], corruption:
     """CIFAR-10-C / CIFAR-100-C at one corruption and severity; DatasetError when the files are not as shipped."""
     import numpy as np
     if corruption is None:
-        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with --corruption NAME "
-                           f"--severity 1..5 (found under {directory}: "
+        raise DatasetError(f"{name} holds one dataset per corruption and severity: choose one with "
+                           f"{say('corruption', 'NAME')} {say('severity', '1..5')} (found under {directory}: "
                            f"{', '.join(stored_corruptions(directory, 'npy')) or 'none'})")
     check_corruption(corruption, severity)
     array_file, labels_file = directory / f"{corruption}.npy", directory / "labels.npy"
@@ -134,47 +137,21 @@ def stored_info(corruption: str, severity: int) -> dict:
     return {"name": corruption, "severity": int(severity), "source": "stored"}
 
 
-class CorruptedDataset:
+class CorruptedDataset(DerivedDataset):
     """A dataset whose every image is corrupted on the fly (`corrupt_image`), seeded per sample by (seed, sample
-    id, corruption, severity) after ImageNet-C's resize and crop; same samples, labels and classes as `base`."""
+    id, corruption, severity) after ImageNet-C's resize and crop; same samples, labels and classes as `base`
+    (and its files' answers: `DerivedDataset`)."""
 
     def __init__(self, base: Any, corruption: str, severity: int, seed: int):
         check_corruption(corruption, severity)
-        self.base, self.corruption, self.severity, self.seed = base, corruption, int(severity), int(seed)
-        self.root, self.samples, self.classnames = base.root, base.samples, base.classnames
-        self.wnids, self.name = getattr(base, "wnids", None), base.name
-        self.warnings = list(getattr(base, "warnings", []))
-        self.empty_classes = list(getattr(base, "empty_classes", []))
-        self.missing_samples = getattr(base, "missing_samples", 0)
-        self.open_set_info = getattr(base, "open_set_info", None)
-        if callable(getattr(base, "is_ood", None)):   # an open-set stream stays one
-            self.is_ood = base.is_ood
+        super().__init__(base)
+        self.corruption, self.severity, self.seed = corruption, int(severity), int(seed)
         self.corruption_info = {"name": corruption, "severity": self.severity, "source": "generated",
                                 "seed": self.seed, "package": package_version(),
                                 "prepare": "resize {}, centre crop {}".format(*IMAGENET_C_SIZE)}
 
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __repr__(self) -> str:
         return f"CorruptedDataset({self.name}, {self.corruption}, severity {self.severity}, seed {self.seed})"
-
-    def path(self, i: int) -> Path:
-        return self.base.path(i)
-
-    def label(self, i: int) -> Any:
-        return self.base.label(i)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classnames)
-
-    @property
-    def labels(self) -> list:
-        return [label for _, label in self.samples]
-
-    def require_complete(self, *args: Any, **kwargs: Any) -> None:
-        self.base.require_complete(*args, **kwargs)
 
     def image(self, i: int) -> Image.Image:
         img = prepare_like_imagenet_c(self.base.image(i))

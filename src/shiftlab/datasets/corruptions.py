@@ -20,6 +20,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..options import name_of
+
 if TYPE_CHECKING:
     from PIL import Image
 
@@ -55,11 +57,11 @@ def parse_corruptions(text: str | Sequence[str] | None) -> tuple[str, ...]:
         return CORRUPTIONS
     names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
     if not names:
-        raise ValueError("--corruptions needs at least one corruption name")
+        raise ValueError(f"{name_of('corruptions')} needs at least one corruption name")
     for name in names:
         check_corruption(name, DEFAULT_SEVERITY)
     if len(set(names)) != len(names):
-        raise ValueError(f"--corruptions lists a corruption twice: {','.join(names)}")
+        raise ValueError(f"{name_of('corruptions')} lists a corruption twice: {','.join(names)}")
     return tuple(names)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..options import name_of, say
 from .base import DatasetError, FolderDataset
 
 SEPARATOR = "+"   # the run's dataset name: the domains' names joined, in stream order
@@ -55,7 +56,8 @@ def domain_sequence(datasets: Mapping[str, FolderDataset], name: str | None = No
     have the same class names in the same order."""
     names, title = list(datasets), name
     if len(names) < 2:
-        raise DatasetError(f"a stream of domains needs two datasets or more (--datasets a,b or --suite), got "
+        raise DatasetError(f"a stream of domains needs two datasets or more ({say('datasets', 'a,b')} or "
+                           f"{name_of('suite')}), got "
                            f"{len(names)}")
     first = datasets[names[0]]
     for name in names[1:]:

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import DatasetError
-
-if TYPE_CHECKING:
-    from PIL import Image
+from .derived import DerivedDataset
 
 __all__ = ["OOD_PREFIX", "OpenSetDataset", "MAX_OOD_RATIO"]
 
@@ -29,8 +26,10 @@ def _rank(seed: int, name: str, path: str) -> str:
     return hashlib.sha256(f"{int(seed)}\t{name}\t{path}".encode()).hexdigest()
 
 
-class OpenSetDataset:
-    """ID samples then the drawn OOD samples; `is_ood(i)`, `label(i)` None for OOD, `open_set_info` for run.json."""
+class OpenSetDataset(DerivedDataset):
+    """ID samples then the drawn OOD samples; `is_ood(i)`, `label(i)` None for OOD, `open_set_info` for run.json.
+    Each sample's files answer for the set it comes from (`origin`); the OOD sets' warnings and lost samples are
+    the stream's too, named by set."""
 
     def __init__(self, id_dataset: Any, ood: Mapping[str, Any], ratio: float, seed: int):
         if not ood:
@@ -47,22 +46,15 @@ class OpenSetDataset:
             raise DatasetError(f"an OOD ratio of {ratio:g} asks {wanted} OOD images for {n_id} ID images, but "
                                f"{', '.join(ood)} hold only {len(pool)}; lower the ratio")
         drawn = sorted(sorted(pool, key=lambda p: _rank(seed, p[0], p[2]))[:wanted], key=lambda p: (p[0], p[2]))
+        super().__init__(id_dataset)
         self.id_dataset, self.ood = id_dataset, dict(ood)
         self.n_id, self.drawn = n_id, [(name, i) for name, i, _ in drawn]
-        self.root, self.classnames, self.name = id_dataset.root, id_dataset.classnames, id_dataset.name
-        self.wnids = getattr(id_dataset, "wnids", None)
-        self.samples = list(id_dataset.samples) + [(f"{OOD_PREFIX}/{name}/{path}", None) for name, _, path in drawn]
-        self.warnings = list(getattr(id_dataset, "warnings", [])) + [
-            f"OOD {name}: {w}" for name, ds in ood.items() for w in getattr(ds, "warnings", [])]
-        self.empty_classes = list(getattr(id_dataset, "empty_classes", []))
-        self.missing_samples = getattr(id_dataset, "missing_samples", 0)
-        self.corruption_info = getattr(id_dataset, "corruption_info", None)
+        self.samples += [(f"{OOD_PREFIX}/{name}/{path}", None) for name, _, path in drawn]
+        self.warnings += [f"OOD {name}: {w}" for name, ds in ood.items() for w in getattr(ds, "warnings", [])]
+        self.lost += [f"OOD {name}: {w}" for name, ds in ood.items() for w in getattr(ds, "lost", [])]
         counts = {name: sum(1 for n, _ in self.drawn if n == name) for name in ood}
         self.open_set_info = {"ood": list(ood), "ratio": float(ratio), "seed": int(seed), "n_id": n_id,
                               "n_ood": wanted, "per_dataset": counts}
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
     def __repr__(self) -> str:
         return (f"OpenSetDataset({self.name}: {self.n_id} ID + {len(self.drawn)} OOD from {', '.join(self.ood)}, "
@@ -71,28 +63,20 @@ class OpenSetDataset:
     def is_ood(self, i: int) -> bool:
         return i >= self.n_id
 
-    def path(self, i: int) -> Path:
+    def origin(self, i: int) -> tuple[Any, int]:
         if i < self.n_id:
-            return self.id_dataset.path(i)
+            return self.id_dataset, i
         name, j = self.drawn[i - self.n_id]
-        return self.ood[name].path(j)
+        return self.ood[name], j
 
     def label(self, i: int) -> int | None:
         return self.id_dataset.label(i) if i < self.n_id else None
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classnames)
-
-    @property
-    def labels(self) -> list:
-        return [label for _, label in self.samples]
-
     def require_complete(self, *args: Any, **kwargs: Any) -> None:
+        """The ID set's rule; and an OOD set whose files cannot deliver every sample is refused the same way."""
         self.id_dataset.require_complete(*args, **kwargs)
-
-    def image(self, i: int) -> Image.Image:
-        if i < self.n_id:
-            return self.id_dataset.image(i)
-        name, j = self.drawn[i - self.n_id]
-        return self.ood[name].image(j)
+        for name, ds in self.ood.items():
+            lost = list(getattr(ds, "lost", []))
+            if lost:
+                raise DatasetError(f"{name} (OOD): samples are lost ({len(lost)} problem(s)): {lost[0]}"
+                                   + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import name_of
 from ..registry import Registry
 from .base import DatasetError
 from .classes import source_names, source_size, source_wnids
@@ -23,8 +24,8 @@ LAYOUTS = {
     "wnid": "one folder per class named by wnid: <wnid>/*.JPEG",            # label = place in the class list
     "index": "one folder per class named 0..999: <index>/*.jpeg",           # label = int(folder)
     "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",  # datasets/splits.py
-    "any": "one folder per class (names sorted; --classnames FILE for CLIP names)",   # imagefolder
-    "images": "any images below the folder, no labels: an out-of-distribution set for --ood",   # folders.py
+    "any": "one folder per class (names sorted; a class-names file for CLIP names)",   # imagefolder
+    "images": "any images below the folder, no labels: an out-of-distribution set (open-set runs)",   # folders.py
     "npy": "CIFAR-C's arrays: <corruption>.npy (severities 1..5 stacked) and labels.npy",   # datasets/corrupted.py
 }
 COOP_DATASETS_MD = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
@@ -90,7 +91,7 @@ class DatasetSpec:
     def classnames(self) -> list[str]:
         """The CLIP class names in label order (DatasetError for imagefolder: its names are its folders')."""
         if self.layout == "images":
-            raise DatasetError(f"{self.name} has no classes: it is an out-of-distribution set (--ood)")
+            raise DatasetError(f"{self.name} has no classes: it is an out-of-distribution set ({name_of('ood')})")
         if self.classes is None:
             raise DatasetError(f"{self.name}: its class names come from its folders: "
                                "use shiftlab.datasets.build_dataset(name, root).classnames")
@@ -127,7 +128,8 @@ _SKETCH_MANUAL = (
     "ImageNet-Sketch has no stable direct-download URL (it is hosted on Google Drive, Kaggle "
     "'wanghaohan/imagenetsketch' and the Hugging Face dataset 'imagenet_sketch', which need a login "
     "or a browser). Download ImageNet-Sketch.zip by hand and either put it at {archive} and rerun, "
-    "pass it as --url file:///path/to/ImageNet-Sketch.zip, or unzip it so that {target}/<wnid>/ holds the images."
+    "pass it with `shiftlab download imagenet-sketch --url file:///path/to/ImageNet-Sketch.zip`, or unzip it "
+    "so that {target}/<wnid>/ holds the images."
 )
 _IMAGENET_MANUAL = (
     "ImageNet requires an account at image-net.org; it cannot be downloaded automatically. Put the "
@@ -140,7 +142,7 @@ _IMAGENET_C_MANUAL = (
     "ImageNet-C is five archives (about 65 GB) on Zenodo record 2235448 (https://zenodo.org/records/2235448: "
     "blur.tar, digital.tar, noise.tar, weather.tar, and extra.tar for the four extra corruptions). Extract them "
     "all into {target} so that {target}/<corruption>/<severity>/<wnid>/ holds the images; or generate the "
-    "corruptions from any ImageNet-layout folder with --corruption (docs/PROTOCOLS.md)."
+    "corruptions from any ImageNet-layout folder (`shiftlab run --corruption NAME`; docs/PROTOCOLS.md)."
 )
 
 # Names: shiftlab's own; CLIP_benchmark's (imagenet1k, imagenetv2, imagenet_sketch, imagenet_r, flowers, ...)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..options import name_of, say
 from .corruptions import DEFAULT_SEVERITY, SEVERITIES
 from .specs import DATASETS
 
@@ -52,9 +53,9 @@ def parse_severities(text: str | int | None) -> tuple[int, ...]:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise ValueError(f"--severity must be 1..5 or all, got {text!r}") from None
+        raise ValueError(f"{name_of('severity')} must be 1..5 or all, got {text!r}") from None
     if value not in SEVERITIES:
-        raise ValueError(f"--severity must be 1..5 or all, got {text!r}")
+        raise ValueError(f"{name_of('severity')} must be 1..5 or all, got {text!r}")
     return (value,)
 
 
@@ -74,7 +75,7 @@ class SuiteError(ValueError):
 def resolve_suite(suite: str | None, datasets: str | Sequence[str] | None) -> Suite:
     """The suite for `--suite NAME` or `--datasets a,b,c` (exactly one of them)."""
     if suite and datasets:
-        raise SuiteError("give either --suite or --datasets, not both")
+        raise SuiteError(f"give either {name_of('suite')} or {name_of('datasets')}, not both")
     if suite:
         if suite not in SUITES:
             raise SuiteError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
@@ -82,8 +83,9 @@ def resolve_suite(suite: str | None, datasets: str | Sequence[str] | None) -> Su
     names = [d.strip() for d in (datasets.split(",") if isinstance(datasets, str) else datasets or ()) if d.strip()]
     names = [DATASETS.canonical(n) if n in DATASETS else n for n in names]  # R, imagenet_r, flowers -> canonical
     if not names:
-        raise SuiteError("--datasets needs at least one dataset name, e.g. --datasets imagenet-r,imagenet-a")
+        raise SuiteError(f"{name_of('datasets')} needs at least one dataset name, e.g. "
+                         f"{say('datasets', 'imagenet-r,imagenet-a')}")
     if len(set(names)) != len(names):
-        raise SuiteError(f"--datasets lists a dataset twice: {','.join(names)}")
+        raise SuiteError(f"{name_of('datasets')} lists a dataset twice: {','.join(names)}")
     known = next((s for s in SUITES.values() if s.datasets == tuple(names)), None)
     return known or Suite("custom", tuple(names), title="Datasets " + ", ".join(names))

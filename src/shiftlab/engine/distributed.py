@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..options import say
 from ..rundir import record_files, records
 from ..rundir.lock import RunLock, RunLockedError
 from ..rundir.record_files import RunDirError
@@ -135,7 +136,8 @@ def prior_records(run_dir: Path, resume: bool, ctx: DistContext,
     occupied = bool(files) and not resume
     done = record_files.done_keys(record_files.load_records(run_dir, schema)) if resume else set()
     if any(all_gather(ctx, occupied)):
-        raise FileExistsError(f"{run_dir} already holds records; pass --resume to continue it or choose another --out")
+        raise FileExistsError(f"{run_dir} already holds records; pass {say('resume')} to continue it or choose "
+                              f"{say('out')}")
     return done
 
 

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import writes
+from ..options import say
 from ..rundir.feature_store import FeatureStore, feature_key, file_digest, sample_info
-from ..rundir.lock import STORE_ADVICE
+from ..rundir.lock import store_advice
 from . import interrupt
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from .step import Evaluator, Runner, StepContext, ViewDataset, collate, view_generators
     config = check_run_config(config)
     if not config.features:
-        raise ValueError("encode needs a feature store directory (features=DIR; --features DIR)")
+        raise ValueError(f"encode needs a feature store directory ({say('features')})")
     dist = distributed.context()
     device = resolve_device(config.device)
     # a copy: the caller's config is not changed; methods that need pixels have nothing to store
@@ -162,7 +163,7 @@ def open_run_features(config: RunConfig, dist: Any, dataset: Any, model: ClipMod
     if shared.get("corruption"):   # the same paths hold other pixels: a corrupted image's features are its own
         base["corruption"] = shared["corruption"]
     try:
-        writes.make_dirs(root, STORE_ADVICE)
+        writes.make_dirs(root, store_advice())
         lock = acquire_for_job(root, dist, purpose="feature store")
         store = FeatureStore(root, "w", rank=dist.rank, lock=lock if lock is not None else False)
         writable = True

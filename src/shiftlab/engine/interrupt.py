@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..options import say
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -92,4 +94,4 @@ def message(exc: BaseException) -> str:
     progress = getattr(exc, "progress", None)
     if progress is None:
         return "interrupted"
-    return f"interrupted after {progress[0]} of {progress[1]} samples; continue with --resume"
+    return f"interrupted after {progress[0]} of {progress[1]} samples; continue with {say('resume')}"

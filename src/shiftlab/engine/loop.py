@@ -23,7 +23,9 @@ from torch.utils.data import DataLoader
 
 from ..attacks import attack_config, build_attack
 from ..methods.base import get_method_class
+from ..methods.specs import TEST_SET
 from ..models import ClipModel
+from ..options import name_of
 from ..results import orders as results_orders
 from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
@@ -165,7 +167,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
-                                                                                   run_identity)})
+                                                                                   run_identity, evaluator.methods)})
         earlier = (read_stream(run_dir) or {}).get("online", []) if config.resume else []   # a resume adding methods
         online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items() if not m.episodic)]))
         batched = any(m.adapts_on_batches for m in evaluator.methods.values())
@@ -178,6 +180,9 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     views = view_generators(evaluator.methods, model.preprocess, config.seed)   # one per recipe family
     writer = record_files.RecordWriter(distributed.records_path(run_dir, dist),
                                        probs=_probs_writer(config, run_dir, dist))
+    # test-set methods see the whole test set first; recomputed on every start, so a resume is exact (an online
+    # one's checkpoint, restored below, then replaces what the pass left with the state the stream reached)
+    test_set_pass(evaluator, dataset, views, order, config.batch_size)
     state = None
     online_start = 0
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
@@ -246,6 +251,28 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     return summary
 
 
+def test_set_pass(evaluator: Evaluator, dataset, views: dict, order: Sequence[int], batch_size: int) -> list[str]:
+    """The transductive track's pass (docs/PROTOCOLS.md): every method that reads the whole test set
+    (`reads_ahead == "test_set"`) is shown each decodable sample of the run once, in sample-id order (the
+    test set as a set: what it learns does not depend on the stream order), in groups of `batch_size`, the
+    clean views of its own recipe encoded as the stream encodes them; then `end_test_set()`. Deterministic
+    (the views are seeded by (run seed, sample id)), so a resumed run recomputes the same state. Returns the
+    methods shown the set."""
+    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET]
+    if not names:
+        return []
+    runner = Runner(StepContext(evaluator, dataset, views, methods=names))
+    ids = sorted(order)
+    for start in range(0, len(ids), max(1, batch_size)):
+        good = [item for item in runner.load(ids[start:start + batch_size]) if item.error is None]
+        if good:
+            for name, ctxs in runner.contexts(good, names).items():
+                evaluator.methods[name].observe_test_set(ctxs)
+    for name in names:
+        evaluator.methods[name].end_test_set()
+    return names
+
+
 def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.Resume:
     """identity.check_resume on every rank; all ranks raise together (before anything is touched)."""
     resumed, problem = None, None
@@ -280,7 +307,8 @@ def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int],
     if resumed.added_methods:
         line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
     if resumed.limit_raised:
-        line += f"; extending --limit {resumed.limit_raised[0]} -> {resumed.limit_raised[1] or 'all samples'}"
+        old, new = resumed.limit_raised
+        line += f"; extending {name_of('limit')} {old} -> {new or 'all samples'}"
     if state is not None and state.replayed:
         line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
     print(line, file=sys.stderr, flush=True)
@@ -320,7 +348,7 @@ def _probs_writer(config: RunConfig, run_dir: Path, dist):
     return probs.ProbsWriter(run_dir, probs.stem_for(dist.rank, dist.world_size))
 
 
-def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dict) -> dict:
+def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dict, methods: dict) -> dict:
     cfg = dataclasses.asdict(config)
     cfg["model"] = config.model
     cfg["model_resolved"] = model.name
@@ -329,6 +357,8 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     # samples the dataset's files promise but cannot deliver (a truncated shard, a null cell), run with
     # --allow-partial: said in summary.json, summary.md and the report, never dropped silently
     cfg["dataset_lost"] = list(getattr(dataset, "lost", []))
+    # the transductive track (docs/PROTOCOLS.md): what each method reads beyond the current sample and its past
+    cfg["reads_ahead"] = {n: m.reads_ahead for n, m in methods.items() if m.reads_ahead}
     cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from

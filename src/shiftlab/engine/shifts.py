@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from ..options import name_of, say
+
 # `config` below is an engine.config.RunConfig; not imported here: engine.config asks `shift_problem`
 RunConfig = Any
 
@@ -36,35 +38,37 @@ def shift_problem(config: RunConfig) -> str | None:
         try:
             check_corruption(config.corruption, config.severity)
         except ValueError as exc:
-            return f"--corruption: {exc}"
+            return f"{name_of('corruption')}: {exc}"
         stored = config.dataset in DATASETS and DATASETS.get(config.dataset).corrupted
         if not stored and importlib.util.find_spec("imagecorruptions") is None:
-            return (f"--corruption {config.corruption} on {config.dataset} is generated with the imagecorruptions "
-                    "package, which is not installed: pip install 'shiftlab[corruptions]'")
+            return (f"{say('corruption', config.corruption)} on {config.dataset} is generated with the "
+                    "imagecorruptions package, which is not installed: pip install 'shiftlab[corruptions]'")
     elif config.dataset in DATASETS and DATASETS.get(config.dataset).corrupted:
-        return (f"{DATASETS.canonical(config.dataset)} holds one dataset per corruption and severity: choose one with "
-                "--corruption NAME --severity 1..5, or run them all with --suite corruption")
+        return (f"{DATASETS.canonical(config.dataset)} holds one dataset per corruption and severity: choose one "
+                f"with {say('corruption', 'NAME')} {say('severity', '1..5')}, or run them all with "
+                f"{say('suite', 'corruption')}")
     if config.dataset in DATASETS and DATASETS.get(config.dataset).layout == "images":
         return (f"{DATASETS.canonical(config.dataset)} has no classes: it is an out-of-distribution set, "
-                f"mixed into another dataset's stream with --ood {DATASETS.canonical(config.dataset)}")
+                f"mixed into another dataset's stream with {say('ood', DATASETS.canonical(config.dataset))}")
     if config.ood:
         if not (0 < config.ood_ratio <= MAX_OOD_RATIO):
-            return f"--ood-ratio must be in (0, {MAX_OOD_RATIO:g}] (OOD images per ID image), got {config.ood_ratio!r}"
+            return (f"{name_of('ood_ratio')} must be in (0, {MAX_OOD_RATIO:g}] (OOD images per ID image), "
+                    f"got {config.ood_ratio!r}")
         for name in config.ood:
             try:
                 canonical = DATASETS.canonical(name)
             except DatasetError as exc:
-                return f"--ood {name}: {exc}"
+                return f"{say('ood', name)}: {exc}"
             if config.dataset in DATASETS and canonical == DATASETS.canonical(config.dataset):
-                return f"--ood {name}: the OOD set is the in-distribution dataset itself"
+                return f"{say('ood', name)}: the OOD set is the in-distribution dataset itself"
         if len(set(config.ood)) != len(config.ood):
-            return f"--ood lists a dataset twice: {','.join(config.ood)}"
+            return f"{name_of('ood')} lists a dataset twice: {','.join(config.ood)}"
         if str(config.order) in ("class-sorted", "dirichlet"):
-            return (f"--ood with --order {config.order}: a label-ordered stream needs every sample's class, and OOD "
-                    "images have none; use a shuffled or sorted stream")
+            return (f"{name_of('ood')} with {say('order', config.order)}: a label-ordered stream needs every "
+                    "sample's class, and OOD images have none; use a shuffled or sorted stream")
         if (config.attack or {}).get("name", "none") != "none":
-            return ("--ood with --attack: the attacks need every sample's true label, and OOD images have none; "
-                    "run the open-set stream clean")
+            return (f"{name_of('ood')} with {name_of('attack')}: the attacks need every sample's true label, and "
+                    "OOD images have none; run the open-set stream clean")
     return None
 
 

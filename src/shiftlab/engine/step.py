@@ -356,6 +356,17 @@ class Runner:
                                           [{} for _ in good])
         return sum(item.error is not None for item in batch)
 
+    def contexts(self, items: Sequence[BatchItem], names: Sequence[str]) -> dict[str, list[SampleContext]]:
+        """Each of `names`' clean contexts of decoded `items` (its recipe's views, encoded as a step encodes
+        them): what the test-set pass (shiftlab.engine.loop.test_set_pass) hands a method."""
+        ids = [item.sample_id for item in items]
+        out: dict[str, list[SampleContext]] = {}
+        for recipe in dict.fromkeys(self.recipe_of(n) for n in names):
+            group = [n for n in names if self.recipe_of(n) == recipe]
+            out.update(self._encode(group, {n: list(range(len(ids))) for n in group},
+                                    [item.views[recipe] for item in items], ids, recipe, [{} for _ in items]))
+        return out
+
     def load(self, ids: Sequence[int]) -> list[BatchItem]:
         """Decode and generate views in this process (a run does this in DataLoader workers)."""
         with self.timer.phase("decode_views"):

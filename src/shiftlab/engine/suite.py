@@ -40,19 +40,20 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
                    kept: Sequence[str] = ()) -> None:
     """suite.json: the suite, its config, and which datasets the last command ran (`rewrote`)
     and which rows it kept from earlier commands (`kept`)."""
-    writes.make_dirs(suite_dir, writes.RESUME_ADVICE)
+    writes.make_dirs(suite_dir, writes.resume_advice())
     writes.clean_orphans(suite_dir)   # one suite command at a time writes the suite's own files
     manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
                 "title": suite.title, "kind": suite.kind, "base": suite.base, "config": config,
                 "rewrote": list(suite.datasets if rewrote is None else rewrote), "kept": list(kept)}
-    writes.write_file(suite_dir / SUITE_FILE, json.dumps(manifest, indent=2), writes.RESUME_ADVICE)
+    writes.write_file(suite_dir / SUITE_FILE, json.dumps(manifest, indent=2), writes.resume_advice())
 
 
 # RunConfig fields that do not change a result: a dataset run with other values of these (and the
-# method list, compared per method in the table) can share a table with this run
+# method list, compared per method in the table) can share a table with this run. `config_file` is where the
+# flags came from (path, digest, values): the settings it gave are compared as themselves
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
                           "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
-                          "save_probs", "allow_partial"})
+                          "save_probs", "allow_partial", "config_file"})
 
 
 @dataclass(frozen=True)

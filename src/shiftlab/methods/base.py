@@ -38,6 +38,7 @@ from .specs import (
     ONLINE,
     OWN_TOWER,
     STATES,
+    TEST_SET,
     Capabilities,
     MethodConfig,
     MethodSpec,
@@ -87,8 +88,8 @@ class Method:
     """A method's torch code. A method with a folder names its spec (`spec = MTASpec`), from which the
     class gets its name, config class, summary, text head, minimum views, offline configs, facts and
     capabilities when it is defined; the attributes below are those a class registered without a
-    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`
-    and `adapts_on_batches` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
+    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`,
+    `adapts_on_batches` and `reads_ahead` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
     spec: ClassVar[type[MethodSpec] | None] = None
     name: str = ""
     config_class: type = MethodConfig
@@ -113,6 +114,9 @@ class Method:
     # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
     # batch otherwise: continual)
     adapts_on_batches: bool = False
+    # what it reads beyond the current sample and its past (a spec's `Capabilities(reads_ahead=...)`: None, "batch",
+    # "test_set"); a "test_set" method is shown the whole test set before the stream (`observe_test_set`)
+    reads_ahead: str | None = None
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
     offline_config: dict[str, Any] = {}
@@ -219,6 +223,17 @@ class Method:
         one output per context, in order. The batch is the unit of its results (and of a resume)."""
         raise NotImplementedError(f"{self.name}: adapts_on_batches is declared but adapt_batch is not implemented")
 
+    def observe_test_set(self, ctxs: Sequence[SampleContext]) -> None:
+        """A test-set method (`reads_ahead == "test_set"`): the engine's pass over the whole test set before the
+        stream hands it every decodable sample once, in sample-id order, in groups (`--batch-size`), clean
+        views of its own recipe; `end_test_set()` follows the last group. Nothing is predicted here."""
+        raise NotImplementedError(f"{self.name}: reads_ahead 'test_set' is declared but observe_test_set is not "
+                                  "implemented")
+
+    def end_test_set(self) -> None:
+        """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
+        the state this leaves, and an online method's checkpoints hold it."""
+
     def in_groups(self, ctxs: Sequence[SampleContext], size: int,
                   predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:
         """`predict_group` over consecutive groups of at most `size` samples, outputs in order."""
@@ -306,6 +321,9 @@ def _take_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
     if not spec.episodic and (cls.state_dict is Method.state_dict or cls.load_state_dict is Method.load_state_dict):
         raise TypeError(f"{spec.name}: an online method (capabilities state {ONLINE!r}) must define state_dict and "
                         "load_state_dict: its state is checkpointed with the records and restored on resume")
+    if spec.reads_ahead == TEST_SET and cls.observe_test_set is Method.observe_test_set:
+        raise TypeError(f"{spec.name}: a test-set method (reads_ahead 'test_set') must define observe_test_set: the "
+                        "engine shows it the whole test set before the stream")
     for attr in (*method_specs.ATTRIBUTES, *method_specs.DERIVED):
         setattr(cls, attr, getattr(spec, attr))
     for fact in method_specs.FACTS:
@@ -322,7 +340,7 @@ def _spec_from_class(name: str, cls: type[Method]) -> type[MethodSpec]:
     body.update({fact: cls.__dict__[fact] for fact in method_specs.FACTS if fact in cls.__dict__})
     body.update(name=name, impl=f"{cls.__module__}:{cls.__qualname__}", __module__=cls.__module__,
                 capabilities=Capabilities(reads=reads, state=EPISODIC if cls.episodic else ONLINE,
-                                          batches=bool(cls.adapts_on_batches)))
+                                          batches=bool(cls.adapts_on_batches), reads_ahead=cls.reads_ahead))
     if cls.needed_views.__func__ is not Method.needed_views.__func__:   # type: ignore[attr-defined]
         body["needed_views"] = classmethod(lambda spec, config: cls.needed_views(config))
     spec = type(f"{cls.__name__}Spec", (MethodSpec,), body)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..options import name_of, say_set
+
 if TYPE_CHECKING:
     import torch
 # no torch, numpy or text tower at import: the specs' head descriptions (`describe`) are read without them
@@ -140,11 +142,11 @@ def _cupl_path(name: str, config: object) -> str:
     path = config.cupl_file
     if not path:
         raise ValueError(f"{name}.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON "
-                         f"file, class name -> sentences, not shipped): pass --set {name}.cupl_file=PATH "
-                         f"(or --set {name}.text_head=ensemble)")
+                         f"file, class name -> sentences, not shipped): pass {say_set(name, 'cupl_file', 'PATH')} "
+                         f"(or {say_set(name, 'text_head', 'ensemble')})")
     if os.path.isdir(os.path.expanduser(path)):   # dataset_cupl_file picks the file when the run has a dataset
         raise ValueError(f"{name}.cupl_file: {path!r} is a directory; the run's dataset picks the file in it "
-                         f"(shiftlab run --dataset/--suite), without one pass the file itself")
+                         f"({name_of('dataset')} or {name_of('suite')}), without one pass the file itself")
     return path
 
 

@@ -35,7 +35,8 @@ from ..params import check_config, param
 from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
 
-__all__ = ["EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "STATES", "Capabilities", "MethodConfig",
+__all__ = ["BATCH", "EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
+           "Capabilities", "MethodConfig",
            "MethodSpec", "ViewMethodConfig", "check_method_config", "make_config", "register_spec", "spec",
            "spec_names", "specs"]
 
@@ -68,13 +69,21 @@ READS = (FROZEN_FEATURES, OWN_TOWER)
 EPISODIC = "episodic"                 # reset to its initial state before every sample
 ONLINE = "online"                     # adapts along the stream: checkpointed with the records, replayed on resume
 STATES = (EPISODIC, ONLINE)
+# what it reads beyond the current sample and the samples before it (the transductive track, docs/PROTOCOLS.md)
+BATCH = "batch"                       # the other images of its batch of --batch-size stream positions
+TEST_SET = "test_set"                 # the whole test set, in a pass before the stream (`Method.observe_test_set`)
+READS_AHEAD = (BATCH, TEST_SET)
 
 
 @dataclass(frozen=True)
 class Capabilities:
     """What a method reads (`reads`: some of READS), whether it carries state (`state`: one of STATES) and
     whether it adapts on a batch of test images together (`batches`: the episodic-batch protocol,
-    docs/PROTOCOLS.md: the engine hands `Method.adapt_batch` each batch of `--batch-size` stream positions).
+    docs/PROTOCOLS.md: the engine hands `Method.adapt_batch` each batch of `--batch-size` stream positions)
+    and what it reads beyond the current sample and its past (`reads_ahead`: None, BATCH or TEST_SET, the
+    transductive track). A batch method reads its batch: `batches=True` alone is `reads_ahead="batch"`, and
+    `reads_ahead="batch"` without `batches=True` is refused; a TEST_SET method is shown the whole test set
+    before the stream (`Method.observe_test_set`, `Method.end_test_set`), with or without batches.
 
     The engine derives from them: a feature store can serve a method only when it reads no pixels
     (`needs_pixels`); a precision group of methods none of which reads the frozen features is not
@@ -84,6 +93,7 @@ class Capabilities:
     reads: tuple[str, ...] = (FROZEN_FEATURES,)
     state: str = EPISODIC
     batches: bool = False
+    reads_ahead: str | None = None
 
     def __post_init__(self) -> None:
         reads = (self.reads,) if isinstance(self.reads, str) else tuple(self.reads)
@@ -98,6 +108,14 @@ class Capabilities:
             raise ValueError(f"capabilities: state must be one of {', '.join(STATES)}, got {self.state!r}")
         if not isinstance(self.batches, bool):
             raise ValueError(f"capabilities: batches must be True or False, got {self.batches!r}")
+        if self.reads_ahead is not None and self.reads_ahead not in READS_AHEAD:
+            raise ValueError(f"capabilities: reads_ahead must be None or one of {', '.join(READS_AHEAD)}, "
+                             f"got {self.reads_ahead!r}")
+        if self.reads_ahead == BATCH and not self.batches:
+            raise ValueError("capabilities: reads_ahead 'batch' without batches=True: only a batch method is "
+                             "handed the other images of its batch")
+        if self.batches and self.reads_ahead is None:
+            object.__setattr__(self, "reads_ahead", BATCH)   # a batch method reads its batch: one declaration
         object.__setattr__(self, "reads", tuple(r for r in READS if r in reads))
 
     @property
@@ -117,6 +135,16 @@ class Capabilities:
     def adapts_on_batches(self) -> bool:
         return self.batches
 
+    @property
+    def reads_test_set(self) -> bool:
+        """Shown the whole test set before the stream (the engine's test-set pass)."""
+        return self.reads_ahead == TEST_SET
+
+    @property
+    def transductive(self) -> bool:
+        """Reads more than the current sample and its past (its batch, or the whole test set)."""
+        return self.reads_ahead is not None
+
 
 # -- the spec ----------------------------------------------------------------------------------------------
 
@@ -127,7 +155,7 @@ FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "data
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
               "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates")
 # what the capabilities and the config class decide, never declared
-DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches")
+DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches", "reads_ahead")
 
 
 class MethodSpec:
@@ -135,7 +163,7 @@ class MethodSpec:
 
     Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
     published, fidelity, dataset_values, label, aliases, cupl_files; shiftlab.methods.facts says what
-    each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features` and `adapts_on_batches` are
+    each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features`, `adapts_on_batches` and `reads_ahead` are
     derived (from the capabilities and the config class), never declared."""
     name: ClassVar[str] = ""
     impl: ClassVar[str] = ""                 # "package.module:Class", imported when the method is built
@@ -164,9 +192,13 @@ class MethodSpec:
     needs_pixels: ClassVar[bool] = False
     reads_features: ClassVar[bool] = True
     adapts_on_batches: ClassVar[bool] = False
+    reads_ahead: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "transductive" in cls.__dict__:   # one declaration: what it reads ahead is a capability
+            raise TypeError(f"{cls.__qualname__}: declare `capabilities = Capabilities(..., reads_ahead=...)` "
+                            f"({' or '.join(map(repr, READS_AHEAD))}) instead of `transductive`")
         if "dataset_settings" in cls.__dict__:   # the fact's old name: refused, never silently ignored
             raise TypeError(f"{cls.__qualname__}: `dataset_settings` is now `dataset_values` (a run's 'setting' is "
                             "clean or attacked; a method's per-dataset values are its dataset_values)")
@@ -183,6 +215,7 @@ class MethodSpec:
         cls.needs_pixels = cls.capabilities.needs_pixels
         cls.reads_features = cls.capabilities.reads_features
         cls.adapts_on_batches = cls.capabilities.adapts_on_batches
+        cls.reads_ahead = cls.capabilities.reads_ahead
         cls.needs_views = any(f.name == "views" for f in dataclasses.fields(cls.config_class))
 
     @classmethod

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from .. import writes
+from ..options import name_of
 from .checkpoints import (
     ModelLoadError,
 )
@@ -178,7 +179,8 @@ def _check_fits(clip: nn.Module, sd: dict[str, torch.Tensor], name: str, path: P
     parts = [f"{len(shapes)} tensor shapes differ (file vs model): {'; '.join(shapes[:3])}" if shapes else "",
              f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else ""]
     raise ModelLoadError(f"checkpoint {path}{holds} does not fit the model {name!r}: "
-                         + ", ".join(p for p in parts if p) + ". Pass the --model the checkpoint was trained as.")
+                         + ", ".join(p for p in parts if p)
+                         + f". Pass the {name_of('model')} the checkpoint was trained as.")
 
 
 # -- where the weights come from ------------------------------------------------------------------------

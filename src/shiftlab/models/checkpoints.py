@@ -120,8 +120,7 @@ def _untrusted(path: Path, objects: list[str]) -> ModelLoadError:
     held = f" ({', '.join(objects)})" if objects else ""
     return ModelLoadError(
         f"{path}: untrusted pickle: the checkpoint holds Python objects beyond plain tensors{held}, and "
-        "loading them could run code from the file; pass --trust-checkpoint (trust_checkpoint=True) "
-        "if you trust this file")
+        f"loading them could run code from the file; pass {say('trust_checkpoint')} if you trust this file")
 
 
 def _read_pickle(path: Path, trust_checkpoint: bool) -> object:

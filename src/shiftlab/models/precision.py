@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..options import say_set
+
 if TYPE_CHECKING:
     import torch
 # torch is imported where it is used: the precision names are read without it (a method's spec)
@@ -49,7 +51,7 @@ def check_run(name: str) -> str:
     """`name` if it is a known run precision, else a one-line ValueError ("fp16-pure" is per method)."""
     if name == PURE_FP16:
         raise ValueError(f"precision {PURE_FP16!r} is a method setting (the authors' half-precision model, e.g. "
-                         f"--set tda.precision={PURE_FP16}), not a run's; "
+                         f"{say_set('tda', 'precision', PURE_FP16)}), not a run's; "
                          f"a run's is one of {', '.join(RUN_PRECISIONS)}")
     if name not in RUN_PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(RUN_PRECISIONS)}, got {name!r}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from shiftlab import writes
 from shiftlab.datasets import suites
+from shiftlab.options import name_of
 from shiftlab.report import sections
 from shiftlab.report.caveats import caveats
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
@@ -30,7 +31,7 @@ def resolve_method(name: str, runs: list[Run]) -> list[str]:
         return [name]
     by_method = sorted({s.key for r in runs for s in r.series if s.method == name})
     if not by_method:
-        raise ReportError(f"--compare: no method {name!r} in these runs; known: {', '.join(sorted(keys))}")
+        raise ReportError(f"{name_of('compare')}: no method {name!r} in these runs; known: {', '.join(sorted(keys))}")
     return by_method
 
 
@@ -58,11 +59,12 @@ def choose_pairs(runs: list[Run], mode: str = "reference", compare: Iterable[str
     for spec in compare:
         parts = [p.strip() for p in spec.split(",")]
         if len(parts) != 2 or not all(parts):
-            raise ReportError(f"--compare expects two method names as A,B, got {spec!r}")
+            raise ReportError(f"{name_of('compare')} expects two method names as A,B, got {spec!r}")
         wanted.append((resolve_method(parts[0], runs), resolve_method(parts[1], runs)))
     methods = {s.method for r in runs for s in r.series}
     if mode == "reference" and reference != "zeroshot" and reference not in methods:
-        raise ReportError(f"--reference: no method {reference!r} in these runs; known: {', '.join(sorted(methods))}")
+        raise ReportError(f"{name_of('reference')}: no method {reference!r} in these runs; known: "
+                          f"{', '.join(sorted(methods))}")
     is_reference = is_zeroshot if reference == "zeroshot" else (lambda x: x.method == reference)
     for group in comparable_groups(runs).values():
         found: list[tuple[Series, Series]] = []

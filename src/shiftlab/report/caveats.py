@@ -7,6 +7,7 @@ of report.html, before the navigation, in the page's warning style.
 """
 from __future__ import annotations
 
+from shiftlab import catalogue
 from shiftlab.report.data import ReportData
 from shiftlab.report.load import Run
 from shiftlab.results import suite_table
@@ -22,17 +23,10 @@ def base_method(key: str) -> str:
 
 def transductive(method: str) -> bool:
     """Whether `method` reads more than the current sample and its past (a batch's other samples, the
-    whole test set): its spec's `transductive` fact or capability, or the episodic-batch capability
-    (`Capabilities.batches`: it adapts on a batch of test images together); False for an unknown name.
-    Read from the torch-free specs, so the report imports no torch."""
-    from shiftlab.methods.specs import spec
-    try:
-        cls = spec(base_method(method))
-    except (KeyError, ValueError):
-        return False
-    caps = getattr(cls, "capabilities", None)
-    return bool(getattr(cls, "transductive", False) or getattr(caps, "transductive", False)
-                or getattr(caps, "batches", False))
+    whole test set): its spec's `Capabilities.reads_ahead` ("batch" for every batch method, "test_set"),
+    i.e. it is not in the single-image block of the tables (shiftlab.catalogue.block); False for an unknown
+    name. Read from the torch-free specs, so the report imports no torch."""
+    return catalogue.block(base_method(method)) != catalogue.SINGLE_IMAGE
 
 
 def run_partial_note(data: ReportData, run: Run) -> str:

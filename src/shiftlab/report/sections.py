@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shiftlab import writes
+from shiftlab import catalogue, writes
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import REPORT_ADVICE, Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box
@@ -69,9 +69,16 @@ def results_section(data: ReportData) -> Section | None:
                      num(m["errors"], 0), num(m["seconds_per_image"], 4)])
     note = (" Brier: the mean over samples of the squared distance between the probability vector and the "
             "one-hot label (0 to 2, lower is better), from the vectors saved with --save-probs." if brier else "")
-    return ("results", "Results", f"<p>Click a column header to sort.{note}</p>" + table(
-        ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", *(["Brier"] if brier else []), "n",
-         "errors", "s / image"], rows, text_cols=3, id_="metrics-table"))
+    headers = ["method", "run", "setting", "top-1 %", "top-5 %", "ECE %", "NLL", *(["Brier"] if brier else []), "n",
+               "errors", "s / image"]
+    blocks = [catalogue.block(s.method) for s in data.series]
+    html = table(headers, [r for r, b in zip(rows, blocks) if b == catalogue.SINGLE_IMAGE], text_cols=3,
+                 id_="metrics-table")
+    for block, label in catalogue.BLOCKS.items():   # the methods that read other test images: labelled, apart
+        if block != catalogue.SINGLE_IMAGE and block in blocks:
+            html += f"<h3>{esc(label)}</h3>" + table(headers, [r for r, b in zip(rows, blocks) if b == block],
+                                                      text_cols=3, id_=f"metrics-table-{block}")
+    return ("results", "Results", f"<p>Click a column header to sort.{note}</p>" + html)
 
 
 def ood_section(data: ReportData) -> Section | None:
@@ -135,13 +142,21 @@ def suite_section(data: ReportData) -> Section | None:
         # the columns carry suite.md's marks ("(partial: --limit 4)"), and a note says what they mean
         headers = ["method", "source", *(suite_table.column_title(c) + (f" ({partial[c]})" if c in partial else "")
                                          for c in columns)]
-        rows = [[m, "ours (records.jsonl)", *[num(v) for v in suite_table.row_values(t, m)]] for m in t["methods"]]
+        blocks = dict(catalogue.by_block(t["methods"]))
+        rows = [[m, "ours (records.jsonl)", *[num(v) for v in suite_table.row_values(t, m)]]
+                for m in blocks.get(catalogue.SINGLE_IMAGE, [])]
         published = suite_table.published_suite_rows(t)
         for row in published:
             values = {**row["values"], "average": row["average"], "ood_average": row["ood_average"]}
             rows.append([Cell(row["label"], cls="pub"), row["source_id"], *[num(values.get(c)) for c in columns]])
         body += (f"<h3>{esc(t['title'] or t['suite'])}: {esc(model_label(t.get('model'), t.get('pretrained')))}</h3>"
                  + table(headers, rows, text_cols=2, id_=f"suite-table-{k}"))
+        # the methods that read other test images, each block in a labelled table of its own (catalogue.BLOCKS)
+        for block, methods in blocks.items():
+            if block != catalogue.SINGLE_IMAGE:
+                body += f"<h4>{esc(catalogue.BLOCKS[block])}</h4>" + table(
+                    headers, [[m, "ours (records.jsonl)", *[num(v) for v in suite_table.row_values(t, m)]]
+                              for m in methods], text_cols=2, id_=f"suite-table-{k}-{block}")
         notes = []
         if partial:
             notes.append("not the whole dataset: " + ", ".join(f"{suite_table.column_title(d)} ({partial[d]})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from .. import catalogue
 from ..datasets.suites import parse_corruption_entry
 
 __all__ = ["REFERENCE", "corruption_columns", "mean_corruption_error", "corruption_markdown"]
@@ -78,10 +79,14 @@ def corruption_markdown(table: dict) -> str:
              "Hendrycks & Dietterich's mean corruption error with zero-shot CLIP (`zeroshot`) as the reference "
              "instead of AlexNet (100 = as many errors as zero-shot CLIP).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for method in table["methods"]:
-        cells = [_cell(table["accuracy"].get(method, {}).get(c)) for c in table["corruptions"]]
-        lines.append("| " + " | ".join([method, *cells, _cell(table["average"].get(method)),
-                                        _cell(table["mce"].get(method))]) + " |")
+    for k, (block, methods) in enumerate(catalogue.by_block(table["methods"])):   # as suite_table.table_markdown
+        if k or block != catalogue.SINGLE_IMAGE:
+            lines += ["", f"**{catalogue.BLOCKS[block]}**", "", "| " + " | ".join(head) + " |",
+                      "|---|" + "---:|" * (len(head) - 1)]
+        for method in methods:
+            cells = [_cell(table["accuracy"].get(method, {}).get(c)) for c in table["corruptions"]]
+            lines.append("| " + " | ".join([method, *cells, _cell(table["average"].get(method)),
+                                            _cell(table["mce"].get(method))]) + " |")
     notes = []
     if REFERENCE not in table["methods"]:
         notes.append("no mCE: the reference method zeroshot was not run (add it to --methods)")

@@ -84,7 +84,7 @@ def orders_markdown(table: dict[str, Any]) -> str:
 def write_orders(run_dir: Path | str, table: dict[str, Any]) -> None:
     run_dir = Path(run_dir)
     for name, text in ((ORDERS_FILE, json.dumps(table, indent=2) + "\n"), (ORDERS_MD, orders_markdown(table))):
-        writes.write_file(run_dir / name, text, writes.RESUME_ADVICE)
+        writes.write_file(run_dir / name, text, writes.resume_advice())
 
 
 def read_orders(run_dir: Path | str) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import writes
+from .. import catalogue, writes
 from ..datasets.specs import DATASETS
 from ..datasets.suites import Suite, SuiteError
 
@@ -188,10 +188,16 @@ def table_markdown(table: dict) -> str:
     lines = [f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}",
              "", "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
-    for m in table["methods"]:
-        cells = [_dataset_cell(table, m, c) if c in table["datasets"] else _cell(v)
-                 for c, v in zip(columns, row_values(table, m))]
-        lines.append("| " + " | ".join([m, *cells]) + " |")
+    # the methods that read other test images (their batch, the whole test set) in blocks of their own, each
+    # under its label (shiftlab.catalogue.BLOCKS), never in the single-image rows
+    for k, (block, methods) in enumerate(catalogue.by_block(table["methods"])):
+        if k or block != catalogue.SINGLE_IMAGE:
+            lines += ["", f"**{catalogue.BLOCKS[block]}**", "", "| " + " | ".join(head) + " |",
+                      "|---|" + "---:|" * len(columns)]
+        for m in methods:
+            cells = [_dataset_cell(table, m, c) if c in table["datasets"] else _cell(v)
+                     for c, v in zip(columns, row_values(table, m))]
+            lines.append("| " + " | ".join([m, *cells]) + " |")
     published = published_suite_rows(table)
     notes = []
     if partial:
@@ -217,7 +223,7 @@ def table_markdown(table: dict) -> str:
 
 
 CSV_COLUMNS = ["suite", "kind", "method", "label", "model", "pretrained", "dataset", "top1", "ece", "n", "partial",
-               "source"]
+               "source", "block"]
 
 
 def table_rows(table: dict) -> list[dict]:
@@ -228,7 +234,8 @@ def table_rows(table: dict) -> list[dict]:
         for column, value in zip(table_columns(table), row_values(table, m)):
             rows.append({**base, "kind": "ours", "method": m, "label": m, "dataset": column, "top1": value,
                          "ece": (table.get("ece") or {}).get(m, {}).get(column), "n": table["n"][m].get(column),
-                         "partial": (table.get("partial") or {}).get(column), "source": "records.jsonl"})
+                         "partial": (table.get("partial") or {}).get(column), "source": "records.jsonl",
+                         "block": catalogue.block(m)})
     for row in published_suite_rows(table):
         values = {**row["values"], "average": row.get("average"), "ood_average": row.get("ood_average")}
         for column in table_columns(table):
@@ -244,10 +251,10 @@ def write_suite_csv(path: Path, table: dict) -> Path:
     for row in table_rows(table):
         writer.writerow({k: ("" if row.get(k) is None else (f"{row[k]:.10g}" if isinstance(row[k], float)
                                                              else row[k])) for k in CSV_COLUMNS})
-    return writes.write_file(path, buffer.getvalue(), writes.RESUME_ADVICE)
+    return writes.write_file(path, buffer.getvalue(), writes.resume_advice())
 
 
 def write_suite_table(suite_dir: str | Path, table: dict) -> None:
     suite_dir = Path(suite_dir)
-    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.RESUME_ADVICE)
+    writes.write_file(suite_dir / SUITE_MD, table_markdown(table), writes.resume_advice())
     write_suite_csv(suite_dir / SUITE_CSV, table)

@@ -18,7 +18,7 @@ from .. import writes
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
-from ..writes import RESUME_ADVICE
+from ..writes import resume_advice
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .ood import score_open_set
@@ -189,6 +189,11 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
+    # the transductive track: what each method read beyond the current sample and its past, as the run recorded
+    # it (run.json's config `reads_ahead`: "batch", "test_set"); absent for a single-image method
+    for name, reads_ahead in (config.get("reads_ahead") or {}).items():
+        if name in methods:
+            methods[name]["reads_ahead"] = reads_ahead
     for entry in methods.values():
         own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
         entry["seconds_per_image"] = own + shared
@@ -232,7 +237,8 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         if robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
         if published:
-            row.append(_published_cell(published.get(name)))
+            said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
+            row.append(_published_cell(published.get(name)) + (said if published.get(name) else ""))
         if published_ece:
             row.append(_fmt((published.get(name) or {}).get("paper_ece")))
         if open_set:
@@ -248,6 +254,10 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     if lost:
         notes.append(f"LOST SAMPLES: {len(lost)} problem(s) in the dataset's files left samples out "
                      f"(--allow-partial), first: {lost[0]}")
+    ahead = {n: m["reads_ahead"] for n, m in summary["methods"].items() if m.get("reads_ahead")}
+    if ahead:
+        notes.append("transductive (not comparable with single-image methods): " + ", ".join(
+            f"{n} reads {'its batch' if r == 'batch' else 'the whole test set'}" for n, r in ahead.items()))
     corruption = (summary.get("identity") or {}).get("shared", {}).get("corruption") or {}
     if corruption:
         title += f" · {corruption.get('name')} severity {corruption.get('severity')} ({corruption.get('source')})"
@@ -274,8 +284,8 @@ def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | Non
     run_dir = Path(run_dir)
     md = summary_markdown(summary, published)
     try:
-        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), RESUME_ADVICE)
-        writes.write_file(run_dir / SUMMARY_MD, md, RESUME_ADVICE)
+        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), resume_advice())
+        writes.write_file(run_dir / SUMMARY_MD, md, resume_advice())
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None
     return md

@@ -49,7 +49,7 @@ import torch
 
 from .. import writes
 from ..views.generator import VIEW_GENERATOR_VERSION
-from .lock import STORE_ADVICE
+from .lock import store_advice
 
 FORMAT = 2   # 2: rows bound to key, sample id and content digest; samples carry source and label
 STORAGE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
@@ -116,7 +116,7 @@ def _warn(msg: str) -> None:
 
 def _atomic_write(path: Path, data: bytes | str) -> None:
     """A store file, replaced whole (shiftlab.writes); a failure says the run's records are safe."""
-    writes.write_file(path, data, STORE_ADVICE)
+    writes.write_file(path, data, store_advice())
 
 
 # what a caller knows of a sample's content: its digest, or a function that computes it when needed
@@ -259,7 +259,7 @@ class FeatureStore:
             if not (self.root / "store.json").is_file():
                 raise NotAFeatureStore(f"root: {self.root} is not a feature store (no store.json)")
             return
-        writes.make_dirs(self.root, STORE_ADVICE)
+        writes.make_dirs(self.root, store_advice())
         if lock is None:
             from .lock import RunLock
             lock = RunLock(self.root, purpose="feature store").acquire()
@@ -337,7 +337,7 @@ class FeatureStore:
         if not rows:
             return
         entry = self._entries[digest]
-        writes.make_dirs(entry.dir, STORE_ADVICE)
+        writes.make_dirs(entry.dir, store_advice())
         if not (entry.dir / "key.json").is_file():
             _atomic_write(entry.dir / "key.json", json.dumps(entry.key, sort_keys=True, indent=1).encode())
         feats = torch.stack([r[2] for r in rows]).contiguous()

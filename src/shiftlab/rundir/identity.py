@@ -5,7 +5,7 @@
                 "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size",
                 "delta", "stream_seed", "orders", "order_seeds", "batch_size", "corruption", "open_set"},
      "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
-     "shiftlab": version}
+     "shiftlab": version, "config": the summary's config, "self_sha256": SHA-256 of the rest}
 
 `--resume` continues a run only when the identity matches (`check_resume`), and otherwise
 refuses, listing the fields that differ. Two changes are allowed because they keep every
@@ -40,10 +40,12 @@ from typing import Any
 from .. import writes
 from ..attacks import catalogue as attack_catalogue
 from ..attacks.base import NO_ATTACK
-from ..writes import RESUME_ADVICE
+from ..options import say
+from ..writes import resume_advice
 from .record_files import run_dir_error
 
 IDENTITY_FILE = "run.json"
+SELF_CHECKSUM = "self_sha256"   # run.json's checksum of itself (`self_checksum`), verified by `read`
 # a change means another stream of samples
 STREAM_FIELDS = ("samples_sha256", "seed", "order", "dataset", "delta", "stream_seed", "orders", "order_seeds",
                  "corruption", "open_set", "domains")
@@ -199,7 +201,7 @@ def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
     """`data` (a parsed run.json) if every section has its type: an object with `shared` (an object whose
     known fields have the types of SHARED_TYPES), `methods` (an object of objects) and `shiftlab` (a
     string). Otherwise RunIdentityError, one line naming the file and the first field that is wrong."""
-    unknown = "the run's settings are unknown, so it cannot be resumed safely: restore the file or choose another --out"
+    unknown = f"the run's settings are unknown, so it cannot be resumed safely: restore the file or choose {say('out')}"
 
     def wrong(field: str, types: tuple, value: Any) -> RunIdentityError:
         got = _JSON_NAMES.get(_json_type(value), "something else")
@@ -221,8 +223,16 @@ def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
     return data
 
 
+def self_checksum(data: Mapping[str, Any]) -> str:
+    """SHA-256 of run.json's contents other than its own `self_sha256` (canonical JSON: sorted keys, no spaces)."""
+    body = {k: v for k, v in data.items() if k != SELF_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def read(run_dir: Path) -> dict[str, Any] | None:
-    """The run directory's identity, validated (`validate`); None when it has no run.json."""
+    """The run directory's identity, validated (`validate`) and checked against its own checksum (a run.json
+    changed by hand is refused; one written before the checksum existed has none and is read as it is); None
+    when it has no run.json. The checksum is not part of what it returns."""
     path = Path(run_dir) / IDENTITY_FILE
     if not path.is_file():
         return None
@@ -230,8 +240,15 @@ def read(run_dir: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         raise RunIdentityError(f"{path} is damaged ({one_line(exc)}); the run's settings are unknown, so it cannot "
-                               "be resumed safely. Choose another --out") from None
-    return validate(data, path)
+                               f"be resumed safely. Choose {say('out')}") from None
+    data = validate(data, path)
+    if SELF_CHECKSUM in data:
+        if data[SELF_CHECKSUM] != self_checksum(data):
+            raise RunIdentityError(f"{path} was changed after shiftlab wrote it (its {SELF_CHECKSUM} does not match "
+                                   "its contents), so the run's settings cannot be trusted: restore the file, or "
+                                   f"choose {say('out')} and run again")
+        data = {k: v for k, v in data.items() if k != SELF_CHECKSUM}
+    return data
 
 
 def one_line(exc: BaseException) -> str:
@@ -241,7 +258,9 @@ def one_line(exc: BaseException) -> str:
 def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
     path = Path(run_dir) / IDENTITY_FILE
     try:
-        writes.write_file(path, json.dumps(identity, indent=2, sort_keys=True) + "\n", RESUME_ADVICE)
+        sealed = {k: v for k, v in identity.items() if k != SELF_CHECKSUM}
+        sealed[SELF_CHECKSUM] = self_checksum(sealed)
+        writes.write_file(path, json.dumps(sealed, indent=2, sort_keys=True) + "\n", resume_advice())
     except OSError as exc:
         raise run_dir_error(path, exc) from None
 
@@ -300,7 +319,7 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
             + ("; these define a different stream of samples" if stream else "")
             + ("; its random weights were unseeded (made before shiftlab recorded them), so no run can "
                "rebuild them" if unseeded else "")
-            + ". Resume with the original settings or choose another --out")
+            + f". Resume with the original settings or choose {say('out')}")
     merged = {**old_methods, **new["methods"]}
     identity = {"shared": {**old_shared, "limit": new_shared.get("limit")} if limit_raised else old_shared,
                 "methods": merged, "shiftlab": new.get("shiftlab")}

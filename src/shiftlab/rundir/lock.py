@@ -23,11 +23,15 @@ import socket
 from pathlib import Path
 
 from .. import writes
-from ..writes import RESUME_ADVICE
+from ..options import name_of, say
+from ..writes import resume_advice
 from .record_files import run_dir_error
 
-STORE_ADVICE = ("the run's records are safe; the feature store can be deleted, or the run continued without "
-                "--features")
+
+def store_advice() -> str:
+    """What a feature store's writer says to do after a failed write, in the caller's spelling."""
+    return (f"the run's records are safe; the feature store can be deleted, or the run continued without "
+            f"{name_of('features')}")
 
 LOCK_FILE = "run.lock"
 
@@ -47,7 +51,7 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         import fcntl
-        then = STORE_ADVICE if self.purpose == "feature store" else RESUME_ADVICE
+        then = store_advice() if self.purpose == "feature store" else resume_advice()
         try:
             writes.make_dirs(self.run_dir, then)
             handle = writes.LockFile(self.path, then)
@@ -59,7 +63,7 @@ class RunLock:
             holder = _read_holder(handle.fd)
             handle.close()
             raise RunLockedError(f"{self.run_dir} is in use by another shiftlab process ({holder}); wait for it "
-                                 "to finish or choose another --out") from None
+                                 f"to finish or choose {say('out')}") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
         try:

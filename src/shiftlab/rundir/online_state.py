@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from .. import writes
-from ..writes import RESUME_ADVICE
+from ..options import name_of, say
+from ..writes import resume_advice
 from .record_files import RecordWriter, run_dir_error
 from .records import Record, RecordSchema, as_dict, record_key
 
@@ -71,9 +72,9 @@ class OnlineState:
         blob["last_records"], self.last_probs = [r for r, _ in kept], [p for _, p in kept]
         processed = list(blob["processed"])
         if stream is not None and list(stream[:len(processed)]) != processed:
-            raise ValueError(f"{self.path} was built along a different stream (another --seed, --order or "
-                             "dataset); resuming would continue that state on this stream. Use the original "
-                             "settings or a new --out")
+            raise ValueError(f"{self.path} was built along a different stream (another {name_of('seed')}, "
+                             f"{name_of('order')} or dataset); resuming would continue that state on this stream. "
+                             f"Use the original settings or choose {say('out')}")
         for name, method in self.methods.items():
             if name in blob["states"]:
                 method.load_state_dict(blob["states"][name])
@@ -135,7 +136,7 @@ class OnlineState:
         buffer = io.BytesIO()   # serialised in memory: the bytes reach the disk through shiftlab.writes
         torch.save(blob, buffer)
         try:
-            writes.write_file(self.path, buffer.getbuffer(), RESUME_ADVICE)
+            writes.write_file(self.path, buffer.getbuffer(), resume_advice())
         except OSError as exc:
             raise run_dir_error(self.path, exc) from None
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import writes
-from ..writes import RESUME_ADVICE
+from ..writes import resume_advice
 
 PROBS = "probs"          # the folder in a run directory
 MAIN = "probs"           # the stem of a single process's (and the merged) files
@@ -67,10 +67,10 @@ class ProbsWriter:
         self.index_path, self.data_path = folder / f"{stem}.jsonl", folder / f"{stem}.f16"
         self._data = self._index = None
         try:
-            writes.make_dirs(folder, RESUME_ADVICE)
+            writes.make_dirs(folder, resume_advice())
             writes.clean_orphans(folder)
-            self._data = writes.AppendFile(self.data_path, RESUME_ADVICE)
-            self._index = writes.AppendFile(self.index_path, RESUME_ADVICE)
+            self._data = writes.AppendFile(self.data_path, resume_advice())
+            self._index = writes.AppendFile(self.index_path, resume_advice())
             self._size = _repair(self._index, self._data)
         except OSError as exc:
             self.close()
@@ -196,8 +196,8 @@ def merge_probs(run_dir: Path, recs: Sequence[Mapping[str, Any]]) -> None:
     finally:
         writer.close()
     for index, data in ranks:
-        writes.remove(index, RESUME_ADVICE)
-        writes.remove(data, RESUME_ADVICE)
+        writes.remove(index, resume_advice())
+        writes.remove(data, resume_advice())
 
 
 def _vectors_of(pairs: list[tuple[Path, Path]]) -> Iterator[tuple[Key, np.ndarray]]:

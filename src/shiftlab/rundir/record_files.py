@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import writes
-from ..writes import RESUME_ADVICE
+from ..writes import resume_advice
 from .records import _FIELDS_ONLY, Key, Record, RecordSchema, dumps, record_key
 
 if TYPE_CHECKING:
@@ -130,13 +130,13 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
                                     "problem": line.problem,
                                     "text": line.raw.decode("utf-8", "backslashreplace").rstrip("\n")}) + "\n"
                         for line in bad)
-        with writes.AppendFile(run_dir / QUARANTINE, RESUME_ADVICE) as fh:
+        with writes.AppendFile(run_dir / QUARANTINE, resume_advice()) as fh:
             fh.append(lines)
             fh.sync()
         numbers = {line.number for line in bad}
         with open(path, "rb") as src:
             writes.write_file(path, (raw for number, raw in enumerate(src, start=1) if number not in numbers),
-                              RESUME_ADVICE)
+                              resume_advice())
         # a problem shared by many lines (a method missing from run.json) is one warning, not 30,000
         for problem in dict.fromkeys(line.problem for line in bad):
             lines = [line.number for line in bad if line.problem == problem]
@@ -160,13 +160,13 @@ def merge_records(run_dir: Path, schema: RecordSchema | None = None) -> Path:
     `quarantine` first: a line this reader refuses would be dropped."""
     run_dir = Path(run_dir)
     records = sorted(load_records(run_dir, schema), key=_sort_key)
-    target = writes.write_file(run_dir / RECORDS, (dumps(rec) for rec in records), RESUME_ADVICE)
+    target = writes.write_file(run_dir / RECORDS, (dumps(rec) for rec in records), resume_advice())
     shard_dir = run_dir / SHARDS
     if shard_dir.is_dir():
         for shard in shard_dir.glob("*.jsonl"):
-            writes.remove(shard, RESUME_ADVICE)
+            writes.remove(shard, resume_advice())
         if not any(shard_dir.iterdir()):
-            writes.remove_dir(shard_dir, RESUME_ADVICE)
+            writes.remove_dir(shard_dir, resume_advice())
     return target
 
 
@@ -177,7 +177,7 @@ class RunDirError(writes.WriteError):
     OSError) whose `filename` is always the path concerned, so the CLI prints one line naming it."""
 
     def __init__(self, err: int | None, reason: str, filename: str, advice: str | None = None):
-        super().__init__(err, reason, filename, writes.what_to_do(err, RESUME_ADVICE) if advice is None else advice)
+        super().__init__(err, reason, filename, writes.what_to_do(err, resume_advice()) if advice is None else advice)
 
 
 def run_dir_error(path: Path, exc: OSError) -> RunDirError:
@@ -192,7 +192,7 @@ def ensure_run_dir(run_dir: Path) -> Path:
     """Create the run directory; a RunDirError naming it when that is impossible."""
     run_dir = Path(run_dir)
     try:
-        writes.make_dirs(run_dir, RESUME_ADVICE)
+        writes.make_dirs(run_dir, resume_advice())
     except OSError as exc:
         raise run_dir_error(run_dir, exc) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
@@ -210,7 +210,7 @@ class RecordWriter:
         self.probs = probs
         try:
             writes.make_dirs(self.path.parent)
-            self._fh = writes.AppendFile(self.path, RESUME_ADVICE)
+            self._fh = writes.AppendFile(self.path, resume_advice())
             _cut_torn_tail(self.path, self._fh)
         except OSError as exc:
             raise run_dir_error(self.path, exc) from None

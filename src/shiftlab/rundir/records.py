@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..options import name_of
+
 if TYPE_CHECKING:
     from ..methods.base import MethodOutput
 
@@ -294,7 +296,7 @@ class RecordSchema:
         if n is not None and rec.id >= n:
             raise ValueError(f"id {rec.id} is not one of the run's {n} samples")
         if self.ids is not None and rec.id not in self.ids:
-            raise ValueError(f"sample {rec.id} is not in the run's stream (its --limit)")
+            raise ValueError(f"sample {rec.id} is not in the run's stream (its {name_of('limit')})")
         if self.samples is not None:
             path, label = self.samples[rec.id]
             if rec.path != str(path) or rec.label != label:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import writes
+from ..options import name_of, say
 
 STREAM_KINDS = ("shuffled", "sorted", "class-sorted", "dirichlet", "continual", "mixed")
 ALIASES = {"iid": "shuffled"}
@@ -58,16 +59,18 @@ def stream_problem(kind: str, delta: float | None, orders: int = 1) -> str | Non
         return str(exc)
     if kind == "dirichlet":
         if delta is None:
-            return "the dirichlet stream needs its concentration: --delta D (e.g. 0.01 on ImageNet-C, 0.1 as RoTTA)"
+            return (f"the dirichlet stream needs its concentration: {say('delta', 'D')} "
+                    "(e.g. 0.01 on ImageNet-C, 0.1 as RoTTA)")
         if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
-            return f"--delta must be a finite number > 0, got {delta!r}"
+            return f"{name_of('delta')} must be a finite number > 0, got {delta!r}"
     elif delta is not None:
-        return f"--delta is the dirichlet stream's concentration; the {kind} stream has none (drop --delta)"
+        return (f"{name_of('delta')} is the dirichlet stream's concentration; the {kind} stream has none "
+                f"(drop {name_of('delta')})")
     if not isinstance(orders, int) or isinstance(orders, bool) or orders < 1:
-        return f"--orders must be an integer >= 1, got {orders!r}"
+        return f"{name_of('orders')} must be an integer >= 1, got {orders!r}"
     if orders > 1 and kind not in SEEDED_KINDS:
-        return (f"--orders {orders}: the {kind} stream has one order only (it ignores the seed); "
-                f"use --order {' or '.join(SEEDED_KINDS)}")
+        return (f"{say('orders', orders)}: the {kind} stream has one order only (it ignores the seed); "
+                f"use {say('order', ' or '.join(SEEDED_KINDS))}")
     return None
 
 
@@ -81,7 +84,7 @@ def stream_order(n: int, order: str, seed: int, labels: Sequence[int] | None = N
     if kind in DOMAIN_KINDS:
         if domains is None or len(domains) != n or len(set(domains)) < 2:
             raise ValueError(f"the {kind} stream runs several datasets of one class list as domains: give two or "
-                             "more (--datasets a,b or --suite)")
+                             f"more ({say('datasets', 'a,b')} or {name_of('suite')})")
         if kind == "mixed":
             return stream_order(n, "shuffled", seed)
         import torch
@@ -141,7 +144,8 @@ def dirichlet_order(labels: Sequence[int], delta: float, seed: int) -> list[int]
             break
     else:
         raise ValueError(f"no dirichlet stream with delta {delta} gives every one of the {n_chunks} chunks "
-                         f"{min_size_thresh} samples in {DIRICHLET_TRIES} draws; try another --delta or --seed")
+                         f"{min_size_thresh} samples in {DIRICHLET_TRIES} draws; try another {name_of('delta')} or "
+                         f"{name_of('seed')}")
     order: list[int] = []
     for chunk in idx_batch_cls:
         cls_seq = list(range(n_classes))
@@ -175,7 +179,7 @@ def write_stream(run_dir: Path | str, ids: Sequence[int], kind: str, seed: int, 
     if domains is not None and domain_index is not None:
         data["domains"] = list(domains)
         data["domain_of"] = [int(domain_index[i]) for i in ids]
-    writes.write_file(path, json.dumps(data) + "\n", writes.RESUME_ADVICE)
+    writes.write_file(path, json.dumps(data) + "\n", writes.resume_advice())
 
 
 def read_stream(run_dir: Path | str) -> dict[str, Any] | None:

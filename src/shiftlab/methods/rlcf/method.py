@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ...models import ClipModel, load_shared_model
 from ...models.text import class_head
+from ...options import say_set
 from ..base import ExtraModel, MethodOutput
 from ..context import SampleContext
 from ..tpt.method import PromptTuning
@@ -81,7 +82,8 @@ class RLCF(PromptTuning):
     @classmethod
     def extra_models(cls, config: RLCFConfig) -> list[ExtraModel]:
         return [ExtraModel(config.reward_model, reward_weights(config), config.reward_seed,
-                           "--set rlcf.reward_model=ARCH --set rlcf.reward_pretrained=TAG|FILE|hf-hub:ORG/REPO|none")]
+                           say_set("rlcf", "reward_model", "ARCH") + " and "
+                           + say_set("rlcf", "reward_pretrained", "TAG|FILE|hf-hub:ORG/REPO|none"))]
 
     def loaded_weights(self) -> dict[str, Any]:
         r = self.reward

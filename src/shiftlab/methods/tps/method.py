@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ...models.head_cache import cached_head
 from ...models.text import encode_texts, read_class_sentences
+from ...options import say_set
 from ..base import Method, MethodOutput
 from ..common.confidence import marginal_entropy_as_tpt, select_confident
 from ..context import SampleContext
@@ -105,8 +106,9 @@ class TPS(Method):
         if cfg.text_head in ("descriptors", "ensemble_descriptors"):
             if not cfg.descriptors_file:
                 raise ValueError(f"tps.descriptors_file: text_head {cfg.text_head!r} needs the class descriptors "
-                                 "(their gpt4_descriptors/<set>-gpt4.json, not shipped): pass --set "
-                                 "tps.descriptors_file=PATH (or --set tps.text_head=ensemble)")
+                                 f"(their gpt4_descriptors/<set>-gpt4.json, not shipped): pass "
+                                 f"{say_set('tps', 'descriptors_file', 'PATH')} "
+                                 f"(or {say_set('tps', 'text_head', 'ensemble')})")
             self._descriptors = load_descriptors(cfg.descriptors_file, self.classnames)
         self.last_shifts: torch.Tensor | None = None    # (B, C or 1, D) of the last group tuned
 

@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf/).
+"""Episodic test-time prompt tuning: TPT, C-TPT, O-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
 One shared recipe (TPT, Shu et al. 2022): learnable context vectors start from the
 embeddings of "a photo of a" for every image; the image tower is frozen, so the
@@ -8,6 +8,8 @@ views (lowest entropy) give an unsupervised loss; AdamW takes `steps` steps.
 The variants differ in the loss and the readout:
 - TPT: entropy of the mean probability of the selected views; predict view 0.
 - C-TPT (Yoon et al. 2024): TPT's loss - lambda * ATFD (text feature dispersion).
+- O-TPT (Sharifdeen et al. 2025): TPT's loss + lambda * an orthogonality penalty on the
+  class features (how far each row of their Gram matrix is from unit length).
 - R-TPT (Sheng et al. 2025): mean of the selected views' entropies; predict a
   reliability-weighted average of all views' tuned logits.
 
@@ -28,6 +30,7 @@ from ..common.confidence import marginal_entropy, mean_entropy, select_confident
 from ..context import SampleContext
 from .spec import (
     CTPTSpec,
+    OTPTSpec,
     RTPTSpec,
     TPTSpec,
 )
@@ -37,6 +40,18 @@ def text_dispersion(text_features: torch.Tensor) -> torch.Tensor:
     """ATFD: mean L2 distance of normalised class features to their mean: (..., C, D) -> (...)."""
     centre = text_features.mean(dim=-2, keepdim=True)
     return (text_features - centre).norm(dim=-1).mean(-1)
+
+
+def orthogonality_penalty(text_features: torch.Tensor) -> torch.Tensor:
+    """O-TPT's penalty: mean over classes of | ||row c of T T^T|| - 1 |, (..., C, D) normalised -> (...).
+
+    The authors (otpt_classification.py:236-286) reflect each row w_c of W = T T^T with the Householder
+    matrix that maps it onto its c-th axis, H_c w_c = ||w_c|| e_c (H_c = I - 2 v v^T, v along
+    w_c - ||w_c|| e_c), and take the mean of ||H_c w_c - e_c||. That equals | ||w_c|| - 1 | for every T,
+    so its value and its gradient are this closed form's; the closed form needs C x C memory where the
+    authors' reflections need C x C x C (ImageNet's 1000 classes: 4 GB in float32)."""
+    gram = text_features @ text_features.transpose(-1, -2)              # (..., C, C)
+    return (gram.norm(dim=-1) - 1).abs().mean(-1)
 
 
 def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: float = 0.01,
@@ -225,6 +240,21 @@ class CTPT(PromptTuning):
     def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         logits, extras = super().readout(image_features, text_features)
         return logits, {"atfd_after": text_dispersion(text_features)}
+
+
+class OTPT(PromptTuning):
+    """O-TPT: TPT's loss + lambda * the orthogonality penalty of the class features in the same forward pass."""
+    spec = OTPTSpec
+
+    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        entropy_loss = marginal_entropy(selected_logits)
+        penalty = orthogonality_penalty(text_features)
+        return entropy_loss + self.config.lambda_ortho * penalty, {"entropy_loss": entropy_loss,
+                                                                   "orthogonality": penalty}
+
+    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        logits, _ = super().readout(image_features, text_features)
+        return logits, {"orthogonality_after": orthogonality_penalty(text_features)}
 
 
 class RTPT(PromptTuning):

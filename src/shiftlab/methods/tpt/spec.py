@@ -1,4 +1,4 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT and R-TPT (RLCF's student too: methods/rlcf/).
+"""Episodic test-time prompt tuning: TPT, C-TPT, O-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
 Its spec: config, capabilities and facts, without torch (the code: method.py)."""
 from __future__ import annotations
@@ -44,6 +44,13 @@ class PromptTuningConfig(ViewMethodConfig):
 @dataclass
 class CTPTConfig(PromptTuningConfig):
     lambda_atfd: float = param(20.0, ge=0)   # 20 for the ImageNet variants, 50 for fine-grained sets (authors' scripts)
+
+
+@dataclass
+class OTPTConfig(PromptTuningConfig):
+    # ashshaksharifdeen/O-TPT@a09933f scripts/test_tpt_otpt_ds.sh:11 (lambda_term=2, the natural-shift sets);
+    # scripts/test_tpt_otpt_fg.sh:11 sets 18 for the fine-grained sets (dataset_values)
+    lambda_ortho: float = param(2.0, ge=0)
 
 
 @dataclass
@@ -121,6 +128,47 @@ class CTPTSpec(PromptTuningSpec):
         dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="ece20", value=4.57, source=C_TPT_TABLE),
     )
     fidelity = "golden (λ 20, 50)"
+
+
+OTPT_README = ("github.com/ashshaksharifdeen/O-TPT README.md@a09933f, 'Comparison of calibration performance with "
+               "CLIP-ViTB/16 backbone on Natural distribution shift datasets' table (I-R column)")
+
+
+class OTPTSpec(PromptTuningSpec):
+    name = "otpt"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' BibTeX, their README)
+    bibtex = r"""@inproceedings{sharifdeen2025otpt,
+  title = {O-TPT: Orthogonality Constraints for Calibrating Test-time Prompt Tuning in Vision-Language Models},
+  author = {Sharifdeen, Ashshak and Munir, Muhammad Akhtar and Baliah, Sanoojan and Khan, Salman
+      and Khan, Muhammad Haris},
+  booktitle = {Proceedings of the Computer Vision and Pattern Recognition Conference (CVPR)},
+  pages = {19942--19951},
+  year = {2025}
+}"""
+    impl = "shiftlab.methods.tpt.method:OTPT"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    config_class = OTPTConfig
+    summary = "O-TPT: TPT loss + lambda x orthogonality penalty on the class text features (better calibration)"
+    label = "O-TPT"
+    # otpt_classification.py: TPT's fp16 autocast + GradScaler(init_scale=1000) (:182, :372), one AdamW step
+    # (--tta_steps 1, lr 5e-3, :674, :666); scripts/test_tpt_otpt_ds.sh passes --I_augmix (AugMix on every
+    # natural-shift set, :413) and lambda 2
+    protocols = {"paper": {"precision": "fp16", "views": {"augmix": True}, "lambda_ortho": 2.0}}
+    dataset_values = {
+        # scripts/test_tpt_otpt_ds.sh (--lambda_term 2 --I_augmix) for I-A, I-V2, I-R, I-S
+        **{name: {"lambda_ortho": 2.0, "views": {"augmix": True}} for name in IMAGENET_SETS if name != "imagenet"},
+        # scripts/test_tpt_otpt_fg.sh (--lambda_term 18, no --I_augmix: AugMix for len(set_id) > 1, :416); its
+        # README lists ImageNet ('I') with the fine-grained sets
+        "imagenet": {"lambda_ortho": 18.0, "views": {"augmix": False}},
+        **{name: {"lambda_ortho": 18.0, "views": {"augmix": True}} for name in FINE_GRAINED},
+    }
+    published = (
+        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="top1", value=72.55,
+             source=OTPT_README),
+        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="ece20", value=1.46,
+             source=OTPT_README),
+    )
+    fidelity = "golden (λ 2, 18; 2 steps)"
 
 
 class RTPTSpec(PromptTuningSpec):

@@ -1,0 +1,227 @@
+"""Classic batch TTA on CLIP: the image tower's normalisation layers adapted on a batch of test images.
+
+What TENT, EATA, SAR (and DeYO, CLIPArTT, WATT, CLIPTTA) share, as the CLIP toolkits run them
+(CLIPTTA's `ttavlm/methods/abstract_model.py`, mariodoebler/test-time-adaptation's `methods/tent.py`):
+
+- `NormTower(clip)`: a private copy of the image tower whose normalisation layers (LayerNorm, GroupNorm,
+  BatchNorm) own their affine parameters (weight = scale, bias = shift), cloned from the frozen tower;
+  every other tensor IS the shared model's (no copy, never written), so the frozen tower that the other
+  methods read never changes. Its BatchNorm layers normalise with the statistics of the batch they see
+  (`track_running_stats` off), as TENT's `configure_model` does (and CLIPTTA's `model.train()`);
+- `make_optimizer(config, params)`: SGD / Adam / AdamW as CLIPTTA's `setup_optimizer` builds them;
+- `NormTTAMethod`: the `Method` base of these methods: the tower, its optimiser, the text head; `reset`
+  (the initial parameters and an empty optimiser state), `state_dict` / `load_state_dict` holding the
+  adapted parameters AND the optimiser state (an exact resume mid-stream), `adapt_batch` (view 0 of each
+  image of the batch through the adapted tower: the subclass's `adapt`), the episodic / continual switch
+  (`config.episodic`).
+
+A subclass implements `adapt(pixels) -> (logits, extras)` with the helpers `logits(pixels)` and `step(loss)`,
+and may keep state of its own (`extra_state` / `load_extra_state` / `reset_extra`).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...models.lora_tower import shared_copy
+from ..base import Method, MethodOutput
+from ..context import SampleContext
+from .online_common import STATE_VERSION, check_state
+
+# the layers whose affine parameters adapt (abstract_model.py:609 and :644 of CLIPTTA; tent.py:60 of mariodoebler's)
+NORM_LAYERS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
+    return [(name, m) for name, m in visual.named_modules()
+            if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
+
+
+class NormTower(nn.Module):
+    """The image tower of `clip` with its normalisation layers' affine parameters as its own trainable copies.
+
+    `parameter_names` and `adapted_parameters()` list them in module order, weight before bias (the order the
+    authors' `collect_params` walks, so an optimiser's state lines up with theirs). BatchNorm layers use the
+    batch's statistics (their running statistics are neither read nor updated)."""
+
+    def __init__(self, clip: nn.Module):
+        super().__init__()
+        visual = shared_copy(clip.visual)
+        layers = norm_layers(visual)
+        if not layers:
+            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
+                             "(LayerNorm, GroupNorm or BatchNorm) to adapt")
+        self.parameter_names: list[str] = []
+        for name, module in layers:
+            for which in ("weight", "bias"):
+                tensor = getattr(module, which, None)
+                if tensor is None:
+                    continue
+                # a new tensor in the copy only: the shared tower keeps its own
+                setattr(module, which, nn.Parameter(tensor.detach().clone(), requires_grad=True))
+                self.parameter_names.append(f"{name}.{which}" if name else which)
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                # batch statistics in every mode, the shared running statistics left alone (TENT's configure_model)
+                module.track_running_stats = False
+                module.running_mean = None
+                module.running_var = None
+                module.num_batches_tracked = None
+        self.visual = visual
+        self._params = [visual.get_parameter(n) for n in self.parameter_names]
+
+    def adapted_parameters(self) -> list[nn.Parameter]:
+        return list(self._params)
+
+    def norm_state(self) -> dict[str, torch.Tensor]:
+        """{parameter name: a copy of its current value}."""
+        return {n: p.detach().clone() for n, p in zip(self.parameter_names, self._params)}
+
+    @torch.no_grad()
+    def load_norm_state(self, state: dict[str, torch.Tensor]) -> None:
+        missing = [n for n in self.parameter_names if n not in state]
+        if missing or len(state) != len(self.parameter_names):
+            raise ValueError(f"norm state must hold exactly the parameters {self.parameter_names}")
+        for name, p in zip(self.parameter_names, self._params):
+            p.copy_(state[name])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.visual(x)
+
+
+def make_optimizer(config: Any, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimiser CLIPTTA's `setup_optimizer` builds (abstract_model.py:660-685): Adam / AdamW with eps
+    `adam_eps`, SGD with `momentum` (their SGD passes no weight decay; here `weight_decay` applies to all three)."""
+    params = list(params)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
+
+
+def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """(B, C) logits -> (B,) entropies (nats) of their softmax."""
+    logp = logits.log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def mean_prediction_entropy(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Entropy of the batch's mean probability (CLIPTTA's `softmax_mean_entropy`: eps inside the log)."""
+    mean = logits.softmax(-1).mean(0)
+    return -(mean * torch.log(mean + eps)).sum()
+
+
+def cloned(state: Any) -> Any:
+    """A deep copy of a (nested) state with every tensor cloned and detached."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: cloned(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(cloned(v) for v in state)
+    return copy.deepcopy(state)
+
+
+class NormTTAMethod(Method):
+    """Base of the classic batch TTA methods on CLIP (a spec with `Capabilities(reads=OWN_TOWER, state=ONLINE,
+    batches=True)` and a config subclassing `norm_config.NormTTAConfig`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        try:
+            self.tower = NormTower(self.model.clip)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
+        self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
+        self._initial_norm = self.tower.norm_state()
+        self._initial_optimizer = cloned(self.optimizer.state_dict())
+        self.seen = 0           # images adapted on since the initial state
+        self.reset_extra()
+
+    # -- what a subclass may override ---------------------------------------------------------------------
+    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return make_optimizer(self.config, params)
+
+    def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """Adapt on a batch's normalised pixels (B, 3, S, S); return its logits (B, C) and one extras dict per image."""
+        raise NotImplementedError
+
+    def extra_state(self) -> dict[str, Any]:
+        """The method's own state carried across batches (tensors, numbers, None), for `state_dict`."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def reset_extra(self) -> None:
+        """Return the method's own state to its initial value."""
+
+    # -- the tower and the head ---------------------------------------------------------------------------
+    @property
+    def head(self) -> torch.Tensor:
+        """(C, D) unit class features: "a photo of a {}." or the 80-template ensemble."""
+        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
+
+    @property
+    def scale(self) -> float:
+        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower (gradients kept)."""
+        if self.model.channels_last:
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        with self.precision.autocast():
+            features = self.tower(pixels)
+        return F.normalize(features.float(), dim=-1)
+
+    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, C) logits = scale x cosine to the class head."""
+        return self.scale * self.encode(pixels) @ self.head.T
+
+    def step(self, loss: torch.Tensor) -> None:
+        """One optimiser step on `loss` (backward, step, zero the gradients, as their forward_and_adapt)."""
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- state ----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.tower.load_norm_state(self._initial_norm)
+        self.optimizer.load_state_dict(cloned(self._initial_optimizer))
+        self.seen = 0
+        self.reset_extra()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+                "norm": self.tower.norm_state(), "optimizer": cloned(self.optimizer.state_dict()),
+                "extra": cloned(self.extra_state())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, len(self.classnames))
+        self.tower.load_norm_state(state["norm"])
+        self.optimizer.load_state_dict(cloned(state["optimizer"]))
+        self.seen = int(state["seen"])
+        self.load_extra_state(cloned(state.get("extra", {})))
+
+    # -- the engine -----------------------------------------------------------------------------------------
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        if not ctxs:
+            return []
+        if any(c.views is None for c in ctxs):
+            raise ValueError(f"{self.name} adapts the image tower and needs the images' pixels, not stored features")
+        if self.config.episodic:
+            self.reset()
+        pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
+        with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
+            logits, extras = self.adapt(pixels)
+        self.seen += len(ctxs)
+        return [MethodOutput(row.detach().float(), extras=extra) for row, extra in zip(logits, extras)]
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        """One image alone: a batch of one."""
+        return self.adapt_batch([ctx])[0]

@@ -1,0 +1,39 @@
+"""The torch-free half of the classic batch TTA methods on CLIP (TENT, EATA, SAR, ...): the config fields
+they share. Their torch half is `norm_adaptation.py` (docs/PROTOCOLS.md, "Classic TTA on CLIP").
+
+The defaults here are CLIPTTA's toolkit's (github.com/MarcLafon/cliptta, `ttavlm/configuration.py` and
+`ttavlm/methods/abstract_model.py` at f4221f4), the CLIP version of these methods that issue #32 follows:
+Adam, lr 1e-3, no weight decay, eps 1e-6 (abstract_model.py:665), one step per batch, continual (their
+`--episodic` is off by default, configuration.py:210), logits at CLIP's scale 100 (configuration.py:174).
+A method's spec subclasses `NormTTAConfig` and re-declares a field where its own code differs, citing it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..specs import MethodConfig
+
+# the optimisers their `setup_optimizer` builds (abstract_model.py:660-685)
+OPTIMIZERS = ("sgd", "adam", "adamw")
+# the class heads these methods read: "a photo of a {}." or CLIP's 80-template ensemble
+TEXT_HEADS = ("zeroshot", "ensemble")
+
+
+@dataclass
+class NormTTAConfig(MethodConfig):
+    """Fields every classic TTA method on CLIP shares (the adapted parameters are always the image tower's
+    normalisation affine parameters: `norm_adaptation.NormTower`)."""
+    steps: int = param(1, ge=1)                             # --steps default 1 (configuration.py:139)
+    optimizer: str = param("adam", choices=OPTIMIZERS)      # --optimizer_type adam (configuration.py:141)
+    lr: float = param(1e-3, gt=0)                           # --lr 1e-3 (configuration.py:140)
+    momentum: float = param(0.9, ge=0, lt=1)                # --momentum 0.9 (configuration.py:142), SGD only
+    weight_decay: float = param(0.0, ge=0)                  # --weight_decay 0.0 (configuration.py:143)
+    adam_eps: float = param(1e-6, gt=0)                     # Adam(..., eps=1e-6) (abstract_model.py:665, 670)
+    # reset the adapted parameters and the optimiser before every batch (their --episodic, off by default:
+    # configuration.py:210, abstract_model.py:205); off: continual, the state carried from batch to batch
+    episodic: bool = False
+    # None: the model's own logit scale (100 for OpenAI CLIP); their code multiplies by --logit_scale 100
+    # (configuration.py:174, tent.py:46) whatever the model
+    logit_scale: float | None = param(None, gt=0)
+    text_head: str = param("zeroshot", choices=TEXT_HEADS)  # their default template "A photo of a {}." on ImageNet
