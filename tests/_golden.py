@@ -278,3 +278,17 @@ OTPT_LOSS_REL = 4e-7
 """O-TPT's loss with lambda 18 is ~106 (the orthogonality penalty of the tiny CLIP's 200 nearly parallel
 class features, x 18): one float32 step there is 7.6e-6, so LOSS is ~1 ulp; relative 4e-7 allows ~5 ulps
 (measured: 1 ulp)."""
+
+
+# -- CLIPTTA, CLIPArTT, WATT (tests/methods/test_cliptta.py, test_clipartt.py, test_watt.py): their norm
+# parameters are held to NORM_PARAMS (measured: 9e-6 after CLIPTTA's 30 Adam steps, the Otsu threshold 3.3e-6)
+
+CLIPTTA_LOSS = 1e-4
+"""A step's loss (entropies and the Otsu term, of order 1, through parameters adapted by earlier steps)."""
+
+
+LAME_PROBS = 1e-5
+"""LAME's output Y (probabilities, tests/methods/test_lame.py) through shiftlab's encoder: its unary is
+-log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
+ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
+(fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""

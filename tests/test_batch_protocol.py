@@ -136,7 +136,8 @@ def test_episodic_batch_method_is_reset_before_every_batch(batch_method, data, t
 def test_every_single_image_method_gives_the_same_records_inside_batches(data, tiny_model, tmp_path):
     # the registered batch methods see whole batches by design; every other method is checked
     methods = [n for n in list_methods() if not method_base.get_method_class(n).adapts_on_batches]
-    assert set(list_methods()) - set(methods) == {"stata", "oga_batch", "tent"}
+    assert set(list_methods()) - set(methods) == {"stata", "oga_batch", "tent", "eata", "sar", "lame", "clipartt",
+                                                  "cliptta", "cliptta_ood", "watt"}
     offline = {n: dict(method_base.get_method_class(n).offline_config) for n in methods}
     outs = []
     for bs in (1, 3):

@@ -36,29 +36,24 @@ WRITTEN_TEXT = {
 }
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
-                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            found.add(id(body[0].value))
-    return found
-
-
 def _strings(tree: ast.AST) -> list[tuple[int, str]]:
-    """Every string literal but docstrings, an f-string read whole (its fields as {})."""
-    skip = _docstrings(tree)
-    inside_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-                       for part in ast.walk(node) if part is not node}
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.JoinedStr) and id(node) not in inside_fstrings:
-            text = "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)
-            out.append((node.lineno, text))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip \
-                and id(node) not in inside_fstrings:
-            out.append((node.lineno, node.value))
+    """Every string literal but docstrings, an f-string read whole (its fields as {}): one walk of the tree."""
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        body = getattr(node, "body", None)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                    and isinstance(child, ast.Expr) and child is body[0] and isinstance(child.value, ast.Constant):
+                continue   # a docstring
+            if isinstance(child, ast.JoinedStr):
+                out.append((child.lineno, "".join(p.value if isinstance(p, ast.Constant) else "{}"
+                                                  for p in child.values)))
+                continue   # its parts are read with it
+            if isinstance(child, ast.Constant) and isinstance(child.value, str):
+                out.append((child.lineno, child.value))
+            visit(child)
+    visit(tree)
     return out
 
 
@@ -157,3 +152,18 @@ def test_library_refusals_name_keywords_and_the_cli_its_flags(call, python, cli)
     with speaking_cli(), pytest.raises(ValueError) as info:
         call()
     assert cli in str(info.value)
+
+
+def test_a_method_file_setting_is_named_as_the_caller_sets_it(tiny_model):
+    """TPS's descriptors file (and so every method file setting built with say_set): the method's field in Python,
+    `--set` under the CLI (#34: the message named only `--set tps.descriptors_file=PATH`)."""
+    import shiftlab
+    model = tiny_model
+    with pytest.raises(ValueError) as info:
+        shiftlab.create_method("tps", model, ["cat", "dog"], text_head="descriptors")
+    assert str(info.value).endswith(
+        "pass tps's descriptors_file='PATH' (RunConfig: method_config={'tps': {'descriptors_file': 'PATH'}}) "
+        "(or tps's text_head='ensemble' (RunConfig: method_config={'tps': {'text_head': 'ensemble'}}))")
+    with speaking_cli(), pytest.raises(ValueError) as info:
+        shiftlab.create_method("tps", model, ["cat", "dog"], text_head="descriptors")
+    assert str(info.value).endswith("pass --set tps.descriptors_file=PATH (or --set tps.text_head=ensemble)")

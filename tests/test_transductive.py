@@ -166,6 +166,23 @@ def test_the_test_set_pass_does_not_depend_on_the_stream_order(test_set_method, 
     assert sorted(map(json.dumps, strip)) == sorted(map(json.dumps, other))
 
 
+def test_the_library_refuses_a_test_set_method_before_its_pass(test_set_method, data, tiny_model):
+    from shiftlab.methods.base import create_method
+    from shiftlab.methods.context import ClassHeads, SampleContext
+    from shiftlab.views.generator import ViewConfig, ViewGenerator
+    method = create_method(test_set_method, tiny_model, data.classnames)
+    gen = ViewGenerator(ViewConfig(n_views=1), seed=1, preprocess=tiny_model.preprocess)
+    views = [tiny_model.normalize(gen(data.image(s), s).float().div(255)) for s in range(len(data))]
+    with pytest.raises(ValueError, match=f"^{test_set_method} reads the whole test set before predicting"):
+        method.predict(views[0])
+    heads = ClassHeads(tiny_model, data.classnames)
+    method.observe_test_set([SampleContext(tiny_model, heads, v) for v in views])
+    method.finish_test_set()
+    logits = _zeroshot_logits(tiny_model, data)
+    mean = torch.stack(list(logits.values())).mean(0)
+    assert torch.allclose(method.predict(views[3]), SCALE * (logits[3] - mean), atol=1e-3)
+
+
 class _Crash(Exception):
     pass
 

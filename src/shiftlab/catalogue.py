@@ -112,6 +112,15 @@ def published() -> dict[str, dict[str, Any]]:
     return {name: _published_facts(name) for name in names()}
 
 
+def own_ood_score(method: str) -> str:
+    """The name and source of method's own OOD score (a run's variant `name@field=v` is its base method's);
+    "" when it has none (MCM only) or is not registered."""
+    try:
+        return spec(method.partition("@")[0]).own_ood_score
+    except (KeyError, ValueError):
+        return ""
+
+
 def entries() -> list[dict[str, Any]]:
     """Every method's entry (see the module docstring), sorted by name, as JSON reads it back."""
     return json.loads(json.dumps([entry(n) for n in names()], default=str))

@@ -167,6 +167,30 @@ def test_cli_runs_calip_and_refuses_a_bad_value(tmp_path, tiny_checkpoint, capsy
     assert exit_info.value.code == 2 and "attention_scale" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
+def test_cli_resume_after_sigkill_gives_the_uninterrupted_records(tmp_path, tiny_checkpoint, capsys):
+    """Killed after its 2nd step of 4 (a gate, tests/_gate.py) and resumed: the records of one whole run."""
+    import signal
+
+    from _gate import GatedRun
+    from _runs import comparable, json_lines
+    from _synthetic import make_imagenet_r
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=2, size=(80, 64))
+    argv = ["run", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint), "--workers", "0", "--no-progress", "--allow-partial", "--methods", "calip",
+            "--batch-size", "2", "--seed", "3", "--device", "cpu"]
+    assert cli_main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "killed"
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_step:2") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert len(json_lines(out / "records.jsonl")) == 4
+    assert cli_main([*argv, "--out", str(out), "--resume"]) == 0
+    whole = json_lines(tmp_path / "whole" / "records.jsonl")
+    assert len(whole) == 8 and comparable(json_lines(out / "records.jsonl")) == comparable(whole)
+
+
 # -- golden checks: the authors' code ------------------------------------------------------------------------
 
 def _fixture(golden_dir, name: str) -> tuple[dict, dict]:

@@ -66,8 +66,11 @@ def test_the_capabilities_say_what_the_booleans_said():
     # calip: the frozen tower's spatial tokens, read from view 0's pixels
     reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
     assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
-    assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == (OWN_TOWER,)
-    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in ("ttl", "rlcf", "calip", "tent"))
+    assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == reads["eata"] == reads["sar"] == (OWN_TOWER,)
+    assert reads["cliptta"] == reads["cliptta_ood"] == reads["clipartt"] == reads["watt"] == (OWN_TOWER,)
+    assert reads["cosmic"] == (FROZEN_FEATURES, OWN_TOWER)      # its DINOv2 reads view 0's pixels
+    own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic")
+    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
     assert not specs.spec("ttl").reads_features and specs.spec("ttl").needs_pixels

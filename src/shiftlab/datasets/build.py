@@ -22,6 +22,7 @@ from ..options import cli_speaking, say
 from .base import DatasetError, FolderDataset
 from .corrupted import build_cifar_c, corruption_folder, stored_info
 from .folders import build_folder_dataset, build_image_pool
+from .matfile import build_mat_pool, holds_mat
 from .shards import build_shard_dataset, shard_dir
 from .specs import DATASETS
 from .splits import build_split_dataset
@@ -61,8 +62,8 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
         dataset = build_folder_dataset(spec, folder, root.expanduser(), classnames)
         dataset.corruption_info = stored_info(corruption, severity)
         return dataset
-    if spec.layout == "images":
-        return build_image_pool(spec, directory)
+    if spec.layout == "images":   # an OOD pool: image files, or SVHN's .mat file as its authors ship it
+        return build_mat_pool(spec, directory) if holds_mat(directory) else build_image_pool(spec, directory)
     for holds, load in _HUB_LOADERS:
         if holds(directory):
             expected = spec.classnames() if spec.classes else None

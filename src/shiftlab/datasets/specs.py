@@ -25,7 +25,8 @@ LAYOUTS = {
     "index": "one folder per class named 0..999: <index>/*.jpeg",           # label = int(folder)
     "split": "CoOp's split file (split_zhou_<Name>.json) beside the images",  # datasets/splits.py
     "any": "one folder per class (names sorted; a class-names file for CLIP names)",   # imagefolder
-    "images": "any images below the folder, no labels: an out-of-distribution set (open-set runs)",   # folders.py
+    # folders.py (or, for SVHN, its test_32x32.mat: matfile.py)
+    "images": "any images below the folder (SVHN: its test_32x32.mat), no labels: an out-of-distribution set",
     "npy": "CIFAR-C's arrays: <corruption>.npy (severities 1..5 stacked) and labels.npy",   # datasets/corrupted.py
 }
 COOP_DATASETS_MD = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
@@ -221,8 +222,9 @@ _TABLE = (
                "extract it so that {target} holds NINCO_OOD_classes/<class>/*.jpg (64 classes, 5,879 images)."),
     DatasetSpec(
         name="svhn", layout="images", classes=None, short="SVHN", dirnames=("svhn", "SVHN"),
-        manual="SVHN's test split is distributed as test_32x32.mat (ufldl.stanford.edu/housenumbers); shiftlab reads "
-               "image files: save its 26,032 images as PNGs under {target} (one folder per digit or one folder)."),
+        manual="SVHN's test split is distributed as test_32x32.mat (ufldl.stanford.edu/housenumbers/test_32x32.mat, "
+               "26,032 images): put it at {target}/test_32x32.mat (read with scipy: pip install 'shiftlab[svhn]'), "
+               "or its images as files under {target}."),
     # the ten cross-dataset sets with CoOp's test splits (TPT's Table 2); folders: CoOp's, TPT's, CLIP_benchmark's
     DatasetSpec(
         name="flowers102", layout="split", classes="classes/flowers102.txt", short="Flowers102",

@@ -269,7 +269,7 @@ def test_set_pass(evaluator: Evaluator, dataset, views: dict, order: Sequence[in
             for name, ctxs in runner.contexts(good, names).items():
                 evaluator.methods[name].observe_test_set(ctxs)
     for name in names:
-        evaluator.methods[name].end_test_set()
+        evaluator.methods[name].finish_test_set()
     return names
 
 

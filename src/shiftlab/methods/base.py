@@ -70,6 +70,9 @@ class MethodOutput:
     logits: torch.Tensor
     probs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    # the method's own OOD score of the sample where its spec declares one (`own_ood_score`; higher: more
+    # in-distribution); recorded on open-set runs beside MCM's, which every prediction gets
+    ood_score: float | None = None
 
     def probabilities(self) -> torch.Tensor:
         return self.probs if self.probs is not None else self.logits.float().softmax(-1)
@@ -109,6 +112,7 @@ class Method:
     # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
     min_views: int = 1
     min_views_why: str = ""
+    own_ood_score: str = ""     # its own OOD score's name and source ("": MCM only; MethodSpec.own_ood_score)
     # adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md; a spec's
     # `Capabilities(batches=True)`): the engine hands `adapt_batch` each batch of `--batch-size` consecutive
     # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
@@ -201,6 +205,9 @@ class Method:
         return make_prediction(out.logits, out.probabilities(), self.classnames)
 
     def _predict_views(self, views: torch.Tensor) -> MethodOutput:
+        if self.reads_ahead == TEST_SET and not self.test_set_seen:
+            raise ValueError(f"{self.name} reads the whole test set before predicting: hand it every test image's "
+                             "contexts with observe_test_set(...) and call end_test_set() first (shiftlab.run does)")
         check_views(views, self.model)
         needed = self.needed_views(self.config) if self.needs_views else 1
         if views.shape[0] < needed:
@@ -233,6 +240,14 @@ class Method:
     def end_test_set(self) -> None:
         """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
         the state this leaves, and an online method's checkpoints hold it."""
+
+    # set once the test-set pass has ended (`finish_test_set`): a test-set method refuses `predict` before
+    test_set_seen: bool = False
+
+    def finish_test_set(self) -> None:
+        """End the test-set pass (`end_test_set`) and mark it seen: what the engine calls after the last group."""
+        self.end_test_set()
+        self.test_set_seen = True
 
     def in_groups(self, ctxs: Sequence[SampleContext], size: int,
                   predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:

@@ -153,7 +153,7 @@ FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "data
                          "aliases": (), "cupl_files": {}}
 # what a spec declares (inherited defaults) and the method class carries over
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
-              "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates")
+              "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates", "own_ood_score")
 # what the capabilities and the config class decide, never declared
 DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches", "reads_ahead")
 
@@ -185,6 +185,11 @@ class MethodSpec:
     cupl_templates: ClassVar[str] = "tip"
     # a small config (with `offline_config`) that the registry-wide tests run it with on the tiny CLIP
     test_config: ClassVar[dict[str, Any]] = {}
+    # its own OOD score where its paper (its authors' code) defines one: the score's name and source, e.g.
+    # "OCE (CLIPTTA, ttavlm/methods/...)"; the method then returns it per sample as `MethodOutput.ood_score`
+    # (higher: more in-distribution, as MCM), recorded on open-set runs beside MCM as `own_ood_score` and scored
+    # in a column of its own (docs/PROTOCOLS.md). "": MCM only
+    own_ood_score: ClassVar[str] = ""
 
     # derived, set on every subclass
     episodic: ClassVar[bool] = True

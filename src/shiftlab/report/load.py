@@ -53,6 +53,9 @@ class Series:
     # samples (no class: not in the arrays above); None for a closed-set run
     id_scores: np.ndarray | None = None
     ood_scores: np.ndarray | None = None
+    # where a method of the run has an OOD score of its own: this series' "own score" column (results.ood.score_own:
+    # its own score, or MCM's), {"score", "auroc", "fpr95", "aupr", ...}; None otherwise
+    own_ood: dict | None = None
 
     @property
     def n(self) -> int:
@@ -208,7 +211,12 @@ def _to_series(run: Run, method: str, setting: str, attack: dict | None, by_id: 
 
 
 def _attach_ood_scores(run: Run, groups: dict, ood_groups: dict) -> None:
-    """Each series' OOD scores of an open-set run: its ID records' and the OOD records' of the same method."""
+    """Each series' OOD scores of an open-set run: its ID records' and the OOD records' of the same method (and the
+    own-score column where a method of the run has a score of its own)."""
+    from ..catalogue import own_ood_score
+    from ..results.ood import score_own
+    with_own = any(isinstance(r.get("own_ood_score"), (int, float))
+                   for g in (groups, ood_groups) for recs in g.values() for r in recs.values())
     for s in run.series:
         id_recs = groups.get((s.method, s.setting), {}).values()
         if not any(isinstance(r.get("ood"), bool) for r in id_recs) and (s.method, s.setting) not in ood_groups:
@@ -216,6 +224,9 @@ def _attach_ood_scores(run: Run, groups: dict, ood_groups: dict) -> None:
         s.id_scores = np.array([float(r["ood_score"]) for r in id_recs if isinstance(r.get("ood_score"), (int, float))])
         s.ood_scores = np.array([float(r["ood_score"]) for r in ood_groups.get((s.method, s.setting), {}).values()
                                  if isinstance(r.get("ood_score"), (int, float))])
+        if with_own:
+            s.own_ood = score_own([*id_recs, *ood_groups.get((s.method, s.setting), {}).values()],
+                                  own_ood_score(s.method))
 
 
 def _eps(attack: dict | None) -> float | None:

@@ -85,6 +85,7 @@ def ood_section(data: ReportData) -> Section | None:
     """Open-set runs: each method's detection of the OOD samples by its OOD score (AUROC, FPR95, AUPR) beside its
     accuracy on the ID part, so the cost of OOD images to an online method's memory shows."""
     rows = []
+    own = any(s.own_ood is not None for s in data.series if s.ood_scores is not None)
     for s in data.series:
         if s.ood_scores is None:
             continue
@@ -92,14 +93,21 @@ def ood_section(data: ReportData) -> Section | None:
         mix = ((s.run.summary.get("identity") or {}).get("shared") or {}).get("open_set") or {}
         rows.append([s.key, s.run.name, ", ".join(mix.get("ood") or []) or "?", num(m["top1"]), num(m.get("auroc")),
                      num(m.get("fpr95")), num(m.get("aupr")), num(m["n"], 0), num(m.get("n_ood"), 0)])
+        if own:
+            o = s.own_ood or {}
+            rows[-1] += [str(o.get("score", "")), num(o.get("auroc")), num(o.get("fpr95")),
+                         num(o.get("aupr"))]
     if not rows:
         return None
+    own_note = (" The last four columns score each method by its own OOD score where its paper defines one "
+                "(named in the column), else by MCM's." if own else "")
+    own_head = ["own OOD score", "AUROC (own) %", "FPR95 (own) %", "AUPR (own) %"] if own else []
     return ("ood", "Out-of-distribution detection", "<p>Open-set streams: ID top-1 on the in-distribution part; "
             "AUROC, FPR95 (the share of OOD images kept at the threshold keeping 95% of ID images) and AUPR (ID "
             "positive), in percent, by each method's maximum softmax probability (MCM), as CLIPTTA's "
-            "ood_metrics.py defines them (docs/PROTOCOLS.md).</p>" + table(
-                ["method", "run", "OOD sets", "ID top-1 %", "AUROC %", "FPR95 %", "AUPR %", "n ID", "n OOD"], rows,
-                text_cols=3, id_="ood-table"))
+            f"ood_metrics.py defines them (docs/PROTOCOLS.md).{own_note}</p>" + table(
+                ["method", "run", "OOD sets", "ID top-1 %", "AUROC %", "FPR95 %", "AUPR %", "n ID", "n OOD",
+                 *own_head], rows, text_cols=3, id_="ood-table"))
 
 
 def sweep_section(data: ReportData) -> Section | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["roc_curve", "auroc", "fpr_at_tpr", "aupr_in", "ood_metrics", "score_open_set"]
+__all__ = ["roc_curve", "auroc", "fpr_at_tpr", "aupr_in", "ood_metrics", "score_open_set", "score_own"]
 
 
 def _split(id_scores: Sequence[float], ood_scores: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -89,11 +89,23 @@ def ood_metrics(id_scores: Sequence[float], ood_scores: Sequence[float]) -> dict
             "aupr": aupr_in(id_scores, ood_scores), "n_id": len(id_scores), "n_ood": len(ood_scores)}
 
 
-def score_open_set(recs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """`ood_metrics` over one method's prediction records of an open-set run (each with `ood` and `ood_score`),
-    or None when they are not open-set records."""
-    scored = [r for r in recs if isinstance(r.get("ood"), bool) and isinstance(r.get("ood_score"), (int, float))]
+def score_open_set(recs: Sequence[Mapping[str, Any]], field: str = "ood_score") -> dict[str, Any] | None:
+    """`ood_metrics` over one method's prediction records of an open-set run (each with `ood` and `field`: MCM's
+    `ood_score`, or the method's `own_ood_score`), or None when they are not open-set records."""
+    scored = [r for r in recs if isinstance(r.get("ood"), bool) and isinstance(r.get(field), (int, float))]
     if not scored:
         return None
-    return ood_metrics([float(r["ood_score"]) for r in scored if not r["ood"]],
-                       [float(r["ood_score"]) for r in scored if r["ood"]])
+    return ood_metrics([float(r[field]) for r in scored if not r["ood"]],
+                       [float(r[field]) for r in scored if r["ood"]])
+
+
+def score_own(recs: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any] | None:
+    """The "own score" column of one method's open-set records: its `own_ood_score` (named `name`, the spec's
+    declaration) when every open-set prediction carries one, else MCM's (`"score": "MCM"`): a method whose paper
+    defines no score of its own is scored as the field scores it. None when they are not open-set records."""
+    open_set = [r for r in recs if isinstance(r.get("ood"), bool)]
+    if not open_set:
+        return None
+    if all(isinstance(r.get("own_ood_score"), (int, float)) for r in open_set):
+        return {"score": name or "own", **score_open_set(open_set, "own_ood_score")}
+    return {"score": "MCM", **score_open_set(open_set)}

@@ -21,7 +21,7 @@ from ..rundir.record_files import run_dir_error
 from ..writes import resume_advice
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
-from .ood import score_open_set
+from .ood import score_open_set, score_own
 from .scoring import score_records
 
 SUMMARY = "summary.json"
@@ -172,6 +172,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         by[(r["method"], r.get("setting", "clean"))].append(r)
     methods: dict[str, dict] = {}
     attack_setting = None
+    with_own_scores = any(isinstance(r.get("own_ood_score"), (int, float)) for rs in by.values() for r in rs)
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
         # an open-set run: accuracy on its ID part (OOD samples have no class), detection over both parts
@@ -180,6 +181,9 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         detection = score_open_set(recs)
         if detection is not None:
             scored["ood"] = detection
+            if with_own_scores:   # a method of the run has a score of its own: a column for every method
+                from ..catalogue import own_ood_score  # here: the specs are read only for such a run
+                scored["ood_own"] = score_own(recs, own_ood_score(name))
         seconds = sum(r.get("seconds", 0.0) for r in recs) / max(len(recs), 1)
         if setting == "clean":
             entry.update(scored)
@@ -229,6 +233,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     open_set = any("ood" in m for m in summary["methods"].values())
     if open_set:
         head += ["AUROC", "FPR95", "AUPR", "n OOD"]
+    own_scores = any("ood_own" in m for m in summary["methods"].values())
+    if own_scores:
+        head += ["own OOD score", "AUROC (own)", "FPR95 (own)", "AUPR (own)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in summary["methods"].items():
         row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
@@ -244,6 +251,10 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         if open_set:
             ood = m.get("ood") or {}
             row += [_fmt(ood.get("auroc")), _fmt(ood.get("fpr95")), _fmt(ood.get("aupr")), str(ood.get("n_ood", 0))]
+        if own_scores:
+            own = m.get("ood_own") or {}
+            row += [str(own.get("score", "")), _fmt(own.get("auroc")), _fmt(own.get("fpr95")),
+                    _fmt(own.get("aupr"))]
         lines.append("| " + " | ".join(row) + " |")
     cfg = summary.get("config", {})
     title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"

@@ -50,6 +50,9 @@ class Record:
     # more in-distribution); both absent from closed-set runs
     ood: bool | None = None
     ood_score: float | None = None
+    # open-set predictions of a method whose spec declares its own OOD score (`MethodSpec.own_ood_score`): that
+    # score (any finite number; higher: more in-distribution), beside MCM's `ood_score`
+    own_ood_score: float | None = None
     # not a JSON field: the float16 probability vector (C,) of a prediction, for `--save-probs`
     # (shiftlab.rundir.probs); kept out of records.jsonl, equality and repr
     probs: Any = field(default=None, repr=False, compare=False, metadata={"side": True})
@@ -65,6 +68,9 @@ class Record:
         logits = output.logits.detach().float().cpu()
         probs = output.probabilities().detach().float().cpu()
         problem = _non_finite(logits, probs, output.extras)
+        own = None if ood is None or output.ood_score is None else float(output.ood_score)
+        if not problem and own is not None and not math.isfinite(own):
+            problem = f"its own OOD score is {own}"
         if problem:
             return cls.failure(id=id, path=path, label=label, setting=setting, method=method, ood=ood,
                                error=f"non-finite scores from {method}: {problem}").with_attack(attack)
@@ -75,7 +81,8 @@ class Record:
                    pred=pred, top5=probs.topk(min(5, probs.numel())).indices.tolist(), confidence=confidence,
                    true_prob=float(probs[label]) if known else None, correct=pred == label if known else None,
                    seconds=seconds, extras=output.extras, attack=attack, probs=probs.to(torch.float16),
-                   ood=None if ood is None else bool(ood), ood_score=None if ood is None else ood_score(probs))
+                   ood=None if ood is None else bool(ood), ood_score=None if ood is None else ood_score(probs),
+                   own_ood_score=own)
 
     @classmethod
     def failure(cls, *, id: int, path: str, label: int | None, setting: str, method: str | None, error: str,
@@ -256,6 +263,9 @@ def check_record(data: Any) -> Record:
             if name not in data:
                 raise ValueError("missing field(s): ood_score (a prediction of an open-set run)")
             raise wrong(name, "a probability in [0, 1]")
+    own = data.get("own_ood_score")
+    if own is not None and (ood is None or not _is_number(own)):
+        raise wrong("own_ood_score", "a finite number on an open-set prediction (ood true or false)")
     if ood is True:
         for name in ("true_prob", "correct"):
             if data[name] is not None:

@@ -190,11 +190,21 @@ class NormTTAMethod(Method):
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- state ----------------------------------------------------------------------------------------------
-    def reset(self) -> None:
+    def reset_tower(self) -> None:
+        """The initial adapted parameters and an empty optimiser state (the method's own state left as it is:
+        what the authors' `reset` restores, e.g. SAR's model recovery)."""
         self.tower.load_norm_state(self._initial_norm)
         self.optimizer.load_state_dict(cloned(self._initial_optimizer))
+
+    def reset(self) -> None:
+        self.reset_tower()
         self.seen = 0
         self.reset_extra()
+
+    def episodic_reset(self) -> None:
+        """What `config.episodic` does before every batch: `reset` (a method whose authors keep some state
+        across their episodic reset overrides it)."""
+        self.reset()
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
@@ -215,7 +225,7 @@ class NormTTAMethod(Method):
         if any(c.views is None for c in ctxs):
             raise ValueError(f"{self.name} adapts the image tower and needs the images' pixels, not stored features")
         if self.config.episodic:
-            self.reset()
+            self.episodic_reset()
         pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
         with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
             logits, extras = self.adapt(pixels)

@@ -1,0 +1,1 @@
+"""CLIPTTA: contrastive test-time adaptation of CLIP on batches, and its OOD-aware variant."""

@@ -1,0 +1,74 @@
+"""COSMIC's second image tower: DINOv2 as timm builds it, loaded once per process.
+
+The authors build Meta's DINOv2 ViT-L/14 with 4 registers (clip/dinoV2.py `load_dinov2('l')`, their vendored
+`dinov2.hub.backbones.dinov2_vitl14_reg`) from `./pretrained/dinov2_vitl4_reg4_pretrain.pth`, and feed it the
+same CLIP-normalised 224 px views as CLIP (clip/fix_clip.py get_image_features_aux); the feature is the
+normalised class token after the final norm (`x_norm_clstoken`), L2-normalised. Here timm's
+`vit_*_patch14_reg4_dinov2` (the same architecture; `dynamic_img_size`: the position embedding is resampled to
+the input's grid, as DINOv2's `interpolate_pos_encoding` does) reads Meta's checkpoint through timm's own key
+conversion, or runs with random weights (`dino_pretrained="none"`: tests, bench).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..context import SampleContext
+
+META_URL = "https://dl.fbaipublicfiles.com/dinov2/{arch}/{arch}_reg4_pretrain.pth"
+_LOADED: dict[tuple, torch.nn.Module] = {}
+
+
+class DinoLoadError(ValueError):
+    """COSMIC's DINOv2 weights cannot be had (one line: what to download and where)."""
+
+
+def _meta_arch(model: str) -> str:
+    size = model.split("_")[1]                       # vit_large_patch14_reg4_dinov2 -> large
+    return {"large": "dinov2_vitl14", "base": "dinov2_vitb14", "small": "dinov2_vits14",
+            "giant": "dinov2_vitg14"}.get(size, model)
+
+
+def load_dino(config: Any, device: torch.device) -> torch.nn.Module:
+    """The DINOv2 of `config` (dino_model, dino_pretrained, dino_seed) on `device`, frozen, once per process."""
+    key = (config.dino_model, config.dino_pretrained, config.dino_seed, str(device))
+    if key in _LOADED:
+        return _LOADED[key]
+    import timm
+    name = config.dino_model.split(".")[0]
+    path = config.dino_pretrained
+    if path != "none":
+        path = os.path.expanduser(path)
+        if not os.path.isfile(path):
+            arch = _meta_arch(name)
+            raise DinoLoadError(
+                f"cosmic: DINOv2 weights {path!r} not found: download {META_URL.format(arch=arch)} to that path "
+                f"(or pass --set cosmic.dino_pretrained=FILE; --set cosmic.dino_model=None runs the CLIP-only "
+                f"variant)")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.dino_seed)
+        try:
+            model = timm.create_model(name, pretrained=False, dynamic_img_size=True, dynamic_img_pad=True,
+                                      num_classes=0)
+        except RuntimeError as exc:
+            raise DinoLoadError(f"cosmic: timm has no model {name!r}: {exc}") from None
+    if path != "none":
+        from timm.models.vision_transformer import checkpoint_filter_fn
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(checkpoint_filter_fn(state, model))
+    model = model.to(device).eval().requires_grad_(False)
+    _LOADED[key] = model
+    return model
+
+
+def dino_features(config: Any, device: torch.device, ctx: SampleContext) -> torch.Tensor:
+    """(d,) L2-normalised DINOv2 class token of view 0 (the CLIP-normalised pixels the CLIP tower reads)."""
+    if ctx.views is None:
+        raise ValueError("cosmic: DINOv2 reads view 0's pixels, which a feature store does not hold")
+    model = load_dino(config, device)
+    with torch.no_grad():
+        tokens = model.forward_features(ctx.views[:1].to(device, torch.float32))    # (1, 1 + 4 + P, d), normed
+    return F.normalize(tokens[0, 0], dim=-1)

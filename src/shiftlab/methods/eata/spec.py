@@ -1,0 +1,62 @@
+"""EATA (Niu, Wu, Zhang, Chen, Zheng, Zhao & Tan, ICML 2022, "Efficient Test-Time Model Adaptation without
+Forgetting"), on CLIP as CLIPTTA's toolkit runs it (its `ETA`).
+
+Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..common.norm_config import NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
+EATA = "mr-eggplant/EATA@f739b3668cc7617e9b9f1979c1a358497a3472c3"
+
+
+@dataclass
+class EATAConfig(NormTTAConfig):
+    """CLIPTTA's ETA (`ttavlm/methods/eata.py`, built by `methods/__init__.py:163-168` from `configuration.py`'s
+    defaults; it has no script of its own); the shared fields in `common/norm_config.py`."""
+    # reliable samples: entropy < entropy_margin x ln(C) (--alpha_entropy 0.4, configuration.py:218, eata.py:36;
+    # EATA's --e_margin ln(1000) x 0.40, main.py:86)
+    entropy_margin: float = param(0.4, gt=0)
+    # non-redundant samples: |cos(probs, moving average)| < redundancy_margin (--d_margin 0.05, configuration.py:219)
+    redundancy_margin: float = param(0.05, gt=0)
+    ema_momentum: float = param(0.9, ge=0, lt=1)        # 0.9 x average + 0.1 x batch mean (eata.py:106)
+    # the probabilities of the redundancy filter and its moving average: False, softmax of the unscaled cosines
+    # (CLIPTTA, eata.py:57, 60); True, of the scaled logits, as EATA's softmax of the classifier's outputs (eata.py:97)
+    redundancy_on_scaled_logits: bool = False
+    mean_entropy_weight: float = param(0.1, ge=0)      # --beta_reg 0.1 (configuration.py:186), subtracted
+    # no reliable, non-redundant image: CLIPTTA steps anyway (on the mean-entropy term; eata.py:78-79); EATA skips
+    # the step (eata.py:128-130)
+    skip_empty_step: bool = False
+    # Fisher anti-forgetting weight (EATA's --fisher_alpha 2000, main.py:85); 0: ETA, as CLIPTTA runs it. The Fisher
+    # needs clean source images (EATA: 2000 of ImageNet's validation set, main.py:142-172): `EATA.compute_fisher`
+    fisher_alpha: float = param(0.0, ge=0)
+
+
+class EATASpec(MethodSpec):
+    name = "eata"
+    bibtex = r"""@inproceedings{niu2022eata,
+  title = {Efficient Test-Time Model Adaptation without Forgetting},
+  author = {Niu, Shuaicheng and Wu, Jiaxiang and Zhang, Yifan and Chen, Yaofo and Zheng, Shijian and Zhao, Peilin
+      and Tan, Mingkui},
+  booktitle = {International Conference on Machine Learning (ICML)},
+  pages = {16888--16905},
+  year = {2022}
+}"""
+    impl = "shiftlab.methods.eata.method:EATA"
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    config_class = EATAConfig
+    summary = "EATA: entropy-weighted TENT on reliable, non-redundant images of each batch (norm parameters)"
+    label = "EATA"
+    # mr-eggplant/EATA main.py: SGD lr 0.00025 momentum 0.9 (main.py:139, 175), batches of 64 (main.py:70,
+    # `--batch-size 64` here), 1 step, continual, no mean-entropy term, the step skipped without a selected image,
+    # the redundancy filter on the classifier's outputs; the Fisher term needs source images (README.md)
+    protocols = {"paper": {"optimizer": "sgd", "lr": 0.00025, "momentum": 0.9, "mean_entropy_weight": 0.0,
+                           "skip_empty_step": True, "redundancy_on_scaled_logits": True}}
+    published = ()
+    fidelity = ("golden (CLIPTTA's ETA on the tiny ViT: 3 batches of 8, continual; logits, norm parameters and the "
+                "moving average after every batch)")
+    test_config = {"steps": 1}

@@ -1,0 +1,60 @@
+"""SAR (Niu, Wu, Zhang, Wen, Chen, Zhao & Tan, ICLR 2023, "Towards Stable Test-Time Adaptation in Dynamic Wild
+World"), on CLIP as CLIPTTA's toolkit runs it.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..common.norm_config import NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
+SAR = "mr-eggplant/SAR@20f6e24b17525f34503510afccedc0629b67b7c4"
+
+
+@dataclass
+class SARConfig(NormTTAConfig):
+    """CLIPTTA's SAR (`ttavlm/methods/sar.py`, built by `methods/__init__.py:169-174` with `--use_sam`, which its
+    SAR needs: `abstract_model.py:662`); the shared fields in `common/norm_config.py`."""
+    # reliable images: entropy < entropy_margin x ln(C) (--alpha_entropy 0.4, configuration.py:218, sar.py:30;
+    # SAR's --sar_margin_e0 0.4 x ln 1000, main.py:107)
+    entropy_margin: float = param(0.4, gt=0)
+    rho: float = param(0.05, ge=0)                  # SAM's neighbourhood size (optimizers/sam.py:21; SAR's sam.py)
+    adaptive: bool = False                          # ASAM's scaling (sam.py:22), off in both
+    # model recovery: reset when the moving average of the second loss falls below this (the literal 0.2, sar.py:73;
+    # SAR's sar.py:83; --reset_constant_em 0.2, configuration.py:222, is never read)
+    recovery_threshold: float = param(0.2, ge=0)
+    ema_momentum: float = param(0.9, ge=0, lt=1)    # 0.9 x ema + 0.1 x loss (sar.py:92; SAR's sar.py:15)
+    # the recovery also forgets the moving average: SAR's reset (sar.py:57, ema = None); CLIPTTA's reset keeps it
+    # (abstract_model.py:588-590), so once below the threshold it recovers after every later batch
+    recovery_resets_ema: bool = False
+    # the batch's logits after the update (CLIPTTA's sar.py:77-80); False: those of the first forward (SAR's)
+    predict_after_update: bool = True
+
+
+class SARSpec(MethodSpec):
+    name = "sar"
+    bibtex = r"""@inproceedings{niu2023sar,
+  title = {Towards Stable Test-Time Adaptation in Dynamic Wild World},
+  author = {Niu, Shuaicheng and Wu, Jiaxiang and Zhang, Yifan and Wen, Zhiquan and Chen, Yaofo and Zhao, Peilin
+      and Tan, Mingkui},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2023}
+}"""
+    impl = "shiftlab.methods.sar.method:SAR"
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    config_class = SARConfig
+    summary = "SAR: sharpness-aware entropy minimisation on reliable images, with model recovery (norm parameters)"
+    label = "SAR"
+    # mr-eggplant/SAR main.py on ViT-B/16: SAM over SGD, momentum 0.9, lr 0.001 x B / 64 (main.py:193, 291: 0.001 at
+    # `--batch-size 64`, its default, main.py:88), 1 step, continual, the outputs of the first forward, the
+    # recovery forgetting the moving average
+    protocols = {"paper": {"optimizer": "sgd", "lr": 0.001, "momentum": 0.9, "predict_after_update": False,
+                           "recovery_resets_ema": True}}
+    published = ()
+    fidelity = ("golden (CLIPTTA's SAR with SAM on the tiny ViT: 3 batches of 8, continual, with and without a "
+                "model recovery; logits, norm parameters, the moving average and Adam's moments after every batch)")
+    # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
+    test_config = {"steps": 1, "entropy_margin": 10.0}

@@ -1,0 +1,1 @@
+"""WATT: weight averaging of the image tower's norm parameters adapted under several text templates."""
