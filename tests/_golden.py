@@ -124,6 +124,18 @@ def stream_views(golden_dir: Path, n_views: int) -> list[torch.Tensor]:
     return [crop_views(base, n_views).float() / 255 for base in stream["base_u8"]]
 
 
+def slot_gap(labels: list[int], losses: list[float], label: int, loss: float, capacity: int) -> float:
+    """A cache/memory class that is full takes a new entry iff its loss is below the class's worst: the
+    distance that decides it (inf while the class has room, which needs no float). TDA's caches, DMN's memory."""
+    mine = [v for lab, v in zip(labels, losses) if lab == label]
+    return abs(loss - max(mine)) if len(mine) >= capacity else math.inf
+
+
+def previous_entries(want: dict, i: int, cache: str, key: str) -> list:
+    """The fixture's `cache/key` entries after sample i - 1 (none before the first sample)."""
+    return want[f"{i - 1}/{cache}/{key}"].tolist() if i else []
+
+
 # -- tolerances: comparisons with fixtures made on another machine ------------------------------
 #
 # float32 kernels (BLAS, oneDNN, the vectorised exp) choose their summation order and

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import shiftlab
+from _imports import lazy_module
 from _synthetic import make_imagenet_r, random_image
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import DatasetError, build_dataset
@@ -18,7 +19,7 @@ from shiftlab.results.ood import aupr_in, auroc, fpr_at_tpr, ood_metrics
 from shiftlab.rundir import record_files
 from shiftlab.rundir.records import check_record
 
-skm = pytest.importorskip("sklearn.metrics")
+skm = lazy_module("sklearn.metrics")   # imported by the first test that reads it (collection stays fast)
 
 
 def _fpr95_reference(xin, xood):
