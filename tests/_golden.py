@@ -292,3 +292,7 @@ LAME_PROBS = 1e-5
 -log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
 ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
 (fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""
+
+TCA_CACHE = 1e-5
+"""TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
+FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""
