@@ -29,9 +29,12 @@ run: $(BIN)/shiftlab
 	$(BIN)/shiftlab run --dataset imagenet-r --data $(DATA) --download \
 	    --model RN50 --pretrained openai --methods $(METHODS) --out $(RUN_DIR) --resume $(ARGS)
 
+# pytest-xdist: one worker per CPU core (TEST_WORKERS=0: one process); --dist loadfile keeps a file's tests on
+# one worker, so its module-scoped runs are made once
+TEST_WORKERS ?= auto
 test: $(BIN)/shiftlab
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 demo: $(BIN)/shiftlab
 	$(BIN)/shiftlab demo

@@ -124,6 +124,18 @@ def stream_views(golden_dir: Path, n_views: int) -> list[torch.Tensor]:
     return [crop_views(base, n_views).float() / 255 for base in stream["base_u8"]]
 
 
+def slot_gap(labels: list[int], losses: list[float], label: int, loss: float, capacity: int) -> float:
+    """A cache/memory class that is full takes a new entry iff its loss is below the class's worst: the
+    distance that decides it (inf while the class has room, which needs no float). TDA's caches, DMN's memory."""
+    mine = [v for lab, v in zip(labels, losses) if lab == label]
+    return abs(loss - max(mine)) if len(mine) >= capacity else math.inf
+
+
+def previous_entries(want: dict, i: int, cache: str, key: str) -> list:
+    """The fixture's `cache/key` entries after sample i - 1 (none before the first sample)."""
+    return want[f"{i - 1}/{cache}/{key}"].tolist() if i else []
+
+
 # -- tolerances: comparisons with fixtures made on another machine ------------------------------
 #
 # float32 kernels (BLAS, oneDNN, the vectorised exp) choose their summation order and
@@ -280,3 +292,7 @@ LAME_PROBS = 1e-5
 -log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
 ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
 (fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""
+
+TCA_CACHE = 1e-5
+"""TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
+FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""

@@ -26,6 +26,21 @@ def tiny_model() -> shiftlab.ClipModel:
 
 
 @pytest.fixture(scope="session")
+def tiny_vit_model() -> shiftlab.ClipModel:
+    return shiftlab.load_model("shiftlab-tiny-vit", None, seed=0)
+
+
+def model_for_method(request: pytest.FixtureRequest, tiny_model: shiftlab.ClipModel) -> shiftlab.ClipModel:
+    """The tiny CLIP a registry-wide test runs its `name` parameter's method on: the tiny ResNet, or the tiny ViT
+    for a method whose spec's `towers` exclude ResNets (TCA)."""
+    from shiftlab.methods.specs import spec, spec_names
+    name = getattr(getattr(request.node, "callspec", None), "params", {}).get("name")
+    if name in spec_names() and "resnet" not in spec(name).towers:
+        return request.getfixturevalue("tiny_vit_model")
+    return tiny_model
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """The tiny random CLIP saved as an OpenAI-format state dict: open_clip's ResNet CLIP keys are
     OpenAI's, so `--model shiftlab-tiny --pretrained FILE` rebuilds exactly `make_tiny_model(0)`."""

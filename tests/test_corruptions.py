@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _imports import lazy_module
 from _synthetic import make_imagenet_r, random_image
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import DatasetError, build_dataset, classnames
@@ -28,7 +29,16 @@ from shiftlab.options import speaking_cli
 from shiftlab.results.corruption_table import mean_corruption_error
 from shiftlab.rundir import record_files
 
-imagecorruptions = pytest.importorskip("imagecorruptions")
+imagecorruptions = lazy_module("imagecorruptions")   # imported by the first test that reads it
+
+
+@pytest.fixture(autouse=True)
+def _needs_imagecorruptions():
+    # every test here is skipped without the package, as the module-level importorskip did, but the ~1 s
+    # import happens when a test of this file runs, not when the fast tier is collected
+    pytest.importorskip("imagecorruptions")
+
+
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur", "snow", "frost", "fog",
         "contrast", "jpeg_compression", "spatter")

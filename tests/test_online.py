@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from _gate import GatedRun
+from conftest import model_for_method
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
 from shiftlab.datasets.imageio import decode_image
@@ -35,9 +36,21 @@ FAST = {"tda": {"text_head": "zeroshot"}, "dmn_zs": {"text_head": "zeroshot"}}  
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def tiny_model(request, tiny_model):
+    """The tiny ResNet CLIP, or the tiny ViT for a method bound to ViTs (conftest.model_for_method)."""
+    return model_for_method(request, tiny_model)
+
+
+_HEADS: dict[int, ClassHeads] = {}
+
+
+@pytest.fixture
 def heads(tiny_model):
-    return ClassHeads(tiny_model, CLASSNAMES)
+    """The class heads of the test's tiny CLIP, built once per model (as a module fixture did)."""
+    if id(tiny_model) not in _HEADS:
+        _HEADS[id(tiny_model)] = ClassHeads(tiny_model, CLASSNAMES)
+    return _HEADS[id(tiny_model)]
 
 
 def _entry(tag: float, loss: float, probs=None) -> CacheEntry:
@@ -356,11 +369,12 @@ def test_resume_after_a_crash_between_checkpoint_and_append(data, tmp_path, monk
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
 
-def _crash_at_third_checkpoint(base: dict, data: Path, tmp_path: Path) -> list:
+def _crash_at_third_checkpoint(base: dict, data: Path, tmp_path: Path, model=None) -> list:
     """Run `base` whole into tmp_path/whole, then into tmp_path/cut crashing right after its third online
     checkpoint (state saved, that batch's online records not appended); returns the checkpointed batches."""
     dataset = build_dataset("imagenet-r", data)
-    run(RunConfig(**base, out=str(tmp_path / "whole")), model=tiny_clip(0), dataset=dataset)
+    model = model if model is not None else tiny_clip(0)
+    run(RunConfig(**base, out=str(tmp_path / "whole")), model=model, dataset=dataset)
     calls = []
 
     class CrashAtThirdCheckpoint(RunHooks):
@@ -370,9 +384,16 @@ def _crash_at_third_checkpoint(base: dict, data: Path, tmp_path: Path) -> list:
                 raise _Crash
 
     with pytest.raises(_Crash):
-        run(RunConfig(**base, out=str(tmp_path / "cut")), model=tiny_clip(0), dataset=dataset,
+        run(RunConfig(**base, out=str(tmp_path / "cut")), model=model, dataset=dataset,
             hooks=CrashAtThirdCheckpoint())
     return calls
+
+
+def _tiny_for(name: str) -> tuple[dict, shiftlab.ClipModel]:
+    """RunConfig's model and the model `run` gets: the tiny ResNet, or the tiny ViT for a method bound to ViTs."""
+    if "resnet" in spec(name).towers:
+        return {"model": "RN50"}, tiny_clip(0)
+    return {"model": "shiftlab-tiny-vit"}, shiftlab.load_model("shiftlab-tiny-vit", None, seed=0)
 
 
 def _fast(name: str) -> dict:
@@ -386,10 +407,12 @@ def _fast(name: str) -> dict:
 def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, data, tmp_path):
     """Each online method, killed after its third checkpoint and resumed, writes the records of one
     uninterrupted run: its state_dict carries everything the stream built (the engine's replay rules)."""
+    named, model = _tiny_for(name)
     base = dict(data=str(data), methods=[name, "zeroshot"], method_config={name: _fast(name)}, views=8,
-                workers=0, progress=False, batch_size=4, seed=2, limit=24, device="cpu", online_checkpoint_seconds=0)
-    assert len(_crash_at_third_checkpoint(base, data, tmp_path)) == 3
-    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=tiny_clip(0),
+                workers=0, progress=False, batch_size=4, seed=2, limit=24, device="cpu", online_checkpoint_seconds=0,
+                **named)
+    assert len(_crash_at_third_checkpoint(base, data, tmp_path, model)) == 3
+    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=model,
         dataset=build_dataset("imagenet-r", data))
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
@@ -397,10 +420,11 @@ def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, data
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ONLINE_METHODS)
 def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(name, data, tmp_path):
+    named, model = _tiny_for(name)
     cfg = RunConfig(data=str(data), methods=[name], method_config={name: _fast(name)}, views=8, workers=0,
                     progress=False, seed=1, limit=4, device="cpu", out=str(tmp_path / "adv"),
-                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1})
-    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, **named)
+    summary = run(cfg, model=model, dataset=build_dataset("imagenet-r", data))
     robust = summary["methods"][name]["robust"]
     assert robust["setting"] == "pgd" and robust["n"] == 4 and 0 <= robust["ece"] <= 100
     assert summary["errors"] == 0

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 
 import shiftlab
+from _imports import lazy_module
 from _synthetic import make_imagenet_r, random_image
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import DatasetError, build_dataset
 from shiftlab.datasets.openset import OpenSetDataset
+from shiftlab.methods.specs import spec
 from shiftlab.results.ood import aupr_in, auroc, fpr_at_tpr, ood_metrics
 from shiftlab.rundir import record_files
 from shiftlab.rundir.records import check_record
 
-skm = pytest.importorskip("sklearn.metrics")
+skm = lazy_module("sklearn.metrics")   # imported by the first test that reads it (collection stays fast)
 
 
 def _fpr95_reference(xin, xood):
@@ -119,7 +121,7 @@ def open_set_run(data, tmp_path_factory) -> Path:
     from shiftlab.engine.loop import run
     from shiftlab.methods import get_method_class
     from shiftlab.synthetic import tiny_clip
-    methods = expand_methods(["all"])
+    methods = expand_methods(["all"], "shiftlab-tiny")
     offline = {n: dict(get_method_class(n).offline_config) for n in methods if get_method_class(n).offline_config}
     out = tmp_path_factory.mktemp("openset-run") / "run"
     run(RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny", pretrained=None, methods=methods,
@@ -129,7 +131,8 @@ def open_set_run(data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", shiftlab.list_methods())
+# every method "all" runs on the tiny ResNet (a method bound to ViTs, TCA, is left out there)
+@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if "resnet" in spec(n).towers])
 def test_an_open_set_run_writes_detection_metrics_for_every_method(open_set_run, name):
     recs = [r for r in record_files.iter_records(open_set_run / "records.jsonl") if r.get("method") == name]
     assert len(recs) == 10 and all("error" not in r for r in recs)

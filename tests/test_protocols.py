@@ -1,6 +1,7 @@
 """Protocols (shiftlab.methods.protocols): each method's effective config, view recipe and precision per protocol."""
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -28,7 +29,14 @@ def _method(tiny_model, name, cupl_file=None, **kw):
     if hasattr(get_method_class(name).config_class, "descriptors_file") and kw.get("protocol") == "paper":
         kw.setdefault("descriptors_file", cupl_file)   # TPS's descriptor phrases: the same {class: [text]} format
     kw = {**get_method_class(name).offline_config, **kw}   # RLCF: a random-weight reward model, no download
+    if "resnet" not in get_method_class(name).towers:      # TCA: a ViT only
+        tiny_model = _tiny_vit()
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
+
+
+@functools.cache
+def _tiny_vit() -> shiftlab.ClipModel:
+    return shiftlab.load_model("shiftlab-tiny-vit", None, seed=0)
 
 
 def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
@@ -63,6 +71,7 @@ def test_paper_recipes_are_the_authors(tiny_model, cupl_file):
         == "ensemble"
     assert paper["rlcf"].view_recipe == LEADERBOARD_VIEWS and paper["rlcf"].config.precision == "fp16"
     assert (paper["rlcf"].config.steps, paper["rlcf"].config.sample_k) == (3, 3)
+    assert (paper["tca"].config.text_head, paper["tca"].config.logit_scale) == ("ensemble", 100.0)
     # on the CPU every policy computes in float32
     assert all(m.precision.amp_dtype is None for m in paper.values())
 

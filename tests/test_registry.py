@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shiftlab
+from conftest import model_for_method
 from shiftlab import params
 from shiftlab.commands.checks import method_override
 from shiftlab.datasets import DATASETS
@@ -33,9 +34,21 @@ def _views(model, seed: int, n: int = 8) -> torch.Tensor:
     return model.normalize(torch.rand(n, 3, model.image_size, model.image_size, generator=gen))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def tiny_model(request, tiny_model):
+    """The tiny ResNet CLIP, or the tiny ViT for a method bound to ViTs (conftest.model_for_method)."""
+    return model_for_method(request, tiny_model)
+
+
+_HEADS: dict[int, ClassHeads] = {}
+
+
+@pytest.fixture
 def heads(tiny_model):
-    return ClassHeads(tiny_model, CLASSNAMES)
+    """The class heads of the test's tiny CLIP, built once per model (as a module fixture did)."""
+    if id(tiny_model) not in _HEADS:
+        _HEADS[id(tiny_model)] = ClassHeads(tiny_model, CLASSNAMES)
+    return _HEADS[id(tiny_model)]
 
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())

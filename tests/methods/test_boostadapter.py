@@ -3,7 +3,7 @@
 Golden checks (marked `golden`): BoostAdapter against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online).
 
-The fixtures (tools/golden/make_golden.py with tools/golden/driver_boostadapter.py, from
+The fixtures (tools/golden/make_golden.py with tests/fixtures/golden/boostadapter/driver.py, from
 taolinzhang/BoostAdapter, float32 on the CPU) hold, after every sample, the authors' output, their
 historical positive and negative caches and the boosted positive cache their read-out used.
 `boostadapter`: configs/imagenet_r.yaml on the ImageNet-R path (the sample is the mean of its

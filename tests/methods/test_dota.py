@@ -3,7 +3,7 @@
 Golden checks (marked `golden`): DOTA against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online).
 
-The fixtures (tools/golden/make_golden.py with tools/golden/driver_dota.py, from
+The fixtures (tools/golden/make_golden.py with tests/fixtures/golden/dota/driver.py, from
 github.com/skylineeeeen/DOTA, float32 on the CPU) hold, per sample, what their
 `get_clip_logits_aug` kept (features, soft labels), their Gaussian scores (`DOTA.predict`,
 before the sample's update), the final logits, and after the update the means, counts,
@@ -13,7 +13,7 @@ part changes predictions.
 
 Tolerances (float32; measured here: logits 4e-5, means 3e-7, shared covariance 7e-9, per-class
 covariances 1.2e-7, precision matrix and Gaussian scores 2.5e-6 of their largest entry): as
-test_golden_online.py for logits (2e-4), features (1e-5) and probabilities (1e-5); means 1e-5,
+test_tda.py for logits (2e-4), features (1e-5) and probabilities (1e-5); means 1e-5,
 counts 1e-5, covariances 1e-6 (entries ~2e-3); the precision matrix (entries up to ~500: the
 inverse of a shrunk covariance built from features that differ by ~1e-6) and the scores built
 from it 2e-5 relative to their largest entry; predictions exactly."""

@@ -4,14 +4,14 @@ authors' code is the golden checks below.
 Golden checks (marked `golden`): DPE against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online, dpe*.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_dpe.py) ran zhangce01/DPE-CLIP's
+tools/golden/make_golden.py (driver tests/fixtures/golden/dpe/driver.py) ran zhangce01/DPE-CLIP's
 `main_dpe.run_test_dpe` float32 on the CPU: `dpe` with configs/imagenet_r.yaml (align 0, readout on
 view 0), `dpe_a` with configs/imagenet_a.yaml and dataset 'A' (align 2.5, so the InfoNCE term
 trains the residuals; readout on the views selected again). After every sample the fixture holds the
 final logits, the cache, the cache prototypes, both residuals after the AdamW step and the evolved
 text head; shiftlab runs the same stream and must match them.
 
-Tolerances: those of test_golden_online.py (logits 2e-4, features 1e-5, entropies 1e-5), and for
+Tolerances: those of test_tda.py (logits 2e-4, features 1e-5, entropies 1e-5), and for
 the residuals 2e-6 absolute (they are ~lr = 6e-4 in size; one AdamW step from zero moves each
 entry by lr * g / (|g| + 1e-3), so a gradient that differs in the 7th digit moves it by ~1e-9;
 the largest difference measured was below 1e-7). Labels, counts and the evolution decisions exactly."""

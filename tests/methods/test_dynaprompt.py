@@ -5,7 +5,7 @@ the golden checks below.
 Golden checks (marked `golden`): DynaPrompt against its authors' own code on the 24-sample stream
 (tests/fixtures/golden/online, dynaprompt*.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_dynaprompt.py) ran zzzx1224/DynaPrompt's
+tools/golden/make_golden.py (driver tests/fixtures/golden/dynaprompt/driver.py) ran zzzx1224/DynaPrompt's
 `test_time_adapt_eval`, unmodified, float32 on the CPU: `dynaprompt` with the authors' 12 prompts,
 `dynaprompt_small` with 3 (so that prompts are reset, and selected twice, more often). After every sample the
 fixture holds the prompt buffer (residuals on the initial context), its order of use and use counts, and of

@@ -14,7 +14,7 @@ state's float32 rounding drifts along the stream (the 0.01 / 0.04 temperatures a
 predictions 1.4e-5, mix 9.7e-6, proxies 6.7e-6, rho 1.1e-6 apart by the 24th sample), so REPLAY is
 the probability tolerance of the encoder check below, 5e-5. Through
 shiftlab's own encoders (features within 1e-6 of theirs: open_clip's attention pool, see
-test_golden_online.py), the temperatures 0.01 / 0.04 and the proxy step cw / tau_i = 12.5 amplify
+test_tda.py), the temperatures 0.01 / 0.04 and the proxy step cw / tau_i = 12.5 amplify
 those differences: probabilities 5e-5, rho 1e-4, proxies 2e-4; predictions exactly."""
 from __future__ import annotations
 

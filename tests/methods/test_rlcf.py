@@ -3,7 +3,7 @@ once, its inputs, its weights in the run identity), refusals, and the CLI's --se
 
 Golden checks (marked `golden`): RLCF against the authors' own code (tests/fixtures/golden/online/rlcf.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_rlcf.py) ran mzhaoshuai/RLCF's
+tools/golden/make_golden.py (driver tests/fixtures/golden/rlcf/driver.py) ran mzhaoshuai/RLCF's
 `tpt_cls_rl.test_time_adapt_eval` float32 on the CPU with the golden tiny CLIP as the student and a
 second tiny CLIP (a ViT at 96 px, random weights, stored in the fixture as `reward/*`) as the reward
 model, 64 views per sample: pass `authors` (rlcf-prompt.sh's ImageNet settings: 3 steps, top-3, the

@@ -4,7 +4,7 @@ the golden checks below.
 Golden checks (marked `golden`): TPS against its authors' own code on the golden stream
 (tests/fixtures/golden/online, tps*.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_tps.py) ran elaine-sui/TPS's
+tools/golden/make_golden.py (driver tests/fixtures/golden/tps/driver.py) ran elaine-sui/TPS's
 `shift_classification.test_time_adapt_eval` float32 on the CPU, 64 views per sample: `tps` with the
 README's recipe (CLIP's 80 templates + descriptor sentences, one step, 24 samples; the descriptors a
 stand-in), `tps_steps` with the template prototypes and three steps (8 samples). The fixture holds the

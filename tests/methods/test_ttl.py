@@ -4,7 +4,8 @@ the towers it adapts and refuses (the golden checks below compares it with the a
 Golden checks (marked `golden`): TTL against its authors' own code on the tiny ViT
 (tests/fixtures/golden/online, ttl*.pt).
 
-tools/golden/make_golden.py (driver tools/golden/driver_ttl.py) ran Razaimam45/TTL-Test-Time-Low-Rank-Adaptation's
+tools/golden/make_golden.py (driver tests/fixtures/golden/ttl/driver.py) ran
+Razaimam45/TTL-Test-Time-Low-Rank-Adaptation's
 `ttl.py` as a script with the arguments of scripts/test_ttl.sh, float32 on the CPU, on the tiny ViT CLIP
 (`shiftlab-tiny-vit`, 4 blocks: `--layer_range 1,3`, the last 3 as 9,11 are ViT-B/16's), 64 views of
 the stream's samples: `ttl` one step on 4 samples; `ttl_steps` `--tta_steps 2` on 2 samples (their DeYO

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -26,16 +27,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from driver_boostadapter import run_boostadapter  # noqa: E402  (tools/golden is sys.path[0])
-from driver_dota import run_dota  # noqa: E402
-from driver_dpe import run_dpe  # noqa: E402
-from driver_dynaprompt import run_dynaprompt  # noqa: E402
-from driver_ecalp import run_ecalp  # noqa: E402
-from driver_onzeta import run_onzeta  # noqa: E402
-from driver_rlcf import run_rlcf  # noqa: E402
-from driver_tps import run_tps  # noqa: E402
-from driver_ttl import run_ttl, tiny_vit_state  # noqa: E402
-from drivers import WORKERS, make_stream  # noqa: E402
+from drivers import WORKERS, make_stream  # noqa: E402  (tools/golden is sys.path[0])
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -55,8 +47,20 @@ REPOS = {"tda": ("TDA", "https://github.com/kdiAAA/TDA"),
          "dynaprompt": ("DynaPrompt", "https://github.com/zzzx1224/DynaPrompt"),
          "ttl": ("TTL-Test-Time-Low-Rank-Adaptation", "https://github.com/Razaimam45/TTL-Test-Time-Low-Rank-Adaptation"),
          "rlcf": ("RLCF", "https://github.com/mzhaoshuai/RLCF")}
-WORKERS.update(boostadapter=run_boostadapter, dota=run_dota, dpe=run_dpe, onzeta=run_onzeta, ecalp=run_ecalp,
-               tps=run_tps, dynaprompt=run_dynaprompt, ttl=run_ttl, rlcf=run_rlcf)
+
+
+def load_driver(name: str):
+    """The driver beside a fixture folder, tests/fixtures/golden/<name>/driver.py, as module `driver_<name>`."""
+    spec = importlib.util.spec_from_file_location(f"driver_{name}", G.FIXTURES / name / "driver.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# the drivers beside their fixtures' folders (TDA's, DMN's, ZERO's and R-TPT's are in drivers.py)
+DRIVERS = ("boostadapter", "dota", "dpe", "onzeta", "ecalp", "tps", "dynaprompt", "ttl", "rlcf")
+WORKERS.update({name: getattr(load_driver(name), f"run_{name}") for name in DRIVERS})
 # drivers that run on the tiny ViT (tests/fixtures/golden/tiny_vit_compact.pt) instead of the tiny ResNet
 VIT_WORKERS = {"ttl"}
 # (fixture name, driver, variant) in the order they are made
@@ -101,7 +105,7 @@ def main() -> None:
     ap.add_argument("--checkouts", required=True, help="folder with the authors' checkouts (see REPOS)")
     ap.add_argument("--model", help="the full tiny CLIP (default: rebuilt from tests/fixtures/golden)")
     ap.add_argument("--vit-model", help="the full tiny ViT CLIP (default: rebuilt from tests/fixtures/golden, "
-                    "or made anew by driver_ttl.tiny_vit_state when it is not there)")
+                    "or made anew by tests/fixtures/golden/ttl/driver.py tiny_vit_state when it is not there)")
     ap.add_argument("--only", nargs="*", help="fixture names to (re)make, e.g. tda tda_small")
     ap.add_argument("--commit", nargs="*", metavar="DIR=SHA",
                     help="the commit of a checkout that is not a git repository (e.g. a `git archive` export)")
@@ -118,7 +122,7 @@ def main() -> None:
     model = args.model or str(golden / G.MODEL_FILE)
     vit_model = args.vit_model or str(golden / G.VIT_MODEL_FILE)
     if not Path(vit_model).is_file():
-        torch.save(tiny_vit_state(), vit_model)
+        torch.save(sys.modules["driver_ttl"].tiny_vit_state(), vit_model)
     classnames = json.loads((golden / "golden.json").read_text())["classnames"]
     (tmp / "classnames.json").write_text(json.dumps(classnames))
     stream = make_stream()
@@ -196,7 +200,7 @@ def compact_vit(vit_model: str, tokens: list[torch.Tensor], from_fixture: bool) 
     sums[G.TOKEN_KEY + "[kept rows]"] = [str(table.dtype), [int(needed.numel()), table.shape[1]],
                                          G.tensor_sha256(table[needed])]
     info[G.COMPACT_VIT_FILE] = {
-        "made_by": "tools/golden/driver_ttl.py tiny_vit_state(seed=0): shiftlab.synthetic.tiny_vit(0) "
+        "made_by": "tests/fixtures/golden/ttl/driver.py tiny_vit_state(seed=0): shiftlab.synthetic.tiny_vit(0) "
                    "(shiftlab-tiny-vit, open_clip's seeded random init) in float16, logit_scale float32 ln(25)",
         "token_embedding_shape": list(table.shape), "kept_token_rows": int(needed.numel()),
         "kept_tokens": "every token id of the prompts TTL's text head reads (online/ttl*.pt, prompt_tokens)",

@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
     data = make_imagenet_r(root / "data", classes=range(0, 200, max(1, 200 // max(args.images, 1))),
                            size=(96, 80))
     dataset = build_dataset("imagenet-r", data)
-    methods = expand_methods(args.methods)
+    methods = expand_methods(args.methods, "shiftlab-tiny")
     offline = {n: dict(get_method_class(n).offline_config) for n in methods if get_method_class(n).offline_config}
     cfg = RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny (random weights)",
                     pretrained=None, methods=methods, method_config=offline, views=args.views,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -148,13 +149,20 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
     from ..methods.effective import effective_config, method_spec
-    from ..methods.specs import spec_names
-    from ..rundir.stream import stream_problem
+
     # the specs alone answer (no torch): a refused command line never waits for the methods' code
-    names = list(dict.fromkeys(n for name in config.methods for n in (spec_names() if name == "all" else [name])))
+    from ..methods.specs import spec_names, tower_of_name, tower_problem
+    from ..rundir.stream import stream_problem
+    tower = tower_of_name(config.model)
+    every = [n for n in spec_names() if tower is None or tower in method_spec(n).towers]   # as expand_methods
+    names = list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         return problem
+    for name in names:   # a method bound to one image tower, on a model whose name tells another
+        problem = tower_problem(method_spec(name), tower_of_name(config.model), config.model)
+        if problem:
+            return problem
     online = [n for n in names if not method_spec(n).capabilities.episodic]
     if online and len(config.settings()) > 1:
         return _online_and_attacked(online)
@@ -270,11 +278,21 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
     return max(1, min(16, per_process - 1)) if device.type == "cuda" else 1
 
 
-def expand_methods(names: Sequence[str]) -> list[str]:
+def expand_methods(names: Sequence[str], model: str | None = None) -> list[str]:
+    """Method names with "all" expanded, in registry order, each once. Where `model`'s name tells its image tower,
+    "all" leaves out the methods bound to another tower (their spec's `towers`), saying so in one logged line;
+    a method named explicitly stays (and is refused in one line: `settings_problem`)."""
     from ..methods.base import get_method_class, list_methods
+    from ..methods.specs import spec, tower_of_name
+    tower = tower_of_name(model) if model else None
+    every = list_methods()
+    fitting = [n for n in every if tower is None or tower in spec(n).towers]
+    if "all" in names and len(fitting) < len(every):
+        logging.getLogger(__name__).warning("methods 'all' on %s leaves out %s (another image tower only)", model,
+                                            ", ".join(n for n in every if n not in fitting))
     out: list[str] = []
     for name in names:
-        for n in (list_methods() if name == "all" else [name]):
+        for n in (fitting if name == "all" else [name]):
             get_method_class(n)
             if n not in out:
                 out.append(n)

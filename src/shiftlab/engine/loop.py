@@ -84,7 +84,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     from .shifts import run_dataset
 
     config = check_run_config(copy.deepcopy(config))   # the caller's config stays as given: what runs is a copy
-    config.methods = expand_methods(config.methods)
+    config.methods = expand_methods(config.methods, config.model)
     hooks = hooks or RunHooks()
     dist = distributed.context()
     device = resolve_device(config.device)

@@ -156,7 +156,7 @@ def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _qu
     wanted: dict[tuple, tuple[str, str]] = {}
     for dataset in datasets:
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
-        for name in expand_methods(config.methods):
+        for name in expand_methods(config.methods, config.model):
             method_config = effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
                                              **config.method_config.get(name, {}))
             for extra in get_method_class(name).extra_models(method_config):

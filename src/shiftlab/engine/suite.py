@@ -117,7 +117,8 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     from .prepare import prepare
 
     config = check_run_config(config)
-    config = dataclasses.replace(config, methods=expand_methods(config.methods))   # "all" -> names, in order
+    # "all" -> names, in order
+    config = dataclasses.replace(config, methods=expand_methods(config.methods, config.model))
     if model is None or set(datasets or {}) < set(suite.datasets):   # as `shiftlab run --suite` starts
         prepared = prepare(config, suite.datasets, model=model, given=datasets)
         model, datasets = prepared.model, prepared.datasets

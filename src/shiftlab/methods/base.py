@@ -140,6 +140,16 @@ class Method:
         self.model = model
         self.classnames = check_classnames(classnames, allow_duplicate_names)
         self.config = check_method_config(type(self), config if config is not None else self.config_class())
+        # a method bound to some image towers (its spec's `towers`): the loaded tower decides, in one line
+        if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:
+            from ..models.tower_tokens import tower_kind
+            try:
+                tower = tower_kind(model.clip.visual)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {model.name}: {exc}") from None
+            problem = method_specs.tower_problem(self, tower, model.name)
+            if problem:
+                raise ValueError(problem)
         self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
         self.run_precision = run_precision
         # the run's precision is a run setting; the method's own config wins unless it says "auto"

@@ -51,7 +51,7 @@ class ClassHeads:
 
     def templated(self, templates: Sequence[str]) -> torch.Tensor:
         """(C, D) features of `templates` averaged per class (e.g. a dataset's own prompt templates,
-        shiftlab.datasets.templates), computed once per distinct list."""
+        shiftlab.datasets.classes.dataset_templates), computed once per distinct list."""
         key = "templates:" + "\x1f".join(templates)
         if key not in self._cache:
             self._cache[key] = class_head(self.model, self.classnames, list(templates))

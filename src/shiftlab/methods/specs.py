@@ -152,10 +152,34 @@ class Capabilities:
 FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {}, "label": "",
                          "aliases": (), "cupl_files": {}}
 # what a spec declares (inherited defaults) and the method class carries over
-ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "text_head", "min_views", "min_views_why",
-              "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates", "own_ood_score")
+ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "towers", "towers_why", "text_head", "min_views",
+              "min_views_why", "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates",
+              "own_ood_score")
 # what the capabilities and the config class decide, never declared
 DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches", "reads_ahead")
+
+
+TOWERS = ("vit", "resnet")   # the two CLIP image towers (shiftlab.models.tower_tokens.tower_kind)
+
+
+def tower_of_name(model: str) -> str | None:
+    """The image tower an open_clip / shiftlab model name tells ("ViT-B-16" -> "vit", "RN50-quickgelu" ->
+    "resnet", "shiftlab-tiny" -> "resnet"), or None where the name does not tell (checked at model load)."""
+    # shiftlab.models.architectures' TINY_VIT_NAME / TINY_CLIP_NAME (spelled out: that module imports torch)
+    if model == "shiftlab-tiny-vit" or model.lower().startswith("vit-"):
+        return "vit"
+    if model == "shiftlab-tiny" or model.upper().startswith("RN"):
+        return "resnet"
+    return None
+
+
+def tower_problem(cls: Any, tower: str | None, model: str) -> str | None:
+    """One line saying why the method (a spec or method class) cannot run on `model`'s `tower`, or None."""
+    if tower is None or tower in cls.towers:
+        return None
+    return (f"{cls.name}: runs on a {' or '.join(t if t == 'resnet' else 'ViT' for t in cls.towers)} image tower "
+            f"only, and {model} is a {'ViT' if tower == 'vit' else 'ResNet'}"
+            + (f": {cls.towers_why}" if cls.towers_why else ""))
 
 
 class MethodSpec:
@@ -170,6 +194,10 @@ class MethodSpec:
     config_class: ClassVar[type] = MethodConfig
     summary: ClassVar[str] = ""              # one line for `shiftlab methods`
     capabilities: ClassVar[Capabilities] = Capabilities()
+    # the image towers (TOWERS) its computation is defined on; a method that works inside a ViT's token sequence
+    # (TCA) declares ("vit",): refused in one line on another tower (`tower_problem`, then at model load)
+    towers: ClassVar[tuple[str, ...]] = TOWERS
+    towers_why: ClassVar[str] = ""           # why only those (the refusal's reason)
     # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
     text_head: ClassVar[str] = "zeroshot"
     # the fewest views (incl. the original) its computation is defined for; a minimum that depends on the
@@ -216,6 +244,8 @@ class MethodSpec:
                             f"{type(cls.capabilities).__name__}")
         if not (isinstance(cls.config_class, type) and issubclass(cls.config_class, MethodConfig)):
             raise TypeError(f"{cls.__qualname__}.config_class must subclass MethodConfig")
+        if not (isinstance(cls.towers, tuple) and cls.towers and set(cls.towers) <= set(TOWERS)):
+            raise TypeError(f"{cls.__qualname__}.towers must be a non-empty tuple of {TOWERS}, got {cls.towers!r}")
         cls.episodic = cls.capabilities.episodic
         cls.needs_pixels = cls.capabilities.needs_pixels
         cls.reads_features = cls.capabilities.reads_features

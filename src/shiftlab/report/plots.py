@@ -9,16 +9,25 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from shiftlab import writes
 from shiftlab.report.html import REPORT_ADVICE
 from shiftlab.results import metrics
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 DPI = 110
+
+
+def _new_figure(**kwargs) -> Figure:
+    # matplotlib is imported when a figure is drawn, not with the report package (~0.7 s that every
+    # `import shiftlab.report`, the CLI's report checks and the test collection would pay)
+    from matplotlib.figure import Figure
+    return Figure(**kwargs)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -52,7 +61,7 @@ def reliability_figure(panels: list[tuple[str, np.ndarray, np.ndarray, float]]) 
         return None
     ncols = min(4, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(3.3 * ncols, 4.3 * nrows), layout="constrained")
+    fig = _new_figure(figsize=(3.3 * ncols, 4.3 * nrows), layout="constrained")
     outer = fig.add_gridspec(nrows, ncols)
     for k, (title, conf, corr, ece) in enumerate(panels):
         cell = outer[divmod(k, ncols)].subgridspec(2, 1, height_ratios=[4, 1.3], hspace=0.02)
@@ -138,7 +147,7 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: 
               and math.isfinite(p[2])]
     if not points:
         return None
-    fig = Figure(figsize=(9, 4.8))
+    fig = _new_figure(figsize=(9, 4.8))
     ax = fig.subplots()
     runs = list(dict.fromkeys(p[3] for p in points))
     own = distinct_colors(len(points))
@@ -157,6 +166,7 @@ def accuracy_vs_time_figure(points: list[tuple[str, float, float, str]], title: 
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xticks(log_ticks(lo, hi))
+    from matplotlib.ticker import FuncFormatter
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
     ax.set_ylim(*accuracy_limits([p[2] for p in points]))
@@ -179,7 +189,7 @@ def heatmap(row_names: list[str], col_names: list[str], values: np.ndarray, path
     """Annotated heatmap; diverging maps are centred on 0 (blue: positive, red: negative)."""
     if not row_names or not col_names:
         return None
-    fig = Figure(figsize=(max(6.0, 0.62 * len(col_names) + 2.5), 0.45 * len(row_names) + 1.8))
+    fig = _new_figure(figsize=(max(6.0, 0.62 * len(col_names) + 2.5), 0.45 * len(row_names) + 1.8))
     ax = fig.subplots()
     masked = np.ma.masked_invalid(values)
     if diverging:
@@ -205,7 +215,7 @@ def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: P
     """Bars per group (e.g. method), one colour per series (e.g. clean, pgd); nan = no bar."""
     if not group_names or not series:
         return None
-    fig = Figure(figsize=(max(6.0, 0.9 * len(group_names) * max(1, len(series)) / 2 + 3), 4.5))
+    fig = _new_figure(figsize=(max(6.0, 0.9 * len(group_names) * max(1, len(series)) / 2 + 3), 4.5))
     ax = fig.subplots()
     width = 0.8 / len(series)
     x = np.arange(len(group_names))
@@ -235,7 +245,7 @@ def stream_accuracy(lines: list[tuple[str, np.ndarray, np.ndarray]], path: Path,
     lines = [ln for ln in lines if ln[1].size]
     if not lines:
         return None
-    fig = Figure(figsize=(7.0, 3.6))
+    fig = _new_figure(figsize=(7.0, 3.6))
     ax = fig.subplots()
     for k, (label, x, y) in enumerate(lines):
         ax.plot(x, y, label=_short(label, 40), linestyle="-" if k == 0 else "--", linewidth=1.4 if k == 0 else 1.0,
@@ -255,7 +265,7 @@ def order_boxes(values: dict[str, list[float]], path: Path, title: str) -> Path 
     values = {k: v for k, v in values.items() if v}
     if not values:
         return None
-    fig = Figure(figsize=(max(5.0, 0.8 * len(values) + 2), 4.0))
+    fig = _new_figure(figsize=(max(5.0, 0.8 * len(values) + 2), 4.0))
     ax = fig.subplots()
     names = list(values)
     ax.boxplot([values[n] for n in names], whis=(0, 100))

@@ -1,0 +1,1 @@
+"""TCA: token condensation as training-free test-time adaptation (spec.py, method.py)."""
