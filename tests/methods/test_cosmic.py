@@ -163,6 +163,16 @@ def test_dino_path_with_a_random_timm_dinov2(model):
     assert any((a.probs - c.probs).abs().max() > 1e-4 for a, c in zip(zero, outs))
 
 
+def test_the_dino_checkpoint_digest_is_in_the_run_identity(model, tmp_path):
+    import hashlib
+    path = tmp_path / "dino.pth"
+    path.write_bytes(b"not really weights")
+    m = shiftlab.create_method("cosmic", model, NAMES, dino_pretrained=str(path))
+    assert m.loaded_weights() == {"dino_checkpoint_sha256": hashlib.sha256(b"not really weights").hexdigest()}
+    assert shiftlab.create_method("cosmic", model, NAMES, dino_model=None).loaded_weights() == {
+        "dino_checkpoint_sha256": None}
+
+
 def test_missing_dino_weights_say_what_to_download(model, tmp_path):
     m = shiftlab.create_method("cosmic", model, NAMES, dino_pretrained=str(tmp_path / "nope.pth"))
     with pytest.raises(ValueError) as err:

@@ -20,6 +20,7 @@ from ..context import SampleContext
 
 META_URL = "https://dl.fbaipublicfiles.com/dinov2/{arch}/{arch}_reg4_pretrain.pth"
 _LOADED: dict[tuple, torch.nn.Module] = {}
+_DIGESTS: dict[str, str] = {}
 
 
 class DinoLoadError(ValueError):
@@ -62,6 +63,19 @@ def load_dino(config: Any, device: torch.device) -> torch.nn.Module:
     model = model.to(device).eval().requires_grad_(False)
     _LOADED[key] = model
     return model
+
+
+def weights_sha256(path: str) -> str:
+    """SHA-256 of a DINOv2 checkpoint file (read in 1 MiB blocks), once per process and path."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if path not in _DIGESTS:
+        import hashlib
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[path] = digest.hexdigest()
+    return _DIGESTS[path]
 
 
 def dino_features(config: Any, device: torch.device, ctx: SampleContext) -> torch.Tensor:

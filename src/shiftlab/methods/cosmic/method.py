@@ -196,6 +196,15 @@ class COSMIC(Method):
             from .dino import load_dino
             load_dino(self.config, self.model.device)
 
+    def loaded_weights(self) -> dict[str, Any]:
+        """The DINOv2 checkpoint's SHA-256 (a --resume with another file is refused); None: random weights of
+        dino_seed, or the CLIP-only variant (both said by the config)."""
+        cfg = self.config
+        if cfg.dino_model is None or cfg.dino_pretrained == "none":
+            return {"dino_checkpoint_sha256": None}
+        from .dino import weights_sha256
+        return {"dino_checkpoint_sha256": weights_sha256(cfg.dino_pretrained)}
+
     def reset(self) -> None:
         c = len(self.classnames)
         self.memory = DynamicMemory(c, self.config.clip_shots)
