@@ -340,7 +340,8 @@ def test_corruption_suite_of_every_method_from_generated_corruptions(tmp_path, t
     make_imagenet_r(tmp_path, classes=range(0, 200, 50), size=(48, 40))
     rlcf = [f"rlcf.{k}={v}" for k, v in {"reward_model": "shiftlab-tiny", "reward_pretrained": "none",
                                          "reward_seed": 1}.items()]   # its offline stand-in: no download
-    rlcf += ["cosmic.dino_pretrained=none", "cosmic.dino_model=vit_small_patch14_reg4_dinov2"]   # COSMIC's offline DINOv2
+    # COSMIC's offline DINOv2 (random weights, the small architecture)
+    rlcf += ["cosmic.dino_pretrained=none", "cosmic.dino_model=vit_small_patch14_reg4_dinov2"]
     out = tmp_path / "suite"
     assert _run(tmp_path, tiny_checkpoint, out, "--suite", "corruption", "--dataset", "imagenet-r", "--corruptions",
                 "fog,contrast", "--methods", "all", "--views", "8", *[a for s in rlcf for a in ("--set", s)]) == 0
