@@ -275,7 +275,7 @@ def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequen
         return []
     plain = [n for n in names if evaluator.methods[n].test_set_views is None]
     runner = Runner(StepContext(evaluator, dataset, views, methods=plain))
-    own = {n: test_set_generators(evaluator.methods[n], evaluator.model.preprocess, seed)
+    own = {n: own_test_set_generators(evaluator.methods[n], evaluator.model.preprocess, seed)
            for n in names if n not in plain}
     for name in names:
         evaluator.methods[name].test_set_seed = int(seed)
@@ -299,7 +299,7 @@ def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequen
     return names
 
 
-def test_set_generators(method: Any, preprocess: Any, seed: int) -> dict[str, ViewGenerator]:
+def own_test_set_generators(method: Any, preprocess: Any, seed: int) -> dict[str, ViewGenerator]:
     """A method's named test-set recipes (`Method.test_set_views`) as view generators of the run's seed, the
     k-th (k = 1, 2, ...) on view seed stream k, so that no two recipes draw the same crops."""
     return {key: ViewGenerator(ViewConfig.from_recipe(recipe), seed=seed, preprocess=preprocess, stream=k)

@@ -1,5 +1,5 @@
-"""A method's view recipe as data (count, crop scale, ratio and interpolation, flip, AugMix, Cutout), with no torch import:
-the CLI checks `--set METHOD.views=...` with it before loading anything. shiftlab.views draws the
+"""A method's view recipe as data (count, crop scale, ratio and interpolation, flip, AugMix, Cutout), with no
+torch import: the CLI checks `--set METHOD.views=...` with it before loading anything. shiftlab.views draws the
 views; it re-exports `ViewRecipe`."""
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
-
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 # fields added after the first release, with their defaults (`ViewRecipe.to_dict` leaves them out at these)

@@ -75,7 +75,8 @@ class TIPPLE(TPT):
         self._weak: list[torch.Tensor] = []      # per test image: (epochs, D) weak-view features
         self._strong: list[torch.Tensor] = []
         self._graph: tuple[torch.nn.Parameter, torch.Tensor] | None = None
-        self.task_log: list[dict[str, float]] = []   # stage I, per step: epoch, lr, loss, selected views
+        # stage I, per step: epoch, lr, loss, the selected weak views (positions in the batch), images
+        self.task_log: list[dict[str, Any]] = []
 
     # -- stage I ------------------------------------------------------------------------------------------
     @property
@@ -140,7 +141,7 @@ class TIPPLE(TPT):
                     else:   # GradScaler skips the step on overflow and halves its scale
                         loss_scale /= 2
                     self.task_log.append({"epoch": epoch, "lr": lr, "loss": float(loss.detach()),
-                                          "selected": int(parts["selected"].numel()), "images": len(idx)})
+                                          "selected": parts["selected"].tolist(), "images": len(idx)})
         return ctx.detach()
 
     # -- stage II: TPT from the task prompt ---------------------------------------------------------------
