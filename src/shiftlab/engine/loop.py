@@ -262,15 +262,15 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
 
 
 def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int,
-                  seed: int = 0) -> list[str]:
+                  seed: int = 0, names: Sequence[str] | None = None) -> list[str]:
     """The transductive track's pass (docs/PROTOCOLS.md): every method that reads the whole test set
     (`reads_ahead == "test_set"`) is shown each decodable sample of the run once, in sample-id order (the
     test set as a set: what it learns does not depend on the stream order), in groups of `batch_size`, the
     clean views of its own recipe encoded as the stream encodes them (or of the recipes it names in
     `test_set_views`, each from its own seed stream); then `end_test_set()`. Deterministic (the views are
     seeded by (run seed, sample id), `test_set_seed` is the run seed), so a resumed run recomputes the same
-    state. Returns the methods shown the set."""
-    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET]
+    state. `names`: only these of them (the bench times each alone). Returns the methods shown the set."""
+    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET and (names is None or n in names)]
     if not names:
         return []
     plain = [n for n in names if evaluator.methods[n].test_set_views is None]
