@@ -21,7 +21,7 @@ and may keep state of its own (`extra_state` / `load_extra_state` / `reset_extra
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,18 @@ from .online_common import STATE_VERSION, check_state
 NORM_LAYERS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
+# the top layers that SAR's and DeYO's `collect_params` leave out, by module name (mr-eggplant/SAR `sar.py`;
+# Jhyun17/DeYO methods/deyo.py:196-207; mariodoebler's methods/deyo.py:130-142): "layer4 for ResNets and blocks9-11
+# for Vit-Base"
+TOP_LAYER_PARTS = ("layer4", "blocks.9", "blocks.10", "blocks.11", "norm.")
+
+
+def in_top_layers(name: str) -> bool:
+    """Whether the module `name` (relative to the image tower) is one their `collect_params` skips: a name containing
+    one of `TOP_LAYER_PARTS` (open_clip's `resblocks.9` contains `blocks.9`), or the module `norm` itself."""
+    return name == "norm" or any(part in name for part in TOP_LAYER_PARTS)
+
+
 def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
@@ -48,18 +60,21 @@ class NormTower(nn.Module):
 
     `parameter_names` and `adapted_parameters()` list them in module order, weight before bias (the order the
     authors' `collect_params` walks, so an optimiser's state lines up with theirs). BatchNorm layers use the
-    batch's statistics (their running statistics are neither read nor updated)."""
+    batch's statistics (their running statistics are neither read nor updated). The layers whose name `skip`
+    accepts keep the shared frozen parameters (a BatchNorm one still normalises with the batch's statistics: the
+    authors' `configure_model` sets every BatchNorm layer so, whatever `collect_params` then collects)."""
 
-    def __init__(self, clip: nn.Module):
+    def __init__(self, clip: nn.Module, skip: Callable[[str], bool] | None = None):
         super().__init__()
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
-        if not layers:
+        if all(skip is not None and skip(name) for name, _ in layers):
             raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
-                             "(LayerNorm, GroupNorm or BatchNorm) to adapt")
+                             "(LayerNorm, GroupNorm or BatchNorm) to adapt" + (" outside the skipped ones" if layers
+                                                                               else ""))
         self.parameter_names: list[str] = []
         for name, module in layers:
-            for which in ("weight", "bias"):
+            for which in ("weight", "bias") if skip is None or not skip(name) else ():
                 tensor = getattr(module, which, None)
                 if tensor is None:
                     continue
@@ -128,7 +143,7 @@ class NormTTAMethod(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip)
+            self.tower = NormTower(self.model.clip, self.skipped_layers())
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -138,6 +153,10 @@ class NormTTAMethod(Method):
         self.reset_extra()
 
     # -- what a subclass may override ---------------------------------------------------------------------
+    def skipped_layers(self) -> Callable[[str], bool] | None:
+        """Which normalisation layers (by name in the image tower) keep their frozen parameters; None: none."""
+        return None
+
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return make_optimizer(self.config, params)
 
