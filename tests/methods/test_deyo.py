@@ -211,3 +211,23 @@ def test_deyo_matches_their_code_batch_by_batch(golden_vit, golden_dir, variant,
                 scale = max(float(theirs_m.abs().max()), 1e-3)
                 assert_close(momentum[i]["momentum_buffer"], theirs_m, GRAD_RTOL * scale, f"batch {b} momentum {name}")
     assert all(by_entropy for by_entropy, _ in rejected) and any(by_plpd for _, by_plpd in rejected), rejected
+
+
+@pytest.mark.slow
+def test_cli_runs_deyo_on_batches_and_refuses_an_occlusion_outside_the_image(tmp_path, tiny_checkpoint, capsys):
+    from _runs import json_lines
+    from _synthetic import make_imagenet_r
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=2, size=(72, 64))
+    flags = ["--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--workers", "0", "--no-progress", "--allow-partial", "--methods", "deyo",
+             "--set", "deyo.entropy_margin=10", "--set", "deyo.plpd_threshold=-1", "--batch-size", "4"]
+    assert cli_main(["run", *flags, "--out", str(tmp_path / "run")]) == 0
+    records = json_lines(tmp_path / "run" / "records.jsonl")
+    assert len(records) == 8 and {r["method"] for r in records} == {"deyo"}
+    assert all(r["extras"]["selected"] and -1 <= r["extras"]["plpd"] <= 1 for r in records)
+    capsys.readouterr()
+    assert cli_main(["run", *flags, "--set", "deyo.occlusion_row=0.75", "--out", str(tmp_path / "bad")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "deyo.occlusion_row + deyo.occlusion_size: 0.75 + 0.5" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1

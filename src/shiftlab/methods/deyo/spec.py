@@ -61,8 +61,14 @@ class DeYOConfig(NormTTAConfig):
     shuffle_seed: int = param(0, ge=0)
 
     def __post_init__(self) -> None:
+        """The square inside the image, checked once the fields are numbers in their own ranges (the config check
+        refuses any other value in its own words)."""
+        def number(value: object) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
         for start in ("occlusion_row", "occlusion_column"):
-            if getattr(self, start) + self.occlusion_size > 1:
+            if number(getattr(self, start)) and number(self.occlusion_size) and 0 <= getattr(self, start) < 1 \
+                    and 0 < self.occlusion_size <= 1 and getattr(self, start) + self.occlusion_size > 1:
                 raise ValueError(f"deyo.{start} + deyo.occlusion_size: {getattr(self, start)} + {self.occlusion_size} "
                                  "puts the occluded square outside the image; their sum must be <= 1")
 
