@@ -205,6 +205,26 @@ def test_a_killed_test_set_run_resumes_with_identical_records(test_set_method, d
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
 
 
+def test_a_finished_test_set_run_resumes_to_nothing(test_set_method, data, tiny_model, tmp_path):
+    """A --resume of a finished run has no record to compute: the test-set pass (a whole pass over the set)
+    is not repeated, and the records are unchanged."""
+    run(_config(tmp_path / "run"), model=tiny_model, dataset=data)
+    before = (tmp_path / "run" / "records.jsonl").read_text()
+    shown = []
+    original = TestSetCentre.observe_test_set
+
+    def counting(self, ctxs):
+        shown.extend(c.sample_id for c in ctxs)
+        return original(self, ctxs)
+    TestSetCentre.observe_test_set = counting
+    try:
+        run(_config(tmp_path / "run", resume=True), model=tiny_model, dataset=data)
+    finally:
+        TestSetCentre.observe_test_set = original
+    assert shown == []
+    assert (tmp_path / "run" / "records.jsonl").read_text() == before
+
+
 # ------------------------------------------------------------------ the blocks of every table
 
 
