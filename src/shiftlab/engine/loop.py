@@ -261,8 +261,8 @@ def unfinished_test_set_methods(evaluator: Evaluator, order: Sequence[int], sett
     """The test-set methods a (resumed) run must show the test set: those with a record left to compute, and
     the online ones while any method of the run has one left (their state runs along the whole stream)."""
     run_left = _records_left(list(evaluator.methods), order, settings, done)
-    return [n for n, m in evaluator.methods.items()
-            if m.reads_ahead == TEST_SET and (_records_left([n], order, settings, done) or (not m.episodic and run_left))]
+    return [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET
+            and (_records_left([n], order, settings, done) or (not m.episodic and run_left))]
 
 
 def _records_left(names: Sequence[str], order: Sequence[int], settings: Sequence[str], done: set) -> bool:

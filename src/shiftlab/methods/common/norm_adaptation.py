@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
+from ...options import say
 from ..base import Method, MethodOutput
 from ..context import SampleContext
 from .online_common import STATE_VERSION, check_state
@@ -41,6 +42,24 @@ def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
             if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
+
+
+class BatchStatisticsError(ValueError):
+    """A BatchNorm layer of the tower was handed one value per channel: no batch statistics to normalise with."""
+
+
+def _check_batch_statistics(name: str) -> Any:
+    """A forward pre-hook for BatchNorm layer `name`: refuses an input with one value per channel (a batch of one
+    image whose feature map there is 1x1), where torch would stop with its own traceback-worthy message."""
+    def hook(module: nn.Module, args: tuple) -> None:
+        x = args[0]
+        if x.numel() <= x.shape[1]:
+            n = x.shape[0]
+            raise BatchStatisticsError(
+                f"a batch of {n} image{'s' if n != 1 else ''} leaves its BatchNorm layer {name} one value per "
+                f"channel (a {'x'.join(map(str, x.shape[2:])) or 'flat'} feature map there): batch statistics need "
+                f"two or more; use batches of two or more images ({say('batch_size', 2)} or more)")
+    return hook
 
 
 class NormTower(nn.Module):
@@ -72,6 +91,7 @@ class NormTower(nn.Module):
                 module.running_mean = None
                 module.running_var = None
                 module.num_batches_tracked = None
+                module.register_forward_pre_hook(_check_batch_statistics(name))
         self.visual = visual
         self._params = [visual.get_parameter(n) for n in self.parameter_names]
 
@@ -221,8 +241,11 @@ class NormTTAMethod(Method):
         if self.config.episodic:
             self.episodic_reset()
         pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
-        with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
-            logits, extras = self.adapt(pixels)
+        try:
+            with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
+                logits, extras = self.adapt(pixels)
+        except BatchStatisticsError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.seen += len(ctxs)
         return [MethodOutput(row.detach().float(), extras=extra) for row, extra in zip(logits, extras)]
 
