@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from _registered import registered
 from _runs import comparable, json_lines
 from _synthetic import make_image_folder
 from shiftlab import catalogue
@@ -18,8 +19,7 @@ from shiftlab.datasets.build import build_dataset
 from shiftlab.engine import suite as suite_runs
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
-from shiftlab.methods import base as method_base
-from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.methods.base import Method, MethodOutput
 from shiftlab.methods.specs import Capabilities, MethodSpec
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
@@ -66,10 +66,8 @@ class TestSetCentre(Method):
 
 @pytest.fixture
 def test_set_method():
-    if TEST_SET_METHOD not in method_base._REGISTRY:
-        register_method(TEST_SET_METHOD)(TestSetCentre)
-    yield TEST_SET_METHOD
-    method_base._REGISTRY.pop(TEST_SET_METHOD, None)   # other test modules are parametrised over the registry
+    with registered(TEST_SET_METHOD, TestSetCentre):   # other test modules are parametrised over the registry
+        yield TEST_SET_METHOD
 
 
 @pytest.fixture(scope="module")
