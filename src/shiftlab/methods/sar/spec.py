@@ -48,6 +48,7 @@ class SARSpec(MethodSpec):
     config_class = SARConfig
     summary = "SAR: sharpness-aware entropy minimisation on reliable images, with model recovery (norm parameters)"
     label = "SAR"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # mr-eggplant/SAR main.py on ViT-B/16: SAM over SGD, momentum 0.9, lr 0.001 x B / 64 (main.py:193, 291: 0.001 at
     # `--batch-size 64`, its default, main.py:88), 1 step, continual, the outputs of the first forward, the
     # recovery forgetting the moving average
