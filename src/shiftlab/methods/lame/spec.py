@@ -55,6 +55,7 @@ class LAMESpec(MethodSpec):
     config_class = LAMEConfig
     summary = "LAME: per batch, Laplacian-regularised adjustment of the zero-shot probabilities (output only)"
     label = "LAME"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # fiveai/LAME: src/config/defaults.py:65-68 (LAME_KNN 5, LAME_AFFINITY 'rbf', no symmetry), its classifier's
     # probabilities (the model's logit scale); batches of 16 (defaults.py:51 ADAPTATION.BATCH_SIZE, `--batch-size 16`
     # here); CLIPTTA runs batches of 128 (configuration.py:86)
