@@ -31,7 +31,6 @@ from _golden import (
     entropy_tolerance,
     stream_views,
 )
-from shiftlab.methods.common.norm_adaptation import in_top_layers
 from shiftlab.methods.context import SampleContext
 from shiftlab.methods.deyo.method import occlude, plpd, sample_weights, shuffle_patches, shuffle_pixels
 from shiftlab.synthetic import tiny_clip, tiny_vit
@@ -127,12 +126,8 @@ def test_a_resume_from_the_state_continues_the_shuffles_exactly():
 
 
 def test_the_top_layers_stay_frozen_as_their_collect_params():
-    assert [in_top_layers(n) for n in ("transformer.resblocks.9.ln_1", "transformer.resblocks.11.ln_2",
-                                       "transformer.resblocks.1.ln_1", "transformer.resblocks.19.ln_1",
-                                       "layer4.0.bn1", "layer3.0.bn1", "ln_post", "ln_pre", "norm")] \
-        == [True, True, False, False, True, False, False, False, True]
     model = tiny_clip(0)       # a ModifiedResNet with a layer4
-    every = shiftlab.create_method("deyo", model, CLASSES, skip_top_layers=False).tower.parameter_names
+    every = shiftlab.create_method("deyo", model, CLASSES, skip_top_layers="none").tower.parameter_names
     kept = shiftlab.create_method("deyo", model, CLASSES).tower.parameter_names
     assert any(n.startswith("layer4.") for n in every)
     assert kept == [n for n in every if not n.startswith("layer4.")]

@@ -16,14 +16,13 @@ differs from the authors' code.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torchvision.transforms.functional as TF
 
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTTAMethod, in_top_layers
+from ..common.norm_adaptation import NormTTAMethod
 from .spec import DeYOSpec
 
 
@@ -80,9 +79,6 @@ def sample_weights(entropies: torch.Tensor, plpds: torch.Tensor, weight_margin: 
 class DeYO(NormTTAMethod):
     """DeYO: entropy minimisation on the images whose prediction depends on the object's shape (PLPD)."""
     spec = DeYOSpec
-
-    def skipped_layers(self) -> Callable[[str], bool] | None:
-        return in_top_layers if self.config.skip_top_layers else None
 
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..common.norm_config import NormTTAConfig
+from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
@@ -51,9 +51,10 @@ class DeYOConfig(NormTTAConfig):
     filter_plpd: bool = True
     reweight_entropy: bool = True
     reweight_plpd: bool = True
-    # leave the top layers' normalisation parameters frozen, as both codes' collect_params: ResNet's layer4, ViT
-    # blocks 9-11 (deyo.py:121-150; DeYO's deyo.py:196-207); False: every normalisation layer adapts
-    skip_top_layers: bool = True
+    # the norms of the top layers left frozen (norm_config.TOP_LAYER_RULES): "sar_names", both codes' collect_params
+    # (deyo.py:121-150; DeYO's deyo.py:196-207, SAR's name tests): a ResNet's layer4, ViT blocks 9-11, ln_post
+    # adapted; "none": every normalisation layer adapts
+    skip_top_layers: str = param("sar_names", choices=TOP_LAYER_RULES)
     # the batch's logits after the update; False (both codes): those of the forward that adapted
     predict_after_update: bool = False
     # the seed of the shuffles' generator, the method's own and part of its state (their torch.rand / randperm draw
@@ -87,6 +88,7 @@ class DeYOSpec(MethodSpec):
     # generator) carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
     config_class = DeYOConfig
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     summary = ("DeYO: entropy minimisation on images whose pseudo-label's probability drops when their patches are "
                "shuffled (PLPD), weighted by entropy and PLPD (norm parameters)")
     label = "DeYO"
