@@ -208,6 +208,22 @@ def test_deyo_matches_their_code_batch_by_batch(golden_vit, golden_dir, variant,
     assert all(by_entropy for by_entropy, _ in rejected) and any(by_plpd for _, by_plpd in rejected), rejected
 
 
+def test_the_library_run_adapts_deyo_on_whole_batches(tmp_path, tiny_model):
+    from _runs import json_lines
+    from _synthetic import make_image_folder
+    from shiftlab.datasets import build_dataset
+    from shiftlab.engine.config import RunConfig
+    root = make_image_folder(tmp_path / "data", ["cat", "dog"], per_class=2, size=(48, 40))
+    dataset = build_dataset("imagefolder", root)
+    config = {"entropy_margin": 10.0, "plpd_threshold": -1.0, "lr": 0.01}
+    shiftlab.run(RunConfig(dataset="imagefolder", methods=["deyo"], workers=0, progress=False, batch_size=4, seed=1,
+                           out=str(tmp_path / "run"), device="cpu", method_config={"deyo": config}),
+                 model=tiny_model, dataset=dataset)
+    records = sorted(json_lines(tmp_path / "run" / "records.jsonl"), key=lambda r: r["id"])
+    assert len(records) == 4 and all(r["extras"]["selected"] for r in records)
+    assert len({r["extras"]["plpd"] for r in records}) == 4          # each image its own shuffle
+
+
 @pytest.mark.slow
 def test_cli_runs_deyo_on_batches_and_refuses_an_occlusion_outside_the_image(tmp_path, tiny_checkpoint, capsys):
     from _runs import json_lines
