@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
+from ...options import say
 from ..base import Method, MethodOutput
 from ..context import SampleContext
 from .online_common import STATE_VERSION, check_state
@@ -63,6 +64,24 @@ def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
 
 
+class BatchStatisticsError(ValueError):
+    """A BatchNorm layer of the tower was handed one value per channel: no batch statistics to normalise with."""
+
+
+def _check_batch_statistics(name: str) -> Any:
+    """A forward pre-hook for BatchNorm layer `name`: refuses an input with one value per channel (a batch of one
+    image whose feature map there is 1x1), where torch would stop with its own traceback-worthy message."""
+    def hook(module: nn.Module, args: tuple) -> None:
+        x = args[0]
+        if x.numel() <= x.shape[1]:
+            n = x.shape[0]
+            raise BatchStatisticsError(
+                f"a batch of {n} image{'s' if n != 1 else ''} leaves its BatchNorm layer {name} one value per "
+                f"channel (a {'x'.join(map(str, x.shape[2:])) or 'flat'} feature map there): batch statistics need "
+                f"two or more; use batches of two or more images ({say('batch_size', 2)} or more)")
+    return hook
+
+
 def use_batch_statistics(module: nn.Module) -> None:
     """A BatchNorm layer of the private copy normalises with its batch's statistics in every mode, the shared
     running statistics neither read nor updated (TENT's and SAR's configure_model, for every BatchNorm layer)."""
@@ -84,9 +103,10 @@ class NormTower(nn.Module):
         super().__init__()
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
-        for _, module in layers:
+        for name, module in layers:
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 use_batch_statistics(module)     # adapted or not, as their configure_model sets every one
+                module.register_forward_pre_hook(_check_batch_statistics(name))
         layers = [(name, module) for name, module in layers if not skips_top_layer(name, skip_top_layers)]
         if not layers:
             raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
@@ -251,8 +271,11 @@ class NormTTAMethod(Method):
         if self.config.episodic:
             self.episodic_reset()
         pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
-        with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
-            logits, extras = self.adapt(pixels)
+        try:
+            with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
+                logits, extras = self.adapt(pixels)
+        except BatchStatisticsError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.seen += len(ctxs)
         return [MethodOutput(row.detach().float(), extras=extra) for row, extra in zip(logits, extras)]
 
