@@ -163,6 +163,26 @@ def test_the_fisher_source_is_refused_in_one_line_when_missing_or_unused(source,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_fisher_batch_of_one_image_on_batchnorm_is_refused_in_one_line(source):
+    """3 source images in batches of 2 on the tiny ResNet at 32 px (last feature map 1x1): the last batch of one has
+    no batch statistics; the refusal names the Fisher's settings, not --batch-size."""
+    from shiftlab.models import load_model
+    from shiftlab.models.architectures import builtin_configs
+    config = builtin_configs()["shiftlab-tiny"]
+    config["vision_cfg"]["image_size"] = 32
+    model = load_model("shiftlab-tiny-32px", None, model_config=config)
+    settings = dict(fisher_alpha=1.0, fisher_source=str(source), fisher_images=3, fisher_batch_size=2)
+    method = shiftlab.create_method("eata", model, ["a", "b"], **settings)
+    with pytest.raises(ValueError) as info:
+        method.prepare()
+    message = str(info.value)
+    assert message.startswith("eata: the Fisher's 3 source images in batches of 2 leave a batch of one image") \
+        and "fisher_images=2" in message and "\n" not in message, message
+    method = shiftlab.create_method("eata", model, ["a", "b"], **{**settings, "fisher_images": 4})
+    method.prepare()
+    assert method.fishers is not None
+
+
 class _Crash(Exception):
     pass
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ...options import say_set
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy
+from ..common.norm_adaptation import BatchStatisticsError, NormTTAMethod, mean_prediction_entropy
 from .fisher_source import FisherSource
 from .spec import EATASpec
 
@@ -87,6 +87,12 @@ class EATA(NormTTAMethod):
         self.tower.load_norm_state(initial)
         try:
             self.compute_fisher(self.source.batches(self.model, cfg.fisher_batch_size))
+        except BatchStatisticsError:
+            n, size = len(self.source.ids), cfg.fisher_batch_size
+            raise ValueError(f"eata: the Fisher's {n} source images in batches of {size} leave a batch of one image, "
+                             f"whose BatchNorm layers in {self.model.name} have no batch statistics; choose "
+                             f"{say_set('eata', 'fisher_images', n - n % size or n + 1)} or another "
+                             "fisher_batch_size") from None
         finally:
             self.tower.load_norm_state(current)
 
