@@ -319,3 +319,10 @@ TIPPLE_GRAD_RTOL = 2e-3
 that prompt makes some views nearly one-hot, and the entropy gradient of a nearly one-hot probability is a
 difference of nearly equal terms (measured 1.2e-3, 4.0e-4 of a largest entry of 0.333; the tuned context after
 the step still within PARAMS). GRAD_RTOL holds for the paper variant."""
+
+DEYO_LOGITS = 1e-4
+"""DeYO's logits through norm parameters adapted by SGD (tests/methods/test_deyo.py): SGD moves a parameter by lr x
+its gradient (no Adam-style sign amplification), so the FEATURES-sized kernel noise stays of that size through the
+steps: measured 8.1e-6 (the tiny ViT's scale 25) after 3 batches against mariodoebler's and the authors' code on the
+machine that made the fixtures; 1e-4 is ~12x that. The entropy filter's decisions are compared exactly after a
+margin check at this tolerance (`entropy_tolerance`)."""
