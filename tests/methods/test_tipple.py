@@ -199,6 +199,7 @@ class _Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_identical_records(data, tiny_model, tmp_path):
     run(_config(tmp_path / "ref"), model=tiny_model, dataset=data)
     reference = json_lines(tmp_path / "ref" / "records.jsonl")
@@ -215,6 +216,21 @@ def test_a_killed_run_resumes_with_identical_records(data, tiny_model, tmp_path)
     assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
     run(_config(tmp_path / "cut", resume=True), model=tiny_model, dataset=data)
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
+
+
+def test_the_cli_runs_it_under_the_paper_protocol(data, tiny_checkpoint, tmp_path, capsys):
+    from shiftlab.cli import main as cli_main
+    out = tmp_path / "cli"
+    code = cli_main(["run", "--dataset", "imagefolder", "--data", str(data.root), "--model", "shiftlab-tiny",
+                     "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0", "--device", "cpu",
+                     "--methods", "tipple", "--protocol", "paper", "--batch-size", "4", "--set",
+                     "tipple.task_epochs=1", "--set", "tipple.task_batch_size=4", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    recs = json_lines(out / "records.jsonl")
+    assert sorted(r["id"] for r in recs) == list(range(len(data))) and all("error" not in r for r in recs)
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert config["reads_ahead"] == {"tipple": "test_set"}
+    assert "transductive (not comparable with single-image methods): tipple" in (out / "summary.md").read_text()
 
 
 def test_facts_and_config():
