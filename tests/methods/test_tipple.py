@@ -233,6 +233,20 @@ def test_the_cli_runs_it_under_the_paper_protocol(data, tiny_checkpoint, tmp_pat
     assert "transductive (not comparable with single-image methods): tipple" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_bench_shows_it_the_bench_images_first(capsys):
+    from shiftlab.cli import main as cli_main
+    code = cli_main(["bench", "--tiny", "--json", "--methods", "tipple", "--images", "2", "--warmup", "0", "--repeats",
+                     "0", "--no-baseline", "--views", "4", "--classes", "10", "--workers", "0"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert list(result["test_set_pass_seconds_per_image"]) == ["tipple"]
+    assert result["test_set_pass_seconds_per_image"]["tipple"] > 0
+    assert result["methods"]["tipple"]["seconds_per_image"] > 0
+    assert "tipple: test-set pass" in captured.err
+
+
 def test_facts_and_config():
     from shiftlab.methods.specs import spec
     s = spec("tipple")
