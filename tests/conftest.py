@@ -80,6 +80,19 @@ def golden_model(golden_dir) -> tuple[shiftlab.ClipModel, list[str]]:
     return shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt")), classnames
 
 
+@pytest.fixture(scope="module")
+def golden_vit(golden_dir):
+    """The golden tiny ViT CLIP, its 200 class names and their class heads, per test module (the golden tests of
+    the methods that read a ViT tower or adapt one)."""
+    import json
+
+    from _golden import VIT_MODEL_FILE
+    from shiftlab.methods.context import ClassHeads
+    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
+    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
+    return model, names, ClassHeads(model, names)
+
+
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """torch on one CPU thread inside, the previous count restored after. The golden values were made

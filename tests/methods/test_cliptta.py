@@ -139,13 +139,6 @@ GOLDEN = {"cliptta": ("cliptta", dict(steps=10, lr=1e-3, num_shots=2, sample_siz
           "cliptta_hard": ("cliptta", dict(steps=3, lr=1e-3, targets="hard", mean_entropy_weight=0.1, memory=False))}
 
 
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    from _golden import VIT_MODEL_FILE
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
-
 
 @pytest.mark.golden
 def test_the_fixtures_ran_their_scripts_flags():

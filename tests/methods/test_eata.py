@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, VIT_MODEL_FILE, assert_close, stream_views
-from shiftlab.methods.context import ClassHeads, SampleContext
+from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, assert_close, stream_views
+from shiftlab.methods.context import SampleContext
 from shiftlab.methods.eata.method import select_samples, updated_average
 from shiftlab.synthetic import tiny_vit
 
@@ -80,12 +80,6 @@ def test_paper_protocol_is_eatas_own_recipe():
 
 
 # -- CLIPTTA's code (tests/fixtures/golden/eata) -------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 @pytest.mark.golden

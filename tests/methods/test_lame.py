@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import FEATURES, LAME_PROBS, VIT_MODEL_FILE, assert_close, stream_views
+from _golden import FEATURES, LAME_PROBS, assert_close, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.lame import method as M
 
@@ -159,12 +159,6 @@ def test_lame_replays_the_authors_code_from_their_inputs(golden_dir, variant):
         assert_close(y, want[f"{b}/Y"], REPLAY, f"{b} Y")
         assert abs(iterations - int(want[f"{b}/iterations"])) <= 1     # equal here (see the end-to-end test)
 
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 @pytest.mark.golden

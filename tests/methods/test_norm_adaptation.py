@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import shiftlab
-from shiftlab.methods.common.norm_adaptation import NormTower, make_optimizer, mean_prediction_entropy, softmax_entropy
+from shiftlab.methods.common.confidence import entropy
+from shiftlab.methods.common.norm_adaptation import NormTower, make_optimizer, mean_prediction_entropy
 from shiftlab.methods.context import SampleContext
 from shiftlab.synthetic import tiny_vit
 
@@ -98,7 +99,7 @@ def test_optimisers_are_built_as_the_config_says(vit):
 def test_entropies_are_the_direct_sums():
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]])
     p = logits.softmax(-1)
-    torch.testing.assert_close(softmax_entropy(logits), -(p * p.log()).sum(-1))
+    torch.testing.assert_close(entropy(logits), -(p * p.log()).sum(-1))
     mean = p.mean(0)
     torch.testing.assert_close(mean_prediction_entropy(logits), -(mean * (mean + 1e-6).log()).sum())
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import GRAD_RTOL, LOSS, NORM_PARAMS, TUNED_LOGITS, VIT_MODEL_FILE, assert_close, stream_views
-from shiftlab.methods.context import ClassHeads, SampleContext
+from _golden import GRAD_RTOL, LOSS, NORM_PARAMS, TUNED_LOGITS, assert_close, stream_views
+from shiftlab.methods.context import SampleContext
 from shiftlab.methods.sar.method import sam_perturb
 from shiftlab.synthetic import tiny_vit
 
@@ -64,12 +64,6 @@ def test_paper_protocol_is_sars_own_recipe():
 
 
 # -- CLIPTTA's code (tests/fixtures/golden/sar) --------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 @pytest.mark.golden

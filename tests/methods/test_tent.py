@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, VIT_MODEL_FILE, assert_close, assert_top1_margin, stream_views
-from shiftlab.methods.context import ClassHeads, SampleContext
+from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, assert_close, assert_top1_margin, stream_views
+from shiftlab.methods.context import SampleContext
 from shiftlab.methods.tent.method import tent_loss
 from shiftlab.synthetic import tiny_vit
 
@@ -87,12 +87,6 @@ def test_cli_runs_tent_on_batches_and_records_the_batch_size(tmp_path, tiny_chec
 
 
 # -- CLIPTTA's code (tests/fixtures/golden/tent) -------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 def test_the_fixture_ran_their_scripts_settings(golden_dir):

@@ -24,7 +24,6 @@ GRAD_RTOL relative to their largest entry). Predictions exactly, after a margin 
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -37,7 +36,6 @@ from _golden import (
     LOSS,
     PARAMS,
     TUNED_LOGITS,
-    VIT_MODEL_FILE,
     assert_close,
     assert_top1_margin,
     online_fixture,
@@ -242,12 +240,6 @@ CASES = [("ttl", s, 1) for s in range(4)] + [("ttl_steps", s, 4) for s in range(
 # (test_every_step_from_their_weights); end to end TUNED_LOGITS, and the prediction exactly (margins >= 3.7).
 END_TO_END_LOGITS = TUNED_LOGITS
 
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 def _ours(key: str) -> str:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, VIT_MODEL_FILE, assert_close, stream_views
+from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.watt.method import average
 
@@ -57,12 +57,6 @@ def test_one_template_one_round_is_plain_steps_and_batches_are_episodic(averagin
     assert all(torch.equal(a, o.logits) for a, o in zip(first, watt.adapt_batch(ctxs[:4])))   # reset per batch
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.clip.state_dict().items())
 
-
-@pytest.fixture(scope="module")
-def golden_vit(golden_dir):
-    names = json.loads((golden_dir / "golden.json").read_text())["classnames"]
-    model = shiftlab.load_model("shiftlab-tiny-vit", str(golden_dir / VIT_MODEL_FILE))
-    return model, names, ClassHeads(model, names)
 
 
 @pytest.mark.golden

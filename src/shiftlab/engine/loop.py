@@ -251,7 +251,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     return summary
 
 
-def test_set_pass(evaluator: Evaluator, dataset, views: dict, order: Sequence[int], batch_size: int) -> list[str]:
+def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int) -> list[str]:
     """The transductive track's pass (docs/PROTOCOLS.md): every method that reads the whole test set
     (`reads_ahead == "test_set"`) is shown each decodable sample of the run once, in sample-id order (the
     test set as a set: what it learns does not depend on the stream order), in groups of `batch_size`, the

@@ -17,6 +17,7 @@ the spatial tokens are not in the pooled features a run encodes or a feature sto
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,7 @@ class CALIP(Method):
     """CALIP: zero-shot logits plus two parameter-free attention readings of view 0's spatial tokens."""
     spec = CALIPSpec
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
             tower_kind(self.model.clip.visual)

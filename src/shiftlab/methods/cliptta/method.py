@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 from ..base import MethodOutput
-from ..common.norm_adaptation import NormTTAMethod, make_optimizer, mean_prediction_entropy, softmax_entropy
+from ..common.confidence import entropy
+from ..common.norm_adaptation import NormTTAMethod, make_optimizer, mean_prediction_entropy
 from ..context import SampleContext
 from .spec import CLIPTTAOODSpec, CLIPTTASpec
 
@@ -32,7 +33,7 @@ def contrastive_loss(features: torch.Tensor, head: torch.Tensor, scale: float, t
     captions = head[(features @ head.T).argmax(-1)]
     logits = scale * features @ captions.T
     if targets == "soft":
-        return softmax_entropy(logits).mean(0)
+        return entropy(logits).mean(0)
     return nn.functional.cross_entropy(logits, torch.eye(len(logits), device=logits.device), reduction="none").mean(0)
 
 

@@ -104,12 +104,6 @@ def make_optimizer(config: Any, params: Sequence[nn.Parameter]) -> torch.optim.O
     return cls(params, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
 
 
-def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """(B, C) logits -> (B,) entropies (nats) of their softmax."""
-    logp = logits.log_softmax(-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def mean_prediction_entropy(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Entropy of the batch's mean probability (CLIPTTA's `softmax_mean_entropy`: eps inside the log)."""
     mean = logits.softmax(-1).mean(0)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...options import say_set
 from ..context import SampleContext
 
 META_URL = "https://dl.fbaipublicfiles.com/dinov2/{arch}/{arch}_reg4_pretrain.pth"
@@ -47,8 +48,8 @@ def load_dino(config: Any, device: torch.device) -> torch.nn.Module:
             arch = _meta_arch(name)
             raise DinoLoadError(
                 f"cosmic: DINOv2 weights {path!r} not found: download {META_URL.format(arch=arch)} to that path "
-                f"(or pass --set cosmic.dino_pretrained=FILE; --set cosmic.dino_model=None runs the CLIP-only "
-                f"variant)")
+                f"(or pass {say_set('cosmic', 'dino_pretrained', 'FILE')}; {say_set('cosmic', 'dino_model', None)} "
+                f"runs the CLIP-only variant)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.dino_seed)
         try:

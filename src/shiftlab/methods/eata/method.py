@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy, softmax_entropy
+from ..common.confidence import entropy
+from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy
 from .spec import EATASpec
 
 
@@ -98,7 +99,7 @@ class EATA(NormTTAMethod):
         selected_rows = torch.zeros(pixels.shape[0], dtype=torch.bool)
         for _ in range(cfg.steps):
             logits = self.logits(pixels)
-            entropies = softmax_entropy(logits)
+            entropies = entropy(logits)
             filter_logits = logits if cfg.redundancy_on_scaled_logits else logits / self.scale
             probs = filter_logits.detach().softmax(1)
             keep = select_samples(entropies.detach(), probs, self.average, margin, cfg.redundancy_margin)

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ..common.norm_adaptation import NormTTAMethod, softmax_entropy
+from ..common.confidence import entropy
+from ..common.norm_adaptation import NormTTAMethod
 from .spec import SARSpec
 
 
@@ -81,13 +82,13 @@ class SAR(NormTTAMethod):
             logits = self.logits(pixels)
             if first_logits is None:
                 first_logits = logits.detach()
-            entropies = softmax_entropy(logits)
+            entropies = entropy(logits)
             reliable = entropies.detach() < margin
             mean_or_empty(entropies[reliable], logits).backward()
             olds = sam_perturb(params, cfg.rho, cfg.adaptive)
             self.optimizer.zero_grad(set_to_none=True)
             second = self.logits(pixels)
-            again = softmax_entropy(second)[reliable]
+            again = entropy(second)[reliable]
             kept = again[again.detach() < margin]
             if kept.numel():
                 value = float(kept.detach().mean())

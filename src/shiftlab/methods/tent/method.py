@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy, softmax_entropy
+from ..common.confidence import entropy
+from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy
 from .spec import TentSpec
 
 
 def tent_loss(logits: torch.Tensor, mean_entropy_weight: float) -> torch.Tensor:
     """(B, C) -> the mean of the per-image entropies minus `mean_entropy_weight` x the mean prediction's entropy."""
-    loss = softmax_entropy(logits).mean(0)
+    loss = entropy(logits).mean(0)
     if mean_entropy_weight:
         loss = loss - mean_entropy_weight * mean_prediction_entropy(logits)
     return loss
