@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Method, MethodOutput
+from ..common.confidence import marginal_entropy_as_tpt as marginal_entropy
+from ..common.confidence import select_confident
 from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
 from .prompts import TemplateText, check_tower, prompted_image_features
@@ -34,17 +36,8 @@ from .spec import SCAPSpec
 
 
 def confident(logits: torch.Tensor, share: float) -> torch.Tensor:
-    """The int(N x share) rows of (N, C) logits with the lowest entropy (main.py:84-87)."""
-    entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-    return logits[torch.argsort(entropy, descending=False)[:int(entropy.shape[0] * share)]]
-
-
-def marginal_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the mean probability of (N, C) logits (main.py:89-94, TPT's)."""
-    logp = logits - logits.logsumexp(dim=-1, keepdim=True)
-    avg = logp.logsumexp(dim=0) - math.log(logp.shape[0])
-    avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
-    return -(avg * avg.exp()).sum(dim=-1)
+    """The rows of (N, C) logits with the lowest entropy: int(N x share) as main.py:84-87 (at least one)."""
+    return logits[select_confident(logits, share)]
 
 
 def mean_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -114,6 +107,7 @@ class SCAP(Method):
         self.retention: dict[int, torch.Tensor] = {}
         self.retention_t: dict[int, int] = {}
         self.optimizer_state: dict[str, Any] | None = None
+        self.last_text: torch.Tensor | None = None     # the class features of the current text prompt, if known
         self.seen = 0
 
     def _start(self) -> None:
@@ -131,14 +125,20 @@ class SCAP(Method):
         return opt
 
     # -- the passes -------------------------------------------------------------------------------------------
-    def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views (B, 3, S, S) -> (logits (B, C), normalised features (B, D)) with the current prompts."""
+    def class_features(self) -> torch.Tensor:
+        """(C, D) normalised class features of the current text prompt."""
+        with self.precision.autocast():
+            return self._text().features(self.text_prompt, self.config.ensemble_rate).float()
+
+    def forward(self, pixels: torch.Tensor, text: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (B, 3, S, S) -> (logits (B, C), normalised features (B, D)) with the current prompts (`text`: the
+        current prompt's class features when already computed, else computed here)."""
         with self.precision.autocast():
             feats = prompted_image_features(self.model.clip.visual, pixels.to(self.model.input_dtype),
                                             self.image_prompt, self.layers)
-            text = self._text().features(self.text_prompt, self.config.ensemble_rate)
+        text = self.class_features() if text is None else text
         feats = F.normalize(feats.float(), dim=-1)
-        return self.model.logit_scale * feats @ text.float().T, feats
+        return self.model.logit_scale * feats @ text.T, feats
 
     def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
         opt.zero_grad()
@@ -148,6 +148,7 @@ class SCAP(Method):
     def tune_cliques(self, base: torch.Tensor, groups: list[list[int]], classes: list[int]) -> None:
         """batch_utils.py subgroups_prompt_tuning + update_dart_text_ema on the batch's original views."""
         cfg, init = self.config, self._text().init
+        self.last_text = None                  # the text prompt changes below
         opt = self._optimizer(fresh=False)
         steps, means, negatives = [], [], {}
         for i, group in enumerate(groups):
@@ -206,12 +207,14 @@ class SCAP(Method):
             logits, _ = self.forward(views)
             self._step(opt, marginal_entropy(confident(logits, cfg.selection_p)))
             with torch.no_grad():
-                tuned = confident(self.forward(views)[0], cfg.selection_p).mean(dim=0)
+                text = self.class_features()     # the tuned text prompt's, also the prediction's below
+                tuned = confident(self.forward(views, text)[0], cfg.selection_p).mean(dim=0)
         self.optimizer_state = opt.state_dict()
         with torch.no_grad():
             pred = int(tuned.argmax())
             self.image_prompt.copy_(cfg.image_ema_w * self.image_shadow[pred] + (1 - cfg.image_ema_w) * self.image_prompt)
-            logits = self.forward(views[:1])[0][0]
+            logits = self.forward(views[:1], text)[0][0]
+            self.last_text = text
             pred, weight = int(logits.argmax()), float(logits.max())
             decay = math.exp(-weight / cfg.text_ema_h)
             self.text_shadow[pred] = decay * self.text_shadow[pred] + (1 - decay) * self.text_prompt[pred]
@@ -232,8 +235,8 @@ class SCAP(Method):
         outputs = []
         with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
             if self.config.cliques:
-                with torch.no_grad():
-                    logits, feats = self.forward(base)
+                with torch.no_grad():   # the text prompt is the last image's: its class features are known
+                    logits, feats = self.forward(base, self.last_text)
                 groups, classes = cliques(feats, logits.argmax(dim=1).tolist(), self.config.clique_threshold)
                 self.tune_cliques(base, groups, classes)
             for ctx in ctxs:
@@ -253,7 +256,8 @@ class SCAP(Method):
                 "image_prompt": cpu(self.image_prompt), "text_prompt": cpu(self.text_prompt),
                 "image_shadow": cpu(self.image_shadow), "text_shadow": cpu(self.text_shadow),
                 "retention_classes": sorted(self.retention),
-                "retention": [cpu(self.retention[c]) for c in sorted(self.retention)],
+                "retention": torch.stack([cpu(self.retention[c]) for c in sorted(self.retention)])
+                if self.retention else torch.zeros(0),
                 "retention_t": [self.retention_t[c] for c in sorted(self.retention)],
                 "optimizer": None if opt is None else {
                     "state": {k: {n: cpu(v) for n, v in s.items()} for k, s in opt["state"].items()},
