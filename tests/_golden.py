@@ -296,3 +296,9 @@ ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a frac
 TCA_CACHE = 1e-5
 """TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
 FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""
+
+SCAP_PROMPTS = 2e-5
+"""SCAP's image prompt, its per-class EMA and retention prompts (tests/methods/test_scap.py): values ~1, moved by an
+AdamW step per clique and per image (lr 5e-3) whose direction reads gradients through the ViT's attention, so
+LOGITS-sized noise of earlier passes reaches them; measured 1.8e-6 after 3 batches (27 clique and 24 image steps)
+against their main.py on the machine that made the fixture."""

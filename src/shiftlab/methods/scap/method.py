@@ -212,7 +212,8 @@ class SCAP(Method):
         self.optimizer_state = opt.state_dict()
         with torch.no_grad():
             pred = int(tuned.argmax())
-            self.image_prompt.copy_(cfg.image_ema_w * self.image_shadow[pred] + (1 - cfg.image_ema_w) * self.image_prompt)
+            mixed = cfg.image_ema_w * self.image_shadow[pred] + (1 - cfg.image_ema_w) * self.image_prompt
+            self.image_prompt.copy_(mixed)
             logits = self.forward(views[:1], text)[0][0]
             self.last_text = text
             pred, weight = int(logits.argmax()), float(logits.max())
@@ -249,8 +250,10 @@ class SCAP(Method):
         return self.adapt_batch([ctx])[0]
 
     def state_dict(self) -> dict[str, Any]:
+        def cpu(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().cpu().clone()
+
         self._start()
-        cpu = (lambda t: t.detach().cpu().clone())
         opt = self.optimizer_state
         return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
                 "image_prompt": cpu(self.image_prompt), "text_prompt": cpu(self.text_prompt),

@@ -71,15 +71,21 @@ class TemplateText:
         self.prefix = emb[:, :1]
         self.init = emb[:, 1:1 + self.n_ctx].clone()
         self.suffix = emb[:, 1 + self.n_ctx:]
-        feats = [self._encode([t.replace("CLS", c) for c in classnames], device) for t in templates[1:]]
-        self.ensemble = torch.stack(feats).mean(dim=0) if feats else None
+        others = [t.replace("CLS", c) for t in templates[1:] for c in classnames]
+        feats = self._encode(others, device).view(len(templates) - 1, len(classnames), -1) if others else None
+        self.ensemble = feats.mean(dim=0) if others else None
 
     @torch.no_grad()
-    def _encode(self, texts: list[str], device: torch.device) -> torch.Tensor:
+    def _encode(self, texts: list[str], device: torch.device, chunk: int = 1000) -> torch.Tensor:
+        """Unnormalised features (len(texts), D), `chunk` texts per pass."""
         tokens = tokenize(texts, self.clip.context_length).to(device)
-        eot = _eot_positions(tokens)
-        length = _tower_length(self.clip, eot)
-        return run_text_tower(self.clip, self.clip.token_embedding(tokens[:, :length]), eot).float()
+        out = []
+        for start in range(0, len(texts), chunk):
+            tok = tokens[start:start + chunk]
+            eot = _eot_positions(tok)
+            length = _tower_length(self.clip, eot)
+            out.append(run_text_tower(self.clip, self.clip.token_embedding(tok[:, :length]), eot).float())
+        return torch.cat(out)
 
     def features(self, ctx: torch.Tensor, ensemble_rate: float) -> torch.Tensor:
         """Per-class context (C, p, W) -> normalised class features (C, D): (1 - r) learnt + r ensemble."""
