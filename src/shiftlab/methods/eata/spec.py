@@ -51,6 +51,7 @@ class EATASpec(MethodSpec):
     config_class = EATAConfig
     summary = "EATA: entropy-weighted TENT on reliable, non-redundant images of each batch (norm parameters)"
     label = "EATA"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # mr-eggplant/EATA main.py: SGD lr 0.00025 momentum 0.9 (main.py:139, 175), batches of 64 (main.py:70,
     # `--batch-size 64` here), 1 step, continual, no mean-entropy term, the step skipped without a selected image,
     # the redundancy filter on the classifier's outputs; the Fisher term needs source images (README.md)
