@@ -61,8 +61,12 @@ def test_patch_shuffle_moves_whole_patches_by_each_images_own_permutation():
             src = int(orders[i, slot])
             r, c, sr, sc = 4 * (slot // 2), 4 * (slot % 2), 4 * (src // 2), 4 * (src % 2)
             assert torch.equal(out[i, :, r:r + 4, c:c + 4], x[i, :, sr:sr + 4, sc:sc + 4])
-    odd = shuffle_patches(torch.rand(1, 3, 10, 10), 4, torch.Generator())   # resized to 8 and back, as theirs
-    assert odd.shape == (1, 3, 10, 10)
+    # 10 px with 4 patches a side: resized to 8 (torchvision's Resize, bilinear, antialiased), shuffled, and back
+    import torchvision.transforms as T
+    y = torch.rand(2, 3, 10, 10, generator=torch.Generator().manual_seed(1))
+    small = shuffle_patches(T.Resize((8, 8))(y), 4, torch.Generator().manual_seed(2))
+    torch.testing.assert_close(shuffle_patches(y, 4, torch.Generator().manual_seed(2)), T.Resize((10, 10))(small),
+                               rtol=0, atol=1e-6)
 
 
 def test_pixel_shuffle_moves_every_image_by_one_permutation():
@@ -225,7 +229,7 @@ def test_the_library_run_adapts_deyo_on_whole_batches(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_cli_runs_deyo_on_batches_and_refuses_an_occlusion_outside_the_image(tmp_path, tiny_checkpoint, capsys):
+def test_cli_runs_deyo_on_batches_and_refuses_what_does_not_fit_the_image(tmp_path, tiny_checkpoint, capsys):
     from _runs import json_lines
     from _synthetic import make_imagenet_r
     from shiftlab.cli import main as cli_main
@@ -242,3 +246,7 @@ def test_cli_runs_deyo_on_batches_and_refuses_an_occlusion_outside_the_image(tmp
     err = capsys.readouterr().err.strip()
     assert "deyo.occlusion_row + deyo.occlusion_size: 0.75 + 0.5" in err and "Traceback" not in err
     assert len(err.splitlines()) == 1
+    assert cli_main(["run", *flags, "--set", "deyo.patch_len=65", "--out", str(tmp_path / "big")]) != 0
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if "warning" not in line]     # the model is loaded after the listing
+    assert len(errors) == 1 and "deyo.patch_len: 65 patches per side of the model's 64 px images" in errors[0]

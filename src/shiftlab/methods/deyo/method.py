@@ -80,6 +80,13 @@ class DeYO(NormTTAMethod):
     """DeYO: entropy minimisation on the images whose prediction depends on the object's shape (PLPD)."""
     spec = DeYOSpec
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        size, n = self.model.image_size, self.config.patch_len
+        if self.config.augmentation == "patch" and n > size:
+            raise ValueError(f"deyo.patch_len: {n} patches per side of the model's {size} px images leave a patch "
+                             f"no pixel; must be <= {size}")
+
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config
         if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py), dampening 0
