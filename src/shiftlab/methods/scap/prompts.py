@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...models.head_cache import cached_head
 from ...models.text import _eot_positions, _tower_length, run_text_tower, tokenize
 
 
@@ -72,8 +73,12 @@ class TemplateText:
         self.init = emb[:, 1:1 + self.n_ctx].clone()
         self.suffix = emb[:, 1 + self.n_ctx:]
         others = [t.replace("CLS", c) for t in templates[1:] for c in classnames]
-        feats = self._encode(others, device).view(len(templates) - 1, len(classnames), -1) if others else None
-        self.ensemble = feats.mean(dim=0) if others else None
+
+        def build() -> torch.Tensor:
+            return self._encode(others, device).view(len(templates) - 1, len(classnames), -1).mean(dim=0)
+        # 77 x C prompts (minutes on a CPU for 200 classes): kept in the class-head cache, under a key of its own
+        # (the mean of UNnormalised features, not a normalised head of the same prompts)
+        self.ensemble = cached_head(clip, device, ["\x00scap-unnormalised-mean", *others], build) if others else None
 
     @torch.no_grad()
     def _encode(self, texts: list[str], device: torch.device, chunk: int = 1000) -> torch.Tensor:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..heads import register_head
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
 SCAP = "zhoujiahuan1991/CVPR2025-SCAP@5057c963f378af759ad1dab1f68012a7f087d90b"
@@ -37,6 +38,21 @@ R_TEMPLATES = (
     'itap of a CLS', 'graffiti of the CLS', 'a toy CLS', 'itap of my CLS', 'a photo of a cool CLS',
     'a photo of a small CLS', 'a tattoo of the CLS',
 )
+
+
+
+def _describe_head(cls: type, fields: dict) -> str:
+    templates = fields.get("templates", R_TEMPLATES)
+    rate = fields.get("ensemble_rate", 0.65)
+    first = templates[0].replace("CLS", "{}")
+    if len(templates) == 1:
+        return f"'{first}', its context words learnt per class"
+    return (f"'{first}', its context words learnt per class, {1 - rate:g} / {rate:g} with the mean of its "
+            f"{len(templates) - 1} other templates")
+
+
+# SCAP's own head: its prompt learner builds it (prompts.TemplateText); the kind only says what it is
+register_head("scap_templates", _describe_head)
 
 
 @dataclass
@@ -97,6 +113,7 @@ class SCAPSpec(MethodSpec):
     # each image's views; the prompts, their EMAs, the cliques' retention prompts and AdamW's moments carry on
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
     config_class = SCAPConfig
+    text_head = "scap_templates"
     # my_clip_CSTP.py:516-594: the prompt is a key/value prefix of a ViT block's attention
     towers = ("vit",)
     towers_why = "its image prompt is a key/value prefix inside the ViT's attention (their my_clip_CSTP.py offers ViTs)"
