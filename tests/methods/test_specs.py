@@ -71,8 +71,9 @@ def test_the_capabilities_say_what_the_booleans_said():
     assert reads["cliptta"] == reads["cliptta_ood"] == reads["clipartt"] == reads["watt"] == (OWN_TOWER,)
     assert reads["cosmic"] == (FROZEN_FEATURES, OWN_TOWER)      # its DINOv2 reads view 0's pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
+    assert reads["scap"] == (OWN_TOWER,) and specs.spec("scap").towers == ("vit",)  # prompts inside a ViT's attention
     own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",
-           "tca", "deyo")
+           "tca", "deyo", "scap")
     assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
