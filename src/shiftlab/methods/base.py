@@ -247,6 +247,14 @@ class Method:
         raise NotImplementedError(f"{self.name}: reads_ahead 'test_set' is declared but observe_test_set is not "
                                   "implemented")
 
+    # the test-set pass's own views, by name (None: the method's own recipe, `observe_test_set(ctxs)`); a method
+    # naming some (TIPPLE's weak and strong views) is handed {name: contexts} per group instead, the k-th named
+    # recipe drawn from view seed stream k (`ViewGenerator(stream=k)`, k = 1, 2, ...: independent of the others)
+    test_set_views: dict[str, ViewRecipe] | None = None
+    # the run's seed, set by the test-set pass before its first group: what a test-set method draws its own
+    # randomness from (TIPPLE's stage-I shuffles), so a resumed run recomputes the same state
+    test_set_seed: int = 0
+
     def end_test_set(self) -> None:
         """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
         the state this leaves, and an online method's checkpoints hold it."""
