@@ -68,12 +68,13 @@ def test_the_capabilities_say_what_the_booleans_said():
     reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
     assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
     assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == reads["eata"] == reads["sar"] == (OWN_TOWER,)
+    assert reads["deyo"] == (OWN_TOWER,)
     assert reads["cliptta"] == reads["cliptta_ood"] == reads["clipartt"] == reads["watt"] == (OWN_TOWER,)
     # its DINOv2 of view 0: a frozen encoder of its own, whose output a feature store holds (no pixels needed)
     assert reads["cosmic"] == (FROZEN_FEATURES, FROZEN_ENCODER) and not specs.spec("cosmic").needs_pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
     own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",
-           "tca")
+           "tca", "deyo")
     assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
