@@ -303,3 +303,9 @@ its gradient (no Adam-style sign amplification), so the FEATURES-sized kernel no
 steps: measured 8.1e-6 (the tiny ViT's scale 25) after 3 batches against mariodoebler's and the authors' code on the
 machine that made the fixtures; 1e-4 is ~12x that. The entropy filter's decisions are compared exactly after a
 margin check at this tolerance (`entropy_tolerance`)."""
+
+SCAP_PROMPTS = 2e-5
+"""SCAP's image prompt, its per-class EMA and retention prompts (tests/methods/test_scap.py): values ~1, moved by an
+AdamW step per clique and per image (lr 5e-3) whose direction reads gradients through the ViT's attention, so
+LOGITS-sized noise of earlier passes reaches them; measured 1.8e-6 after 3 batches (27 clique and 24 image steps)
+against their main.py on the machine that made the fixture."""

@@ -188,15 +188,17 @@ class _Crash(Exception):
 
 
 @pytest.mark.slow
-def test_a_run_with_the_fisher_killed_mid_stream_resumes_exactly(source, tmp_path, tiny_model):
-    """fisher_alpha > 0 from a source folder through RunConfig: the Fisher is recomputed on resume (at the initial
-    parameters, before the checkpoint's state is restored), the records those of an uninterrupted run; run.json
-    records which source images."""
+def test_a_run_with_the_fisher_killed_mid_stream_resumes_exactly(source, tmp_path, tiny_model, tiny_checkpoint):
+    """fisher_alpha > 0 from a source folder, from the CLI and through RunConfig alike: the Fisher is recomputed on
+    resume (at the initial parameters, before the checkpoint's state is restored), the records those of an
+    uninterrupted run; run.json records which source images."""
     from _runs import comparable, json_lines
+    from shiftlab.cli import main as cli_main
     from shiftlab.datasets import build_dataset
     from shiftlab.engine.config import RunConfig
     from shiftlab.engine.loop import RunHooks, run
-    data = build_dataset("imagefolder", make_image_folder(tmp_path / "data", ["a", "b", "c"], per_class=2, seed=4))
+    folder = make_image_folder(tmp_path / "data", ["a", "b", "c"], per_class=2, seed=4)
+    data = build_dataset("imagefolder", folder)
     fisher = {"fisher_alpha": 50.0, "fisher_source": str(source), "fisher_images": 4, "fisher_batch_size": 2,
               "lr": 0.05, "entropy_margin": 10.0, "redundancy_margin": 2.0}   # every image selected: the state moves
 
@@ -204,7 +206,12 @@ def test_a_run_with_the_fisher_killed_mid_stream_resumes_exactly(source, tmp_pat
         return RunConfig(**{**dict(dataset="imagefolder", methods=["eata"], method_config={"eata": fisher}, workers=0,
                                    progress=False, batch_size=2, seed=1, device="cpu", online_checkpoint_seconds=0,
                                    out=str(out)), **kw})
-    run(config(tmp_path / "whole"), model=tiny_model, dataset=data)
+    # the uninterrupted run from the CLI (the tiny model's checkpoint: the same weights as `tiny_model`)
+    sets = [a for field, value in fisher.items() for a in ("--set", f"eata.{field}={value}")]
+    argv = ["run", "--dataset", "imagefolder", "--data", str(folder), "--model", "shiftlab-tiny", "--pretrained",
+            str(tiny_checkpoint), "--methods", "eata", "--batch-size", "2", "--seed", "1", "--workers", "0",
+            "--device", "cpu", "--no-progress", *sets, "--out", str(tmp_path / "whole")]
+    assert cli_main(argv) == 0
     whole = json_lines(tmp_path / "whole" / "records.jsonl")
 
     class CrashAfterOne(RunHooks):

@@ -73,8 +73,9 @@ def test_the_capabilities_say_what_the_booleans_said():
     # its DINOv2 of view 0: a frozen encoder of its own, whose output a feature store holds (no pixels needed)
     assert reads["cosmic"] == (FROZEN_FEATURES, FROZEN_ENCODER) and not specs.spec("cosmic").needs_pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
+    assert reads["scap"] == (OWN_TOWER,) and specs.spec("scap").towers == ("vit",)  # prompts inside a ViT's attention
     own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",
-           "tca", "deyo")
+           "tca", "deyo", "scap")
     assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
