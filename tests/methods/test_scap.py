@@ -98,6 +98,8 @@ def test_bad_values_are_refused_in_one_line(vit, tiny_model):
         shiftlab.create_method("scap", tiny_model, CLASSNAMES)
     with pytest.raises(ValueError, match="selection_p"):
         shiftlab.create_method("scap", vit, CLASSNAMES, selection_p=0)
+    with pytest.raises(ValueError, match=r"^scap.templates: every template must hold the class name's place, CLS"):
+        shiftlab.create_method("scap", vit, CLASSNAMES, templates=("a photo of a {}",))
 
 
 @pytest.mark.slow
