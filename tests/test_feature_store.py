@@ -14,6 +14,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.base import get_method_class, list_methods
+from shiftlab.methods.specs import spec
 from shiftlab.rundir import record_files
 from shiftlab.rundir.feature_store import FeatureStore, feature_key, key_digest
 from shiftlab.rundir.lock import RunLockedError
@@ -157,8 +158,10 @@ def store_runs(tmp_path_factory):
             def refuse(sid):
                 raise AssertionError(f"sample {sid} was decoded")
             dataset.image = refuse
+        # each method as the registry-wide tests run it (tests/_records.py): nothing downloaded, its small config
+        config = {n: {**spec(n).offline_config, **spec(n).test_config} for n in methods}
         run(RunConfig(methods=methods, views=8, out=str(root / out), workers=0, progress=False, batch_size=2,
-                      **kw), model=tiny_clip(0), dataset=dataset)
+                      method_config=config, **kw), model=tiny_clip(0), dataset=dataset)
         return {(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
                 for r in record_files.iter_records(root / out / "records.jsonl")}
 
