@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shiftlab
+from _records import small_config
 from conftest import model_for_method
 from shiftlab import params
 from shiftlab.commands.checks import method_override
@@ -27,6 +28,11 @@ CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
 def _offline(name: str) -> dict:
     """What the method needs to run with nothing downloaded (RLCF: a random-weight reward model)."""
     return dict(get_method_class(name).offline_config)
+
+
+def _small(name: str) -> dict:
+    """`_offline` and the spec's small test config (the fewest steps and buffer slots that exercise the method)."""
+    return small_config(name)
 
 
 def _views(model, seed: int, n: int = 8) -> torch.Tensor:
@@ -53,7 +59,7 @@ def heads(tiny_model):
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())
 def test_method_predicts_finite_scores(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
     method.prepare()
     logits = method.predict(_views(tiny_model, 0))
     assert logits.shape == (len(CLASSNAMES),) and torch.isfinite(logits).all()
@@ -65,7 +71,7 @@ def test_method_predicts_finite_scores(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
 def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
     a, b = _views(tiny_model, 2), _views(tiny_model, 3)
     first = method.predict(a)
     method.predict(b)
@@ -74,7 +80,7 @@ def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
 def test_batch_prediction_equals_one_at_a_time(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
     ctxs = [SampleContext(tiny_model, heads, _views(tiny_model, s)) for s in (4, 5, 6)]
     singles = [method.predict_context(c).logits for c in ctxs]
     batched = [o.logits for o in method.predict_batch(ctxs)]
