@@ -296,3 +296,16 @@ ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a frac
 TCA_CACHE = 1e-5
 """TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
 FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""
+
+DEYO_LOGITS = 1e-4
+"""DeYO's logits through norm parameters adapted by SGD (tests/methods/test_deyo.py): SGD moves a parameter by lr x
+its gradient (no Adam-style sign amplification), so the FEATURES-sized kernel noise stays of that size through the
+steps: measured 8.1e-6 (the tiny ViT's scale 25) after 3 batches against mariodoebler's and the authors' code on the
+machine that made the fixtures; 1e-4 is ~12x that. The entropy filter's decisions are compared exactly after a
+margin check at this tolerance (`entropy_tolerance`)."""
+
+SCAP_PROMPTS = 2e-5
+"""SCAP's image prompt, its per-class EMA and retention prompts (tests/methods/test_scap.py): values ~1, moved by an
+AdamW step per clique and per image (lr 5e-3) whose direction reads gradients through the ViT's attention, so
+LOGITS-sized noise of earlier passes reaches them; measured 1.8e-6 after 3 batches (27 clique and 24 image steps)
+against their main.py on the machine that made the fixture."""

@@ -10,13 +10,14 @@ import torch
 
 import shiftlab
 from _records import small_config
+from _registered import registered
 from _runs import comparable, json_lines
 from _synthetic import make_image_folder
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine.config import RunConfig, run_stream
 from shiftlab.engine.loop import run
 from shiftlab.methods import base as method_base
-from shiftlab.methods.base import Method, MethodOutput, list_methods, register_method
+from shiftlab.methods.base import Method, MethodOutput, list_methods
 from shiftlab.rundir.identity import RunIdentityError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,10 +47,8 @@ class BatchCentre(Method):
 
 @pytest.fixture
 def batch_method():
-    if BATCH not in method_base._REGISTRY:
-        register_method(BATCH)(BatchCentre)
-    yield BATCH
-    method_base._REGISTRY.pop(BATCH, None)   # other test modules are parametrised over the registry
+    with registered(BATCH, BatchCentre):   # other test modules are parametrised over the registry
+        yield BATCH
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,7 @@ def test_every_single_image_method_gives_the_same_records_inside_batches(data, t
     # the registered batch methods see whole batches by design; every other method is checked
     methods = [n for n in list_methods() if not method_base.get_method_class(n).adapts_on_batches]
     assert set(list_methods()) - set(methods) == {"stata", "oga_batch", "tent", "eata", "sar", "lame", "clipartt",
-                                                  "cliptta", "cliptta_ood", "watt"}
+                                                  "cliptta", "cliptta_ood", "watt", "deyo", "scap"}
     # the methods bound to ViTs (their spec's `towers`: TCA) run on the tiny ViT, the others on the tiny ResNet
     vit_only = [n for n in methods if "resnet" not in method_base.get_method_class(n).towers]
     groups = [([n for n in methods if n not in vit_only], tiny_model, "shiftlab-tiny"),
@@ -194,9 +193,7 @@ class _Crash(Exception):
 
 def test_continual_batch_method_keeps_its_state_and_resumes_exactly(data, tiny_model, tmp_path):
     from shiftlab.engine.loop import RunHooks
-    if CONTINUAL not in method_base._REGISTRY:
-        register_method(CONTINUAL)(BatchMemory)
-    try:
+    with registered(CONTINUAL, BatchMemory):
         config = dict(methods=["zeroshot", CONTINUAL], batch_size=3)
         run(_config(tmp_path / "ref", **config), model=tiny_model, dataset=data)
         reference = json_lines(tmp_path / "ref" / "records.jsonl")
@@ -216,5 +213,3 @@ def test_continual_batch_method_keeps_its_state_and_resumes_exactly(data, tiny_m
         assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
         run(_config(tmp_path / "cut", resume=True, **config), model=tiny_model, dataset=data)
         assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
-    finally:
-        method_base._REGISTRY.pop(CONTINUAL, None)

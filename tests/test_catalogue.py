@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import shiftlab
+from _registered import registered
 from shiftlab import catalogue, params
 from shiftlab.attacks import catalogue as attack_catalogue
 from shiftlab.cli import main as cli_main
 from shiftlab.commands.checks import method_names, method_override
-from shiftlab.methods import specs as method_specs
-from shiftlab.methods.base import Method, ViewMethodConfig, get_method_class, register_method
+from shiftlab.methods.base import Method, ViewMethodConfig, get_method_class
 from shiftlab.methods.specs import MethodSpec
 from shiftlab.params import param
 from test_registry import CLASSNAMES, _numeric_fields, _outside
@@ -100,8 +100,7 @@ def test_names_and_fields_come_from_the_spec_not_the_class():
 
     spec = type("SpecOnly", (MethodSpec,), {"name": "test_spec_only", "impl": "shiftlab.nosuch_module:Nothing",
                                            "config_class": Config, "summary": "test: a spec without a class"})
-    method_specs.register_spec(spec)
-    try:
+    with registered("test_spec_only", spec=spec):
         with pytest.raises(argparse.ArgumentTypeError, match=r"test_spec_only\.lr: 0\.01 is out of range; must be "
                                                              r"a finite float >= 10"):
             method_override("test_spec_only.lr=0.01")
@@ -109,8 +108,6 @@ def test_names_and_fields_come_from_the_spec_not_the_class():
         assert method_names("test_spec_only,tpt") == ["test_spec_only", "tpt"]
         with pytest.raises(ModuleNotFoundError):   # only building it looks for the class
             get_method_class("test_spec_only")
-    finally:
-        method_specs.SPECS.pop("test_spec_only")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown method nope"):
         method_names("tpt,nope")
 
@@ -126,14 +123,10 @@ class _Scale(Method):
 
 
 def test_a_method_registered_at_run_time_is_listed_and_checked(capsys):
-    register_method("test_scale")(_Scale)
-    try:
+    with registered("test_scale", _Scale):
         assert method_names("test_scale,tpt") == ["test_scale", "tpt"]
         assert method_override("test_scale.factor=3") == ("test_scale", "factor", 3.0)
         assert "test_scale.factor: 0 is out of range" in _refusal("test_scale.factor=0")
         assert cli_main(["methods"]) == 0
         assert "test: a method only this test registers" in capsys.readouterr().out
-    finally:
-        from shiftlab.methods import base
-        base._REGISTRY.pop("test_scale")
     assert "test_scale" not in catalogue.names()

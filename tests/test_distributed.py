@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from _gate import SCRIPT, GatedRun, child_env
+from _registered import registered
 from _runs import comparable as _strip
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -71,15 +72,14 @@ class StreamMean(Method):
 
 def register_online() -> str:
     if ONLINE not in method_base._REGISTRY:
-        register_method(ONLINE)(StreamMean)
+        register_method(ONLINE)(StreamMean)   # registers in a child process
     return ONLINE
 
 
 @pytest.fixture
 def online_method():
-    register_online()
-    yield ONLINE
-    method_base._REGISTRY.pop(ONLINE, None)  # other test modules are parametrised over the registry
+    with registered(ONLINE, StreamMean):   # other test modules are parametrised over the registry
+        yield ONLINE
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

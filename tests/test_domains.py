@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from _registered import registered
 from _runs import json_lines
 from _synthetic import make_image_folder, make_imagenet_r
 from shiftlab.cli import main as cli_main
@@ -16,8 +17,7 @@ from shiftlab.datasets.build import build_dataset
 from shiftlab.datasets.domains import domain_sequence
 from shiftlab.engine.config import RunConfig, run_stream
 from shiftlab.engine.loop import run
-from shiftlab.methods import base as method_base
-from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.methods.base import Method, MethodOutput
 from shiftlab.report import build_report
 from shiftlab.rundir.stream import read_stream, stream_order
 
@@ -93,10 +93,8 @@ class StreamCount(Method):
 
 @pytest.fixture
 def counter():
-    if "stream_count" not in method_base._REGISTRY:
-        register_method("stream_count")(StreamCount)
-    yield "stream_count"
-    method_base._REGISTRY.pop("stream_count", None)
+    with registered("stream_count", StreamCount):
+        yield "stream_count"
 
 
 @pytest.mark.slow

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _registered import registered
 from _synthetic import make_imagenet_r, random_image
-from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.methods.base import Method, MethodOutput
 from shiftlab.results.ood import ood_metrics
 from shiftlab.rundir import record_files
 from shiftlab.rundir.records import check_record
@@ -49,11 +50,8 @@ def data(tmp_path_factory) -> Path:
 def probe():
     """The test-only method, registered for one test: the registry-wide tests (the methods table, "all") never
     see it."""
-    from shiftlab.methods import base, specs
-    register_method(PROBE)(OwnScoreProbe)
-    yield PROBE
-    base._REGISTRY.pop(PROBE)
-    specs.SPECS.pop(PROBE)
+    with registered(PROBE, OwnScoreProbe):
+        yield PROBE
 
 
 def _run(data: Path, out: Path, methods: list[str]) -> Path:

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from _registered import registered
 from _runs import comparable, json_lines
 from _synthetic import make_image_folder
 from shiftlab import catalogue
@@ -18,8 +19,7 @@ from shiftlab.datasets.build import build_dataset
 from shiftlab.engine import suite as suite_runs
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
-from shiftlab.methods import base as method_base
-from shiftlab.methods.base import Method, MethodOutput, register_method
+from shiftlab.methods.base import Method, MethodOutput
 from shiftlab.methods.specs import Capabilities, MethodSpec
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
@@ -66,10 +66,8 @@ class TestSetCentre(Method):
 
 @pytest.fixture
 def test_set_method():
-    if TEST_SET_METHOD not in method_base._REGISTRY:
-        register_method(TEST_SET_METHOD)(TestSetCentre)
-    yield TEST_SET_METHOD
-    method_base._REGISTRY.pop(TEST_SET_METHOD, None)   # other test modules are parametrised over the registry
+    with registered(TEST_SET_METHOD, TestSetCentre):   # other test modules are parametrised over the registry
+        yield TEST_SET_METHOD
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +201,26 @@ def test_a_killed_test_set_run_resumes_with_identical_records(test_set_method, d
     assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
     run(_config(tmp_path / "cut", resume=True), model=tiny_model, dataset=data)
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
+
+
+def test_a_finished_test_set_run_resumes_to_nothing(test_set_method, data, tiny_model, tmp_path):
+    """A --resume of a finished run has no record to compute: the test-set pass (a whole pass over the set)
+    is not repeated, and the records are unchanged."""
+    run(_config(tmp_path / "run"), model=tiny_model, dataset=data)
+    before = (tmp_path / "run" / "records.jsonl").read_text()
+    shown = []
+    original = TestSetCentre.observe_test_set
+
+    def counting(self, ctxs):
+        shown.extend(c.sample_id for c in ctxs)
+        return original(self, ctxs)
+    TestSetCentre.observe_test_set = counting
+    try:
+        run(_config(tmp_path / "run", resume=True), model=tiny_model, dataset=data)
+    finally:
+        TestSetCentre.observe_test_set = original
+    assert shown == []
+    assert (tmp_path / "run" / "records.jsonl").read_text() == before
 
 
 # ------------------------------------------------------------------ the blocks of every table

@@ -9,8 +9,8 @@ One entry per method: name, label, aliases, episodic, uses_views, summary, defau
 `--set` takes, in words), min_views, protocols ({protocol: views, views_text, precision, text_head,
 sets}), paper_datasets (the datasets the method's code sets values for under `paper`), published
 (shiftlab.methods.facts), fidelity, kind ("episodic" or "online"), reads (its capabilities), reads_ahead
-(None, "batch" or "test_set") and block (the table block it is shown in, `BLOCKS`) and fields ({field:
-params.FieldSpec.to_json(): type and declared range}).
+(None, "batch" or "test_set"), block (the table block it is shown in, `BLOCKS`), family (the group it declares
+itself part of, `facts.FAMILIES`, or "") and fields ({field: params.FieldSpec.to_json(): type and declared range}).
 
 The blocks (docs/PROTOCOLS.md, "The transductive track"): every table (the methods table, `shiftlab methods`,
 suite.md, report.html) shows single-image methods (each prediction reads the current image and the images
@@ -85,6 +85,14 @@ def published_note(method: str) -> str:
 def names() -> list[str]:
     """The registered method names, sorted."""
     return spec_names()
+
+
+def family_members(family: str) -> list[str]:
+    """The registered methods whose spec declares `family` (`facts.FAMILIES`: "classic", the classic batch TTA
+    methods), sorted: a new method joins by declaring it, never by being added to a list."""
+    if family not in facts.FAMILIES:
+        raise ValueError(f"unknown method family {family!r}; known: {', '.join(facts.FAMILIES)}")
+    return [n for n in names() if facts.family(spec(n)) == family]
 
 
 def protocols() -> tuple[str, ...]:
@@ -168,6 +176,7 @@ def entry(name: str) -> dict[str, Any]:
         "reads": list(cls.capabilities.reads),
         "reads_ahead": cls.capabilities.reads_ahead,
         "block": _BLOCK_OF[cls.capabilities.reads_ahead],
+        "family": facts.family(cls),
         "fields": {k: spec_.to_json() for k, spec_ in specs.items()},
     }
 

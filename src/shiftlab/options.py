@@ -55,6 +55,7 @@ OPTIONS: dict[str, Option] = {
     "compare": Option("compare=", "--compare"),
     "reference": Option("reference=", "--reference"),
     "random_weights": Option("pretrained=None", "--pretrained none"),
+    "batch_size": Option("batch_size=", "--batch-size"),
 }
 
 _CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("shiftlab_cli", default=False)

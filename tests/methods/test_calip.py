@@ -165,6 +165,13 @@ def test_cli_runs_calip_and_refuses_a_bad_value(tmp_path, tiny_checkpoint, capsy
                   "--out", str(tmp_path / "bad")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_info.value.code == 2 and "attention_scale" in err and "Traceback" not in err
+    # its own view-0 pass (README, "Why its pass is not shared"): its records are the same whatever runs beside it
+    assert cli_main(["run", *flags, "--methods", "calip", "--set", "calip.beta_text=0", "--set", "calip.beta_visual=0",
+                     "--out", str(tmp_path / "alone")]) == 0
+    alone = {r["id"]: r for r in json_lines(tmp_path / "alone" / "records.jsonl")}
+    for sid in range(4):
+        assert {k: v for k, v in alone[sid].items() if k != "seconds"} == \
+            {k: v for k, v in by[sid, "calip"].items() if k != "seconds"}
 
 
 @pytest.mark.slow

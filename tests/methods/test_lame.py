@@ -107,6 +107,19 @@ def test_output_scale_reports_cliptta_s_softmax_with_the_same_prediction(tiny_mo
 # -- through the command line -------------------------------------------------------------------------
 
 @pytest.mark.slow
+def test_its_own_ood_score_is_cliptta_s_max_prob_of_the_assignments(tiny_model):
+    """CLIPTTA's get_scores of LAME's Y: the largest softmax(ood_logit_scale x Y), written out; the spec declares it."""
+    x = F.normalize(torch.randn(6, 32, generator=torch.Generator().manual_seed(7)), dim=-1)
+    ctxs = [SampleContext(tiny_model, None, None, image_features=row.unsqueeze(0)) for row in x]
+    for scale in (1.0, 30.0):
+        lame = shiftlab.create_method("lame", tiny_model, CLASSNAMES, ood_logit_scale=scale, output_scale=100.0)
+        outs = lame.adapt_batch(ctxs)
+        y, _ = M.adjust(x, lame.zero_shot(x), lame.config)
+        want = [max(torch.exp(scale * row) / torch.exp(scale * row).sum()).item() for row in y]
+        assert [o.ood_score for o in outs] == pytest.approx(want, abs=1e-6)
+    assert "max_prob" in M.LAME.own_ood_score
+
+
 def test_cli_runs_lame_on_batches_from_stored_features_as_from_pixels(tmp_path, tiny_checkpoint, capsys):
     from _runs import comparable, json_lines
     from _synthetic import make_imagenet_r
@@ -181,3 +194,7 @@ def test_lame_matches_the_authors_code_batch_by_batch(golden_vit, golden_dir, va
         # the stopping rule compares float32 energies whose relative change falls below float32's own spacing
         # (6e-8) before it reaches 1e-8: when it stops is a rounding event, one step either way, after Y has converged
         assert abs(outs[0].extras["iterations"] - int(want[f"{b}/iterations"])) <= 1
+        if info["code"] == "cliptta":   # their OOD score of Y (get_scores, `--score_type max_prob`)
+            assert info["score_type"] == "max_prob"
+            scores = torch.tensor([o.ood_score for o in outs])
+            assert_close(scores, want[f"{b}/scores"], LAME_PROBS, f"{b} scores")

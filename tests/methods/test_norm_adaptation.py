@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import json
 
 import pytest
 import torch
@@ -149,3 +150,47 @@ def test_stored_features_without_pixels_are_refused_in_one_line(vit):
     ctx = SampleContext(vit, method.heads, None, image_features=torch.zeros(1, 32))
     with pytest.raises(ValueError, match="^tent adapts the image tower and needs the images' pixels"):
         method.adapt_batch([ctx])
+
+
+# -- BatchNorm on a batch of one image -------------------------------------------------------------------------
+
+TINY_32PX = "shiftlab-tiny-32px"   # the tiny ResNet at 32 px: its last feature map is 1x1
+
+
+@pytest.fixture(scope="module")
+def resnet_32px():
+    from shiftlab.models import load_model
+    from shiftlab.models.architectures import builtin_configs
+    config = builtin_configs()["shiftlab-tiny"]
+    config["vision_cfg"]["image_size"] = 32
+    return load_model(TINY_32PX, None, model_config=config)
+
+
+def test_batchnorm_on_one_value_per_channel_is_refused_in_one_line(resnet_32px):
+    """One image whose last feature map is 1x1 leaves a BatchNorm layer one value per channel: a one-line
+    refusal naming the batch size, not torch's traceback; two images adapt."""
+    tent = shiftlab.create_method("tent", resnet_32px, CLASSES, steps=1)
+    views = _batches(resnet_32px, 1, size=2)[0]
+    ctxs = [SampleContext(resnet_32px, tent.heads, views[i:i + 1]) for i in range(2)]
+    with pytest.raises(ValueError) as err:
+        tent.adapt_batch(ctxs[:1])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("tent: shiftlab-tiny-32px: a batch of 1 image")
+    assert "BatchNorm" in message and "batch_size=2" in message
+    assert len(tent.adapt_batch(ctxs)) == 2
+
+
+def test_a_run_s_batch_tail_of_one_gets_error_records_that_say_why(resnet_32px, tmp_path):
+    from _synthetic import make_image_folder
+    from shiftlab import RunConfig, run
+    from shiftlab.datasets import build_dataset
+    data = build_dataset("imagefolder", make_image_folder(tmp_path / "data", ["cat", "dog", "car"], size=(40, 30)))
+    run(RunConfig(dataset="imagefolder", methods=["zeroshot", "tent"], method_config={"tent": {"steps": 1}},
+                  batch_size=2, workers=0, progress=False, out=str(tmp_path / "run"), device="cpu"),
+        model=resnet_32px, dataset=data)
+    recs = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    tent = {r["id"]: r for r in recs if r["method"] == "tent"}
+    stream = json.loads((tmp_path / "run" / "stream.json").read_text())["ids"]
+    assert all("error" not in tent[sid] for sid in stream[:2])            # a batch of two adapts
+    assert tent[stream[2]]["error"].startswith("ValueError: tent: shiftlab-tiny-32px: a batch of 1 image")
+    assert all("error" not in r for r in recs if r["method"] == "zeroshot")

@@ -6,7 +6,8 @@ Golden: 24 images in 3 batches of 8, continual: at logit scale 50 (no recovery: 
 with 2 steps (the moving average below 0.2 from the first step: a recovery after every step, which keeps the
 moving average and Adam's moments); after every batch the logits (TUNED_LOGITS: measured 2.1e-5), the norm
 parameters (NORM_PARAMS: 1.8e-7), Adam's first moments (GRAD_RTOL of their largest: 6.7e-7 absolute) and the
-moving average (LOSS: 1.7e-6).
+moving average (LOSS: 1.7e-6); and the first variant with their --skip_top_layers (`skip_top_layers="top"`: ln_post
+frozen on the 4-block tiny ViT).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from shiftlab.synthetic import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VARIANTS = {"sar": {"logit_scale": 50.0}, "sar_recover": {"steps": 2, "logit_scale": 100.0}}
+VARIANTS = {"sar": {"logit_scale": 50.0}, "sar_recover": {"steps": 2, "logit_scale": 100.0},
+            "sar_skip": {"logit_scale": 50.0, "skip_top_layers": "top"}}
+RECOVERIES = {"sar": 0, "sar_recover": 6, "sar_skip": 0}
 
 
 def test_sam_moves_along_the_normalised_gradient_and_remembers_the_weights():
@@ -61,6 +64,37 @@ def test_paper_protocol_is_sars_own_recipe():
     paper = describe("paper", "sar")["config"]
     assert (paper["optimizer"], paper["lr"], paper["momentum"], paper["predict_after_update"],
             paper["recovery_resets_ema"], paper["rho"]) == ("sgd", 0.001, 0.9, False, True, 0.05)
+    assert paper["skip_top_layers"] == "top" and describe("leaderboard", "sar")["config"]["skip_top_layers"] == "none"
+
+
+# -- the top layers left out (tests/fixtures/golden/sar/top_layers.json, made by top_layers.py beside it) --------
+
+
+@pytest.mark.parametrize("tower_key", ["vit12", "resnet"])
+def test_the_top_layer_rules_adapt_what_the_authors_code_collects(golden_dir, tower_key):
+    """On a 12-block ViT (ViT-B's depth) and a ResNet: "top" adapts what CLIPTTA's --skip_top_layers collects
+    (blocks 9-11 and ln_post, or layer4, left out), "sar_names" what SAR's collect_params collects (ln_post kept),
+    "none" every norm; the skipped BatchNorm layers still use the batch's statistics, the shared tower untouched."""
+    import importlib
+    import types
+
+    from shiftlab.methods.common.norm_adaptation import NormTower, norm_layers
+    fixture = json.loads((golden_dir / "sar" / "top_layers.json").read_text())["towers"][tower_key]
+    module, _, name = fixture["constructor"].rpartition(".")
+    torch.manual_seed(0)
+    tower = getattr(importlib.import_module(module), name)(**fixture["kwargs"]).eval().requires_grad_(False)
+    everything = [f"{n}.{w}" for n, m in norm_layers(tower) for w in ("weight", "bias")]
+    assert everything == fixture["all"]      # the tower the authors' code was run on
+    clip = types.SimpleNamespace(visual=tower)
+    for rule, theirs in (("top", "cliptta_skip"), ("sar_names", "sar"), ("none", "all")):
+        assert NormTower(clip, rule).parameter_names == fixture[theirs], rule
+    if tower_key == "resnet":
+        frozen = NormTower(clip, "top").visual.get_submodule("layer4.0.bn1")
+        assert frozen.running_mean is None and not frozen.track_running_stats   # batch statistics
+        assert frozen.weight is tower.get_submodule("layer4.0.bn1").weight      # the shared, frozen tensor
+        assert tower.get_submodule("layer4.0.bn1").running_mean is not None     # the shared tower's own kept
+    else:
+        assert "ln_post.weight" in fixture["sar"] and "ln_post.weight" not in fixture["cliptta_skip"]
 
 
 # -- CLIPTTA's code (tests/fixtures/golden/sar) --------------------------------------------------------------
@@ -86,4 +120,4 @@ def test_sar_matches_cliptta_batch_by_batch(golden_vit, golden_dir, variant):
             scale = max(float(theirs.abs().max()), 1e-3)
             assert_close(moments[i]["exp_avg"], theirs, GRAD_RTOL * scale, f"batch {b} Adam moment {name}")
         assert method.ema == pytest.approx(float(want[f"{b}/ema"]), abs=LOSS)
-    assert method.recoveries == (0 if variant == "sar" else 6)
+    assert method.recoveries == RECOVERIES[variant]

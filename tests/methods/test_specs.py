@@ -67,11 +67,13 @@ def test_the_capabilities_say_what_the_booleans_said():
     reads = {name: spec.capabilities.reads for name, spec in specs.specs().items()}
     assert reads["ttl"] == (OWN_TOWER,) and reads["rlcf"] == (FROZEN_FEATURES, OWN_TOWER)
     assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == reads["eata"] == reads["sar"] == (OWN_TOWER,)
+    assert reads["deyo"] == (OWN_TOWER,)
     assert reads["cliptta"] == reads["cliptta_ood"] == reads["clipartt"] == reads["watt"] == (OWN_TOWER,)
     assert reads["cosmic"] == (FROZEN_FEATURES, OWN_TOWER)      # its DINOv2 reads view 0's pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
+    assert reads["scap"] == (OWN_TOWER,) and specs.spec("scap").towers == ("vit",)  # prompts inside a ViT's attention
     own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",
-           "tca")
+           "tca", "deyo", "scap")
     assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))

@@ -181,12 +181,17 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     writer = record_files.RecordWriter(distributed.records_path(run_dir, dist),
                                        probs=_probs_writer(config, run_dir, dist))
     # test-set methods see the whole test set first; recomputed on every start, so a resume is exact (an online
-    # one's checkpoint, restored below, then replaces what the pass left with the state the stream reached)
-    test_set_pass(evaluator, dataset, views, order, config.batch_size)
+    # one's checkpoint, restored below, then replaces what the pass left with the state the stream reached); a
+    # method with nothing left to compute (a finished run resumed) is not shown the set again
+    test_set_pass(evaluator, dataset, views, order, config.batch_size,
+                  names=unfinished_test_set_methods(evaluator, order, settings, done))
     state = None
     online_start = 0
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
-    if online:
+    finished = config.resume and not _records_left(list(evaluator.methods), order, settings, done)
+    if finished:   # every record is in the files: the online methods' stream is over, nothing is restored
+        online_start = len(order)
+    elif online:
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
         if config.resume:
@@ -251,14 +256,29 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     return summary
 
 
-def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int) -> list[str]:
+def unfinished_test_set_methods(evaluator: Evaluator, order: Sequence[int], settings: Sequence[str],
+                                done: set) -> list[str]:
+    """The test-set methods a (resumed) run must show the test set: those with a record left to compute, and
+    the online ones while any method of the run has one left (their state runs along the whole stream)."""
+    run_left = _records_left(list(evaluator.methods), order, settings, done)
+    return [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET
+            and (_records_left([n], order, settings, done) or (not m.episodic and run_left))]
+
+
+def _records_left(names: Sequence[str], order: Sequence[int], settings: Sequence[str], done: set) -> bool:
+    """Whether a record of `names` over `order` and `settings` is not in `done` (an error record counts)."""
+    return any(records.is_missing(sid, n, s, done) for n in names for s in settings for sid in order)
+
+
+def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int,
+                  names: Sequence[str] | None = None) -> list[str]:
     """The transductive track's pass (docs/PROTOCOLS.md): every method that reads the whole test set
-    (`reads_ahead == "test_set"`) is shown each decodable sample of the run once, in sample-id order (the
-    test set as a set: what it learns does not depend on the stream order), in groups of `batch_size`, the
-    clean views of its own recipe encoded as the stream encodes them; then `end_test_set()`. Deterministic
-    (the views are seeded by (run seed, sample id)), so a resumed run recomputes the same state. Returns the
-    methods shown the set."""
-    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET]
+    (`reads_ahead == "test_set"`; `names`: only these of them) is shown each decodable sample of the run once,
+    in sample-id order (the test set as a set: what it learns does not depend on the stream order), in groups
+    of `batch_size`, the clean views of its own recipe encoded as the stream encodes them; then
+    `end_test_set()`. Deterministic (the views are seeded by (run seed, sample id)), so a resumed run
+    recomputes the same state. Returns the methods shown the set."""
+    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET and (names is None or n in names)]
     if not names:
         return []
     runner = Runner(StepContext(evaluator, dataset, views, methods=names))

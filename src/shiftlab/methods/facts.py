@@ -12,7 +12,8 @@ CONTRIBUTING.md), and its `Method` class gets them from the spec:
   sets per dataset, layered under `paper`; a large table lives in methods/<method>/settings.json, read by
   `settings_file`), `label` (the name the papers print; default: the registry name), `aliases` (other
   spellings of it in published tables: "clip", "zs"), `cupl_files` (dataset -> the CuPL file the method's
-  code reads there).
+  code reads there), `family` (a key of `FAMILIES`: the group of methods it belongs to, which tests and tables
+  select by it instead of a list of names).
 
 They are read from the class's own body (`declared`: a spec's, or the method class's, which holds its spec's),
 never inherited: BoostAdapter subclasses TDA and must not show TDA's published numbers or run TDA's recipe.
@@ -27,8 +28,13 @@ from typing import Any
 
 # fact -> its value where a method declares none
 DEFAULTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {},
-                            "label": "", "aliases": (), "cupl_files": {}}
+                            "label": "", "aliases": (), "cupl_files": {}, "family": ""}
 REQUIRED = ("protocols", "published", "fidelity")   # declared by every method, even when empty
+# the groups a method may declare itself part of (its `family` fact), in words
+CLASSIC = "classic"
+FAMILIES = {CLASSIC: "the classic batch test-time adaptation methods as the CLIP toolkits run them (CLIPTTA's "
+                     "ttavlm, mariodoebler/test-time-adaptation): TENT, EATA, SAR, DeYO, LAME, CLIPArTT, WATT, "
+                     "CLIPTTA (issue #32)"}
 PUBLISHED_FIELDS = ("dataset", "backbone", "protocol", "metric", "value", "source")
 METRICS = {"top1": "top-1 accuracy %", "ece20": "expected calibration error %, 20 equal-width bins"}
 BACKBONES = ("RN50", "ViT-B/16")     # as the papers name them (results.published_suites.BACKBONES)
@@ -45,6 +51,14 @@ C_TPT_TABLE = ("C-TPT paper (Yoon et al., ICLR 2024), CLIP RN50 ImageNet-R top-1
 def declared(cls: type, fact: str) -> Any:
     """The value of `fact` in `cls`'s own body, or its default (`DEFAULTS`)."""
     return cls.__dict__.get(fact, DEFAULTS[fact])
+
+
+def family(cls: type) -> str:
+    """The family a method declares (a key of `FAMILIES`), or "" when none; an unknown one is a ValueError."""
+    value = declared(cls, "family")
+    if value and value not in FAMILIES:
+        raise ValueError(f"{cls.name}: family {value!r} is none of {', '.join(FAMILIES)}")
+    return value
 
 
 def label(cls: type) -> str:

@@ -34,6 +34,7 @@ from ..options import say, say_set
 from ..params import check_config, param
 from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
+from .facts import FAMILIES
 
 __all__ = ["BATCH", "EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
            "Capabilities", "MethodConfig",
@@ -150,7 +151,7 @@ class Capabilities:
 
 # facts read from a spec's own body, never inherited (shiftlab.methods.facts), and their defaults
 FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {}, "label": "",
-                         "aliases": (), "cupl_files": {}}
+                         "aliases": (), "cupl_files": {}, "family": ""}
 # what a spec declares (inherited defaults) and the method class carries over
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "towers", "towers_why", "text_head", "min_views",
               "min_views_why", "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates",
@@ -186,7 +187,7 @@ class MethodSpec:
     """A method's declaration: subclass it in `methods/<folder>/spec.py` (one class per registered name).
 
     Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
-    published, fidelity, dataset_values, label, aliases, cupl_files; shiftlab.methods.facts says what
+    published, fidelity, dataset_values, label, aliases, cupl_files, family; shiftlab.methods.facts says what
     each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features`, `adapts_on_batches` and `reads_ahead` are
     derived (from the capabilities and the config class), never declared."""
     name: ClassVar[str] = ""
@@ -235,6 +236,10 @@ class MethodSpec:
         if "dataset_settings" in cls.__dict__:   # the fact's old name: refused, never silently ignored
             raise TypeError(f"{cls.__qualname__}: `dataset_settings` is now `dataset_values` (a run's 'setting' is "
                             "clean or attacked; a method's per-dataset values are its dataset_values)")
+        family = cls.__dict__.get("family", "")
+        if family and family not in FAMILIES:
+            raise TypeError(f"{cls.__qualname__}: family {family!r} is none of {', '.join(FAMILIES)} "
+                            "(shiftlab.methods.facts.FAMILIES)")
         derived = [k for k in DERIVED if k in cls.__dict__]
         if derived:
             raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "

@@ -57,6 +57,7 @@ class CLIPArTTSpec(MethodSpec):
     summary = ("CLIPArTT: the image tower's norm parameters, soft targets from a batch's image and top-3 caption "
                "similarities (episodic per batch)")
     label = "CLIPArTT"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # adapt.py: batches of 128 (configuration.py:29: `--batch-size 128`), the output softmax(100 x cosine) (adapt.py:93)
     protocols = {"paper": {"logit_scale": 100.0}}
     # the README has no table

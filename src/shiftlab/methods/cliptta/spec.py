@@ -80,6 +80,7 @@ class CLIPTTASpec(MethodSpec):
     summary = ("CLIPTTA: soft contrastive loss between a batch's images and their pseudo-captions, with a "
                "confident-image memory, on the image tower's norm parameters (continual)")
     label = "CLIPTTA"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with
     own_ood_score = "CLIPTTA's score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py get_scores)"
@@ -105,6 +106,7 @@ class CLIPTTAOODSpec(CLIPTTASpec):
     summary = ("CLIPTTA, OOD-aware: an Otsu threshold on its OOD score learnt with the batch, only the images "
                "above it adapt; records its own ood_score")
     label = "CLIPTTA (OOD-aware)"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("CLIPTTA's OOD-aware score (`score`: max_log_prob at logit scale 1, thresholded by Otsu; "
                      "ttavlm/methods/abstract_model.py get_scores)")
     protocols = {"paper": dict(_PAPER)}

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
+from ...options import say
 from ..base import Method, MethodOutput
 from ..context import SampleContext
 from .online_common import STATE_VERSION, check_state
@@ -37,26 +38,81 @@ from .online_common import STATE_VERSION, check_state
 NORM_LAYERS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
+# the module-name tests of the two codes that leave the top layers out (substrings, then whole names): CLIPTTA's
+# `--skip_top_layers` (abstract_model.py:610-616) and SAR's collect_params (mr-eggplant/SAR sar.py:117-130). Both
+# test "blocks.9" ... "blocks.11" as substrings of the names, so on CLIP's ViT (transformer.resblocks.N) they skip
+# blocks 9-11 whatever the depth: the top three of ViT-B (12 blocks), middle blocks of ViT-L (24); none of a
+# tower with fewer than 10 blocks
+TOP_LAYER_NAMES = {
+    "top": (("layer4", "conv5_x", "blocks.9", "blocks.10", "blocks.11", "ln_post"), ("norm",)),
+    "sar_names": (("layer4", "blocks.9", "blocks.10", "blocks.11", "norm."), ("norm",)),
+}
+
+
+def skips_top_layer(name: str, rule: str) -> bool:
+    """Whether the normalisation layer `name` (a module name inside the image tower) is left out under `rule`
+    (norm_config.TOP_LAYER_RULES: "none", "top", "sar_names")."""
+    if rule == "none":
+        return False
+    parts, whole = TOP_LAYER_NAMES[rule]
+    return any(part in name for part in parts) or name in whole
+
+
 def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
             if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
 
 
+class BatchStatisticsError(ValueError):
+    """A BatchNorm layer of the tower was handed one value per channel: no batch statistics to normalise with."""
+
+
+def _check_batch_statistics(name: str) -> Any:
+    """A forward pre-hook for BatchNorm layer `name`: refuses an input with one value per channel (a batch of one
+    image whose feature map there is 1x1), where torch would stop with its own traceback-worthy message."""
+    def hook(module: nn.Module, args: tuple) -> None:
+        x = args[0]
+        if x.numel() <= x.shape[1]:
+            n = x.shape[0]
+            raise BatchStatisticsError(
+                f"a batch of {n} image{'s' if n != 1 else ''} leaves its BatchNorm layer {name} one value per "
+                f"channel (a {'x'.join(map(str, x.shape[2:])) or 'flat'} feature map there): batch statistics need "
+                f"two or more; use batches of two or more images ({say('batch_size', 2)} or more)")
+    return hook
+
+
+def use_batch_statistics(module: nn.Module) -> None:
+    """A BatchNorm layer of the private copy normalises with its batch's statistics in every mode, the shared
+    running statistics neither read nor updated (TENT's and SAR's configure_model, for every BatchNorm layer)."""
+    module.track_running_stats = False
+    module.running_mean = None
+    module.running_var = None
+    module.num_batches_tracked = None
+
+
 class NormTower(nn.Module):
     """The image tower of `clip` with its normalisation layers' affine parameters as its own trainable copies.
 
     `parameter_names` and `adapted_parameters()` list them in module order, weight before bias (the order the
-    authors' `collect_params` walks, so an optimiser's state lines up with theirs). BatchNorm layers use the
-    batch's statistics (their running statistics are neither read nor updated)."""
+    authors' `collect_params` walks, so an optimiser's state lines up with theirs); `skip_top_layers` (a rule of
+    norm_config.TOP_LAYER_RULES) leaves the top layers' norms out, shared and frozen. Every BatchNorm layer, adapted
+    or not, uses the batch's statistics (their running statistics are neither read nor updated)."""
 
-    def __init__(self, clip: nn.Module):
+    def __init__(self, clip: nn.Module, skip_top_layers: str = "none"):
         super().__init__()
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
+        for name, module in layers:
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                use_batch_statistics(module)     # adapted or not, as their configure_model sets every one
+                module.register_forward_pre_hook(_check_batch_statistics(name))
+        layers = [(name, module) for name, module in layers if not skips_top_layer(name, skip_top_layers)]
         if not layers:
             raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
-                             "(LayerNorm, GroupNorm or BatchNorm) to adapt")
+                             "(LayerNorm, GroupNorm or BatchNorm) to adapt"
+                             + (f" outside the top layers (skip_top_layers {skip_top_layers!r})"
+                                if skip_top_layers != "none" else ""))
         self.parameter_names: list[str] = []
         for name, module in layers:
             for which in ("weight", "bias"):
@@ -66,12 +122,6 @@ class NormTower(nn.Module):
                 # a new tensor in the copy only: the shared tower keeps its own
                 setattr(module, which, nn.Parameter(tensor.detach().clone(), requires_grad=True))
                 self.parameter_names.append(f"{name}.{which}" if name else which)
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                # batch statistics in every mode, the shared running statistics left alone (TENT's configure_model)
-                module.track_running_stats = False
-                module.running_mean = None
-                module.running_var = None
-                module.num_batches_tracked = None
         self.visual = visual
         self._params = [visual.get_parameter(n) for n in self.parameter_names]
 
@@ -128,7 +178,7 @@ class NormTTAMethod(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip)
+            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"))
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -221,8 +271,11 @@ class NormTTAMethod(Method):
         if self.config.episodic:
             self.episodic_reset()
         pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
-        with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
-            logits, extras = self.adapt(pixels)
+        try:
+            with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
+                logits, extras = self.adapt(pixels)
+        except BatchStatisticsError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.seen += len(ctxs)
         return [MethodOutput(row.detach().float(), extras=extra) for row, extra in zip(logits, extras)]
 

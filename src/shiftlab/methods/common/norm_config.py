@@ -18,6 +18,12 @@ from ..specs import MethodConfig
 OPTIMIZERS = ("sgd", "adam", "adamw")
 # the class heads these methods read: "a photo of a {}." or CLIP's 80-template ensemble
 TEXT_HEADS = ("zeroshot", "ensemble")
+# which normalisation layers of the image tower are left out of the adaptation (`norm_adaptation.skips_top_layer`):
+# "none", every one (CLIPTTA's default: --skip_top_layers off, configuration.py:177); "top", the top layers SAR
+# leaves frozen on its backbones, by CLIPTTA's names (abstract_model.py:610-616: ResNet layer4, ViT blocks 9-11 and
+# the final norm ln_post); "sar_names", SAR's own name tests (mr-eggplant/SAR sar.py:117-130) read literally, which
+# on CLIP's towers keep ln_post (SAR's final norm is timm's `norm`)
+TOP_LAYER_RULES = ("none", "top", "sar_names")
 
 
 @dataclass

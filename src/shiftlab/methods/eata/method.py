@@ -22,8 +22,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...options import say_set
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy
+from ..common.norm_adaptation import BatchStatisticsError, NormTTAMethod, mean_prediction_entropy
+from .fisher_source import FisherSource
 from .spec import EATASpec
 
 
@@ -54,8 +56,9 @@ class EATA(NormTTAMethod):
         self.average: torch.Tensor | None = None
         self.selected_total = 0
         self.reliable_total = 0
-        if not hasattr(self, "fishers"):
+        if not hasattr(self, "fishers"):     # the Fisher and its source images outlive every reset
             self.fishers: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+            self.source: FisherSource | None = None
 
     def extra_state(self) -> dict[str, Any]:
         return {"average": self.average, "selected_total": self.selected_total, "reliable_total": self.reliable_total}
@@ -65,6 +68,46 @@ class EATA(NormTTAMethod):
         self.selected_total, self.reliable_total = int(state["selected_total"]), int(state["reliable_total"])
 
     # -- EATA's Fisher anti-forgetting term ----------------------------------------------------------------
+    def prepare(self) -> None:
+        """With `fisher_alpha` > 0 and `fisher_source`: EATA's Fisher of the chosen source images (fisher_source.py),
+        at the initial parameters, once per setup (a resumed run recomputes the same one before its state is
+        restored). Refused in one line: `fisher_alpha` > 0 without a Fisher or a source, a source without
+        `fisher_alpha`."""
+        super().prepare()
+        cfg = self.config
+        if cfg.fisher_source is not None and cfg.fisher_alpha == 0:
+            raise ValueError(f"eata.fisher_source is set but eata.fisher_alpha is 0: the Fisher would not be used; "
+                             f"set {say_set('eata', 'fisher_alpha', 2000.0)} (EATA's) or leave out fisher_source")
+        if cfg.fisher_alpha == 0 or self.fishers is not None:
+            return
+        if cfg.fisher_source is None:
+            raise ValueError(self._no_fisher())
+        self.source = FisherSource(cfg)
+        initial, current = self._initial_norm, self.tower.norm_state()
+        self.tower.load_norm_state(initial)
+        try:
+            self.compute_fisher(self.source.batches(self.model, cfg.fisher_batch_size))
+        except BatchStatisticsError:
+            n, size = len(self.source.ids), cfg.fisher_batch_size
+            raise ValueError(f"eata: the Fisher's {n} source images in batches of {size} leave a batch of one image, "
+                             f"whose BatchNorm layers in {self.model.name} have no batch statistics; choose "
+                             f"{say_set('eata', 'fisher_images', n - n % size or n + 1)} or another "
+                             "fisher_batch_size") from None
+        finally:
+            self.tower.load_norm_state(current)
+
+    def loaded_weights(self) -> dict[str, Any]:
+        """Which source images the Fisher was computed from (run.json's identity): their count and the SHA-256
+        of their paths and contents."""
+        if self.source is None:
+            return {}
+        return {"fisher_images_used": len(self.source.ids), "fisher_images_sha256": self.source.digest}
+
+    def _no_fisher(self) -> str:
+        return (f"eata.fisher_alpha > 0 needs the Fisher information of clean source images: "
+                f"{say_set('eata', 'fisher_source', 'FOLDER')} (EATA: 2000 of ImageNet's validation images), or in "
+                "Python call method.compute_fisher(batches) first (fisher_alpha=0 is ETA, as CLIPTTA runs it)")
+
     def compute_fisher(self, batches: Iterable[torch.Tensor]) -> None:
         """EATA's Fisher (main.py:142-172) from clean source images: normalised pixels (B, 3, S, S) per batch. For each
         batch the cross-entropy of the tower's logits against their own argmax; the squared gradient of every
@@ -93,8 +136,7 @@ class EATA(NormTTAMethod):
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         cfg = self.config
         if cfg.fisher_alpha > 0 and self.fishers is None:
-            raise ValueError("eata.fisher_alpha > 0 needs the Fisher information of clean source images: call "
-                             "method.compute_fisher(batches) first (set fisher_alpha=0 for ETA, as CLIPTTA runs it)")
+            raise ValueError(self._no_fisher())
         margin = cfg.entropy_margin * math.log(len(self.classnames))
         selected_rows = torch.zeros(pixels.shape[0], dtype=torch.bool)
         for _ in range(cfg.steps):

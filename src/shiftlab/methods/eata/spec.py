@@ -32,8 +32,17 @@ class EATAConfig(NormTTAConfig):
     # the step (eata.py:128-130)
     skip_empty_step: bool = False
     # Fisher anti-forgetting weight (EATA's --fisher_alpha 2000, main.py:85); 0: ETA, as CLIPTTA runs it. The Fisher
-    # needs clean source images (EATA: 2000 of ImageNet's validation set, main.py:142-172): `EATA.compute_fisher`
+    # needs clean source images (EATA: 2000 of ImageNet's validation set, main.py:142-172): `fisher_source` below,
+    # or in the library `EATA.compute_fisher(batches)`
     fisher_alpha: float = param(0.0, ge=0)
+    # the folder of clean source images the Fisher is computed from when the method is set up (fisher_source.py),
+    # read as dataset `fisher_dataset`: "imagefolder", any folder of class folders (ImageNet's validation set
+    # among them); a dataset's name reads the folder as `--dataset NAME` would (e.g. "imagenet", any of its layouts)
+    fisher_source: str | None = None
+    fisher_dataset: str = "imagefolder"
+    fisher_images: int = param(2000, ge=1)       # --fisher_size 2000 (main.py:84): a seeded random subset
+    fisher_batch_size: int = param(64, ge=1)     # its loader's --batch_size 64 (main.py:70, 145)
+    fisher_seed: int = param(2020, ge=0)         # --seed 2020 (main.py:66), random.seed before the subset (main.py:105)
 
 
 class EATASpec(MethodSpec):
@@ -51,6 +60,7 @@ class EATASpec(MethodSpec):
     config_class = EATAConfig
     summary = "EATA: entropy-weighted TENT on reliable, non-redundant images of each batch (norm parameters)"
     label = "EATA"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # mr-eggplant/EATA main.py: SGD lr 0.00025 momentum 0.9 (main.py:139, 175), batches of 64 (main.py:70,
     # `--batch-size 64` here), 1 step, continual, no mean-entropy term, the step skipped without a selected image,
     # the redundancy filter on the classifier's outputs; the Fisher term needs source images (README.md)

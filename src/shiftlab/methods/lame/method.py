@@ -100,11 +100,14 @@ class LAME(Method):
         with torch.no_grad():
             probs = self.zero_shot(features)
             y, iterations = adjust(features, probs, self.config)
+        # its own OOD score reads Y itself, before any output scale (Lame.forward_and_adapt: get_scores(Y))
+        ood = (self.config.ood_logit_scale * y).softmax(-1).max(-1).values
         if self.config.output_scale is not None:
             y = (self.config.output_scale * y).softmax(-1)
         extras = {"batch": len(ctxs), "iterations": iterations}
         return [MethodOutput(row.clamp_min(torch.finfo(row.dtype).tiny).log(), probs=row,
-                             extras={**extras, "zero_shot_pred": int(p.argmax())}) for p, row in zip(probs, y)]
+                             extras={**extras, "zero_shot_pred": int(p.argmax())}, ood_score=float(score))
+                for p, row, score in zip(probs, y, ood)]
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return self.adapt_batch([ctx])[0]

@@ -32,6 +32,9 @@ class LAMEConfig(MethodConfig):
     # what CLIPTTA's get_results scores (abstract_model.py:359-363, `--logit_scale 100`, configuration.py:174);
     # the same argmax
     output_scale: float | None = param(None, gt=0)
+    # the scale of its own OOD score, CLIPTTA's get_scores of Y: max softmax(ood_logit_scale x Y) (`--score_type
+    # max_prob`, configuration.py:147; `--ood_logit_scale 1.0`, configuration.py:175; abstract_model.py:475-485)
+    ood_logit_scale: float = param(1.0, gt=0)
     # CLIPTTA's default template "A photo of a {}." (datasets/utils.py:116; CLIP's tokenizer lowercases it)
     text_head: str = param("zeroshot", choices=("zeroshot", "ensemble"))
     templates: tuple[str, ...] | None = None
@@ -52,6 +55,7 @@ class LAMESpec(MethodSpec):
     config_class = LAMEConfig
     summary = "LAME: per batch, Laplacian-regularised adjustment of the zero-shot probabilities (output only)"
     label = "LAME"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # fiveai/LAME: src/config/defaults.py:65-68 (LAME_KNN 5, LAME_AFFINITY 'rbf', no symmetry), its classifier's
     # probabilities (the model's logit scale); batches of 16 (defaults.py:51 ADAPTATION.BATCH_SIZE, `--batch-size 16`
     # here); CLIPTTA runs batches of 128 (configuration.py:86)
@@ -62,3 +66,6 @@ class LAMESpec(MethodSpec):
                 "24-sample golden stream of the tiny ViT in batches of 8 and 24: features, probabilities, kernel, "
                 "iterations and output)")
     test_config = {"max_steps": 20}
+    # recorded on open-set runs beside MCM (Lame.forward_and_adapt returns get_scores(Y), lame.py:47)
+    own_ood_score = ("CLIPTTA's score of LAME (`ood_logit_scale`: max_prob of its assignments Y at scale 1; "
+                     "ttavlm/methods/lame.py forward_and_adapt, abstract_model.py get_scores)")

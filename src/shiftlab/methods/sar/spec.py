@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..common.norm_config import NormTTAConfig
+from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
@@ -32,6 +32,12 @@ class SARConfig(NormTTAConfig):
     recovery_resets_ema: bool = False
     # the batch's logits after the update (CLIPTTA's sar.py:77-80); False: those of the first forward (SAR's)
     predict_after_update: bool = True
+    # the norms of the top layers left frozen (norm_config.TOP_LAYER_RULES): "none", every norm adapts (CLIPTTA's
+    # default, --skip_top_layers off: configuration.py:177, in none of their scripts); "top", SAR's choice (its
+    # collect_params skips ResNet's layer4, ViT-B's blocks 9-11 and the final norm: sar.py:117-130) by CLIPTTA's
+    # names for CLIP (abstract_model.py:610-616, ln_post the final norm); "sar_names", SAR's name tests read
+    # literally on CLIP's tower (ln_post then adapts: SAR names the final norm `norm`, as timm does)
+    skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
 
 
 class SARSpec(MethodSpec):
@@ -48,13 +54,16 @@ class SARSpec(MethodSpec):
     config_class = SARConfig
     summary = "SAR: sharpness-aware entropy minimisation on reliable images, with model recovery (norm parameters)"
     label = "SAR"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # mr-eggplant/SAR main.py on ViT-B/16: SAM over SGD, momentum 0.9, lr 0.001 x B / 64 (main.py:193, 291: 0.001 at
     # `--batch-size 64`, its default, main.py:88), 1 step, continual, the outputs of the first forward, the
-    # recovery forgetting the moving average
+    # recovery forgetting the moving average, the top layers' norms frozen (sar.py:117-130)
     protocols = {"paper": {"optimizer": "sgd", "lr": 0.001, "momentum": 0.9, "predict_after_update": False,
-                           "recovery_resets_ema": True}}
+                           "recovery_resets_ema": True, "skip_top_layers": "top"}}
     published = ()
     fidelity = ("golden (CLIPTTA's SAR with SAM on the tiny ViT: 3 batches of 8, continual, with and without a "
-                "model recovery; logits, norm parameters, the moving average and Adam's moments after every batch)")
+                "model recovery, and with their --skip_top_layers; logits, norm parameters, the moving average and "
+                "Adam's moments after every batch; the top-layer selections of SAR's and CLIPTTA's collect_params on "
+                "a 12-block ViT and a ResNet)")
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
     test_config = {"steps": 1, "entropy_margin": 10.0}

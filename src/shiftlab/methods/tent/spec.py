@@ -41,6 +41,7 @@ class TentSpec(MethodSpec):
     config_class = TentConfig
     summary = "TENT: the image tower's norm affine parameters, Adam steps on the batch's mean entropy (continual)"
     label = "TENT"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # DequanWang/tent cfgs/tent.yaml (its only released setting, CIFAR-10-C): Adam lr 1e-3 (betas 0.9/0.999,
     # PyTorch's eps 1e-8, conf.py:_C.OPTIM), 1 step per batch of 200 (`--batch-size 200` here), continual, the
     # outputs of the forward before the update (tent.py:48-58); the CLIP recipe's (the defaults): CLIPTTA's,

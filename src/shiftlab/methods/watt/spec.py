@@ -52,6 +52,7 @@ class WATTSpec(MethodSpec):
     summary = ("WATT: the image tower's norm parameters adapted under each text template (CLIPArTT's loss), "
                "averaged, repeated (episodic per batch)")
     label = "WATT"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # their scripts: batches of 128 (`--batch-size 128`), the output softmax(100 x cosine) (adapt/watt.py:100)
     protocols = {"paper": {"logit_scale": 100.0}}
     # README.md's table is CIFAR-100-C with ViT-B/32, not a dataset and corruption generated here comparably
