@@ -461,6 +461,21 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
 
+def _sigkill_argv(data: Path, checkpoint: Path) -> list[str]:
+    return ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(checkpoint),
+            "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
+            "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
+            "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cli_run(data, tiny_checkpoint, tmp_path_factory, one_thread_module) -> Path:
+    """The run both kill points are compared with, made once for the module."""
+    out = tmp_path_factory.mktemp("sigkill") / "whole"
+    assert cli_main(_sigkill_argv(data, tiny_checkpoint) + ["--out", str(out)]) == 0
+    return out
+
+
 # Killed after the 6th sample of 40 (the online state checkpointed at every step): after its step, every
 # record of the 6 samples is written; after its checkpoint, the 6th sample's two online records are only
 # in the checkpoint (written, not yet appended), and the resume must restore them from there.
@@ -468,13 +483,8 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 @pytest.mark.parametrize("at,written", [("after_step:6", 3 * 6), ("after_checkpoint:6", 3 * 6 - 2)],
                          ids=["after-step", "between-checkpoint-and-records"])
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint, at, written,
-                                                               capsys):
-    argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
-            str(tiny_checkpoint),
-            "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
-            "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
-            "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
-    assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
+                                                               uninterrupted_cli_run, capsys):
+    argv = _sigkill_argv(data, tiny_checkpoint)
     model = shiftlab.load_model("shiftlab-tiny", str(tiny_checkpoint))
     assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
@@ -489,7 +499,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     err, restored = capsys.readouterr().err, 3 * 6 - written
     assert (f"; {restored} online record(s) restored from the last checkpoint" in err) if restored else \
         "restored" not in err
-    assert _records(out) == _records(tmp_path / "whole")
+    assert _records(out) == _records(uninterrupted_cli_run)
 
 
 @pytest.mark.slow
