@@ -297,6 +297,29 @@ TCA_CACHE = 1e-5
 """TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
 FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""
 
+TIPPLE_TASK_CTX = 1e-5
+"""TIPPLE's task prompt (context values ~1e-2) after stage I's 9 AdamW steps over the golden test set (3 epochs
+at lr 1e-3, 1e-4, 1e-5), and each image's stage-II context from it: every step moves an entry by about
+lr x m / (sqrt(v) + eps), so the LOGITS-size noise of the inputs reaches the context through gradient entries
+that nearly cancel (PARAMS holds for one step from an exact start; measured against their code below)."""
+
+TIPPLE_LOSS = 2 * LOGITS
+"""TIPPLE's losses: stage I's cross-entropy moves by at most 2 max|dz| when every logit moves by dz (first order:
+dCE = dz_y - sum_c p_c dz_c), and its diversity term (x B / selected, 8 with one selected view) by less; stage
+II's entropy through the task prompt (measured: 9.2e-5 in stage I, 2.6e-5 in stage II against their code)."""
+
+TIPPLE_WELL_CONDITIONED = 0.05
+"""Stage II's first-step entropy below which its gradient is within its own noise: the loss carries ~2.6e-5 of
+input noise (measured), GRAD_RTOL x 0.05; such an image's tuned context, gradient and logits are decided by the
+signs of noise-sized gradient entries (AdamW's first step moves each entry by about lr x its sign), so only its
+selected views and loss are compared with the authors' (the others, the majority, are compared in full)."""
+
+TIPPLE_GRAD_RTOL = 2e-3
+"""The context's gradient in TIPPLE's stage II from the strict variant's task prompt, relative to its largest entry:
+that prompt makes some views nearly one-hot, and the entropy gradient of a nearly one-hot probability is a
+difference of nearly equal terms (measured 1.2e-3, 4.0e-4 of a largest entry of 0.333; the tuned context after
+the step still within PARAMS). GRAD_RTOL holds for the paper variant."""
+
 DEYO_LOGITS = 1e-4
 """DeYO's logits through norm parameters adapted by SGD (tests/methods/test_deyo.py): SGD moves a parameter by lr x
 its gradient (no Adam-style sign amplification), so the FEATURES-sized kernel noise stays of that size through the

@@ -12,6 +12,7 @@ import torch
 
 import shiftlab
 from _records import small_config
+from _transductive import shown_test_set
 from conftest import model_for_method
 from shiftlab import params
 from shiftlab.commands.checks import method_override
@@ -59,7 +60,8 @@ def heads(tiny_model):
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())
 def test_method_predicts_finite_scores(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name)),
+                            tiny_model)
     method.prepare()
     logits = method.predict(_views(tiny_model, 0))
     assert logits.shape == (len(CLASSNAMES),) and torch.isfinite(logits).all()
@@ -71,7 +73,8 @@ def test_method_predicts_finite_scores(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
 def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name)),
+                            tiny_model)
     a, b = _views(tiny_model, 2), _views(tiny_model, 3)
     first = method.predict(a)
     method.predict(b)
@@ -320,7 +323,8 @@ def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
 def test_each_method_runs_at_its_declared_minimum_and_is_refused_below_it(name, tiny_model, heads):
     cls = get_method_class(name)
     needed = cls.needed_views(cls.config_class())
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, views=needed, **_offline(name))
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, views=needed,
+                                                   **_offline(name)), tiny_model)
     method.prepare()
     assert torch.isfinite(method.predict(_views(tiny_model, 0, n=needed))).all()
     if needed > 1:

@@ -342,9 +342,68 @@ def test_recipe_scale_and_flip_are_torchvisions():
             assert torch.equal(views[i], w), (recipe, i)
 
 
+def test_bicubic_crops_are_torchvisions_and_streams_draw_other_views():
+    """TIPPLE's weak views: RandomResizedCrop(scale 0.5-1, bicubic) + flip, as torchvision draws it from the
+    (run seed, sample id) seed; another stream of the same seed draws other crops, its own seed's."""
+    img = _image(120, 80, seed=3)
+    recipe = ViewRecipe(n_views=9, scale=(0.5, 1), interpolation="bicubic")
+    pipeline = T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=T.InterpolationMode.BICUBIC),
+                          T.RandomHorizontalFlip()])
+    for stream in (0, 2):
+        views = ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=2, stream=stream)(img, 8)
+        state = torch.get_rng_state()
+        try:
+            torch.manual_seed(sample_seed(2, 8, stream))
+            want = [_pil_to_uint8(pipeline(img)) for _ in range(8)]
+        finally:
+            torch.set_rng_state(state)
+        assert all(torch.equal(views[i], w) for i, w in enumerate(want, start=1)), stream
+    assert sample_seed(2, 8, 0) == sample_seed(2, 8) != sample_seed(2, 8, 2) != sample_seed(2, 8, 1)
+    bilinear = ViewGenerator(ViewConfig.from_recipe(ViewRecipe(n_views=9, scale=(0.5, 1)), 40), seed=2)(img, 8)
+    assert not torch.equal(bilinear, ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=2)(img, 8))
+
+
+def _authors_cutout(pixels: np.ndarray, y: int, x: int, length: int) -> np.ndarray:
+    """Cutout(1, length) of TIPPLE's data/datautils.py:181-218 at the drawn centre, on (H, W, 3) pixels:
+    rows clip(y - length // 2, 0, h):clip(y + length // 2, 0, h), the same for columns, set to zero."""
+    h, w = pixels.shape[:2]
+    mask = np.ones((h, w), np.float32)
+    mask[int(np.clip(y - length // 2, 0, h)):int(np.clip(y + length // 2, 0, h)),
+         int(np.clip(x - length // 2, 0, w)):int(np.clip(x + length // 2, 0, w))] = 0.0
+    return (pixels * mask[..., None]).astype(np.uint8)
+
+
+def test_cutout_blacks_out_the_authors_square_and_replaces_augmix_with_its_probability():
+    from shiftlab.views.generator import cutout
+    img = Image.fromarray(np.full((40, 40, 3), 200, np.uint8))
+    for seed in range(20):
+        rng, twin = np.random.default_rng(seed), np.random.default_rng(seed)
+        got = np.asarray(cutout(img, 10, rng))
+        y, x = int(twin.integers(40)), int(twin.integers(40))
+        assert np.array_equal(got, _authors_cutout(np.asarray(img), y, x, 10)), seed
+        inside = 5 <= y <= 35 and 5 <= x <= 35
+        assert (got == 0).all(-1).sum() == 100 if inside else (got == 0).all(-1).sum() < 100
+    # p 0.5 of 56/224 of the side: about half of the views hold the 10 x 10 square (no black pixel otherwise:
+    # AugMix of a bright image without it), the other half are AugMix'd; p 1: all; no Cutout: never a draw more
+    bright = _image(120, 80, seed=5).point(lambda v: 60 + v // 2)
+    recipe = ViewRecipe(n_views=201, scale=(0.5, 1), augmix=True, augmix_severity=4, cutout=0.25, cutout_p=0.5)
+    views = ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=0)(bright, 1)[1:]
+    cut = (views == 0).all(1).flatten(1).any(1)
+    assert 80 <= int(cut.sum()) <= 120
+    always = ViewGenerator(ViewConfig.from_recipe(ViewRecipe(n_views=21, cutout=0.25), 40), seed=0)(bright, 1)
+    assert bool((always[1:] == 0).all(1).flatten(1).any(1).all()) and not bool((always[0] == 0).all(0).any())
+    assert "Cutout(0.25 of the side) with p 0.5 instead of AugMix" in recipe.describe()
+    assert "bicubic" in ViewRecipe(n_views=2, interpolation="bicubic").describe()
+    # the fields added later stay out of a recipe's dict at their defaults (run.json, feature-store keys)
+    assert set(ViewRecipe().to_dict()) == {"n_views", "scale", "ratio", "flip", "augmix", "augmix_severity",
+                                           "augmix_width"}
+    assert ViewRecipe.coerce(recipe.to_dict()) == recipe
+
+
 def test_shorter_recipe_is_a_prefix_of_a_longer_one():
     img = _image(90, 70, seed=4)
-    for recipe in [ViewRecipe(), ViewRecipe(scale=(0.5, 1)), ViewRecipe(augmix=True)]:
+    for recipe in [ViewRecipe(), ViewRecipe(scale=(0.5, 1)), ViewRecipe(augmix=True),
+                   ViewRecipe(augmix=True, cutout=0.25, cutout_p=0.5, interpolation="bicubic")]:
         long = ViewGenerator(ViewConfig.from_recipe(recipe.with_views(10), 32), seed=1)(img, 3)
         short = ViewGenerator(ViewConfig.from_recipe(recipe.with_views(4), 32), seed=1)(img, 3)
         assert torch.equal(long[:4], short)
@@ -372,6 +431,9 @@ def test_recipe_from_a_count_a_dict_or_json():
     ({"n_views": 4.5}, r"n_views must be an integer >= 1, got 4.5"),
     ({"ratio": (0.75, float("inf"))}, "ratio must be"),
     ({"augmix": True, "augmix_severity": float("inf")}, "augmix_severity must be"),
+    ({"interpolation": "nearest"}, "interpolation must be one of bilinear, bicubic, got 'nearest'"),
+    ({"cutout": 1.5}, r"cutout and cutout_p must be in \[0, 1\], got 1.5 and 1.0"),
+    ({"cutout": 0.25, "cutout_p": -0.1}, r"cutout and cutout_p must be in \[0, 1\], got 0.25 and -0.1"),
 ])
 def test_bad_recipe_is_one_clear_error(value, message):
     with pytest.raises(ValueError, match=message):

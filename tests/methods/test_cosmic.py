@@ -8,6 +8,7 @@ exactly, the cliques after a check that no similarity lies within FEATURES of th
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 
@@ -164,13 +165,90 @@ def test_dino_path_with_a_random_timm_dinov2(model):
 
 
 def test_the_dino_checkpoint_digest_is_in_the_run_identity(model, tmp_path):
-    import hashlib
     path = tmp_path / "dino.pth"
     path.write_bytes(b"not really weights")
     m = shiftlab.create_method("cosmic", model, NAMES, dino_pretrained=str(path))
     assert m.loaded_weights() == {"dino_checkpoint_sha256": hashlib.sha256(b"not really weights").hexdigest()}
     assert shiftlab.create_method("cosmic", model, NAMES, dino_model=None).loaded_weights() == {
         "dino_checkpoint_sha256": None}
+
+
+# -- DINOv2 as a frozen encoding: computed once per sample, held by a feature store ---------------------------
+
+def test_the_frozen_encoder_declaration_is_checked_at_registration():
+    from shiftlab.methods.base import Method
+    from shiftlab.methods.specs import FROZEN_ENCODER, FROZEN_FEATURES, OWN_TOWER, Capabilities
+    for reads in ((FROZEN_ENCODER,), (FROZEN_FEATURES, OWN_TOWER, FROZEN_ENCODER)):
+        with pytest.raises(ValueError, match="'frozen_encoder' is read beside 'frozen_features' and never with"):
+            Capabilities(reads=reads)
+    assert Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER)).reads_frozen_encoder
+    spec = cosmic.COSMIC.spec
+    assert spec.capabilities.reads_frozen_encoder and not spec.needs_pixels and spec.reads_features
+    module, qualname = spec.impl.split(":")
+    body = {"spec": spec, "__module__": module, "__qualname__": qualname,
+            "state_dict": cosmic.COSMIC.state_dict, "load_state_dict": cosmic.COSMIC.load_state_dict}
+    with pytest.raises(TypeError, match="cosmic: a method reading a frozen encoder of its own .* must define "
+                                        "frozen_encoder"):
+        type(qualname, (Method,), body)
+
+
+def test_the_dino_key_is_its_checkpoint_digest_model_and_seed(model, tmp_path):
+    a, b = tmp_path / "a.pth", tmp_path / "b.pth"
+    a.write_bytes(b"weights one")
+    b.write_bytes(b"weights two")
+
+    def identity(**kw):
+        return shiftlab.create_method("cosmic", model, NAMES, **kw).frozen_encoder().identity
+    assert identity(dino_pretrained=str(a))["checkpoint_sha256"] == hashlib.sha256(b"weights one").hexdigest()
+    ids = {json.dumps(identity(**kw), sort_keys=True) for kw in (
+        {"dino_pretrained": str(a)}, {"dino_pretrained": str(b)}, {"dino_pretrained": "none"},
+        {"dino_pretrained": "none", "dino_seed": 1}, {"dino_pretrained": "none", "dino_model": DINO_S})}
+    assert len(ids) == 5                      # another checkpoint, seed or model: another store entry
+    assert shiftlab.create_method("cosmic", model, NAMES, dino_model=None).frozen_encoder() is None
+
+
+DINO_S = "vit_small_patch14_reg4_dinov2"
+
+
+@pytest.mark.slow
+def test_dino_features_come_from_the_store_and_the_records_are_identical(tmp_path, capsys):
+    """`shiftlab encode` stores each image's DINOv2 feature beside its CLIP views; a run then decodes no image and
+    encodes nothing, with the records of a run without the store; another DINOv2 seed is a miss; a damaged entry
+    is refused in one warning line and encoded again."""
+    from _runs import comparable, json_lines
+    from _synthetic import make_image_folder
+    from shiftlab import RunConfig, run
+    from shiftlab.datasets import build_dataset
+    from shiftlab.engine.features import encode
+    from shiftlab.rundir.feature_store import FeatureStore
+    tiny = make_tiny_model()
+    data = build_dataset("imagefolder", make_image_folder(tmp_path / "data", ["cat", "dog", "car"], size=(40, 30)))
+    cosmic_config = {"clip_shots": 1, "dino_shots": 1, "dino_pretrained": "none", "dino_model": DINO_S}
+
+    def config(out, store=True, **dino):
+        return RunConfig(dataset="imagefolder", methods=["cosmic"], method_config={"cosmic": {**cosmic_config, **dino}},
+                         views=2, workers=0, progress=False, batch_size=2, out=str(tmp_path / out), device="cpu",
+                         features=str(tmp_path / "fs") if store else None, features_dtype="fp32")
+    run(config("plain", store=False), model=tiny, dataset=data)
+    assert encode(config("unused"), model=tiny, dataset=data)["encoded"] == 3
+    capsys.readouterr()
+    run(config("stored"), model=tiny, dataset=data)
+    assert "3 sample(s) read from the store" in capsys.readouterr().err
+    reference = comparable(json_lines(tmp_path / "plain" / "records.jsonl"))
+    assert comparable(json_lines(tmp_path / "stored" / "records.jsonl")) == reference
+    (entry,) = [e for e in FeatureStore(tmp_path / "fs") if "encoder" in e.key]
+    assert entry.key["encoder"]["model"] == DINO_S and entry.key["encoder"]["random_seed"] == 0
+    assert entry.features(0).shape == (1, 384) and len(entry) == 3
+    run(config("seed1", dino_seed=1), model=tiny, dataset=data)          # another DINOv2: nothing served
+    assert "0 sample(s) read from the store" in capsys.readouterr().err
+    (binary,) = entry.dir.glob("*.bin")
+    damaged = bytearray(binary.read_bytes())
+    damaged[7] ^= 0xFF
+    binary.write_bytes(bytes(damaged))
+    run(config("damaged"), model=tiny, dataset=data)
+    err = capsys.readouterr().err
+    assert err.count("is damaged or truncated") == 1 and "3 encoded and stored" in err
+    assert comparable(json_lines(tmp_path / "damaged" / "records.jsonl")) == reference
 
 
 def test_missing_dino_weights_say_what_to_download(model, tmp_path):
@@ -199,21 +277,16 @@ def golden(golden_dir, one_thread_module):
                                    dino_shots=shots, text_head="zeroshot", dino_pretrained="none",
                                    dino_model="vit_small_patch14_reg4_dinov2")
         got = []
-        original = cosmic.dino_features
-        try:
-            for i, v in enumerate(views):
-                cosmic.dino_features = lambda cfg, device, ctx, f=expected[f"{i}/dino_feature"]: f
-                ctx = SampleContext(model, heads, model.normalize(v))
-                out = m.predict_context(ctx)
-                got.append({"out": out, "features": ctx.image_features.clone(),
-                            "clip_cliques": [list(c) for c in m.clip_graph.cliques],
-                            "dino_cliques": [list(c) for c in m.dino_graph.cliques],
-                            "centres": cosmic.memory_centres(ctx.image_features[0], m.memory, heads.zeroshot,
-                                                             5.5),
-                            "clip_space_sim": _space_sim(torch.cat([heads.zeroshot, cosmic.memory_centres(
-                                ctx.image_features[0], m.memory, heads.zeroshot, 5.5)]))})
-        finally:
-            cosmic.dino_features = original
+        dino = m.frozen_encoder().id   # their DINOv2 features, replayed as the engine hands a stored one
+        for i, v in enumerate(views):
+            ctx = SampleContext(model, heads, model.normalize(v), encoded={dino: expected[f"{i}/dino_feature"]})
+            out = m.predict_context(ctx)
+            got.append({"out": out, "features": ctx.image_features.clone(),
+                        "clip_cliques": [list(c) for c in m.clip_graph.cliques],
+                        "dino_cliques": [list(c) for c in m.dino_graph.cliques],
+                        "centres": cosmic.memory_centres(ctx.image_features[0], m.memory, heads.zeroshot, 5.5),
+                        "clip_space_sim": _space_sim(torch.cat([heads.zeroshot, cosmic.memory_centres(
+                            ctx.image_features[0], m.memory, heads.zeroshot, 5.5)]))})
         results[variant] = (expected, got)
     return results
 

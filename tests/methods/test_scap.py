@@ -98,6 +98,8 @@ def test_bad_values_are_refused_in_one_line(vit, tiny_model):
         shiftlab.create_method("scap", tiny_model, CLASSNAMES)
     with pytest.raises(ValueError, match="selection_p"):
         shiftlab.create_method("scap", vit, CLASSNAMES, selection_p=0)
+    with pytest.raises(ValueError, match=r"^scap.templates: every template must hold the class name's place, CLS"):
+        shiftlab.create_method("scap", vit, CLASSNAMES, templates=("a photo of a {}",))
 
 
 @pytest.mark.slow
@@ -135,12 +137,25 @@ def test_the_fixture_ran_r_sh_with_only_the_tiny_run_changed():
     assert flag("-b") == "20" and flag("--batch_num") == "8" and flag("--image_feature_threshold") == "0.97"
 
 
+def _golden_model(variant: str, golden_vit, golden_dir, tmp_path):
+    """The golden tiny ViT, with the logit scale of CLIP (100) for the variant run so (the driver's --variant)."""
+    model = golden_vit[0]
+    if variant == "scap":
+        return model
+    from _golden import VIT_MODEL_FILE
+    state = torch.load(golden_dir / VIT_MODEL_FILE, weights_only=True)
+    state["logit_scale"] = torch.full_like(state["logit_scale"], math.log(100.0))
+    torch.save(state, tmp_path / "scale100.pt")
+    return shiftlab.load_model("shiftlab-tiny-vit", str(tmp_path / "scale100.pt"))
+
+
 @pytest.mark.golden
 @pytest.mark.slow
-def test_every_batch_as_their_code(golden_vit, golden_dir):
-    model, _, _ = golden_vit
-    info = json.loads((FIXTURES / "scap" / "scap.json").read_text())
-    want = torch.load(FIXTURES / "scap" / "scap.pt", map_location="cpu", weights_only=True)
+@pytest.mark.parametrize("variant", ["scap", "scap_scale100"])
+def test_every_batch_as_their_code(variant, golden_vit, golden_dir, tmp_path):
+    model = _golden_model(variant, golden_vit, golden_dir, tmp_path)
+    info = json.loads((FIXTURES / "scap" / f"{variant}.json").read_text())
+    want = torch.load(FIXTURES / "scap" / f"{variant}.pt", map_location="cpu", weights_only=True)
     names, size = info["classes"], info["batch_size"]
     heads = ClassHeads(model, names)
     scap = shiftlab.create_method("scap", model, names, heads=heads, views=info["n_views"], clique_threshold=0.97)
@@ -150,10 +165,12 @@ def test_every_batch_as_their_code(golden_vit, golden_dir):
 
     def record(base, groups, classes):
         seen["groups"], seen["classes0"] = [list(g) for g in groups], list(classes)
+        seen["shadow_before"] = scap.text_shadow.clone()
         tune(base, groups, classes)
-        seen["classes"] = classes
+        seen["classes"], seen["shadow_after"] = classes, scap.text_shadow.clone()
     scap.tune_cliques = record
     views = [model.normalize(v) for v in stream_views(golden_dir, info["n_views"])]
+    moved: list[bool] = []
     for b in range(info["n_images"] // size):
         outs = scap.adapt_batch([SampleContext(model, heads, v) for v in views[b * size:(b + 1) * size]])
         sizes = want[f"b{b}/subgroup_sizes"].tolist()
@@ -161,6 +178,9 @@ def test_every_batch_as_their_code(golden_vit, golden_dir):
         groups = [flat[sum(sizes[:k]):sum(sizes[:k + 1])] for k in range(len(sizes))]
         assert seen["groups"] == groups and seen["classes0"] == want[f"b{b}/subgroup_preds0"].tolist(), f"batch {b}"
         assert seen["classes"] == want[f"b{b}/subgroup_preds"].tolist(), f"batch {b}: clique classes after tuning"
+        # their update_dart_text_ema: the clique steps (and the negatives' pushes) added to the text EMA
+        assert_close(seen["shadow_after"], want[f"b{b}/text_shadow_after_groups"], PARAMS, f"batch {b}: clique EMA")
+        moved.append(not torch.equal(seen["shadow_after"], seen["shadow_before"]))
         assert sorted(scap.retention) == want[f"b{b}/retention_classes"].tolist()
         assert [scap.retention_t[c] for c in sorted(scap.retention)] == want[f"b{b}/retention_t"].tolist()
         assert_close(torch.stack([scap.retention[c] for c in sorted(scap.retention)]),
@@ -175,7 +195,10 @@ def test_every_batch_as_their_code(golden_vit, golden_dir):
         assert_close(scap.text_prompt.detach(), want[f"b{b}/text_prompt"], PARAMS, f"batch {b}: text prompt")
         assert_close(scap.text_shadow, want[f"b{b}/text_shadow"], PARAMS, f"batch {b}: text EMA")
         assert_close(scap.image_shadow, want[f"b{b}/image_shadow"][:, 0], SCAP_PROMPTS, f"batch {b}: image EMA")
-    # the stream exercised what it must: sub-cliques, a second class, the retention's running mean
+    # the stream exercised what it must: sub-cliques, a second class, the retention's running mean; with CLIP's
+    # logit scale, cliques of two classes, one the other's negative: the clique phase moved the text EMA
     assert max(len(want[f"b{b}/subgroup_sizes"]) for b in range(3)) > 2
     assert len({int(want[f"s{s}/logits"].argmax()) for s in range(info["n_images"])}) > 1
     assert max(scap.retention_t.values()) > 2
+    if variant == "scap_scale100":
+        assert all(moved) and all(len(set(want[f"b{b}/subgroup_preds"].tolist())) > 1 for b in range(2))

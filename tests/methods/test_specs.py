@@ -15,6 +15,7 @@ from shiftlab.methods import specs
 from shiftlab.methods.base import Method, MethodOutput, get_method_class
 from shiftlab.methods.specs import (
     EPISODIC,
+    FROZEN_ENCODER,
     FROZEN_FEATURES,
     ONLINE,
     OWN_TOWER,
@@ -69,7 +70,8 @@ def test_the_capabilities_say_what_the_booleans_said():
     assert reads["calip"] == (OWN_TOWER,) and reads["tent"] == reads["eata"] == reads["sar"] == (OWN_TOWER,)
     assert reads["deyo"] == (OWN_TOWER,)
     assert reads["cliptta"] == reads["cliptta_ood"] == reads["clipartt"] == reads["watt"] == (OWN_TOWER,)
-    assert reads["cosmic"] == (FROZEN_FEATURES, OWN_TOWER)      # its DINOv2 reads view 0's pixels
+    # its DINOv2 of view 0: a frozen encoder of its own, whose output a feature store holds (no pixels needed)
+    assert reads["cosmic"] == (FROZEN_FEATURES, FROZEN_ENCODER) and not specs.spec("cosmic").needs_pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
     assert reads["scap"] == (OWN_TOWER,) and specs.spec("scap").towers == ("vit",)  # prompts inside a ViT's attention
     own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",

@@ -55,8 +55,11 @@ class RunFeatures:
     def _identity(self, sid: int) -> dict[str, Any]:
         return dict(digest=lambda: self._digest(sid))
 
-    def key(self, recipe: Any, precision: str, n_views: int) -> dict[str, Any]:
-        return feature_key(recipe=recipe, precision=precision, n_views=n_views, **self.base)
+    def key(self, recipe: Any, precision: str, n_views: int,
+            encoder: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The entry of `n_views` CLIP view features of `recipe`, or (`encoder`: a method's own frozen encoder's
+        identity) of that encoder's output of view 0."""
+        return feature_key(recipe=recipe, precision=precision, n_views=n_views, encoder=encoder, **self.base)
 
     def served(self, ids: Sequence[int], keys: Sequence[Mapping[str, Any]]) -> set[int]:
         """The ids whose features are stored under every key (and whose files are unchanged)."""

@@ -32,6 +32,7 @@ from ..rundir import identity, record_files, records
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
 from ..rundir.stream import order_seeds, read_stream, write_stream
+from ..views.generator import ViewConfig, ViewGenerator
 from . import distributed, interrupt, planning
 from .config import (
     RunConfig,
@@ -45,7 +46,16 @@ from .config import (
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
-from .step import Evaluator, Runner, StepContext, ViewDataset, collate, view_generators, views_per_group
+from .step import (
+    Evaluator,
+    Runner,
+    StepContext,
+    ViewDataset,
+    collate,
+    load_item,
+    view_generators,
+    views_per_group,
+)
 
 __all__ = ["RunHooks", "run"]
 
@@ -184,7 +194,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     # one's checkpoint, restored below, then replaces what the pass left with the state the stream reached); a
     # method with nothing left to compute (a finished run resumed) is not shown the set again
     test_set_pass(evaluator, dataset, views, order, config.batch_size,
-                  names=unfinished_test_set_methods(evaluator, order, settings, done))
+                  names=unfinished_test_set_methods(evaluator, order, settings, done), seed=config.seed)
     state = None
     online_start = 0
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
@@ -271,26 +281,48 @@ def _records_left(names: Sequence[str], order: Sequence[int], settings: Sequence
 
 
 def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int,
-                  names: Sequence[str] | None = None) -> list[str]:
+                  names: Sequence[str] | None = None, seed: int = 0) -> list[str]:
     """The transductive track's pass (docs/PROTOCOLS.md): every method that reads the whole test set
     (`reads_ahead == "test_set"`; `names`: only these of them) is shown each decodable sample of the run once,
     in sample-id order (the test set as a set: what it learns does not depend on the stream order), in groups
-    of `batch_size`, the clean views of its own recipe encoded as the stream encodes them; then
-    `end_test_set()`. Deterministic (the views are seeded by (run seed, sample id)), so a resumed run
-    recomputes the same state. Returns the methods shown the set."""
+    of `batch_size`, the clean views of its own recipe encoded as the stream encodes them (or of the recipes it
+    names in `test_set_views`, each from its own seed stream); then `end_test_set()`. Deterministic (the views
+    are seeded by (run seed, sample id), `test_set_seed` is the run seed), so a resumed run recomputes the same
+    state. Returns the methods shown the set."""
     names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET and (names is None or n in names)]
     if not names:
         return []
-    runner = Runner(StepContext(evaluator, dataset, views, methods=names))
+    plain = [n for n in names if evaluator.methods[n].test_set_views is None]
+    runner = Runner(StepContext(evaluator, dataset, views, methods=plain))
+    own = {n: own_test_set_generators(evaluator.methods[n], evaluator.model.preprocess, seed)
+           for n in names if n not in plain}
+    for name in names:
+        evaluator.methods[name].test_set_seed = int(seed)
     ids = sorted(order)
     for start in range(0, len(ids), max(1, batch_size)):
-        good = [item for item in runner.load(ids[start:start + batch_size]) if item.error is None]
+        chunk = ids[start:start + batch_size]
+        good = [item for item in runner.load(chunk) if item.error is None] if plain else []
         if good:
-            for name, ctxs in runner.contexts(good, names).items():
+            for name, ctxs in runner.contexts(good, plain).items():
                 evaluator.methods[name].observe_test_set(ctxs)
+        for name, generators in own.items():
+            method = evaluator.methods[name]
+            items = [item for item in (load_item(dataset, sid, generators) for sid in chunk) if item.error is None]
+            if items:
+                method.observe_test_set({key: evaluator.contexts([item.views[key] for item in items],
+                                                                 [item.sample_id for item in items], all_views=True,
+                                                                 precision=method.precision)
+                                         for key in generators})
     for name in names:
         evaluator.methods[name].finish_test_set()
     return names
+
+
+def own_test_set_generators(method: Any, preprocess: Any, seed: int) -> dict[str, ViewGenerator]:
+    """A method's named test-set recipes (`Method.test_set_views`) as view generators of the run's seed, the
+    k-th (k = 1, 2, ...) on view seed stream k, so that no two recipes draw the same crops."""
+    return {key: ViewGenerator(ViewConfig.from_recipe(recipe), seed=seed, preprocess=preprocess, stream=k)
+            for k, (key, recipe) in enumerate(method.test_set_views.items(), start=1)}
 
 
 def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.Resume:

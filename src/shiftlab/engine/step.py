@@ -80,7 +80,7 @@ def first_views(ctx: SampleContext, n: int) -> SampleContext:
     views = None if ctx.views is None else ctx.views[:n]
     encoded = ctx.__dict__.get("image_features")     # None: nothing encoded (no method of the group reads it)
     return SampleContext(ctx.model, ctx.heads, views, image_features=None if encoded is None else encoded[:n],
-                         sample_id=ctx.sample_id, precision=ctx.precision)
+                         sample_id=ctx.sample_id, precision=ctx.precision, encoded=ctx.encoded)
 
 
 @dataclass
@@ -248,6 +248,8 @@ class Runner:
         self.on_outputs = context.on_outputs
         self.features = context.features   # a feature_store.RunFeatures, or None
         self.group_views = dict(context.group_views)
+        # each method's own frozen encoder of view 0 (COSMIC's DINOv2), computed once per sample and stored
+        self.encoders = {n: e for n in self.methods if (e := self.evaluator.methods[n].frozen_encoder()) is not None}
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (`recipe_key`)."""
@@ -277,7 +279,39 @@ class Runner:
             names = [n for n in self.methods if self.recipe_of(n) == recipe]
             for group, n_max in self._groups(names):
                 keys.append(self.features.key(methods[group[0]].view_recipe, methods[group[0]].precision.key, n_max))
-        return keys
+        encoder_keys = {json.dumps(k, sort_keys=True): k for k in map(self._encoder_key, self.encoders)}
+        return keys + list(encoder_keys.values())
+
+    def _encoder_key(self, name: str) -> dict:
+        """The store key of method `name`'s own frozen encoder's output (its recipe's view 0)."""
+        method = self.evaluator.methods[name]
+        return self.features.key(method.view_recipe, method.precision.key, 1, encoder=self.encoders[name].key_fields())
+
+    def _attach_encoded(self, names: Sequence[str], ctxs: list[SampleContext], ids: list[int], features: list[dict],
+                        wanted: Mapping[str, Sequence[int]] | None, store: bool) -> None:
+        """Put each of `names`' own frozen encoder's output in the contexts (`SampleContext.encoded`): read from the
+        store where the item was served by it, else encoded from view 0, one image at a time as the method itself
+        would (the same numbers whatever the batch), and written to the store when `store` (a clean step)."""
+        from ..rundir.feature_store import key_digest
+        dev = self.evaluator.model.device
+        for name in names:
+            encoder = self.encoders.get(name)
+            if encoder is None:
+                continue
+            key = self._encoder_key(name) if self.features is not None else None
+            digest = key_digest(key) if key is not None else None
+            for i in (range(len(ctxs)) if wanted is None else wanted[name]):
+                ctx = ctxs[i]
+                if encoder.id in ctx.encoded:
+                    continue
+                stored = features[i].get(digest) if digest is not None else None
+                if stored is not None:
+                    ctx.encoded[encoder.id] = stored[0].to(dev)
+                    continue
+                with self.timer.phase("encode_own"):
+                    ctx.encoded[encoder.id] = encoder.encode(ctx.views[:1])
+                if store and key is not None:
+                    self.features.put(key, ids[i], ctx.encoded[encoder.id].unsqueeze(0))
 
     def _fill_from_store(self, batch: Sequence[BatchItem]) -> list[BatchItem]:
         """Read the stored features of undecoded items; an item any of whose features cannot be read
@@ -332,6 +366,7 @@ class Runner:
             key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
             reads = any(methods[n].reads_features for n in group)
             ctxs = self._stored_contexts(views, ids, key if reads else None, n_max, precision, features, reads)
+            self._attach_encoded(group, ctxs, ids, features, wanted, store=clean)
             by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
             for n in group:
                 k = methods[n].view_recipe.n_views
@@ -352,8 +387,9 @@ class Runner:
                 for group, n_max in self._groups(names):
                     precision = methods[group[0]].precision
                     key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max)
-                    self._stored_contexts([item.views[recipe] for item in good], ids, key, n_max, precision,
-                                          [{} for _ in good])
+                    ctxs = self._stored_contexts([item.views[recipe] for item in good], ids, key, n_max, precision,
+                                                 [{} for _ in good])
+                    self._attach_encoded(group, ctxs, ids, [{} for _ in good], None, store=True)
         return sum(item.error is not None for item in batch)
 
     def contexts(self, items: Sequence[BatchItem], names: Sequence[str]) -> dict[str, list[SampleContext]]:

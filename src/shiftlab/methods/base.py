@@ -30,10 +30,12 @@ from ..views.recipe import ViewRecipe
 from . import specs as method_specs
 from .context import ClassHeads, SampleContext
 from .effective import effective_config, registered_name
+from .frozen_encoder import FrozenEncoder
 from .prediction import Prediction, load_image, make_prediction
 from .protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .specs import (
     EPISODIC,
+    FROZEN_ENCODER,
     FROZEN_FEATURES,
     ONLINE,
     OWN_TOWER,
@@ -240,12 +242,25 @@ class Method:
         one output per context, in order. The batch is the unit of its results (and of a resume)."""
         raise NotImplementedError(f"{self.name}: adapts_on_batches is declared but adapt_batch is not implemented")
 
+    def frozen_encoder(self) -> FrozenEncoder | None:
+        """Its second frozen encoder of view 0 (a spec's FROZEN_ENCODER capability), whose output the engine puts in
+        `SampleContext.encoded[encoder.id]` and a feature store holds; None: none (in this config)."""
+        return None
+
     def observe_test_set(self, ctxs: Sequence[SampleContext]) -> None:
         """A test-set method (`reads_ahead == "test_set"`): the engine's pass over the whole test set before the
         stream hands it every decodable sample once, in sample-id order, in groups (`--batch-size`), clean
         views of its own recipe; `end_test_set()` follows the last group. Nothing is predicted here."""
         raise NotImplementedError(f"{self.name}: reads_ahead 'test_set' is declared but observe_test_set is not "
                                   "implemented")
+
+    # the test-set pass's own views, by name (None: the method's own recipe, `observe_test_set(ctxs)`); a method
+    # naming some (TIPPLE's weak and strong views) is handed {name: contexts} per group instead, the k-th named
+    # recipe drawn from view seed stream k (`ViewGenerator(stream=k)`, k = 1, 2, ...: independent of the others)
+    test_set_views: dict[str, ViewRecipe] | None = None
+    # the run's seed, set by the test-set pass before its first group: what a test-set method draws its own
+    # randomness from (TIPPLE's stage-I shuffles), so a resumed run recomputes the same state
+    test_set_seed: int = 0
 
     def end_test_set(self) -> None:
         """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
@@ -346,6 +361,9 @@ def _take_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
     if not spec.episodic and (cls.state_dict is Method.state_dict or cls.load_state_dict is Method.load_state_dict):
         raise TypeError(f"{spec.name}: an online method (capabilities state {ONLINE!r}) must define state_dict and "
                         "load_state_dict: its state is checkpointed with the records and restored on resume")
+    if spec.capabilities.reads_frozen_encoder and cls.frozen_encoder is Method.frozen_encoder:
+        raise TypeError(f"{spec.name}: a method reading a frozen encoder of its own (capabilities reads "
+                        f"{FROZEN_ENCODER!r}) must define frozen_encoder: the engine computes and stores its output")
     if spec.reads_ahead == TEST_SET and cls.observe_test_set is Method.observe_test_set:
         raise TypeError(f"{spec.name}: a test-set method (reads_ahead 'test_set') must define observe_test_set: the "
                         "engine shows it the whole test set before the stream")

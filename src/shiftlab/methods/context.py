@@ -66,16 +66,19 @@ class SampleContext:
     `image_features` may also be handed in by the engine when it encodes many samples'
     views in one batch. `precision` is the image tower's policy (`shiftlab.models.precision`; None:
     float32). `views` is None when the features come from a feature store (no pixels decoded).
+    `encoded`: the outputs of methods' own frozen encoders (`FrozenEncoder.id` -> (d,)), filled by the engine
+    (computed once per sample, or read from a feature store).
     """
 
     def __init__(self, model: ClipModel, heads: ClassHeads, views: torch.Tensor | None,
                  image_features: torch.Tensor | None = None, sample_id: int | None = None,
-                 precision: Precision | None = None):
+                 precision: Precision | None = None, encoded: dict[str, torch.Tensor] | None = None):
         self.model = model
         self.heads = heads
         self.views = views
         self.sample_id = sample_id
         self.precision = precision
+        self.encoded: dict[str, torch.Tensor] = {} if encoded is None else encoded
         if image_features is not None:
             self.__dict__["image_features"] = image_features
 

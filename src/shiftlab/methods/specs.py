@@ -36,7 +36,8 @@ from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
 from .facts import FAMILIES
 
-__all__ = ["BATCH", "EPISODIC", "FROZEN_FEATURES", "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
+__all__ = ["BATCH", "EPISODIC", "FROZEN_ENCODER", "FROZEN_FEATURES",
+           "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
            "Capabilities", "MethodConfig",
            "MethodSpec", "ViewMethodConfig", "check_method_config", "make_config", "register_spec", "spec",
            "spec_names", "specs"]
@@ -65,7 +66,11 @@ class ViewMethodConfig(MethodConfig):
 # what a method reads of a sample
 FROZEN_FEATURES = "frozen_features"   # the frozen image tower's features of its views (a feature store serves them)
 OWN_TOWER = "own_tower"   # its views' pixels, through a tower of its own (TTL's LoRA tower, RLCF's reward CLIP)
-READS = (FROZEN_FEATURES, OWN_TOWER)
+# beside the frozen CLIP features, view 0 through a second frozen encoder of its own (COSMIC's DINOv2): a frozen
+# encoding like the CLIP features, which the engine computes once per sample and a feature store holds
+# (`Method.frozen_encoder`, methods/frozen_encoder.py)
+FROZEN_ENCODER = "frozen_encoder"
+READS = (FROZEN_FEATURES, OWN_TOWER, FROZEN_ENCODER)
 # whether it carries state along the stream
 EPISODIC = "episodic"                 # reset to its initial state before every sample
 ONLINE = "online"                     # adapts along the stream: checkpointed with the records, replayed on resume
@@ -88,7 +93,9 @@ class Capabilities:
 
     The engine derives from them: a feature store can serve a method only when it reads no pixels
     (`needs_pixels`); a precision group of methods none of which reads the frozen features is not
-    encoded (`reads_features`); online methods are checkpointed and replayed on resume (`episodic`);
+    encoded (`reads_features`); a method reading a frozen encoder of its own (`reads_frozen_encoder`) has
+    that encoding computed once per sample by the engine and held by a feature store beside the CLIP
+    features; online methods are checkpointed and replayed on resume (`episodic`);
     batch methods make the batch the unit of results and resume (`adapts_on_batches`).
     Invalid declarations are refused when the spec class is defined."""
     reads: tuple[str, ...] = (FROZEN_FEATURES,)
@@ -105,6 +112,10 @@ class Capabilities:
             raise ValueError(f"capabilities: unknown reads {unknown}; known: {', '.join(READS)}")
         if len(set(reads)) != len(reads):
             raise ValueError(f"capabilities: reads {list(reads)} names one input twice")
+        if FROZEN_ENCODER in reads and (OWN_TOWER in reads or FROZEN_FEATURES not in reads):
+            raise ValueError(f"capabilities: {FROZEN_ENCODER!r} is read beside {FROZEN_FEATURES!r} and never with "
+                             f"{OWN_TOWER!r} (a method that reads pixels is never served by a feature store, which "
+                             f"is what a frozen encoder's output is for), got reads {list(reads)}")
         if self.state not in STATES:
             raise ValueError(f"capabilities: state must be one of {', '.join(STATES)}, got {self.state!r}")
         if not isinstance(self.batches, bool):
@@ -131,6 +142,11 @@ class Capabilities:
     @property
     def reads_features(self) -> bool:
         return FROZEN_FEATURES in self.reads
+
+    @property
+    def reads_frozen_encoder(self) -> bool:
+        """Reads view 0 through a frozen encoder of its own besides the CLIP features (`Method.frozen_encoder`)."""
+        return FROZEN_ENCODER in self.reads
 
     @property
     def adapts_on_batches(self) -> bool:

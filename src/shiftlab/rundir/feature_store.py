@@ -18,7 +18,9 @@ Layout (also in docs/ARCHITECTURE.md)::
 A key (`feature_key`) holds the sample list digest, the model's checkpoint or weights digest, its
 preprocessing, the view recipe (family + the count encoded) and seed, the precision, the device
 type, the storage dtype and the view generator's version; a different key is another entry, so
-nothing is mixed.
+nothing is mixed. A method's own frozen encoder (COSMIC's DINOv2) stores its output of view 0 in an
+entry of its own, whose key adds the encoder's identity (model, checkpoint SHA-256 or random seed):
+another checkpoint is another entry, never a stale hit.
 
 Every byte read back is verified against what it claims to be:
 - a sample is served only when its **content digest** (SHA-256 of the encoded image bytes: a file, a
@@ -90,9 +92,12 @@ def _index_digest(meta: Mapping[str, Any]) -> str:
 
 def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, seed: int, precision: str,
                 storage: str = "fp16", checkpoint_sha256: str | None = None,
-                weights_sha256: str | None = None, corruption: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                weights_sha256: str | None = None, corruption: Mapping[str, Any] | None = None,
+                encoder: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The key of an entry: every input that decides its features (see the module docstring);
-    `corruption` (run.json's, when the run corrupts its images) is part of it when given."""
+    `corruption` (run.json's, when the run corrupts its images) is part of it when given; `encoder` (a method's
+    own frozen encoder's identity, shiftlab.methods.frozen_encoder: its model, checkpoint SHA-256 or seed, what
+    it reads) makes the entry that encoder's output of view 0 (one row per sample) instead of the CLIP views'."""
     if storage not in STORAGE_DTYPES:
         raise ValueError(f"features dtype must be one of {sorted(STORAGE_DTYPES)}, got {storage!r}")
     family = recipe.family.to_dict() if hasattr(recipe, "family") else dict(recipe)
@@ -103,7 +108,8 @@ def feature_key(*, samples_sha256: str, model: Any, recipe: Any, n_views: int, s
             "preprocess": dataclasses.asdict(model.preprocess) if hasattr(model, "preprocess") else None,
             "recipe": json.loads(json.dumps(family)), "n_views": int(n_views), "seed": int(seed),
             "precision": precision, "device": getattr(getattr(model, "device", None), "type", "cpu"),
-            "storage": storage} | ({"corruption": json.loads(json.dumps(dict(corruption)))} if corruption else {})
+            "storage": storage} | ({"corruption": json.loads(json.dumps(dict(corruption)))} if corruption else {}) \
+        | ({"encoder": json.loads(json.dumps(dict(encoder), sort_keys=True))} if encoder else {})
 
 
 def key_digest(key: Mapping[str, Any]) -> str:

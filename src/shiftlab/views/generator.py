@@ -3,10 +3,11 @@
 View 0 is the original, made as the model's open_clip preprocess config says (OpenAI's:
 Resize(shorter side -> size, bicubic) + CenterCrop(size); SigLIP's: squash to size, ...).
 Views 1..N-1 are RandomResizedCrop(size) (by default scale 0.08-1, ratio 3/4-4/3, bilinear) +
-RandomHorizontalFlip of the ORIGINAL image, optionally followed by TPT's AugMix; a method's
+RandomHorizontalFlip of the ORIGINAL image, optionally followed by TPT's AugMix or Cutout; a method's
 `ViewRecipe` (shiftlab.views.recipe) says which (its config's `views` field).
 
-Randomness comes from a generator seeded by (run seed, sample id) alone, so a
+Randomness comes from a generator seeded by (run seed, sample id) alone (and a `stream` number where one
+run draws several independent sets of views of a sample: TIPPLE's weak and strong views), so a
 sample's views are identical whatever the order, batch size, worker count or
 number of processes. Views are uint8 (N, 3, S, S); normalisation happens on the
 device inside the model.
@@ -44,9 +45,23 @@ class ViewConfig(ViewRecipe):
         return cls(**recipe.to_dict(), size=size)
 
 
-def sample_seed(run_seed: int, sample_id: int) -> int:
-    """A 63-bit seed that depends only on (run seed, sample id)."""
-    return int(np.random.SeedSequence([int(run_seed), int(sample_id)]).generate_state(2, dtype=np.uint64)[0] >> 1)
+def sample_seed(run_seed: int, sample_id: int, stream: int = 0) -> int:
+    """A 63-bit seed that depends only on (run seed, sample id) and, where not 0, the stream number: each
+    stream's views are drawn independently of the others'."""
+    entropy = [int(run_seed), int(sample_id)] + ([int(stream)] if stream else [])
+    return int(np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)[0] >> 1)
+
+
+def cutout(view: Image.Image, side: int, rng: np.random.Generator) -> Image.Image:
+    """Cutout as TIPPLE's `Cutout(1, length)` draws it (data/datautils.py:181-218@fe1747e): a centre pixel
+    (y, x) uniform over the image, the square [y - side//2, y + side//2) x [x - side//2, x + side//2)
+    clipped at the border, set to 0 (black, before normalisation)."""
+    pixels = np.array(view, dtype=np.uint8, copy=True)
+    h, w = pixels.shape[:2]
+    y, x = int(rng.integers(h)), int(rng.integers(w))
+    half = side // 2
+    pixels[max(y - half, 0):min(y + half, h), max(x - half, 0):min(x + half, w)] = 0
+    return Image.fromarray(pixels)
 
 
 def to_uint8_tensor(img: Image.Image) -> torch.Tensor:
@@ -213,7 +228,8 @@ class ViewGenerator:
     required and view 0 is OpenAI's resize + centre crop.
     """
 
-    def __init__(self, config: ViewConfig = ViewConfig(), seed: int = 0, preprocess: Preprocess | None = None):
+    def __init__(self, config: ViewConfig = ViewConfig(), seed: int = 0, preprocess: Preprocess | None = None,
+                 stream: int = 0):
         size = config.size if config.size is not None else getattr(preprocess, "image_size", None)
         if size is None:
             raise ValueError("ViewConfig.size is None and no model preprocess was given: pass "
@@ -222,6 +238,7 @@ class ViewGenerator:
             raise ValueError(f"views: size must be >= 1, got {size}")
         self.config = dataclasses.replace(config, size=int(size))
         self.seed = int(seed)
+        self.stream = int(stream)   # 0: the run's views; another number: an independent set of them
         self.preprocess = preprocess
 
     def __call__(self, img: Image.Image, sample_id: int) -> torch.Tensor:
@@ -231,16 +248,20 @@ class ViewGenerator:
         img = img.convert("RGB")
         views = [to_uint8_tensor(base_view(img, cfg.size, self.preprocess))]
         if cfg.n_views > 1:
-            seed = sample_seed(self.seed, sample_id)
+            seed = sample_seed(self.seed, sample_id, self.stream)
             gen = torch.Generator().manual_seed(seed)
             rng = np.random.default_rng(seed)
+            resample = InterpolationMode.BICUBIC if cfg.interpolation == "bicubic" else InterpolationMode.BILINEAR
+            side = int(round(cfg.cutout * cfg.size))
             for _ in range(cfg.n_views - 1):
                 i, j, h, w = random_resized_crop_params(img.width, img.height, cfg.scale, cfg.ratio, gen)
-                view = TF.resized_crop(img, i, j, h, w, [cfg.size, cfg.size],
-                                       interpolation=InterpolationMode.BILINEAR)
+                view = TF.resized_crop(img, i, j, h, w, [cfg.size, cfg.size], interpolation=resample)
                 if cfg.flip and torch.rand(1, generator=gen).item() < 0.5:
                     view = TF.hflip(view)
-                if cfg.augmix:
+                # no draw without Cutout, so the recipes without it draw the views they always drew
+                if side and rng.uniform() < cfg.cutout_p:
+                    view = cutout(view, side, rng)
+                elif cfg.augmix:
                     view = augmix(view, rng, cfg.augmix_severity, cfg.augmix_width)
                 views.append(to_uint8_tensor(view))
         return torch.stack(views)

@@ -21,6 +21,7 @@ from ..base import Method, MethodOutput
 from ..common.online_common import STATE_VERSION, check_state, first_views
 from ..context import SampleContext
 from ..dmn_zs.method import DynamicMemory
+from ..frozen_encoder import FrozenEncoder
 from ..heads import check_descriptions, text_head
 from .dino import dino_features
 from .spec import COSMICSpec
@@ -188,6 +189,7 @@ class COSMIC(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         check_descriptions(self.name, self.config, self.classnames)
+        self._encoder: FrozenEncoder | None = None
         self.reset()
 
     def prepare(self) -> None:
@@ -204,6 +206,17 @@ class COSMIC(Method):
             return {"dino_checkpoint_sha256": None}
         from .dino import weights_sha256
         return {"dino_checkpoint_sha256": weights_sha256(cfg.dino_pretrained)}
+
+    def frozen_encoder(self) -> FrozenEncoder | None:
+        """DINOv2 over view 0 (None: the CLIP-only variant): the engine encodes it once per sample, and a feature
+        store holds it keyed by the checkpoint's digest (or the random seed) and the model."""
+        cfg = self.config
+        if cfg.dino_model is None:
+            return None
+        if self._encoder is None:
+            from .dino import dino_identity, encode_view0
+            self._encoder = FrozenEncoder(dino_identity(cfg), lambda view0: encode_view0(cfg, self.model.device, view0))
+        return self._encoder
 
     def reset(self) -> None:
         c = len(self.classnames)
@@ -242,7 +255,8 @@ class COSMIC(Method):
             extras = {"pseudo_label": label, "stored": stored, "memory_entries": len(self.memory),
                       "clip_cliques": len(self.clip_graph.cliques)}
             if cfg.dino_model is not None:
-                dino = dino_features(cfg, self.model.device, ctx)                       # (d,)
+                encoder = self.frozen_encoder()
+                dino = dino_features(cfg, self.model.device, ctx, encoder.id)           # (d,)
                 cached = cache_update(self.dino_cache, cache_label, dino, cache_loss, cfg.dino_shots)
                 dino_space = cache_centres(self.dino_cache, n_classes, dino.shape[0], dino)
                 if self.dino_graph.due(step, cached, n_classes * cfg.dino_shots, cfg.graph_interval):

@@ -9,9 +9,9 @@ from ...params import param
 from ...views.recipe import ViewRecipe
 from ..facts import cupl_file_names
 from ..specs import (
+    FROZEN_ENCODER,
     FROZEN_FEATURES,
     ONLINE,
-    OWN_TOWER,
     Capabilities,
     MethodSpec,
     ViewMethodConfig,
@@ -67,7 +67,9 @@ class COSMICSpec(MethodSpec):
   year = {2025}
 }"""
     impl = "shiftlab.methods.cosmic.method:COSMIC"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=ONLINE)
+    # the CLIP view features, and view 0 through DINOv2: a frozen encoding the engine computes once per sample and a
+    # feature store holds beside the CLIP features (`COSMIC.frozen_encoder`; none with dino_model=None)
+    capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=ONLINE)
     config_class = COSMICConfig
     summary = ("COSMIC: DMN memory of CLIP features + a DINOv2 cache of view 0, class centres joined by "
                "maximal cliques of similarity graphs, training-free online")

@@ -83,6 +83,10 @@ class SCAP(Method):
         problem = check_tower(visual, self.layers)
         if problem:
             raise ValueError(f"scap: {self.model.name}: {problem}")
+        templates = self.config.templates
+        if not templates or any(not isinstance(t, str) or "CLS" not in t for t in templates):
+            raise ValueError(f"scap.templates: every template must hold the class name's place, CLS (as "
+                             f"'a drawing of a CLS'), and there must be one at least; got {list(templates)[:3]!r}")
         self.width = visual.transformer.width
         self.text: TemplateText | None = None
         self.reset()

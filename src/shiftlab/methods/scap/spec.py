@@ -135,7 +135,8 @@ class SCAPSpec(MethodSpec):
              source=_RESULTS),
     )
     fidelity = ("golden (their main.py with R.sh's flags on the golden tiny ViT: 3 batches of 8, 20 views, 6 classes, "
-                "clique threshold 0.97; cliques, clique prompts, retention, EMAs and every image's logits)")
+                "clique threshold 0.97, logit scale 25 and 100; cliques, the clique phase's text EMA, retention, "
+                "prompts, EMAs and every image's logits)")
     # four views (one confident), one template of each kind: every part runs on a short stream
     test_config = {"views": ViewRecipe(n_views=4), "selection_p": 0.25,
                    "templates": ("a photo of a CLS", "a drawing of a CLS")}
