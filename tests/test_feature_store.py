@@ -15,6 +15,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.base import get_method_class, list_methods
+from shiftlab.methods.specs import spec
 from shiftlab.rundir import record_files
 from shiftlab.rundir.feature_store import FeatureStore, feature_key, key_digest
 from shiftlab.rundir.lock import RunLockedError
@@ -139,8 +140,7 @@ def test_readme_example_runs(tmp_path, monkeypatch):
 # store's runs leave those out; test_sweep_runs_every_point_from_the_store checks that they are refused. So does a
 # test-set method's pass (TIPPLE: docs/PROTOCOLS.md, the pass decodes every sample), which these runs' refusing
 # dataset cannot serve
-STORE_METHODS = [n for n in list_methods()
-                 if not get_method_class(n).needs_pixels and get_method_class(n).reads_ahead != "test_set"]
+STORE_METHODS = [n for n in list_methods() if not spec(n).needs_pixels and spec(n).reads_ahead != "test_set"]
 
 
 @pytest.fixture(scope="module")
