@@ -32,9 +32,25 @@ def test_the_methods_table_is_read_from_the_specs():
                           for n in shiftlab.list_methods(kind=kind) if catalogue.block(n) == b]
     assert "stata" in rows and catalogue.block("stata") == catalogue.BATCH_TRANSDUCTIVE
     # each cell read from the method's own spec: its published numbers (leaderboard, paper), recipe, fidelity
-    assert rows["tpt"][3:5] == ["58.9", "59.11"] and rows["tda"][3:5] == ["—", "62.58"]
-    assert rows["zeroshot"][5] == "as leaderboard" and rows["mta"][5] == "precision fp16"
-    assert "its code's values on 15 datasets" in rows["ctpt"][5] and rows["ctpt"][6] == "golden (λ 20, 50)"
+    table = catalogue.readme_table(catalogue.entries())
+    sources = dict(re.findall(r"^(\d+)\. (.*)$", table, re.M))
+
+    def published(row: list[str]) -> list[tuple[str, str]]:     # (number, its source) per published column
+        return [(cell, "") if cell == "—" else (cell.split(" [")[0], sources[cell.split(" [")[1].rstrip("]")])
+                for cell in row[4:7]]
+
+    assert [n for n, _ in published(rows["tpt"])] == ["58.9", "59.11", "—"]
+    assert "R-TPT paper" in published(rows["tpt"])[0][1] and "azshue/TPT README.md" in published(rows["tpt"])[1][1]
+    assert [n for n, _ in published(rows["tda"])] == ["—", "62.58", "—"]
+    # a number on another backbone in its own column; a transductive method's numbers say their block
+    assert published(rows["scap"])[2][0] == "81.68 (batch-transductive)" and "figs/results_1.png" in \
+        published(rows["scap"])[2][1]
+    assert [n for n, _ in published(rows["tipple"])] == ["—", "64.17 (transductive)", "80.37 (transductive)"]
+    # what each method reads, from its capabilities
+    assert (rows["zeroshot"][3], rows["tent"][3]) == ("view features", "pixels (own tower)")
+    assert rows["cosmic"][3] == "view features + its own frozen encoder"
+    assert rows["zeroshot"][7] == "as leaderboard" and rows["mta"][7] == "precision fp16"
+    assert "its code's values on 15 datasets" in rows["ctpt"][7] and rows["ctpt"][8] == "golden (λ 20, 50)"
     # each name links its folder's README.md, which exists
     for name, row in rows.items():
         link = re.match(r"\[`\w+`\]\((.*)\)", row[0]).group(1)

@@ -182,11 +182,18 @@ def entry(name: str) -> dict[str, Any]:
 
 # -- the methods table ----------------------------------------------------------------------------
 
+def published_entry(e: dict[str, Any], protocol: str, dataset: str = "imagenet-r", backbone: str = "RN50",
+                    metric: str = "top1") -> dict[str, Any] | None:
+    """The first published number of an entry for (dataset, backbone, protocol, metric), with its source, or None."""
+    return next((p for p in e["published"] if (p["dataset"], p["backbone"], p["protocol"], p["metric"])
+                 == (dataset, backbone, protocol, metric)), None)
+
+
 def published_value(e: dict[str, Any], protocol: str, dataset: str = "imagenet-r", backbone: str = "RN50",
                     metric: str = "top1") -> float | None:
     """The first number an entry publishes for (dataset, backbone, protocol, metric), or None."""
-    return next((p["value"] for p in e["published"] if (p["dataset"], p["backbone"], p["protocol"], p["metric"])
-                 == (dataset, backbone, protocol, metric)), None)
+    found = published_entry(e, protocol, dataset, backbone, metric)
+    return None if found is None else found["value"]
 
 
 def paper_recipe_text(e: dict[str, Any]) -> str:
@@ -203,19 +210,36 @@ def paper_recipe_text(e: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "as leaderboard"
 
 
+READS_TEXT = {"frozen_features": "view features", "own_tower": "pixels (own tower)",
+              "frozen_encoder": "+ its own frozen encoder"}   # `reads` in the table's words
+
+
+def reads_text(e: dict[str, Any]) -> str:
+    """What a method reads, in the table's words ("view features", "pixels (own tower)", ...)."""
+    return " ".join(READS_TEXT[r] for r in e["reads"]) or "view features"
+
+
 def readme_table(rows: list[dict[str, Any]]) -> str:
     """The methods table (markdown) from catalogue entries: one table per block (`BLOCKS`, under its label),
     in each the episodic methods, then the online ones, each by name, each linking its folder's README.md.
-    A transductive method's published numbers say so ("64.17 (transductive)")."""
+    The published ImageNet-R top-1 per backbone and protocol, each with a numbered source listed under the
+    tables; a transductive method's numbers say so ("64.17 (transductive)")."""
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|") if text not in (None, "") else "—"
 
-    def number(e: dict[str, Any], protocol: str) -> str:
-        value = published_value(e, protocol)
-        return cell(value) if value is None or e["block"] == SINGLE_IMAGE else f"{value} ({e['block']})"
+    sources: list[str] = []
 
-    head = ["| method | what it does | kind | leaderboard | paper | `--protocol paper` runs it with | fidelity |",
-            "|---|---|---|---|---|---|---|"]
+    def number(e: dict[str, Any], protocol: str, backbone: str) -> str:
+        found = published_entry(e, protocol, backbone=backbone)
+        if found is None:
+            return "—"
+        if found["source"] not in sources:
+            sources.append(found["source"])
+        note = "" if e["block"] == SINGLE_IMAGE else f" ({e['block']})"
+        return f"{found['value']}{note} [{sources.index(found['source']) + 1}]"
+
+    head = ["| method | what it does | kind | reads | leaderboard RN50 | paper RN50 | paper ViT-B/16 | "
+            "`--protocol paper` runs it with | fidelity |", "|---|---|---|---|---|---|---|---|---|"]
     board, paper = protocols()
     tables = []
     for name, label in BLOCKS.items():
@@ -225,10 +249,12 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
         lines = [f"**{label}**", "", *head]
         for e in members:
             lines.append("| " + " | ".join([f"[`{e['name']}`]({readme_link(e['name'])})", cell(e["summary"]),
-                                            e["kind"], number(e, board), number(e, paper),
+                                            e["kind"], reads_text(e), number(e, board, "RN50"),
+                                            number(e, paper, "RN50"), number(e, paper, "ViT-B/16"),
                                             cell(paper_recipe_text(e)), cell(e["fidelity"])]) + " |")
         tables.append("\n".join(lines))
-    return "\n\n".join(tables)
+    listed = [f"{i}. {cell(source)}" for i, source in enumerate(sources, 1)]
+    return "\n\n".join(tables + ["Published ImageNet-R top-1 (%), sources:\n\n" + "\n".join(listed)])
 
 
 def readme_link(name: str, base: str = "src/shiftlab/methods") -> str:
