@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import shiftlab
+from _records import small_config
 from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
@@ -139,14 +140,14 @@ def test_readme_example_runs(tmp_path, monkeypatch):
 # store's runs leave those out; test_sweep_runs_every_point_from_the_store checks that they are refused. So does a
 # test-set method's pass (TIPPLE: docs/PROTOCOLS.md, the pass decodes every sample), which these runs' refusing
 # dataset cannot serve
-STORE_METHODS = [n for n in list_methods()
-                 if not get_method_class(n).needs_pixels and get_method_class(n).reads_ahead != "test_set"]
+STORE_METHODS = [n for n in list_methods() if not spec(n).needs_pixels and spec(n).reads_ahead != "test_set"]
 
 
 @pytest.fixture(scope="module")
 def store_runs(tmp_path_factory):
-    """Every registered method that reads features three times on the same samples: uncached, filling an
-    fp32 store, and read from it (its dataset refuses to decode: every feature must come from the store).
+    """Every registered method that reads features (its spec's small test config) three times on the same
+    samples: uncached, filling an fp32 store, and read from it (its dataset refuses to decode: every feature must
+    come from the store).
     Methods that need pixels (`Method.needs_pixels`: they tune the image tower) never read a store."""
     root = tmp_path_factory.mktemp("store-runs")
     data = make_imagenet_r(root / "data", classes=range(0, 200, 40), per_class=1, size=(80, 64))
@@ -159,9 +160,9 @@ def store_runs(tmp_path_factory):
                 raise AssertionError(f"sample {sid} was decoded")
             dataset.image = refuse
         # each method as the registry-wide tests run it (tests/_records.py): nothing downloaded, its small config
-        config = {n: {**spec(n).offline_config, **spec(n).test_config} for n in methods}
-        run(RunConfig(methods=methods, views=8, out=str(root / out), workers=0, progress=False, batch_size=2,
-                      method_config=config, **kw), model=tiny_clip(0), dataset=dataset)
+        run(RunConfig(methods=methods, method_config={n: small_config(n) for n in methods}, views=8,
+                      out=str(root / out), workers=0, progress=False, batch_size=2, **kw),
+            model=tiny_clip(0), dataset=dataset)
         return {(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
                 for r in record_files.iter_records(root / out / "records.jsonl")}
 

@@ -119,10 +119,10 @@ def test_an_ood_record_has_no_label_and_carries_its_score():
 def open_set_run(data, tmp_path_factory) -> Path:
     from shiftlab.engine.config import RunConfig, expand_methods
     from shiftlab.engine.loop import run
-    from shiftlab.methods import get_method_class
     from shiftlab.synthetic import tiny_clip
     methods = expand_methods(["all"], "shiftlab-tiny")
-    offline = {n: dict(get_method_class(n).offline_config) for n in methods if get_method_class(n).offline_config}
+    from _records import small_config
+    offline = {n: small_config(n) for n in methods}   # the specs' small test configs
     out = tmp_path_factory.mktemp("openset-run") / "run"
     run(RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny", pretrained=None, methods=methods,
                   method_config=offline, views=8, out=str(out), workers=0, batch_size=4, progress=False,

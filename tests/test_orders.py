@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from _records import small_config
 from _runs import json_lines
 from _synthetic import make_image_folder
 from shiftlab.cli import main as cli_main
@@ -120,7 +121,7 @@ def test_twenty_orders_of_every_online_method_read_later_orders_from_the_store(d
     online = [n for n in list_methods("online") if "resnet" in get_method_class(n).towers
               and not get_method_class(n).needs_pixels]
     methods = ["zeroshot", *online]
-    offline = {n: dict(get_method_class(n).offline_config) for n in methods}
+    offline = {n: small_config(n) for n in methods}   # the specs' small test configs
     calls = []
     encode = type(tiny_model).encode_views
     monkeypatch.setattr(type(tiny_model), "encode_views",
