@@ -40,8 +40,11 @@ def test_order_stats_follow_ogas_expected_tail_accuracy():
 
 
 def _config(out, **kw):
+    # TDA with the one-template head: its 80-template head would be built again by every order's run, and no
+    # assertion here reads it
     base = dict(dataset="imagefolder", methods=["zeroshot", "tda"], workers=0, progress=False, batch_size=2, seed=3,
-                views=4, out=str(out), device="cpu", online_checkpoint_seconds=0)
+                views=4, out=str(out), device="cpu", online_checkpoint_seconds=0,
+                method_config={"tda": {"text_head": "zeroshot"}})
     return RunConfig(**{**base, **kw})
 
 
@@ -151,7 +154,8 @@ def test_cli_orders_prints_the_table_and_merge_gathers_it_again(data, tmp_path, 
     out = tmp_path / "k"
     argv = ["run", "--dataset", "imagefolder", "--data", str(data.root), "--model", "shiftlab-tiny",
             "--pretrained", str(tiny_checkpoint), "--views", "4", "--workers", "0", "--device", "cpu",
-            "--methods", "zeroshot,tda", "--orders", "2", "--no-progress", "--out", str(out)]
+            "--methods", "zeroshot,tda", "--set", "tda.text_head=zeroshot", "--orders", "2", "--no-progress",
+            "--out", str(out)]
     assert cli_main(argv) == 0
     assert "| tda | online | 2 |" in capsys.readouterr().out
     table = json.loads((out / "orders.json").read_text())
