@@ -25,6 +25,13 @@ than 1e-5 unless the method tunes at test time. REL_TOL covers extras of larger 
 REL_TOL = 1e-4
 
 
+def small_config(name: str) -> dict[str, Any]:
+    """What a registry-wide test runs `name` with: its spec's `offline_config` (nothing to download) and its small
+    `test_config` (the fewest views, steps and buffer slots that still exercise its state)."""
+    from shiftlab.methods.specs import spec
+    return {**spec(name).offline_config, **spec(name).test_config}
+
+
 def records_run(tmp: Path, methods: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """{method: its records in (id, setting) order, `seconds` removed} of one run of `methods` (default: all)."""
     import torch
@@ -39,7 +46,7 @@ def records_run(tmp: Path, methods: list[str] | None = None) -> dict[str, list[d
     methods = methods or shiftlab.list_methods()
     data = make_imagenet_r(tmp / "data", per_class=1, classes=range(0, 200, 200 // N_IMAGES)[:N_IMAGES],
                            size=(48, 40))
-    method_config = {n: {**spec(n).offline_config, **spec(n).test_config} for n in methods}
+    method_config = {n: small_config(n) for n in methods}
     # a method bound to ViTs (its spec's `towers`: TCA) runs on the tiny ViT, in a run of its own
     vit_only = [n for n in methods if "resnet" not in spec(n).towers]
     groups = [(m, name) for m, name in (([n for n in methods if n not in vit_only], "shiftlab-tiny"),

@@ -131,7 +131,15 @@ def _restore_threads():
     torch.set_num_threads(prev)
 
 
+HEAVY_AT_COLLECTION = ("open_clip", "torchvision", "torch._dynamo")
+"""Imported by the first test that needs them, never while the tests are collected: torchvision imports
+torch._dynamo, ~4 s of CPU (as much as torch), and open_clip imports torchvision (tests/_imports.lazy_module)."""
+collection_imports = pytest.StashKey[list]()
+
+
 def pytest_collection_modifyitems(config, items):
+    import sys
+    config.stash[collection_imports] = [m for m in HEAVY_AT_COLLECTION if m in sys.modules]
     # `gpu` tests need CUDA; on a machine without it they are skipped, said once per test in -ra's summary.
     if torch.cuda.is_available():
         return

@@ -26,7 +26,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.engine.step import Evaluator
-from shiftlab.methods.base import get_method_class, list_methods
+from shiftlab.methods.base import list_methods
 from shiftlab.rundir import record_files
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
@@ -324,20 +324,50 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
     assert len(record_files.load_records(out)) == len(recs)
 
 
+EPISODIC = list_methods(kind="episodic")
+
+
+@pytest.fixture(scope="module")
+def clean_and_robust_runs(tmp_path_factory, one_thread_module) -> dict[str, tuple[dict, list[dict]]]:
+    """{method: (the summary of its run, its records)}: every episodic method scores the clean and the attacked
+    images of one run, all of them in the same run (one PGD attack per image, as `--methods all` does), each
+    with its spec's small test config; a method bound to ViTs (its spec's `towers`) in a run of its own on the
+    tiny ViT."""
+    import shiftlab
+    from _records import small_config
+    from shiftlab.methods.specs import spec
+    root = tmp_path_factory.mktemp("robust")
+    data = make_imagenet_r(root / "data", classes=[3, 50, 120], per_class=1, size=(72, 64))
+    vit_only = [n for n in EPISODIC if "resnet" not in spec(n).towers]
+    groups = [(names, arch) for names, arch in (([n for n in EPISODIC if n not in vit_only], "shiftlab-tiny"),
+                                                 (vit_only, "shiftlab-tiny-vit")) if names]
+    out: dict[str, tuple[dict, list[dict]]] = {}
+    for names, arch in groups:
+        model = tiny_clip(0) if arch == "shiftlab-tiny" else shiftlab.load_model(arch, None, seed=0)
+        cfg = RunConfig(data=str(data), model=arch, methods=names, views=8, workers=0, progress=False, seed=1,
+                        device="cpu", out=str(root / arch),
+                        method_config={n: small_config(n) for n in names},
+                        attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, clean_and_robust=True)
+        summary = run(cfg, model=model, dataset=build_dataset("imagenet-r", data))
+        assert summary["attack"]["n"] == 3
+        records = record_files.load_records(root / arch)
+        assert [r for r in records if r["method"] not in names] == []   # no error outside a method's records
+        out.update({n: (summary, [r for r in records if r["method"] == n]) for n in names})
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list_methods(kind="episodic"))
-def test_every_episodic_method_scores_clean_and_robust_accuracy_and_ece_in_one_pass(name, tmp_path):
+@pytest.mark.parametrize("name", EPISODIC)
+def test_every_episodic_method_scores_clean_and_robust_accuracy_and_ece_in_one_pass(name, clean_and_robust_runs):
     """Each episodic method (the tuners too: TTL through its own LoRA tower, RLCF with its reward model)
-    scores the clean and the attacked images of one run: top-1 and ECE for both settings, no error."""
-    data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=1, size=(72, 64))
-    cfg = RunConfig(data=str(data), methods=[name], method_config={name: dict(get_method_class(name).offline_config)},
-                    views=8, workers=0, progress=False, seed=1, device="cpu", out=str(tmp_path / "run"),
-                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, clean_and_robust=True)
-    summary = run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+    scores the clean and the attacked images of one run: top-1 and ECE for both settings, no error. One run
+    holds every method (the engine's path is the same for each; what differs, the method, is in the run)."""
+    summary, records = clean_and_robust_runs[name]
     entry = summary["methods"][name]
     assert entry["n"] == 3 and 0 <= entry["ece"] <= 100
     assert entry["robust"]["setting"] == "pgd" and entry["robust"]["n"] == 3 and 0 <= entry["robust"]["ece"] <= 100
-    assert summary["errors"] == 0 and summary["attack"]["n"] == 3
+    assert sorted(r["setting"] for r in records) == ["clean"] * 3 + ["pgd"] * 3
+    assert [r for r in records if "error" in r] == []
 
 
 def test_the_pgd_function_is_not_shadowed_by_the_attack_folder():

@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import json
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 
 import shiftlab
+from _imports import lazy_module
 from conftest import make_tiny_model
 from shiftlab.methods.heads import text_head
 from shiftlab.models.text import TIP_TEMPLATES, tip_cupl_head
 from shiftlab.options import speaking_cli
+
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 
 NAMES = ["great_white_shark", "cat", "hot dog"]
 # unequal numbers of descriptions per class (3, 1, 2): pooling all sentences differs from averaging

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
 
 from _gate import GatedRun, child_env
+from _imports import lazy_module
 from _runs import comparable as _strip
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import build_dataset
@@ -22,6 +22,8 @@ from shiftlab.rundir import record_files, records
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
+
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_METHODS = "zeroshot,prompt_ensemble,view_ensemble,tpt,ctpt,rtpt,mta,zero"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import shiftlab
+from _records import small_config
 from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
@@ -139,14 +140,14 @@ def test_readme_example_runs(tmp_path, monkeypatch):
 # store's runs leave those out; test_sweep_runs_every_point_from_the_store checks that they are refused. So does a
 # test-set method's pass (TIPPLE: docs/PROTOCOLS.md, the pass decodes every sample), which these runs' refusing
 # dataset cannot serve
-STORE_METHODS = [n for n in list_methods()
-                 if not get_method_class(n).needs_pixels and get_method_class(n).reads_ahead != "test_set"]
+STORE_METHODS = [n for n in list_methods() if not spec(n).needs_pixels and spec(n).reads_ahead != "test_set"]
 
 
 @pytest.fixture(scope="module")
 def store_runs(tmp_path_factory):
-    """Every registered method that reads features three times on the same samples: uncached, filling an
-    fp32 store, and read from it (its dataset refuses to decode: every feature must come from the store).
+    """Every registered method that reads features (its spec's small test config) three times on the same
+    samples: uncached, filling an fp32 store, and read from it (its dataset refuses to decode: every feature must
+    come from the store).
     Methods that need pixels (`Method.needs_pixels`: they tune the image tower) never read a store."""
     root = tmp_path_factory.mktemp("store-runs")
     data = make_imagenet_r(root / "data", classes=range(0, 200, 40), per_class=1, size=(80, 64))
@@ -159,9 +160,9 @@ def store_runs(tmp_path_factory):
                 raise AssertionError(f"sample {sid} was decoded")
             dataset.image = refuse
         # each method as the registry-wide tests run it (tests/_records.py): nothing downloaded, its small config
-        config = {n: {**spec(n).offline_config, **spec(n).test_config} for n in methods}
-        run(RunConfig(methods=methods, views=8, out=str(root / out), workers=0, progress=False, batch_size=2,
-                      method_config=config, **kw), model=tiny_clip(0), dataset=dataset)
+        run(RunConfig(methods=methods, method_config={n: small_config(n) for n in methods}, views=8,
+                      out=str(root / out), workers=0, progress=False, batch_size=2, **kw),
+            model=tiny_clip(0), dataset=dataset)
         return {(r["id"], r["method"]): {k: v for k, v in r.items() if k != "seconds"}
                 for r in record_files.iter_records(root / out / "records.jsonl")}
 
@@ -181,11 +182,17 @@ def test_records_read_from_store_equal_uncached(store_runs, method):
     assert {k: v for k, v in read.items() if k[1] == method} == mine
 
 
+# TDA with the one-template head in the store's own tests: its default 80-template head is built again by every run
+# (half of each test's time) and no assertion here depends on the head
+ONE_TEMPLATE = {"tda": {"text_head": "zeroshot"}}
+ONE_TEMPLATE_FLAGS = ["--set", "tda.text_head=zeroshot"]
+
+
 @pytest.mark.slow
 def test_run_says_how_many_came_from_the_store(tmp_path, capsys):
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
     cfg = dict(methods=["zeroshot", "tda"], views=8, workers=0, progress=False, batch_size=2,
-               features=str(tmp_path / "fs"))
+               features=str(tmp_path / "fs"), method_config=ONE_TEMPLATE)
     run(RunConfig(out=str(tmp_path / "a"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
     assert "0 sample(s) read from the store" in capsys.readouterr().err
     run(RunConfig(out=str(tmp_path / "b"), **cfg), model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
@@ -209,7 +216,8 @@ def test_encode_fills_the_store_a_run_then_reads(tmp_path, tiny_checkpoint, caps
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
     flags = ["--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
              str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
-             "--methods", "zeroshot,mta,tda", "--features", str(tmp_path / "fs"), "--features-dtype", "fp32"]
+             "--methods", "zeroshot,mta,tda", *ONE_TEMPLATE_FLAGS, "--features", str(tmp_path / "fs"),
+             "--features-dtype", "fp32"]
     assert cli_main(["encode", *flags]) == 0
     assert "4 samples: 0 already stored, 4 encoded" in capsys.readouterr().out
     assert cli_main(["encode", *flags]) == 0
@@ -228,7 +236,8 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 50), per_class=1, size=(80, 64))
     flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
              str(tiny_checkpoint), "--views", "8", "--workers", "0", "--no-progress", "--allow-partial",
-             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep"), "--grid", "tda.pos_alpha=1,4"]
+             *ONE_TEMPLATE_FLAGS, "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep"),
+             "--grid", "tda.pos_alpha=1,4"]
     out_dir = tmp_path / "sweep"
     assert cli_main(flags) == 0
     err, out = capsys.readouterr().err, (out_dir / "sweep.md").read_text()
@@ -377,7 +386,7 @@ def test_a_second_sweep_with_another_grid_keeps_every_point_in_the_tables(tmp_pa
     data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 100), per_class=1, size=(48, 40))
     flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
              str(tiny_checkpoint), "--views", "4", "--workers", "0", "--no-progress", "--allow-partial",
-             "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep")]
+             *ONE_TEMPLATE_FLAGS, "--features", str(tmp_path / "fs"), "--out", str(tmp_path / "sweep")]
     assert cli_main([*flags, "--grid", "tda.pos_alpha=1,4"]) == 0
     assert cli_main([*flags, "--grid", "tda.neg_alpha=0.2"]) == 0
     out = tmp_path / "sweep"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-import open_clip
 import pytest
 import torch
 
@@ -20,7 +19,11 @@ from _golden import (
     assert_close,
     tensor_sha256,
 )
+from _imports import lazy_module
 from shiftlab.methods.tps.method import descriptor_sentence
+
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
+
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
 

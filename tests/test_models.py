@@ -8,13 +8,13 @@ import shutil
 import socket
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import shiftlab
+from _imports import lazy_module
 from conftest import TINY_CONFIG, make_tiny_model
 from shiftlab.models import ModelLoadError, architectures
 from shiftlab.models import loader as M
@@ -23,11 +23,13 @@ from shiftlab.options import speaking_cli
 from shiftlab.views import preprocess
 from shiftlab.views.preprocess import OPENAI_MEAN, OPENAI_STD
 
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
+
+
 GOLDEN_FILE = "tiny_clip_openai.pt"
 RN50_URL_NAME = "RN50.pt"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -377,7 +379,7 @@ def _expensive_paths(monkeypatch) -> list[str]:
         return call
     monkeypatch.setattr(M, "_create", refuse("build the architecture"))
     monkeypatch.setattr(M, "_load_file", refuse("load a checkpoint"))
-    monkeypatch.setattr(open_clip, "download_pretrained", refuse("download"))
+    monkeypatch.setattr("open_clip.download_pretrained", refuse("download"))
     return taken
 
 

@@ -389,11 +389,13 @@ def _crash_at_third_checkpoint(base: dict, data: Path, tmp_path: Path, model=Non
     return calls
 
 
-def _tiny_for(name: str) -> tuple[dict, shiftlab.ClipModel]:
-    """RunConfig's model and the model `run` gets: the tiny ResNet, or the tiny ViT for a method bound to ViTs."""
-    if "resnet" in spec(name).towers:
-        return {"model": "RN50"}, tiny_clip(0)
-    return {"model": "shiftlab-tiny-vit"}, shiftlab.load_model("shiftlab-tiny-vit", None, seed=0)
+def _tower_groups(names: list[str]) -> list[tuple[list[str], dict, shiftlab.ClipModel]]:
+    """`names` split by the tiny CLIP they run on: (methods, RunConfig's model, the model `run` gets); the tiny
+    ResNet, and the tiny ViT for the methods bound to ViTs (their spec's `towers`)."""
+    vit_only = [n for n in names if "resnet" not in spec(n).towers]
+    groups = [([n for n in names if n not in vit_only], {"model": "RN50"}, tiny_clip(0)),
+              (vit_only, {"model": "shiftlab-tiny-vit"}, shiftlab.load_model("shiftlab-tiny-vit", None, seed=0))]
+    return [g for g in groups if g[0]]
 
 
 def _fast(name: str) -> dict:
@@ -402,35 +404,77 @@ def _fast(name: str) -> dict:
     return {**SMALL[name], **({"text_head": "zeroshot"} if "text_head" in fields else {})}
 
 
+@pytest.fixture(scope="module")
+def crashed_and_resumed(data, tmp_path_factory, one_thread_module) -> dict[str, tuple[list[dict], list[dict]]]:
+    """{online method: (its records of the resumed run, of one uninterrupted run)}: every online method (with
+    zeroshot) in one run, killed after its third checkpoint and resumed (one run per tiny tower)."""
+    out = {}
+    for names, named, model in _tower_groups(ONLINE_METHODS):
+        tmp = tmp_path_factory.mktemp("crash-" + named["model"])
+        base = dict(data=str(data), methods=[*names, "zeroshot"], method_config={n: _fast(n) for n in names},
+                    views=8, workers=0, progress=False, batch_size=4, seed=2, limit=24, device="cpu",
+                    online_checkpoint_seconds=0, **named)
+        assert len(_crash_at_third_checkpoint(base, data, tmp, model)) == 3
+        run(RunConfig(**base, out=str(tmp / "cut"), resume=True), model=model,
+            dataset=build_dataset("imagenet-r", data))
+        cut, whole = _records(tmp / "cut"), _records(tmp / "whole")
+        assert len(whole) == 24 * (len(names) + 1)
+        out.update({n: ([r for r in cut if r["method"] == n], [r for r in whole if r["method"] == n])
+                    for n in [*names, "zeroshot"]})
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ONLINE_METHODS)
-def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, data, tmp_path):
+def test_every_online_method_resumes_exactly_after_a_crash_mid_stream(name, crashed_and_resumed):
     """Each online method, killed after its third checkpoint and resumed, writes the records of one
-    uninterrupted run: its state_dict carries everything the stream built (the engine's replay rules)."""
-    named, model = _tiny_for(name)
-    base = dict(data=str(data), methods=[name, "zeroshot"], method_config={name: _fast(name)}, views=8,
-                workers=0, progress=False, batch_size=4, seed=2, limit=24, device="cpu", online_checkpoint_seconds=0,
-                **named)
-    assert len(_crash_at_third_checkpoint(base, data, tmp_path, model)) == 3
-    run(RunConfig(**base, out=str(tmp_path / "cut"), resume=True), model=model,
-        dataset=build_dataset("imagenet-r", data))
-    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+    uninterrupted run: its state_dict carries everything the stream built (the engine's replay rules). All the
+    online methods share that run (the engine's kill and resume path is the same for each; each one's state is
+    its own entry of the checkpoint)."""
+    cut, whole = crashed_and_resumed[name]
+    assert len(whole) == 24 and cut == whole
+
+
+@pytest.fixture(scope="module")
+def robust_runs(data, tmp_path_factory, one_thread_module) -> dict[str, dict]:
+    """{online method: the summary of its attacked run}: every online method in one run (one per tiny tower)."""
+    out = {}
+    for names, named, model in _tower_groups(ONLINE_METHODS):
+        cfg = RunConfig(data=str(data), methods=names, method_config={n: _fast(n) for n in names}, views=8,
+                        workers=0, progress=False, seed=1, limit=4, device="cpu",
+                        out=str(tmp_path_factory.mktemp("adv") / "run"),
+                        attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, **named)
+        summary = run(cfg, model=model, dataset=build_dataset("imagenet-r", data))
+        records = record_files.load_records(Path(cfg.out))
+        out.update({n: (summary, [r for r in records if r["method"] == n]) for n in names})
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ONLINE_METHODS)
-def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(name, data, tmp_path):
-    named, model = _tiny_for(name)
-    cfg = RunConfig(data=str(data), methods=[name], method_config={name: _fast(name)}, views=8, workers=0,
-                    progress=False, seed=1, limit=4, device="cpu", out=str(tmp_path / "adv"),
-                    attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020, "steps": 1}, **named)
-    summary = run(cfg, model=model, dataset=build_dataset("imagenet-r", data))
+def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(name, robust_runs):
+    summary, records = robust_runs[name]
     robust = summary["methods"][name]["robust"]
     assert robust["setting"] == "pgd" and robust["n"] == 4 and 0 <= robust["ece"] <= 100
-    assert summary["errors"] == 0
+    assert len(records) == 4 and [r for r in records if "error" in r] == []
 
 
 # -- through the CLI, killed with SIGKILL mid-stream -------------------------------------------------
+
+def _sigkill_argv(data: Path, checkpoint: Path) -> list[str]:
+    return ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", str(checkpoint),
+            "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
+            "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
+            "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cli_run(data, tiny_checkpoint, tmp_path_factory, one_thread_module) -> Path:
+    """The run both kill points are compared with, made once for the module."""
+    out = tmp_path_factory.mktemp("sigkill") / "whole"
+    assert cli_main(_sigkill_argv(data, tiny_checkpoint) + ["--out", str(out)]) == 0
+    return out
+
 
 # Killed after the 6th sample of 40 (the online state checkpointed at every step): after its step, every
 # record of the 6 samples is written; after its checkpoint, the 6th sample's two online records are only
@@ -439,13 +483,8 @@ def test_every_online_method_scores_robust_accuracy_and_ece_in_the_same_pass(nam
 @pytest.mark.parametrize("at,written", [("after_step:6", 3 * 6), ("after_checkpoint:6", 3 * 6 - 2)],
                          ids=["after-step", "between-checkpoint-and-records"])
 def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, tiny_checkpoint, at, written,
-                                                               capsys):
-    argv = ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
-            str(tiny_checkpoint),
-            "--methods", "tda,dmn_zs,zeroshot", "--views", "8", "--workers", "0", "--batch-size", "1",
-            "--seed", "4", "--device", "cpu", "--no-progress", "--online-checkpoint-seconds", "0",
-            "--set", "tda.text_head=zeroshot", "--set", "dmn_zs.text_head=zeroshot"]
-    assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
+                                                               uninterrupted_cli_run, capsys):
+    argv = _sigkill_argv(data, tiny_checkpoint)
     model = shiftlab.load_model("shiftlab-tiny", str(tiny_checkpoint))
     assert model.name == "shiftlab-tiny" and model.image_size == 64    # the tiny architecture, as named
 
@@ -460,7 +499,7 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     err, restored = capsys.readouterr().err, 3 * 6 - written
     assert (f"; {restored} online record(s) restored from the last checkpoint" in err) if restored else \
         "restored" not in err
-    assert _records(out) == _records(tmp_path / "whole")
+    assert _records(out) == _records(uninterrupted_cli_run)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shiftlab
+from _records import small_config
 from _transductive import shown_test_set
 from conftest import model_for_method
 from shiftlab import params
@@ -20,6 +21,7 @@ from shiftlab.datasets.classes import classnames_for_wnids, imagenet_r_wnids
 from shiftlab.methods.base import effective_config, get_method_class, make_config
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.protocols import PROTOCOLS
+from shiftlab.methods.specs import spec  # torch-free: choosing the parametrised methods imports no method module
 from shiftlab.params import check_config
 
 CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
@@ -28,6 +30,11 @@ CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
 def _offline(name: str) -> dict:
     """What the method needs to run with nothing downloaded (RLCF: a random-weight reward model)."""
     return dict(get_method_class(name).offline_config)
+
+
+def _small(name: str) -> dict:
+    """`_offline` and the spec's small test config (the fewest steps and buffer slots that exercise the method)."""
+    return small_config(name)
 
 
 def _views(model, seed: int, n: int = 8) -> torch.Tensor:
@@ -54,7 +61,7 @@ def heads(tiny_model):
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())
 def test_method_predicts_finite_scores(name, tiny_model, heads):
-    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name)),
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name)),
                             tiny_model)
     method.prepare()
     logits = method.predict(_views(tiny_model, 0))
@@ -65,9 +72,9 @@ def test_method_predicts_finite_scores(name, tiny_model, heads):
     assert int(out.logits.argmax()) in probs.topk(1).indices.tolist()
 
 
-@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
+@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if spec(n).episodic])
 def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
-    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name)),
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name)),
                             tiny_model)
     a, b = _views(tiny_model, 2), _views(tiny_model, 3)
     first = method.predict(a)
@@ -75,9 +82,9 @@ def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
     torch.testing.assert_close(method.predict(a), first, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).episodic])
+@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if spec(n).episodic])
 def test_batch_prediction_equals_one_at_a_time(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_offline(name))
+    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
     ctxs = [SampleContext(tiny_model, heads, _views(tiny_model, s)) for s in (4, 5, 6)]
     singles = [method.predict_context(c).logits for c in ctxs]
     batched = [o.logits for o in method.predict_batch(ctxs)]
@@ -313,7 +320,7 @@ def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
 
 # -- the fewest views a method needs ------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if get_method_class(n).needs_views])
+@pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if spec(n).needs_views])
 def test_each_method_runs_at_its_declared_minimum_and_is_refused_below_it(name, tiny_model, heads):
     cls = get_method_class(name)
     needed = cls.needed_views(cls.config_class())

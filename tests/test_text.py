@@ -5,15 +5,17 @@ import csv
 import itertools
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 
 import shiftlab
+from _imports import lazy_module
 from conftest import make_tiny_model
 from shiftlab.models.prefix_tower import length_buckets, supports_prefix_sharing
 from shiftlab.models.text import ContextPrompt, class_head, encode_texts, tokenize
+
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "data" / "imagenet_classes.tsv"
 
@@ -22,8 +24,8 @@ NAMES = ["goldfish", "great white shark", "jack-o'-lantern", "yellow lady's slip
          "hot_dog", "sea_lion", "T-shirt", "3D printer", "cat", "Rottweiler", "black-and-white colobus",
          "velvet", "St. Bernard"]
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _imagenet_r_names() -> list[str]:

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
-from torchvision import transforms as T
-from torchvision.transforms import InterpolationMode
 
+from _imports import lazy_module
 from shiftlab.views.generator import (
     AUGMIX_OPS,
     AugMixPlan,
@@ -21,6 +20,8 @@ from shiftlab.views.generator import (
     to_uint8_tensor,
 )
 from shiftlab.views.recipe import ViewRecipe
+
+T = lazy_module("torchvision.transforms", optional=False)   # imported by the first test that reads it
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,7 +44,7 @@ def _pil_to_uint8(img: Image.Image) -> torch.Tensor:
 @pytest.mark.parametrize("wh", [(97, 61), (40, 90), (32, 32)])
 def test_view0_is_bicubic_resize_and_center_crop(size, wh):
     img = _image(*wh)
-    want = _pil_to_uint8(T.Compose([T.Resize(size, interpolation=InterpolationMode.BICUBIC),
+    want = _pil_to_uint8(T.Compose([T.Resize(size, interpolation=T.InterpolationMode.BICUBIC),
                                     T.CenterCrop(size)])(img))
     views = ViewGenerator(ViewConfig(n_views=3, size=size), seed=0)(img, sample_id=0)
     assert views.dtype == torch.uint8 and views.shape == (3, 3, size, size)
@@ -60,7 +61,7 @@ def test_views_are_torchvisions_pipeline_seeded_per_sample():
     cfg = ViewConfig(n_views=12, size=40)
     run_seed, sample_id = 7, 42
     views = ViewGenerator(cfg, seed=run_seed)(img, sample_id)
-    pipeline = T.Compose([T.RandomResizedCrop(40, interpolation=InterpolationMode.BILINEAR),
+    pipeline = T.Compose([T.RandomResizedCrop(40, interpolation=T.InterpolationMode.BILINEAR),
                           T.RandomHorizontalFlip()])
     state = torch.get_rng_state()
     try:
@@ -325,9 +326,9 @@ def test_recipe_scale_and_flip_are_torchvisions():
     img = _image(120, 80, seed=3)
     for recipe, pipeline in [
         (ViewRecipe(n_views=9, scale=(0.5, 1)),
-         T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=InterpolationMode.BILINEAR),
+         T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=T.InterpolationMode.BILINEAR),
                     T.RandomHorizontalFlip()])),
-        (ViewRecipe(n_views=9, flip=False), T.RandomResizedCrop(40, interpolation=InterpolationMode.BILINEAR)),
+        (ViewRecipe(n_views=9, flip=False), T.RandomResizedCrop(40, interpolation=T.InterpolationMode.BILINEAR)),
     ]:
         views = ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=2)(img, 8)
         state = torch.get_rng_state()
@@ -346,7 +347,7 @@ def test_bicubic_crops_are_torchvisions_and_streams_draw_other_views():
     (run seed, sample id) seed; another stream of the same seed draws other crops, its own seed's."""
     img = _image(120, 80, seed=3)
     recipe = ViewRecipe(n_views=9, scale=(0.5, 1), interpolation="bicubic")
-    pipeline = T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=InterpolationMode.BICUBIC),
+    pipeline = T.Compose([T.RandomResizedCrop(40, scale=(0.5, 1), interpolation=T.InterpolationMode.BICUBIC),
                           T.RandomHorizontalFlip()])
     for stream in (0, 2):
         views = ViewGenerator(ViewConfig.from_recipe(recipe, 40), seed=2, stream=stream)(img, 8)
@@ -460,7 +461,7 @@ def test_view0_follows_the_models_resize_mode_and_interpolation():
     img = _image(97, 61, seed=3)
     squash = Preprocess(48, (0.5,) * 3, (0.5,) * 3, interpolation="bilinear", resize_mode="squash")
     got = ViewGenerator(ViewConfig(n_views=1), preprocess=squash)(img, 0)[0]
-    want = _pil_to_uint8(T.Resize((48, 48), interpolation=InterpolationMode.BILINEAR)(img))
+    want = _pil_to_uint8(T.Resize((48, 48), interpolation=T.InterpolationMode.BILINEAR)(img))
     assert torch.equal(got, want)
     # open_clip's own eval transform agrees (after its tensor conversion)
     ref = image_transform(48, is_train=False, mean=(0.0,) * 3, std=(1.0,) * 3, resize_mode="squash",
@@ -471,6 +472,6 @@ def test_view0_follows_the_models_resize_mode_and_interpolation():
     assert padded.shape == (3, 48, 48) and padded[:, 0].sum() == 0 and padded[:, 24].sum() > 0
     # OpenAI's (the default) is the bicubic shortest-side resize + centre crop of the tests above
     openai = ViewGenerator(ViewConfig(n_views=1), preprocess=Preprocess(48))(img, 0)[0]
-    assert torch.equal(openai, _pil_to_uint8(T.Compose([T.Resize(48, interpolation=InterpolationMode.BICUBIC),
+    assert torch.equal(openai, _pil_to_uint8(T.Compose([T.Resize(48, interpolation=T.InterpolationMode.BICUBIC),
                                                          T.CenterCrop(48)])(img)))
     assert not torch.equal(openai, got)

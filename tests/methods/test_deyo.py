@@ -31,9 +31,12 @@ from _golden import (
     entropy_tolerance,
     stream_views,
 )
+from _imports import lazy_module
 from shiftlab.methods.context import SampleContext
-from shiftlab.methods.deyo.method import occlude, plpd, sample_weights, shuffle_patches, shuffle_pixels
 from shiftlab.synthetic import tiny_clip, tiny_vit
+
+# its method module imports torchvision (torch._dynamo): read when a test first needs it, not at collection
+deyo = lazy_module("shiftlab.methods.deyo.method", optional=False)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -54,7 +57,7 @@ def contexts(model, method, pixels):
 
 def test_patch_shuffle_moves_whole_patches_by_each_images_own_permutation():
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    out = shuffle_patches(x, 2, torch.Generator().manual_seed(5))
+    out = deyo.shuffle_patches(x, 2, torch.Generator().manual_seed(5))
     orders = torch.argsort(torch.rand(2, 4, generator=torch.Generator().manual_seed(5)), dim=-1)
     for i in range(2):
         for slot in range(4):
@@ -64,21 +67,21 @@ def test_patch_shuffle_moves_whole_patches_by_each_images_own_permutation():
     # 10 px with 4 patches a side: resized to 8 (torchvision's Resize, bilinear, antialiased), shuffled, and back
     import torchvision.transforms as T
     y = torch.rand(2, 3, 10, 10, generator=torch.Generator().manual_seed(1))
-    small = shuffle_patches(T.Resize((8, 8))(y), 4, torch.Generator().manual_seed(2))
-    torch.testing.assert_close(shuffle_patches(y, 4, torch.Generator().manual_seed(2)), T.Resize((10, 10))(small),
+    small = deyo.shuffle_patches(T.Resize((8, 8))(y), 4, torch.Generator().manual_seed(2))
+    torch.testing.assert_close(deyo.shuffle_patches(y, 4, torch.Generator().manual_seed(2)), T.Resize((10, 10))(small),
                                rtol=0, atol=1e-6)
 
 
 def test_pixel_shuffle_moves_every_image_by_one_permutation():
     x = torch.rand(2, 3, 4, 4)
-    out = shuffle_pixels(x, torch.Generator().manual_seed(1))
+    out = deyo.shuffle_pixels(x, torch.Generator().manual_seed(1))
     order = torch.randperm(16, generator=torch.Generator().manual_seed(1))
     assert torch.equal(out.flatten(2), x.flatten(2)[:, :, order])
 
 
 def test_occlusion_fills_the_authors_square_with_the_mean_colour():
     x = torch.rand(2, 3, 224, 224)
-    out = occlude(x, 0.5, 0.25, 0.25)          # their 112 px at (56, 56) on 224 px images
+    out = deyo.occlude(x, 0.5, 0.25, 0.25)          # their 112 px at (56, 56) on 224 px images
     mean = x.mean(dim=(2, 3))
     assert torch.equal(out[:, :, 56:168, 56:168], mean[:, :, None, None].expand(2, 3, 112, 112))
     mask = torch.ones(224, 224, dtype=torch.bool)
@@ -91,11 +94,11 @@ def test_plpd_and_the_weights_against_a_straightforward_computation():
     after = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 2.5]])
     p, q = before.softmax(-1), after.softmax(-1)
     want = torch.tensor([p[0, 0] - q[0, 0], p[1, 2] - q[1, 2]])
-    torch.testing.assert_close(plpd(before, after), want)
+    torch.testing.assert_close(deyo.plpd(before, after), want)
     h = torch.tensor([0.7, 1.2])
-    torch.testing.assert_close(sample_weights(h, want, 0.4, True, True),
+    torch.testing.assert_close(deyo.sample_weights(h, want, 0.4, True, True),
                                torch.exp(0.4 - h) + torch.exp(want))
-    torch.testing.assert_close(sample_weights(h, want, 0.4, False, True), torch.exp(want))
+    torch.testing.assert_close(deyo.sample_weights(h, want, 0.4, False, True), torch.exp(want))
 
 
 def test_no_image_kept_means_no_step():
@@ -192,7 +195,7 @@ def test_deyo_matches_their_code_batch_by_batch(golden_vit, golden_dir, variant,
         i = int((gap / tol).argmin())
         check_margin(float(gap[i]), float(tol[i]), f"batch {b}: entropy filter (image {i})")
         kept = h < 0.82 * log_c
-        theirs = plpd(logits[kept], disrupted)
+        theirs = deyo.plpd(logits[kept], disrupted)
         ours = torch.tensor([o.extras["plpd"] for o, k in zip(outs, kept.tolist()) if k])
         assert [o.extras["plpd"] is not None for o in outs] == kept.tolist(), f"batch {b}: entropy filter"
         assert_close(ours, theirs, LOSS, f"batch {b} PLPD")

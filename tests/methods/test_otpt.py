@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,10 +28,14 @@ from _golden import (
     assert_selection_margin,
     entropy_tolerance,
 )
+from _imports import lazy_module
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.common.confidence import entropy
 from shiftlab.methods.tpt.method import orthogonality_penalty
+
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
+
 
 NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock", "hen", "ostrich", "brambling"]
 N_VIEWS = 20

@@ -19,7 +19,6 @@ import json
 import math
 from contextlib import contextmanager
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,14 +26,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 import shiftlab
 from _golden import FEATURES, GRAD_RTOL, LOGITS, LOSS, PARAMS, assert_close, assert_selection_margin, entropy_tolerance
+from _imports import lazy_module
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.common.confidence import entropy, lowest, marginal_entropy, mean_entropy, select_confident
 from shiftlab.methods.tpt.method import reliability_weights, text_dispersion
 from shiftlab.models.text import ContextPrompt
 
+open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
+
 NAMES = ["goldfish", "great white shark", "hammerhead shark", "stingray", "cock", "hen", "ostrich",
          "brambling", "goldfinch", "house finch", "junco", "indigo bunting"]
+
 N_VIEWS = 32
 LR, WD = 5e-3, 0.01
 

@@ -14,15 +14,20 @@ Only open_clip's standard text tower qualifies (`supports_prefix_sharing`); anyt
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from open_clip.transformer import ResidualAttentionBlock
+
+if TYPE_CHECKING:
+    from open_clip.transformer import ResidualAttentionBlock
 
 
 def supports_prefix_sharing(clip: nn.Module) -> bool:
     """Whether `clip`'s text tower is open_clip's causal, EOT-pooled stack of standard blocks."""
+    # here, not at the top: open_clip imports torchvision, which imports torch._dynamo (seconds at import)
+    from open_clip.transformer import ResidualAttentionBlock
     transformer = getattr(clip, "transformer", None)
     blocks = getattr(transformer, "resblocks", None)
     if blocks is None or getattr(clip, "attn_mask", None) is None:

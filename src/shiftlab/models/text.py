@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 
-import open_clip
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -230,6 +229,8 @@ class ContextPrompt(nn.Module):
                                  "(class-specific contexts are not supported)")
             n_ctx = ctx_init.shape[0]
         if isinstance(ctx_init, str):
+            # here, not at the top: open_clip imports torchvision, which imports torch._dynamo (seconds at import)
+            import open_clip
             init_words = ctx_init.replace("_", " ")
             n_ctx = len(open_clip.tokenize([init_words])[0].nonzero()) - 2
             prefix = init_words

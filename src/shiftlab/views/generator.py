@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from PIL import Image, ImageOps
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
 
 from .recipe import ViewRecipe
 
@@ -73,6 +71,9 @@ def to_uint8_tensor(img: Image.Image) -> torch.Tensor:
 def base_view(img: Image.Image, size: int, preprocess: Preprocess | None = None) -> Image.Image:
     """The original view: OpenAI's resize + centre crop, or the model's own resize mode and interpolation
     (open_clip's eval transform, minus tensor conversion and normalisation)."""
+    # here, not at the top: torchvision imports torch._dynamo (seconds at import)
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
     if preprocess is None or (preprocess.resize_mode, preprocess.interpolation) == ("shortest", "bicubic"):
         img = TF.resize(img, size, interpolation=InterpolationMode.BICUBIC)
         return TF.center_crop(img, size)
@@ -241,6 +242,8 @@ class ViewGenerator:
         self.preprocess = preprocess
 
     def __call__(self, img: Image.Image, sample_id: int) -> torch.Tensor:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as TF
         cfg = self.config
         img = img.convert("RGB")
         views = [to_uint8_tensor(base_view(img, cfg.size, self.preprocess))]

@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 
-import open_clip
 import torch
 
 from ...methods.base import MethodConfig
@@ -24,6 +23,13 @@ class BaselineUnsupported(ValueError):
 
 
 # -- building blocks (the authors' helpers, written out) --------------------------------------
+
+def tokenize(texts: Sequence[str]) -> torch.Tensor:
+    """open_clip.tokenize (C, 77), the authors' tokenizer. open_clip is imported here, not at the top: it imports
+    torchvision, which imports torch._dynamo (seconds), and importing this module should not pay it."""
+    import open_clip
+    return open_clip.tokenize(list(texts))
+
 
 def encode_prompt_embeddings(clip: torch.nn.Module, prompts: torch.Tensor, tokenized: torch.Tensor) -> torch.Tensor:
     """TPT's `TextEncoder.forward`: prompt embeddings (C, 77, W) -> unnormalised features (C, D), all 77 positions."""
@@ -97,7 +103,7 @@ class PromptLearner:
         n_ctx = len(ctx_init.split(" "))
         names = [name.replace("_", " ") for name in classnames]
         prompts = [ctx_init + " " + name + "." for name in names]
-        self.tokenized = open_clip.tokenize(prompts).to(device)            # (C, 77)
+        self.tokenized = tokenize(prompts).to(device)            # (C, 77)
         with torch.no_grad():
             embedding = clip.token_embedding(self.tokenized).float()       # (C, 77, W)
         self.token_prefix = embedding[:, :1, :]
@@ -185,7 +191,7 @@ class ZeroShotBaseline(BaselineMethod):
 
     def setup(self) -> None:
         names = [c.replace("_", " ") for c in self.classnames]
-        self.tokens = open_clip.tokenize([f"a photo of a {n}." for n in names]).to(self.device)
+        self.tokens = tokenize([f"a photo of a {n}." for n in names]).to(self.device)
 
     def predict(self, views_u8: torch.Tensor) -> torch.Tensor:
         image_features = self.encode_images(self.to_input(views_u8[:1]))
@@ -203,7 +209,7 @@ class PromptEnsembleBaseline(BaselineMethod):
         weights = []
         with torch.no_grad(), self.autocast():    # CLIP's `zeroshot_classifier`
             for name in self.classnames:
-                texts = open_clip.tokenize([t.format(name) for t in load_templates()]).to(self.device)
+                texts = tokenize([t.format(name) for t in load_templates()]).to(self.device)
                 embeddings = l2_normalize(self.clip.encode_text(texts).float())
                 embedding = embeddings.mean(dim=0)
                 weights.append(embedding / embedding.norm())
@@ -329,7 +335,7 @@ class MTABaseline(BaselineMethod):
 
     def setup(self) -> None:
         names = [c.replace("_", " ") for c in self.classnames]
-        tokens = open_clip.tokenize([f"a photo of a {n}." for n in names]).to(self.device)
+        tokens = tokenize([f"a photo of a {n}." for n in names]).to(self.device)
         self.text_features = self.encode_tokens(tokens)
 
     @staticmethod

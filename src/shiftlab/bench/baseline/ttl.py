@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import copy
 
-import open_clip
 import torch
 import torch.nn as nn
-from open_clip.modified_resnet import ModifiedResNet
-from open_clip.transformer import VisionTransformer
 
-from .core import BaselineMethod, BaselineUnsupported
+from .core import BaselineMethod, BaselineUnsupported, tokenize
 
 __all__ = ["TTLBaseline"]
 
@@ -124,6 +121,9 @@ class LoRAAttentionPool(nn.Module):
 def lora_tower(visual: nn.Module, n_layers: int, rank: int, alpha: float) -> tuple[nn.Module, list[nn.Module]]:
     """A deep copy of `visual` (its own weights, all frozen) with LoRA on the last `n_layers` attention layers
     (a ResNet's one attention pool); returns the tower and its LoRA projections (layer by layer, q then v)."""
+    # here, not at the top: open_clip imports torchvision, which imports torch._dynamo (seconds at import)
+    from open_clip.modified_resnet import ModifiedResNet
+    from open_clip.transformer import VisionTransformer
     tower = copy.deepcopy(visual).requires_grad_(False)
     scaling = alpha / rank
     adapted: list[nn.Module] = []
@@ -155,7 +155,7 @@ class TTLBaseline(BaselineMethod):
         cfg = self.config
         names = [c.replace("_", " ") for c in self.classnames]
         # their prompt learner's tokenised prompts, ctx_init "a_photo_of_a" (scripts/test_ttl.sh:9)
-        self.tokens = open_clip.tokenize([f"a photo of a {n}." for n in names]).to(self.device)
+        self.tokens = tokenize([f"a photo of a {n}." for n in names]).to(self.device)
         self.tower, self.projections = lora_tower(self.clip.visual, cfg.lora_layers, cfg.rank, cfg.alpha)
         fill = {"xavier": nn.init.xavier_normal_, "gaussian": nn.init.normal_,
                 "kaiming": nn.init.kaiming_normal_}[cfg.init]

@@ -8,7 +8,7 @@ mode and views whose zero-shot predictions agree with the other inliers:
     y = softmax((density + lambda_q * A @ y) / lambda_y),   A = P P^T, P = softmax(view logits / T)
 
 Alternating y updates and mode updates, exactly as the authors' `solve_mta`
-(see tests/fixtures/golden/README.md): the outer loop always runs `outer_iterations`
+(see src/shiftlab/methods/mta/README.md, *Golden fixture*): the outer loop always runs `outer_iterations`
 times (no convergence test), y carries over, each inner loop stops early once the
 L2 change is below `tol`, and the density is recomputed at every mode step.
 
