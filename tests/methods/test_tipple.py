@@ -195,6 +195,37 @@ def test_the_task_prompt_moves_and_stage_two_starts_from_it(data, tiny_model):
     torch.testing.assert_close(still.predict(views), want, rtol=0, atol=1e-4)
 
 
+def test_a_scaled_loss_gives_the_same_prompt_and_an_overflow_skips_its_step(data, tiny_model, monkeypatch):
+    """Under fp16 (CUDA) stage I's loss is scaled (GradScaler(init_scale=1000)): the gradient unscaled gives the
+    same step, and a non-finite one skips its step, weight decay included, as GradScaler does."""
+    import types
+
+    import shiftlab.methods.tipple.method as tipple_method
+    method = shiftlab.create_method("tipple", tiny_model, data.classnames, **SMALL)
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.nn.functional.normalize(torch.randn(2, 6, 1, tiny_model.clip.text_projection.shape[1],
+                                                      generator=gen), dim=-1)
+    weak, strong = feats[0], feats[1]
+    halves = [torch.arange(3), torch.arange(3, 6)]
+    plain = method.learn_task_prompt(weak, strong, [halves])
+    monkeypatch.setattr(method, "precision", types.SimpleNamespace(loss_scaling=True,
+                                                                   autocast=method.precision.autocast))
+    torch.testing.assert_close(method.learn_task_prompt(weak, strong, [halves]), plain, rtol=0, atol=1e-7)
+    real, calls = tipple_method.task_loss, []
+
+    def overflowing(*args):
+        loss, parts = real(*args)
+        calls.append(len(calls))
+        return (loss * float("inf") if len(calls) == 1 else loss), parts
+    monkeypatch.setattr(tipple_method, "task_loss", overflowing)
+    skipped = method.learn_task_prompt(weak, strong, [halves])
+    monkeypatch.setattr(tipple_method, "task_loss", real)
+    monkeypatch.setattr(method, "precision", types.SimpleNamespace(loss_scaling=False,
+                                                                   autocast=method.precision.autocast))
+    torch.testing.assert_close(skipped, method.learn_task_prompt(weak, strong, [halves[1:]]), rtol=0, atol=1e-7)
+    assert not torch.allclose(skipped, plain)
+
+
 class _Crash(Exception):
     pass
 
