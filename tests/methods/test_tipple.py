@@ -174,7 +174,9 @@ def test_a_run_predicts_as_the_method_shown_its_weak_and_strong_views_by_hand(da
 def test_the_task_prompt_moves_and_stage_two_starts_from_it(data, tiny_model):
     method = shiftlab.create_method("tipple", tiny_model, data.classnames, **SMALL)
     start = method.prompt.init_ctx.clone()
-    with pytest.raises(ValueError, match="^tipple reads the whole test set before predicting"):
+    with pytest.raises(ValueError, match=r"^tipple reads the whole test set before predicting: .*observe_test_set"
+                                         r"\(...\) \(per group \{name: contexts\} of its test_set_views\) and call "
+                                         r"finish_test_set\(\) first"):
         method.predict(torch.zeros(6, 3, tiny_model.image_size, tiny_model.image_size))
     with pytest.raises(ValueError, match="the test set is empty"):
         method.finish_test_set()
