@@ -174,7 +174,9 @@ def test_a_run_predicts_as_the_method_shown_its_weak_and_strong_views_by_hand(da
 def test_the_task_prompt_moves_and_stage_two_starts_from_it(data, tiny_model):
     method = shiftlab.create_method("tipple", tiny_model, data.classnames, **SMALL)
     start = method.prompt.init_ctx.clone()
-    with pytest.raises(ValueError, match="^tipple reads the whole test set before predicting"):
+    with pytest.raises(ValueError, match=r"^tipple reads the whole test set before predicting: .*observe_test_set"
+                                         r"\(...\) \(per group \{name: contexts\} of its test_set_views\) and call "
+                                         r"finish_test_set\(\) first"):
         method.predict(torch.zeros(6, 3, tiny_model.image_size, tiny_model.image_size))
     with pytest.raises(ValueError, match="the test set is empty"):
         method.finish_test_set()
@@ -193,6 +195,37 @@ def test_the_task_prompt_moves_and_stage_two_starts_from_it(data, tiny_model):
     text = method.prompt.features(method.prompt.init_ctx)
     want = tiny_model.logit_scale * tiny_model.encode_views(views[:1])[0] @ text.T
     torch.testing.assert_close(still.predict(views), want, rtol=0, atol=1e-4)
+
+
+def test_a_scaled_loss_gives_the_same_prompt_and_an_overflow_skips_its_step(data, tiny_model, monkeypatch):
+    """Under fp16 (CUDA) stage I's loss is scaled (GradScaler(init_scale=1000)): the gradient unscaled gives the
+    same step, and a non-finite one skips its step, weight decay included, as GradScaler does."""
+    import types
+
+    import shiftlab.methods.tipple.method as tipple_method
+    method = shiftlab.create_method("tipple", tiny_model, data.classnames, **SMALL)
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.nn.functional.normalize(torch.randn(2, 6, 1, tiny_model.clip.text_projection.shape[1],
+                                                      generator=gen), dim=-1)
+    weak, strong = feats[0], feats[1]
+    halves = [torch.arange(3), torch.arange(3, 6)]
+    plain = method.learn_task_prompt(weak, strong, [halves])
+    monkeypatch.setattr(method, "precision", types.SimpleNamespace(loss_scaling=True,
+                                                                   autocast=method.precision.autocast))
+    torch.testing.assert_close(method.learn_task_prompt(weak, strong, [halves]), plain, rtol=0, atol=1e-7)
+    real, calls = tipple_method.task_loss, []
+
+    def overflowing(*args):
+        loss, parts = real(*args)
+        calls.append(len(calls))
+        return (loss * float("inf") if len(calls) == 1 else loss), parts
+    monkeypatch.setattr(tipple_method, "task_loss", overflowing)
+    skipped = method.learn_task_prompt(weak, strong, [halves])
+    monkeypatch.setattr(tipple_method, "task_loss", real)
+    monkeypatch.setattr(method, "precision", types.SimpleNamespace(loss_scaling=False,
+                                                                   autocast=method.precision.autocast))
+    torch.testing.assert_close(skipped, method.learn_task_prompt(weak, strong, [halves[1:]]), rtol=0, atol=1e-7)
+    assert not torch.allclose(skipped, plain)
 
 
 class _Crash(Exception):

@@ -218,8 +218,10 @@ class Method:
 
     def _predict_views(self, views: torch.Tensor) -> MethodOutput:
         if self.reads_ahead == TEST_SET and not self.test_set_seen:
+            named = " (per group {name: contexts} of its test_set_views)" if self.test_set_views is not None else ""
             raise ValueError(f"{self.name} reads the whole test set before predicting: hand it every test image's "
-                             "contexts with observe_test_set(...) and call end_test_set() first (shiftlab.run does)")
+                             f"contexts with observe_test_set(...){named} and call finish_test_set() first "
+                             "(shiftlab.run does)")
         check_views(views, self.model)
         needed = self.needed_views(self.config) if self.needs_views else 1
         if views.shape[0] < needed:
