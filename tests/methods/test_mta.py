@@ -45,6 +45,22 @@ def test_mta_matches_golden(golden, one_thread):
 
 
 @pytest.mark.golden
+@pytest.mark.parametrize("average", ["probs", "logits"])
+def test_view_ensemble_matches_golden(golden, one_thread, average):
+    """The R-TPT table's Ensemble ships no code: its views' logits are the authors' (TPT's CLIP, the golden
+    view logits), their equal-weight mean of probabilities (or of logits) is computed here in float64."""
+    model, classnames, views, expected = golden
+    ensemble = shiftlab.create_method("view_ensemble", model, classnames, average=average)
+    for i, sample_views in enumerate(views):
+        view_logits = expected[f"zeroshot/{i}/view_logits"].double()
+        want = (view_logits.softmax(-1).mean(0).log() if average == "probs" else view_logits.mean(0)).float()
+        got = ensemble.predict(sample_views)
+        if average == "probs":    # a log-probability: compared as the distribution it stands for
+            got, want = got.softmax(-1), want.softmax(-1)
+        assert_close(got, want, LOGITS, f"view ensemble ({average}) sample {i}")
+
+
+@pytest.mark.golden
 def test_zeroshot_matches_golden(golden, one_thread):
     model, classnames, views, expected = golden
     zeroshot = shiftlab.create_method("zeroshot", model, classnames)

@@ -90,4 +90,6 @@ class ViewEnsembleSpec(MethodSpec):
         dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=51.3,
              source=R_TPT_TABLE),
     )
-    fidelity = ""
+    # the R-TPT paper's Ensemble ships no code (TomSheng21/R-TPT's rtpt.py has no such mode): the view logits are
+    # checked against TPT's CLIP, their mean against a float64 computation (tests/methods/test_mta.py)
+    fidelity = "golden view logits (TPT's CLIP); the R-TPT paper's Ensemble row ships no code of its own"
