@@ -68,8 +68,9 @@ def test_run_never_changes_its_argument(sparse, tmp_path):
 
 def test_encode_never_changes_its_argument(sparse, tmp_path):
     from shiftlab.engine.features import encode
+    # COSMIC's DINOv2 is encoded into the store too: random weights (Meta's checkpoint is not here)
     cfg = _config(sparse, tmp_path / "run", allow_partial=True, methods=["all"], features=str(tmp_path / "feats"),
-                  views=8)
+                  views=8, method_config={"cosmic": {"dino_pretrained": "none"}})
     before = copy.deepcopy(cfg)
     done = encode(cfg)
     assert done["samples"] == 2 and done["encoded"] == 2

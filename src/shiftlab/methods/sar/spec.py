@@ -62,7 +62,7 @@ class SARSpec(MethodSpec):
                            "recovery_resets_ema": True, "skip_top_layers": "top"}}
     published = ()
     fidelity = ("golden (CLIPTTA's SAR with SAM on the tiny ViT: 3 batches of 8, continual, with and without a "
-                "model recovery, and with their --skip_top_layers; logits, norm parameters, the moving average and "
+                "model recovery, and with CLIPTTA's top-layer skip; logits, norm parameters, the moving average and "
                 "Adam's moments after every batch; the top-layer selections of SAR's and CLIPTTA's collect_params on "
                 "a 12-block ViT and a ResNet)")
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
