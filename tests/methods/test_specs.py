@@ -74,9 +74,12 @@ def test_the_capabilities_say_what_the_booleans_said():
     assert reads["cosmic"] == (FROZEN_FEATURES, FROZEN_ENCODER) and not specs.spec("cosmic").needs_pixels
     assert reads["tca"] == (OWN_TOWER,) and specs.spec("tca").towers == ("vit",)   # tokens inside a ViT
     assert reads["scap"] == (OWN_TOWER,) and specs.spec("scap").towers == ("vit",)  # prompts inside a ViT's attention
-    own = ("ttl", "rlcf", "calip", "tent", "eata", "sar", "cliptta", "cliptta_ood", "clipartt", "watt", "cosmic",
-           "tca", "deyo", "scap")
-    assert all(r == (FROZEN_FEATURES,) for n, r in reads.items() if n not in own)
+    # the methods that read only the frozen tower's view features (a method added later declares its own reads
+    # in its spec and is checked by its own tests, not listed here)
+    frozen_only = ("boostadapter", "ctpt", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "lame", "mta", "oga",
+                   "oga_batch", "onzeta", "otpt", "prompt_ensemble", "rtpt", "stata", "tda", "tipple", "tps", "tpt",
+                   "view_ensemble", "zero", "zeroshot")
+    assert all(reads[n] == (FROZEN_FEATURES,) for n in frozen_only)
     assert {"boostadapter", "dmn_zs", "dota", "dpe", "dynaprompt", "ecalp", "oga", "onzeta", "tda"} <= set(
         specs.spec_names(ONLINE))
     assert not specs.spec("ttl").reads_features and specs.spec("ttl").needs_pixels
