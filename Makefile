@@ -30,11 +30,14 @@ run: $(BIN)/shiftlab
 	    --model RN50 --pretrained openai --methods $(METHODS) --out $(RUN_DIR) --resume $(ARGS)
 
 # pytest-xdist: one worker per CPU core (TEST_WORKERS=0: one process); --dist loadfile keeps a file's tests on
-# one worker, so its module-scoped runs are made once
+# one worker, so its module-scoped runs are made once. PYTHONDONTWRITEBYTECODE is unset for the tests: with it,
+# every CLI subprocess compiles shiftlab again and pytest rewrites every test module's asserts on every run.
+# With workers, each (and every run it starts) computes on one thread: N workers x N threads oversubscribe the cores
 TEST_WORKERS ?= auto
+TEST_THREADS = $(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1)
 test: $(BIN)/shiftlab
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 demo: $(BIN)/shiftlab
 	$(BIN)/shiftlab demo

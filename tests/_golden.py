@@ -332,3 +332,21 @@ SCAP_PROMPTS = 2e-5
 AdamW step per clique and per image (lr 5e-3) whose direction reads gradients through the ViT's attention, so
 LOGITS-sized noise of earlier passes reaches them; measured 1.8e-6 after 3 batches (27 clique and 24 image steps)
 against their main.py on the machine that made the fixture."""
+
+
+class OptimizerStepRecorder:
+    """Within `with`: every optimiser step's gradient (before it) and value (after it) of the first parameter of
+    the first group, in `grad` and `param` (what a golden test compares step by step with the authors' run)."""
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        self.grad, self.param = [], []
+        self.hooks = [register_optimizer_step_pre_hook(
+            lambda o, a, k: self.grad.append(o.param_groups[0]["params"][0].grad.detach().clone())),
+            register_optimizer_step_post_hook(
+            lambda o, a, k: self.param.append(o.param_groups[0]["params"][0].detach().clone()))]
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()

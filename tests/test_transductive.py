@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from _registered import registered
-from _runs import comparable, json_lines
+from _runs import Crash, comparable, crash_before_step, json_lines
 from _synthetic import make_image_folder
 from shiftlab import catalogue
 from shiftlab.datasets import suites
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine import suite as suite_runs
 from shiftlab.engine.config import RunConfig
-from shiftlab.engine.loop import RunHooks, run
+from shiftlab.engine.loop import run
 from shiftlab.methods.base import Method, MethodOutput
 from shiftlab.methods.specs import Capabilities, MethodSpec
 from shiftlab.report.build import build_report
@@ -181,23 +181,12 @@ def test_the_library_refuses_a_test_set_method_before_its_pass(test_set_method, 
     assert torch.allclose(method.predict(views[3]), SCALE * (logits[3] - mean), atol=1e-3)
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_killed_test_set_run_resumes_with_identical_records(test_set_method, data, tiny_model, tmp_path):
     run(_config(tmp_path / "ref"), model=tiny_model, dataset=data)
     reference = json_lines(tmp_path / "ref" / "records.jsonl")
 
-    class CrashAfterOne(RunHooks):
-        steps = 0
-
-        def before_step(self, ids):
-            if self.steps == 1:
-                raise _Crash
-            self.steps += 1
-    with pytest.raises(_Crash):
-        run(_config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=CrashAfterOne())
+    with pytest.raises(Crash):
+        run(_config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=crash_before_step(1))
     assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
     run(_config(tmp_path / "cut", resume=True), model=tiny_model, dataset=data)
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)

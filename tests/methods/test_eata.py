@@ -183,20 +183,16 @@ def test_a_fisher_batch_of_one_image_on_batchnorm_is_refused_in_one_line(source)
     assert method.fishers is not None
 
 
-class _Crash(Exception):
-    pass
-
-
 @pytest.mark.slow
 def test_a_run_with_the_fisher_killed_mid_stream_resumes_exactly(source, tmp_path, tiny_model, tiny_checkpoint):
     """fisher_alpha > 0 from a source folder, from the CLI and through RunConfig alike: the Fisher is recomputed on
     resume (at the initial parameters, before the checkpoint's state is restored), the records those of an
     uninterrupted run; run.json records which source images."""
-    from _runs import comparable, json_lines
+    from _runs import Crash, comparable, crash_before_step, json_lines
     from shiftlab.cli import main as cli_main
     from shiftlab.datasets import build_dataset
     from shiftlab.engine.config import RunConfig
-    from shiftlab.engine.loop import RunHooks, run
+    from shiftlab.engine.loop import run
     folder = make_image_folder(tmp_path / "data", ["a", "b", "c"], per_class=2, seed=4)
     data = build_dataset("imagefolder", folder)
     fisher = {"fisher_alpha": 50.0, "fisher_source": str(source), "fisher_images": 4, "fisher_batch_size": 2,
@@ -214,15 +210,8 @@ def test_a_run_with_the_fisher_killed_mid_stream_resumes_exactly(source, tmp_pat
     assert cli_main(argv) == 0
     whole = json_lines(tmp_path / "whole" / "records.jsonl")
 
-    class CrashAfterOne(RunHooks):
-        steps = 0
-
-        def before_step(self, ids):
-            if self.steps == 1:
-                raise _Crash
-            self.steps += 1
-    with pytest.raises(_Crash):
-        run(config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=CrashAfterOne())
+    with pytest.raises(Crash):
+        run(config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=crash_before_step(1))
     assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(whole) == 6
     run(config(tmp_path / "cut", resume=True), model=tiny_model, dataset=data)
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(whole)

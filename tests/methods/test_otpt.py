@@ -13,7 +13,6 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import shiftlab
 from _golden import (
@@ -24,6 +23,7 @@ from _golden import (
     LOSS,
     OTPT_LOSS_REL,
     PARAMS,
+    OptimizerStepRecorder,
     assert_close,
     assert_selection_margin,
     entropy_tolerance,
@@ -115,26 +115,12 @@ def make_context(model, heads, seed: int) -> SampleContext:
     return SampleContext(model, heads, torch.zeros(N_VIEWS, 3, 64, 64), image_features=feats)
 
 
-class _AdamWRecorder:
-    def __enter__(self):
-        self.grad, self.param = [], []
-        self.hooks = [register_optimizer_step_pre_hook(
-            lambda o, a, k: self.grad.append(o.param_groups[0]["params"][0].grad.detach().clone())),
-            register_optimizer_step_post_hook(
-            lambda o, a, k: self.param.append(o.param_groups[0]["params"][0].detach().clone()))]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
-
-
 def test_one_step_matches_hand_computation(model, heads):
     ctx = make_context(model, heads, 0)
     feats = ctx.image_features
     lam = 3.0
     method = shiftlab.create_method("otpt", model, NAMES, heads=heads, lambda_ortho=lam)
-    with _AdamWRecorder() as rec:
+    with OptimizerStepRecorder() as rec:
         out = method.predict_context(ctx)
     # written out: TPT's marginal entropy over the 2 lowest-entropy views + lambda * mean_c | ||(T T^T)_c|| - 1 |
     ctx0 = init_ctx(model).requires_grad_(True)
@@ -222,7 +208,7 @@ def golden(golden_dir, one_thread_module):
         method = shiftlab.create_method("otpt", model, info["classnames"], heads=heads, **config)
         for i in SAMPLES:
             ctx = SampleContext(model, heads, model.normalize(inputs[i]))
-            with _AdamWRecorder() as rec:
+            with OptimizerStepRecorder() as rec:
                 out = method.predict_context(ctx)
             p = f"{variant}/{i}/"
             got[p + "selected"] = torch.tensor(out.extras["selected"])

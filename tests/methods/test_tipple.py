@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import shiftlab
 from _golden import (
@@ -25,18 +24,19 @@ from _golden import (
     TIPPLE_TASK_CTX,
     TIPPLE_WELL_CONDITIONED,
     TUNED_LOGITS,
+    OptimizerStepRecorder,
     assert_close,
     assert_selection_margin,
     check_margin,
     crop_views,
     entropy_tolerance,
 )
-from _runs import comparable, json_lines
+from _runs import Crash, comparable, crash_before_step, json_lines
 from _synthetic import make_image_folder
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine.config import RunConfig
-from shiftlab.engine.loop import RunHooks, own_test_set_generators, run
+from shiftlab.engine.loop import own_test_set_generators, run
 from shiftlab.methods.common.confidence import entropy
 from shiftlab.methods.tipple.method import (
     confident_pseudo_labels,
@@ -228,24 +228,13 @@ def test_a_scaled_loss_gives_the_same_prompt_and_an_overflow_skips_its_step(data
     assert not torch.allclose(skipped, plain)
 
 
-class _Crash(Exception):
-    pass
-
-
 @pytest.mark.slow
 def test_a_killed_run_resumes_with_identical_records(data, tiny_model, tmp_path):
     run(_config(tmp_path / "ref"), model=tiny_model, dataset=data)
     reference = json_lines(tmp_path / "ref" / "records.jsonl")
 
-    class CrashAfterOne(RunHooks):
-        steps = 0
-
-        def before_step(self, ids):
-            if self.steps == 1:
-                raise _Crash
-            self.steps += 1
-    with pytest.raises(_Crash):
-        run(_config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=CrashAfterOne())
+    with pytest.raises(Crash):
+        run(_config(tmp_path / "cut"), model=tiny_model, dataset=data, hooks=crash_before_step(1))
     assert 0 < len(json_lines(tmp_path / "cut" / "records.jsonl")) < len(reference)
     run(_config(tmp_path / "cut", resume=True), model=tiny_model, dataset=data)
     assert comparable(json_lines(tmp_path / "cut" / "records.jsonl")) == comparable(reference)
@@ -299,20 +288,6 @@ VARIANTS = {"paper": {"task_threshold": 0.7, "task_diversity": 0.1, "steps": 1},
 COMMON = {"task_epochs": 3, "task_batch_size": 8, "lr": 1e-3, "task_lr": 1e-3, "views": 32}
 
 
-class _AdamWRecorder:
-    def __enter__(self):
-        self.grad, self.param = [], []
-        self.hooks = [register_optimizer_step_pre_hook(
-            lambda o, a, k: self.grad.append(o.param_groups[0]["params"][0].grad.detach().clone())),
-            register_optimizer_step_post_hook(
-            lambda o, a, k: self.param.append(o.param_groups[0]["params"][0].detach().clone()))]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
-
-
 @pytest.fixture(scope="module")
 def golden(golden_model, golden_dir, one_thread_module):
     expected = torch.load(FIXTURES / "tipple" / "tipple.pt", weights_only=True)
@@ -329,7 +304,7 @@ def golden(golden_model, golden_dir, one_thread_module):
         got[f"{variant}/order"] = order
         method.test_set_seed = 0
         got[f"{variant}/init_ctx"] = method.prompt.init_ctx.clone()
-        with _AdamWRecorder() as rec:
+        with OptimizerStepRecorder() as rec:
             method.finish_test_set()
         for k, (step, g, c) in enumerate(zip(method.task_log, rec.grad, rec.param)):
             p = f"{variant}/s1/{k}/"
@@ -345,7 +320,7 @@ def golden(golden_model, golden_dir, one_thread_module):
             task_text = method.prompt.features(expected[f"{variant}/task_ctx"])
         for i, b in enumerate(bases):
             ctx = SampleContext(model, heads, model.normalize(crop_views(b, 32).float() / 255))
-            with _AdamWRecorder() as rec:
+            with OptimizerStepRecorder() as rec:
                 out = method.predict_context(ctx)
             p = f"{variant}/s2/{i}/"
             got[p + "selected"], got[p + "logits"] = torch.tensor(out.extras["selected"]), out.logits
