@@ -112,6 +112,16 @@ def record_tokens(clip_module) -> list[torch.Tensor]:
     return seen
 
 
+def checkout_commit(path: str) -> str | None:
+    """The commit a checkout of the authors' code is at, or None (a `git archive` export: pass --commit)."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def enter(checkout: Path) -> None:
     sys.path.insert(0, str(checkout))
     os.chdir(checkout)
