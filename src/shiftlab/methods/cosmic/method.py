@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Method, MethodOutput
+from ..common.dmn_memory import DynamicMemory
 from ..common.online_common import STATE_VERSION, check_state, first_views
 from ..context import SampleContext
-from ..dmn_zs.method import DynamicMemory
 from ..frozen_encoder import FrozenEncoder
 from ..heads import check_descriptions, text_head
 from .dino import dino_features
