@@ -17,7 +17,7 @@ import torch
 
 from ..base import MethodOutput
 from ..common.confidence import entropy, marginal_entropy, select_confident
-from ..common.online_common import first_views
+from ..common.online_common import view_features
 from ..common.tda_cache import Cache, CacheEntry, TDACacheMethod, TDASample, update_cache
 from ..context import SampleContext
 from ..heads import text_head
@@ -113,7 +113,7 @@ class BoostAdapter(TDACacheMethod):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            b = self.summarize_boost(first_views(ctx, self.config.views.n_views))
+            b = self.summarize_boost(view_features(ctx, self.config.views.n_views))
             self.update(b.sample)
             pos = self.boosted(b)
             self.last_boosted = pos     # the read-out's cache, for inspection; not online state

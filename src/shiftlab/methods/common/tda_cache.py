@@ -19,7 +19,7 @@ from ..base import Method, MethodOutput
 from ..context import SampleContext
 from ..heads import text_head
 from .confidence import marginal_entropy, select_confident
-from .online_common import STATE_VERSION, check_state, first_views
+from .online_common import STATE_VERSION, check_state, view_features
 
 
 @dataclass
@@ -151,7 +151,7 @@ class TDACacheMethod(Method):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            s = self.summarize_sample(first_views(ctx, self.config.views.n_views))
+            s = self.summarize_sample(view_features(ctx, self.config.views.n_views))
             self.update(s)
             logits = self.readout(s)
         return MethodOutput(logits, extras={

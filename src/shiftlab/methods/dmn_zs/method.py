@@ -15,7 +15,7 @@ import torch
 from ..base import Method, MethodOutput
 from ..common.confidence import lowest
 from ..common.dmn_memory import DynamicMemory, memory_logits
-from ..common.online_common import STATE_VERSION, check_state, first_views
+from ..common.online_common import STATE_VERSION, check_state, view_features
 from ..context import SampleContext
 from ..heads import check_descriptions, text_head
 from .spec import DMNZeroShotSpec
@@ -49,7 +49,7 @@ class DMNZeroShot(Method):
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         cfg = self.config
         with torch.no_grad():
-            features = first_views(ctx, cfg.views.n_views).float()
+            features = view_features(ctx, cfg.views.n_views).float()
             text = text_head(self)
             scale = self.model.logit_scale
             view_probs = (scale * features @ text.T).softmax(-1)
