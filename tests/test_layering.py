@@ -178,3 +178,42 @@ def test_imports_are_found_wherever_they_are(tmp_path, source, expected):
 def test_a_circle_is_found():
     edges = {"a": [("b", 1)], "b": [("c", 1)], "c": [("a", 1)], "d": [("a", 1)]}
     assert cycles(edges) == [["a", "b", "c"]]
+
+
+def method_folder(module: str) -> str | None:
+    """The method folder a module lies in (shiftlab.methods.tpt.method -> tpt); None outside one (the methods
+    package's own modules, its shared folders such as methods/common/, the other packages)."""
+    from shiftlab.methods.specs import SHARED_FOLDERS
+    parts = module.split(".")
+    if len(parts) < 4 or parts[:2] != ["shiftlab", "methods"] or parts[2] in SHARED_FOLDERS:
+        return None
+    return parts[2]
+
+
+def imports_between_method_folders(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """Each import from one method's folder into another's: what two methods share lives in methods/common/."""
+    found = []
+    for module, targets in edges.items():
+        mine = method_folder(module)
+        for target, line in targets:
+            theirs = method_folder(target)
+            if mine and theirs and theirs != mine:
+                found.append(f"{module} imports {target} at line {line}: move what {mine} and {theirs} share "
+                             "into methods/common/")
+    return list(dict.fromkeys(found))     # one line per import statement (it may name several things)
+
+
+def test_no_method_folder_imports_another():
+    found = imports_between_method_folders(graph())
+    assert not found, "method folders importing each other:\n" + "\n".join(found)
+
+
+def test_an_import_between_method_folders_is_found():
+    edges = {"shiftlab.methods.tipple.method": [("shiftlab.methods.tpt.method", 22),
+                                                ("shiftlab.methods.common.prompt_tuning", 23),
+                                                ("shiftlab.methods.tipple.spec", 24), ("shiftlab.methods.base", 25)],
+             "shiftlab.methods.base": [("shiftlab.methods.specs", 1)],
+             "shiftlab.methods.common.tda_cache": [("shiftlab.methods.base", 3)]}
+    assert imports_between_method_folders(edges) == [
+        "shiftlab.methods.tipple.method imports shiftlab.methods.tpt.method at line 22: move what tipple and tpt "
+        "share into methods/common/"]

@@ -27,8 +27,8 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.boostadapter.method import BoostAdapter, boosted_cache, fifo_update
+from shiftlab.methods.common.tda_cache import CacheEntry, cache_logits
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.tda.method import CacheEntry, cache_logits
 from shiftlab.rundir.record_files import load_records
 from shiftlab.synthetic import make_imagenet_r, tiny_clip
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
-from shiftlab.methods.clipartt.method import captions, clipartt_loss, soft_targets
+from shiftlab.methods.common.clipartt_pseudo_labels import captions, clipartt_loss, soft_targets
 from shiftlab.methods.context import ClassHeads, SampleContext
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]

@@ -20,8 +20,8 @@ import shiftlab
 from _golden import FEATURES, FIXTURES, LOSS, assert_close, check_margin, stream_views
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
+from shiftlab.methods.common.dmn_memory import DynamicMemory
 from shiftlab.methods.cosmic import method as cosmic
-from shiftlab.methods.dmn_zs.method import DynamicMemory
 
 NAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

@@ -73,16 +73,6 @@ def views_per_group(config: Any, device: torch.device) -> dict[tuple[str, str], 
     return out
 
 
-def first_views(ctx: SampleContext, n: int) -> SampleContext:
-    """The context of a sample's first `n` views, sharing the features already encoded."""
-    if n >= ctx.n_views:
-        return ctx
-    views = None if ctx.views is None else ctx.views[:n]
-    encoded = ctx.__dict__.get("image_features")     # None: nothing encoded (no method of the group reads it)
-    return SampleContext(ctx.model, ctx.heads, views, image_features=None if encoded is None else encoded[:n],
-                         sample_id=ctx.sample_id, precision=ctx.precision, encoded=ctx.encoded)
-
-
 @dataclass
 class BatchItem:
     """One sample ready for the model: uint8 views (N,3,S,S) per recipe, or the reason it failed.
@@ -371,7 +361,7 @@ class Runner:
             for n in group:
                 k = methods[n].view_recipe.n_views
                 if k not in by_count:
-                    by_count[k] = [first_views(c, k) for c in ctxs]
+                    by_count[k] = [c.first_views(k) for c in ctxs]
                 out[n] = by_count[k]
         return out
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -31,7 +30,7 @@ from . import specs as method_specs
 from .context import ClassHeads, SampleContext
 from .effective import effective_config, registered_name
 from .frozen_encoder import FrozenEncoder
-from .prediction import Prediction, load_image, make_prediction
+from .prediction import MethodOutput, Prediction, load_image, make_prediction
 from .protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .specs import (
     EPISODIC,
@@ -63,21 +62,6 @@ class _ClassRegistry(Registry["type[Method]"]):
 
 _REGISTRY: Registry[type[Method]] = _ClassRegistry("method")
 METHOD_KINDS = STATES
-
-
-@dataclass
-class MethodOutput:
-    """`logits` (C,) are the method's scores; `probs` overrides softmax(logits) when the
-    method's scores are not logits (votes, cache mixtures). `extras` holds JSON scalars."""
-    logits: torch.Tensor
-    probs: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    # the method's own OOD score of the sample where its spec declares one (`own_ood_score`; higher: more
-    # in-distribution); recorded on open-set runs beside MCM's, which every prediction gets
-    ood_score: float | None = None
-
-    def probabilities(self) -> torch.Tensor:
-        return self.probs if self.probs is not None else self.logits.float().softmax(-1)
 
 
 class ExtraModel(NamedTuple):

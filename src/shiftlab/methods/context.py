@@ -82,6 +82,16 @@ class SampleContext:
         if image_features is not None:
             self.__dict__["image_features"] = image_features
 
+    def first_views(self, n: int) -> SampleContext:
+        """The context of this sample's first `n` views, sharing the features already encoded (itself when it
+        has no more than `n`)."""
+        if n >= self.n_views:
+            return self
+        views = None if self.views is None else self.views[:n]
+        encoded = self.__dict__.get("image_features")     # None: nothing encoded (no method of the group reads it)
+        return SampleContext(self.model, self.heads, views, image_features=None if encoded is None else encoded[:n],
+                             sample_id=self.sample_id, precision=self.precision, encoded=self.encoded)
+
     @property
     def n_views(self) -> int:
         if self.views is None:   # features read from a feature store: no pixels

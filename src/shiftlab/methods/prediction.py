@@ -1,13 +1,15 @@
-"""What a prediction on one image is (`Prediction`) and what an image may be (`load_image`).
+"""What a method answers: per sample, its scores (`MethodOutput`, what the engine records); per image, a readable
+prediction (`Prediction`); and what an image may be (`load_image`).
 
-`Method.predict_image` and the one call `shiftlab.predict` (methods/api.py) return a `Prediction`:
-class index and name, probabilities (the method's own, e.g. ZERO's votes), logits and top-k.
+Every method's `predict_context` returns a `MethodOutput` (`Method.predict` turns it into a tensor, the engine
+into a record); `Method.predict_image` and the one call `shiftlab.predict` (methods/api.py) return a
+`Prediction`: class index and name, probabilities (the method's own, e.g. ZERO's votes), logits and top-k.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,21 @@ import torch
 from PIL import Image
 
 from ..datasets.imageio import decode_image
+
+
+@dataclass
+class MethodOutput:
+    """`logits` (C,) are the method's scores; `probs` overrides softmax(logits) when the
+    method's scores are not logits (votes, cache mixtures). `extras` holds JSON scalars."""
+    logits: torch.Tensor
+    probs: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    # the method's own OOD score of the sample where its spec declares one (`own_ood_score`; higher: more
+    # in-distribution); recorded on open-set runs beside MCM's, which every prediction gets
+    ood_score: float | None = None
+
+    def probabilities(self) -> torch.Tensor:
+        return self.probs if self.probs is not None else self.logits.float().softmax(-1)
 
 
 @dataclass

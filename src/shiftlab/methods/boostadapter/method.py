@@ -1,7 +1,7 @@
 """BoostAdapter (Zhang et al., NeurIPS 2024, "BoostAdapter: Improving Vision-Language Test-Time
 Adaptation via Regional Bootstrapping"; code: github.com/taolinzhang/BoostAdapter).
 
-TDA's positive and negative caches of historical test samples (shiftlab.methods.tda), plus, for
+TDA's positive and negative caches of historical test samples (shiftlab.methods.common.tda_cache), plus, for
 the sample at hand only, "boosting" entries: its most confident augmented views (the regional
 bootstraps are the sample's own RandomResizedCrop + flip views, the ones every method reads),
 each with its own pseudo-label and entropy. They join a copy of the positive cache whose classes
@@ -17,10 +17,10 @@ import torch
 
 from ..base import MethodOutput
 from ..common.confidence import entropy, marginal_entropy, select_confident
-from ..common.online_common import first_views
+from ..common.online_common import view_features
+from ..common.tda_cache import Cache, CacheEntry, TDACacheMethod, TDASample, update_cache
 from ..context import SampleContext
 from ..heads import text_head
-from ..tda.method import TDA, Cache, CacheEntry, TDASample, update_cache
 from .spec import BoostAdapterSpec
 
 
@@ -60,7 +60,7 @@ def boosted_cache(cache: Cache, features: torch.Tensor, labels: list[int], losse
     return out
 
 
-class BoostAdapter(TDA):
+class BoostAdapter(TDACacheMethod):
     """BoostAdapter: TDA's caches plus the sample's own confident views as boosting entries (online).
 
     Per sample: zero-shot logits of every view; the sample's feature, logits, entropy and pseudo-label
@@ -113,7 +113,7 @@ class BoostAdapter(TDA):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            b = self.summarize_boost(first_views(ctx, self.config.views.n_views))
+            b = self.summarize_boost(view_features(ctx, self.config.views.n_views))
             self.update(b.sample)
             pos = self.boosted(b)
             self.last_boosted = pos     # the read-out's cache, for inspection; not online state

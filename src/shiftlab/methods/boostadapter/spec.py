@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..common.tda_cache_config import TDAConfig
 from ..facts import settings_file
 from ..specs import (
     FROZEN_FEATURES,
@@ -13,7 +14,6 @@ from ..specs import (
     Capabilities,
     MethodSpec,
 )
-from ..tda.spec import TDAConfig
 
 
 @dataclass

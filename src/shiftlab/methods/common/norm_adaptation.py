@@ -282,3 +282,11 @@ class NormTTAMethod(Method):
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         """One image alone: a batch of one."""
         return self.adapt_batch([ctx])[0]
+
+
+def refuse_continual(method: NormTTAMethod) -> None:
+    """A one-line ValueError for `episodic=False` on a method declared episodic (its spec's capabilities): the
+    engine neither checkpoints nor replays its state, so a continual run could not resume."""
+    if not method.config.episodic:
+        raise ValueError(f"{method.name}.episodic: False (continual) is not offered: {method.name} is declared "
+                         "episodic (reset before every batch), as its authors' code runs it")

@@ -1,4 +1,4 @@
-"""Shared pieces of the online methods (TDA, DMN-ZS, ...): view prefix, state checks.
+"""Shared pieces of the online methods (TDA, DMN-ZS, ...): their view features, state checks.
 
 Online methods keep a memory of earlier test samples' features keyed by pseudo-labels and
 are fed one sample at a time in stream order (docs/ONLINE.md). Tie-breaking is deterministic
@@ -14,11 +14,15 @@ from ..context import SampleContext
 STATE_VERSION = 1
 
 
-def first_views(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
+def view_features(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
     """(N, D) features of the first `n_views` views (all with None); the engine and `predict` hand a
-    method only its recipe's views already, this keeps a hand-built longer context correct too."""
+    method only its recipe's views already, this keeps a hand-built longer context correct too. (The
+    context of the first views, features and pixels: `SampleContext.first_views`.)"""
     feats = ctx.image_features
     return feats if n_views is None else feats[:n_views]
+
+
+first_views = view_features   # the old name, kept while method folders written against it merge
 
 
 def check_state(name: str, state: dict, num_classes: int) -> None:

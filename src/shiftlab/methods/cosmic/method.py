@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Method, MethodOutput
-from ..common.online_common import STATE_VERSION, check_state, first_views
+from ..common.dmn_memory import DynamicMemory
+from ..common.online_common import STATE_VERSION, check_state, view_features
 from ..context import SampleContext
-from ..dmn_zs.method import DynamicMemory
 from ..frozen_encoder import FrozenEncoder
 from ..heads import check_descriptions, text_head
 from .dino import dino_features
@@ -230,7 +230,7 @@ class COSMIC(Method):
         step = self.seen
         n_classes = len(self.classnames)
         with torch.no_grad():
-            feats = first_views(ctx, cfg.views.n_views).float()
+            feats = view_features(ctx, cfg.views.n_views).float()
             text = text_head(self).float()
             scale = self.model.logit_scale
             probs = (scale * feats @ text.T).softmax(-1)                      # (N, C)

@@ -15,7 +15,7 @@ import torch
 
 from ..base import Method, MethodOutput
 from ..common.confidence import select_confident
-from ..common.online_common import STATE_VERSION, check_state, first_views
+from ..common.online_common import STATE_VERSION, check_state, view_features
 from ..context import SampleContext
 from ..heads import text_head
 from .spec import DOTASpec
@@ -157,7 +157,7 @@ class DOTA(Method):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            s = self.summarize_sample(first_views(ctx, self.config.views.n_views))
+            s = self.summarize_sample(view_features(ctx, self.config.views.n_views))
             logits, _, w = self.readout(s)
             self.update(s)
         return MethodOutput(logits, extras={"fusion_weight": w, "mean_count": float(self.counts.mean())})

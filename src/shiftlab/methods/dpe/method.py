@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..base import Method, MethodOutput
 from ..common.confidence import marginal_entropy, select_confident
-from ..common.online_common import STATE_VERSION, check_state, first_views
+from ..common.online_common import STATE_VERSION, check_state, view_features
 from ..context import SampleContext
 from ..heads import check_descriptions, text_head
 from .spec import DPESpec
@@ -210,7 +210,7 @@ class DPE(Method):
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         with torch.no_grad():
-            features = first_views(ctx, self.config.views.n_views).float()
+            features = view_features(ctx, self.config.views.n_views).float()
             logits, extras = self.step(features)
         return MethodOutput(logits, extras=extras)
 

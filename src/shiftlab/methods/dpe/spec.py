@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..dmn_zs.spec import DMNZeroShotSpec
-from ..facts import settings_file
+from ..facts import cupl_file_names, settings_file
 from ..specs import (
     FROZEN_FEATURES,
     ONLINE,
@@ -71,7 +70,7 @@ class DPESpec(MethodSpec):
                            "logit_scale": 100.0}}
     # configs/<set>.yaml, the views utils.py gives each set and the templates of datasets/<set>.py
     dataset_values = settings_file("dpe")
-    cupl_files = DMNZeroShotSpec.cupl_files    # a directory of CuPL files is searched by DMN's names
+    cupl_files = cupl_file_names("dmn_zs")    # a directory of CuPL files is searched by DMN's names
     published = ()
     fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "
                 "ImageNet-R and ImageNet-A configs)")

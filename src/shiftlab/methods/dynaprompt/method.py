@@ -34,7 +34,7 @@ import torch
 from ...models.text import ContextPrompt
 from ..base import Method, MethodOutput
 from ..common.confidence import entropy, lowest, marginal_entropy_as_tpt
-from ..common.online_common import STATE_VERSION, check_state, first_views
+from ..common.online_common import STATE_VERSION, check_state, view_features
 from ..context import SampleContext
 from .spec import DynaPromptSpec
 
@@ -174,7 +174,7 @@ class DynaPrompt(Method):
                         "fresh": self.uses.count(0)}
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        features = first_views(ctx, self.config.views.n_views)
+        features = view_features(ctx, self.config.views.n_views)
         with torch.no_grad():
             logits, extras = self.step(features)
         return MethodOutput(logits, extras=extras)

@@ -1,6 +1,6 @@
 """RLCF (Zhao et al., ICLR 2024): test-time prompt tuning with a CLIP reward.
 
-The student is TPT's (methods/tpt/method.py): 4 context tokens from "a photo of a", frozen towers, the
+The student is TPT's (methods/common/prompt_tuning.py): 4 context tokens from "a photo of a", frozen towers, the
 10% most confident views selected once at the first step. Instead of an entropy, each step samples the
 student's top-K classes of every selected view, scores each (view, class) pair with a larger, frozen
 CLIP (the reward model: 2.5 x max(cosine, 0), CLIPScore), subtracts a baseline (the mean of the view's K
@@ -35,8 +35,8 @@ from ...models import ClipModel, load_shared_model
 from ...models.text import class_head
 from ...options import say_set
 from ..base import ExtraModel, MethodOutput
+from ..common.prompt_tuning import PromptTuning
 from ..context import SampleContext
-from ..tpt.method import PromptTuning
 from .spec import RLCFConfig, RLCFSpec
 
 

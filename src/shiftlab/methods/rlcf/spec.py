@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 from ..specs import (
     EPISODIC,
     FROZEN_FEATURES,
     OWN_TOWER,
     Capabilities,
 )
-from ..tpt.spec import PromptTuningConfig, PromptTuningSpec
 
 BASELINES = ("view", "batch", "none")
 

@@ -6,7 +6,7 @@ the context of "a photo of a" is then trained for `task_epochs` epochs over shuf
 `task_batch_size` images: the weak views' confident predictions (max probability > `task_threshold`, else
 the single most confident) are pseudo-labels for the strong views (cross-entropy), plus a diversity term
 (minus the entropy of the batch's mean prediction) that keeps the prompt from collapsing onto few classes.
-Only the text tower runs per step, as in TPT. Stage II (the stream): TPT's episodic tuning (methods/tpt/),
+Only the text tower runs per step, as in TPT. Stage II (the stream): TPT's episodic tuning (common/prompt_tuning.py),
 starting from the task prompt instead of "a photo of a".
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ...views.recipe import ViewRecipe
+from ..common.prompt_tuning import PromptTuning
 from ..context import SampleContext
-from ..tpt.method import TPT
 from .spec import TIPPLESpec, strong_recipe, weak_recipe
 
 WEAK, STRONG = "weak", "strong"
@@ -66,7 +66,7 @@ def task_batches(n: int, batch_size: int, epochs: int, seed: int, shuffle: bool 
     return out
 
 
-class TIPPLE(TPT):
+class TIPPLE(PromptTuning):
     """TPT's stage II from a task prompt that `end_test_set` learns over the test set (stage I)."""
     spec = TIPPLESpec
 

@@ -1,6 +1,6 @@
 """Episodic test-time prompt tuning: TPT, C-TPT, O-TPT and R-TPT (RLCF's student too: methods/rlcf/).
 
-One shared recipe (TPT, Shu et al. 2022): learnable context vectors start from the
+One shared recipe (TPT, Shu et al. 2022; methods/common/prompt_tuning.py): learnable context vectors start from the
 embeddings of "a photo of a" for every image; the image tower is frozen, so the
 views are encoded once and only the text tower runs per step; the most confident
 views (lowest entropy) give an unsupervised loss; AdamW takes `steps` steps.
@@ -12,22 +12,13 @@ The variants differ in the loss and the readout:
   class features (how far each row of their Gram matrix is from unit length).
 - R-TPT (Sheng et al. 2025): mean of the selected views' entropies; predict a
   reliability-weighted average of all views' tuned logits.
-
-Several images are tuned together as one batch: each has its own context rows and,
-because AdamW is elementwise, its own optimizer state, so results equal tuning the
-images one at a time.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 
-from ...models.text import ContextPrompt
-from ..base import Method, MethodOutput
-from ..common.confidence import marginal_entropy, mean_entropy, select_confident
-from ..context import SampleContext
+from ..common.confidence import marginal_entropy, mean_entropy
+from ..common.prompt_tuning import PromptTuning
 from .spec import (
     CTPTSpec,
     OTPTSpec,
@@ -75,157 +66,9 @@ def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: 
     return (score / temperature).softmax(-1)
 
 
-class PromptTuning(Method):
-    """Shared machinery; subclasses define `loss` and `readout` (their specs: `PromptTuningSpec`'s)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        cfg = self.config
-        init: str | torch.Tensor | None = cfg.ctx_init
-        if cfg.ctx_checkpoint:
-            state = torch.load(cfg.ctx_checkpoint, map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state)
-            init = next(v for k, v in state.items() if k.endswith("ctx"))
-        self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init,
-                                    share_prefix=cfg.share_prefix)
-        self.prompt.ctx.requires_grad_(False)
-
-    def prepare(self) -> None:
-        super().prepare()
-        if self.config.steps > 0:
-            self._initial_text_graph()
-
-    def _initial_text_graph(self) -> tuple[torch.nn.Parameter, torch.Tensor]:
-        """Class features at the initial context (C, D) with their autograd graph, computed once per run.
-
-        The first tuning step of every image starts from the same context, so its text forward is
-        the same computation each time; TPT, C-TPT and R-TPT of one run share it too (same prompt,
-        same precision). Each image then costs one backward through this retained graph."""
-        cfg = self.config
-        key = ("initial_prompt_graph", cfg.n_ctx, cfg.ctx_init, cfg.ctx_checkpoint, self.prompt.share_prefix,
-               self.precision.key)
-        shared = self.heads.shared
-        if key not in shared:
-            ctx0 = torch.nn.Parameter(self.prompt.init_ctx.clone())
-            with torch.enable_grad(), self.precision.autocast():
-                shared[key] = (ctx0, self.prompt.features(ctx0))
-        return shared[key]
-
-    # -- variant hooks ------------------------------------------------------------
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Per-sample losses (B,) and per-sample extras {name: (B,) tensor}."""
-        raise NotImplementedError
-
-    def on_selection(self, selected: torch.Tensor) -> None:
-        """The views the first step selected (B, k), once per tuning, before the first loss (RLCF encodes
-        them with its reward model here)."""
-
-    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Tuned class features (B, C, D) -> logits (B, C) and extras."""
-        scale = self.model.logit_scale
-        return scale * torch.einsum("bd,bcd->bc", image_features[:, 0], text_features), {}
-
-    # -- the tuning loop ----------------------------------------------------------
-    def tune(self, image_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """(B, N, D) frozen view features -> tuned context (B, n_ctx, W) and per-sample extras."""
-        cfg = self.config
-        b = image_features.shape[0]
-        ctx = torch.nn.Parameter(self.prompt.init_ctx.unsqueeze(0).repeat(b, 1, 1))
-        optimizer = torch.optim.AdamW([ctx], lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scale = self.model.logit_scale
-        scaled = self.precision.loss_scaling
-        selected = None
-        extras: dict[str, torch.Tensor] = {}
-        for step in range(cfg.steps):
-            if step == 0:
-                # every image's first step starts from the same context: reuse the run's shared forward
-                ctx0, text0 = self._initial_text_graph()
-                text = text0.detach().unsqueeze(0).repeat(b, 1, 1).requires_grad_(True)   # (B, C, D)
-            else:
-                with self.precision.autocast():
-                    text = self.prompt.features(ctx)                                   # (B, C, D)
-            with self.precision.autocast():
-                logits = scale * torch.einsum("bnd,bcd->bnc", image_features.to(text.dtype), text)
-            logits = logits.float()
-            if selected is None:  # the authors select once, at the first step, and keep the views
-                selected = select_confident(logits.detach(), cfg.selection_ratio)   # (B, k)
-                self.on_selection(selected)
-            chosen = torch.gather(logits, 1, selected.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            losses, step_extras = self.loss(chosen, text.float())
-            extras.setdefault("loss", losses.detach())
-            for key, val in step_extras.items():
-                extras.setdefault(key, val.detach())
-            optimizer.zero_grad(set_to_none=True)
-            before = ctx.detach().clone()
-            total = losses.sum() * (cfg.loss_scale if scaled else 1.0)
-            if step == 0:
-                (grad_text,) = torch.autograd.grad(total, text)
-                # one backward through the shared graph per image (the cotangents differ)
-                ctx.grad = torch.stack([torch.autograd.grad(text0, ctx0, g, retain_graph=True)[0]
-                                        for g in grad_text]).to(ctx.dtype)
-            else:
-                total.backward()
-            if scaled:
-                ctx.grad.div_(cfg.loss_scale)
-            finite = torch.isfinite(ctx.grad).flatten(1).all(-1)
-            optimizer.step()
-            if scaled and not bool(finite.all()):
-                # GradScaler skips the step on overflow; do so per image
-                with torch.no_grad():
-                    ctx[~finite] = before[~finite]
-        if selected is not None:  # steps=0: no tuning, nothing selected (zero-shot with the prompt)
-            extras["selected"] = selected
-        return ctx.detach(), extras
-
-    def auto_batch_size(self, n: int) -> int:
-        """Images tuned together: 1 on CPU (keeps peak memory low); on CUDA as many as half the free
-        memory holds, from the text tower's activation footprint per image."""
-        if self.config.batch_size:
-            return self.config.batch_size
-        if self.model.device.type != "cuda":
-            return 1
-        clip = self.prompt.clip
-        width = clip.token_embedding.weight.shape[1]
-        layers = len(clip.transformer.resblocks)
-        bytes_per = 2 if self.precision.amp_dtype is not None else 4
-        # ~20 saved activations of `width` per token and layer (attention, MLP at 4x width, norms)
-        per_image = self.prompt.n_classes * self.prompt.length * width * layers * 20 * bytes_per
-        free, _ = torch.cuda.mem_get_info(self.model.device)
-        return int(max(1, min(n, (free // 2) // max(per_image, 1))))
-
-    def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        return self.in_groups(ctxs, self.auto_batch_size(len(ctxs)), self._predict_group)
-
-    def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        return self._predict_group([ctx])[0]
-
-    def _predict_group(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        feats = torch.stack([c.image_features for c in ctxs])                      # (B, N, D)
-        with torch.enable_grad():
-            tuned, extras = self.tune(feats)
-        with torch.no_grad(), self.precision.autocast():
-            text = self.prompt.features(tuned).float()
-        logits, read_extras = self.readout(feats, text)
-        extras.update(read_extras)
-        outputs = []
-        for i in range(len(ctxs)):
-            ex = {k: _scalar(v[i]) for k, v in extras.items() if k != "selected"}
-            if "selected" in extras:
-                ex["selected"] = extras["selected"][i].tolist()
-            outputs.append(MethodOutput(logits[i].float(), extras=ex))
-        return outputs
-
-
-def _scalar(value: torch.Tensor):
-    return float(value) if value.numel() == 1 else value.tolist()
-
-
 class TPT(PromptTuning):
-    """TPT: marginal entropy of the confident views, one AdamW step, predict view 0."""
+    """TPT: marginal entropy of the confident views, one AdamW step, predict view 0: the shared recipe as it is."""
     spec = TPTSpec
-
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        return marginal_entropy(selected_logits), {}
 
 
 class CTPT(PromptTuning):

@@ -5,40 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...datasets.suites import SUITES
 from ...params import param
+from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
 from ..facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
 from ..specs import (
     EPISODIC,
     FROZEN_FEATURES,
     Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
 )
 
-IMAGENET_SETS = SUITES["natural-shift"].datasets     # TPT's one-letter set ids I/A/V/R/K
-
-
-FINE_GRAINED = SUITES["cross-dataset"].datasets
-
-
 SELF_MASKS = ("index", "threshold")
-
-
-@dataclass
-class PromptTuningConfig(ViewMethodConfig):
-    steps: int = param(1, ge=0)          # 0: no tuning (the initial prompt's zero-shot)
-    lr: float = param(5e-3, ge=0)        # 0: the tuning loop runs and leaves the prompt as it was (a sanity check)
-    weight_decay: float = param(0.01, ge=0)   # torch.optim.AdamW's default, which the authors kept
-    selection_ratio: float = param(0.1, gt=0, le=1)   # int(64 * 0.1) = 6 views
-    n_ctx: int = param(4, ge=1)
-    ctx_init: str | None = "a photo of a"   # None: random init (CoOp); see also ctx_checkpoint
-    ctx_checkpoint: str | None = None    # a CoOp checkpoint holding a `ctx` tensor
-    loss_scale: float = param(1000.0, gt=0)   # GradScaler(init_scale=1000) of the authors' code
-    batch_size: int = param(0, ge=0)    # images tuned together; 0: auto (1 on CPU, from free memory on CUDA)
-    # the shared "[SOT] context" prefix is run once, not once per class (exact up to float rounding,
-    # ~2.5x less text-tower work on ImageNet-R); False: each class's whole prompt, as the authors' code
-    share_prefix: bool = True
 
 
 @dataclass
@@ -58,12 +34,6 @@ class RTPTConfig(PromptTuningConfig):
     k_neighbours: int = param(20, ge=1)
     temperature: float = param(0.01, gt=0)
     self_mask: str = param("index", choices=SELF_MASKS)   # "threshold" reproduces the authors' sim >= 1.0 rule
-
-
-class PromptTuningSpec(MethodSpec):
-    """What the prompt tuners share (TPT, C-TPT, R-TPT, RLCF): TPT's config and a tuned prompt as class head."""
-    config_class = PromptTuningConfig
-    text_head = "prompt"
 
 
 class TPTSpec(PromptTuningSpec):

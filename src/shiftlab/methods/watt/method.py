@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..clipartt.method import clipartt_loss, refuse_continual, soft_targets
-from ..common.norm_adaptation import NormTTAMethod, cloned
+from ..common.clipartt_pseudo_labels import clipartt_loss, soft_targets
+from ..common.norm_adaptation import NormTTAMethod, cloned, refuse_continual
 from .spec import WATTSpec
 
 
