@@ -27,6 +27,8 @@ def test_the_plan_holds_each_methods_effective_config_and_views():
     assert plan.datasets == ("imagenet-r",) and plan.attack == {"name": "none"}
     tpt, tda, zeroshot = plan.method_plans().values()
     assert (tpt.kind, tda.kind, zeroshot.kind) == ("episodic", "online", "episodic")
+    assert tpt.reads == ("frozen_features",)
+    assert resolve_plan(RunConfig(methods=["ttl"])).method_plans()["ttl"].reads == ("own_tower",)   # its LoRA tower
     assert tda.config.pos_alpha == 2.0 and tda.config.pos_beta == spec("tda").config_class().pos_beta   # --set
     assert tpt.config.views.n_views == 8 and tda.config.views.n_views == 8    # --views on view-reading methods
     assert zeroshot.recipe == ViewRecipe(n_views=1)                            # view 0 alone
@@ -114,7 +116,7 @@ def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path
     assert json.loads(last) == {"code": 0, "heavy": []}
     text = "\n".join(printed)
     assert text.startswith("methods: tpt, tda  (protocol leaderboard, precision auto)")
-    assert "  tda (online): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
+    assert "  tda (online, reads frozen_features): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
     assert "  views encoded: 8 at precision auto" in text
     assert not out.exists()
 

@@ -44,10 +44,13 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class MethodPlan:
     """One method of a run: its name in the run (a sweep's variant `tda@pos_alpha=2.0` too), its kind
-    ("episodic" or "online") and its effective config."""
+    ("episodic" or "online"), its effective config and what it reads (its capabilities' `reads`: the frozen
+    view features, a tower of its own, a frozen encoder of its own, which the engine computes and a feature
+    store keeps)."""
     name: str
     kind: str
     config: MethodConfig
+    reads: tuple[str, ...] = ()
 
     @property
     def recipe(self) -> ViewRecipe:
@@ -65,7 +68,8 @@ class MethodPlan:
         fields = dataclasses.asdict(self.config)
         fields.pop("views", None)
         fields.pop("precision", None)
-        return {"kind": self.kind, "views": self.recipe.to_dict(), "precision": self.precision, "config": fields}
+        return {"kind": self.kind, "reads": list(self.reads), "views": self.recipe.to_dict(),
+                "precision": self.precision, "config": fields}
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ class RunPlan:
             for name, m in plans.items():
                 d = m.to_dict()
                 fields = ", ".join(f"{k}={v!r}" for k, v in d["config"].items())
-                lines.append(f"  {name} ({m.kind}): {m.recipe.n_views} view(s), precision {m.precision}; {fields}")
+                lines.append(f"  {name} ({m.kind}, reads {' + '.join(m.reads) or 'nothing'}): {m.recipe.n_views} "
+                             f"view(s), precision {m.precision}; {fields}")
             for (family, precision), n in self.view_groups(dataset).items():
                 recipe = {k: v for k, v in json.loads(family).items() if k != "n_views"}
                 lines.append(f"  views encoded: {n} at precision {precision}, recipe {json.dumps(recipe)}")
@@ -189,5 +194,6 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
                                        **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 raise PlanError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip())) from None
-            plans[dataset][name] = MethodPlan(name, method_spec(name).kind(), cfg)
+            spec = method_spec(name)
+            plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
     return RunPlan(resolved, tuple(plans), plans, attack)
