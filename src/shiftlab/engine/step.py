@@ -116,7 +116,9 @@ class Evaluator:
 
     With a `text_timer` (a PhaseTimer with `text=True`), every prompt-tuning method's text tower
     is timed from construction on (before `prepare()`, so graphs built there are timed too) until
-    `close()`. `dataset` (a canonical name) gives `--protocol paper` its per-dataset values."""
+    `close()`. `configs`: each method's config as a run's plan resolved it (`engine.run_plan`: what runs, encode
+    and bench hand it); without it, each is resolved here from `method_config`, `protocol`, `run_views` and
+    `dataset` (a canonical name: `--protocol paper`'s per-dataset values), as `create_method` does."""
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
