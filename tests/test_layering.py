@@ -10,6 +10,7 @@ know about. `from pkg import name` depends on `pkg.name` when that is a module, 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
     return [(t, line) for t, line in found if t in known and t != name]
 
 
+@functools.cache   # one parse of the package for every test of this module
 def graph() -> dict[str, list[tuple[str, int]]]:
     known = modules()
     return {name: imports(name, path, known) for name, path in known.items()}

@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..engine.config import expand_methods, resolve_workers
+from ..engine.config import RunConfig, expand_methods, resolve_workers
 from ..engine.phases import PhaseTimer
+from ..engine.run_plan import RunPlan, resolve_plan
 from ..engine.step import BatchItem, Evaluator, Runner, StepContext, ViewDataset, recipe_key, view_generators
 from ..methods.base import MethodOutput, list_methods
 from ..methods.specs import TEST_SET
@@ -82,6 +83,14 @@ def default_methods() -> list[str]:
 
 
 # -- measuring ----------------------------------------------------------------------------------
+
+def bench_plan(model: ClipModel, methods: Sequence[str], config: BenchConfig) -> RunPlan:
+    """The bench's methods resolved as a run of them resolves them (`engine.run_plan`): the leaderboard protocol
+    (no dataset: no per-dataset values), `views` views, the bench's precision and --set values."""
+    return resolve_plan(RunConfig(dataset="", model=model.name, methods=list(methods),
+                                  method_config=dict(config.method_config), views=config.views,
+                                  precision=config.precision))
+
 
 def _clock(device: torch.device) -> Callable[[], float]:
     if device.type == "cuda":
@@ -203,7 +212,7 @@ class Bench:
         self.phase("setup: class heads and prompts")
         self.timer = PhaseTimer(self.now, text=True)
         self.ev = Evaluator(model, classnames, methods, config.method_config, config.precision,
-                            text_timer=self.timer, run_views={"n_views": config.views})
+                            text_timer=self.timer, configs=bench_plan(model, methods, config).method_configs())
         self.setup_seconds = time.perf_counter() - self.t0
         self.recipes = self.recipes_of(methods)
         # a test-set method (the transductive track) is shown the bench's images first, as a run shows it the test

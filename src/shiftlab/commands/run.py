@@ -137,6 +137,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="evaluate methods on a dataset", description=__doc__)
     add_run_arguments(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the command line and --data as a run does, print the run's plan (each method's "
+                        "config, views and precision; the views encoded; the attack) and exit without loading "
+                        "a model")
     tracking.add_argument(p)
     p.set_defaults(func=run)
 
@@ -247,8 +251,9 @@ def check_combination(args: argparse.Namespace) -> str | None:
     problem = flag_problem(args)
     if problem:
         return problem
-    from ..engine.config import settings_problem
-    return settings_problem(_checked_config(args), dataset_names(args))
+    from ..engine.config import plan_or_problem
+    args.run_plan, problem = plan_or_problem(_checked_config(args), dataset_names(args))   # handed to the run
+    return problem
 
 
 def flag_problem(args: argparse.Namespace) -> str | None:
@@ -379,7 +384,7 @@ def prepare(args: argparse.Namespace, method_models: bool = True, command: str =
 
     cfg = config_from_args(args)
     prepared = prepare_run(_checked_config(args), dataset_names(args), method_models=method_models, warn=warn,
-                           say=say if args_progress(args) else (lambda msg: None))
+                           say=say if args_progress(args) else (lambda msg: None), plan=getattr(args, "run_plan", None))
     return cfg, prepared.model, prepared.datasets
 
 
@@ -402,6 +407,10 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"shiftlab run: error: {problem}", file=sys.stderr)
         return code
+    plan = args.run_plan   # resolved once by the checks (`check_combination`)
+    if getattr(args, "dry_run", False):
+        print(plan.text())
+        return 0
     from ..datasets.base import DatasetError
     from ..engine import distributed
     from ..engine.loop import run as run_engine
@@ -430,7 +439,7 @@ def run(args: argparse.Namespace) -> int:
                         .is_file()]
                 return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
             else:
-                summary = run_engine(cfg, model=model, dataset=datasets[args.dataset])
+                summary = run_engine(cfg, model=model, dataset=datasets[args.dataset], plan=plan)
         except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes
             print(f"shiftlab run: error: {one_line(message)}", file=sys.stderr)

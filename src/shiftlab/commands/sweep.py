@@ -76,13 +76,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
-    """Each method's effective config without the grid (the point that matches it is the published one)."""
-    from ..methods.base import effective_config
-    return {m: effective_config(m, cfg.protocol, cfg.canonical_dataset(), cfg.precision, cfg.run_views(),
-                                **cfg.method_config.get(m, {})) for m in methods}
-
-
 def run(args: argparse.Namespace) -> int:
     methods = list(dict.fromkeys(g[0] for g in args.grid))
     if args.suite or args.datasets or args.attack != "none":
@@ -123,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not summary:   # torchrun: ranks other than 0 leave the table to rank 0
         return 0
-    defaults = _defaults(cfg, methods)
+    # each method's effective config without the grid (the point that matches it is the published one): the
+    # plan the checks resolved for the grid's methods (`run_command.check_combination`)
+    defaults = args.run_plan.method_configs()
     grids, rows = _earlier(out)
     this = [list(g) for g in args.grid]
     if this not in grids:

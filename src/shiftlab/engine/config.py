@@ -17,6 +17,7 @@ if TYPE_CHECKING:   # torch is imported by what needs it: a RunConfig is made an
     import torch
 
     from . import distributed
+    from .run_plan import RunPlan
 
 
 @dataclass(repr=False)
@@ -136,60 +137,26 @@ def check_run_config(config: object) -> RunConfig:
 
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
-    """The first reason a run of `config` cannot work, as one line, or None: online methods with
-    clean_and_robust, an attack config its attack refuses, or a method whose effective config (defaults <- the
-    protocol, with its values for each of `datasets` (default: the run's) <- views/augmix <- method_config) is
-    refused, e.g. MTA under 4 views. The CLI asks before it loads anything; `engine.loop.run` before it
-    touches the run directory. Until the method registry is imported, what the method catalogue can answer
-    is answered from it first (`catalogue_problem`), so a refused command line never waits for torch."""
+    """The first reason a run of `config` cannot work, as one line, or None (`engine.run_plan.resolve_plan`'s
+    PlanError: online methods with clean_and_robust, an attack config its attack refuses, a method whose
+    effective config is refused on one of `datasets` (default: the run's), e.g. MTA under 4 views, ...).
+    Until the method registry is imported, what the method catalogue can answer is answered from it first
+    (`catalogue_problem`), so a refused command line never waits for torch."""
+    return plan_or_problem(config, datasets)[1]
+
+
+def plan_or_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> tuple[RunPlan | None, str | None]:
+    """(the run's plan, None) or (None, `settings_problem`'s line): what the CLI checks a command line with and
+    then hands the run (`engine.run_plan.resolve_plan`)."""
     if "shiftlab.methods" not in sys.modules:   # the registry answers all of it once it is loaded anyway
         problem = catalogue_problem(config, datasets)
         if problem:
-            return problem
-    from ..attacks import attack_config
-    from ..datasets.specs import DATASETS
-    from ..methods.effective import effective_config, method_spec
-
-    # the specs alone answer (no torch): a refused command line never waits for the methods' code
-    from ..methods.specs import spec_names, tower_of_name, tower_problem
-    from ..rundir.stream import stream_problem
-    tower = tower_of_name(config.model)
-    every = [n for n in spec_names() if tower is None or tower in method_spec(n).towers]   # as expand_methods
-    names = list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
-    problem = stream_problem(config.order, config.delta, config.orders)
-    if problem:
-        return problem
-    for name in names:   # a method bound to one image tower, on a model whose name tells another
-        problem = tower_problem(method_spec(name), tower_of_name(config.model), config.model)
-        if problem:
-            return problem
-    online = [n for n in names if not method_spec(n).capabilities.episodic]
-    if online and len(config.settings()) > 1:
-        return _online_and_attacked(online)
+            return None, problem
+    from .run_plan import PlanError, resolve_plan
     try:
-        attack_config(config.attack)
-    except (TypeError, ValueError) as exc:
-        return f"attack: {exc}"
-    from .shifts import shift_problem
-    problem = shift_problem(config)
-    if problem:
-        return problem
-    for dataset in datasets or [config.dataset]:
-        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
-        for name in names:
-            try:
-                effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
-                                 **(config.method_config or {}).get(name, {}))
-            except (TypeError, ValueError) as exc:
-                return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return None
-
-
-def _online_and_attacked(online: Sequence[str]) -> str:
-    # one state would adapt along both streams, interleaved by batch
-    return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
-            f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
-            f"out of {say('methods')}")
+        return resolve_plan(config, datasets), None
+    except PlanError as exc:
+        return None, str(exc)
 
 
 def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
@@ -200,7 +167,8 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     entries = {e["name"]: e for e in catalogue.entries() if e["name"] in names}
     online = [n for n in names if n in entries and not entries[n]["episodic"]]
     if online and len(config.settings()) > 1:
-        return _online_and_attacked(online)
+        from .run_plan import online_and_attacked
+        return online_and_attacked(online)
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)

@@ -111,6 +111,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     from . import distributed
     from .config import check_run_config, expand_methods, resolve_device, resolve_workers, run_stream
     from .prepare import prepare
+    from .run_plan import resolve_plan
     from .shifts import run_dataset
     from .step import Evaluator, Runner, StepContext, ViewDataset, collate, view_generators
     config = check_run_config(config)
@@ -127,7 +128,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
         model, dataset = prepared.model, prepared.datasets[config.dataset]
     model = model.to(device)
     dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
-    evaluator = Evaluator.for_run(config, model, dataset.classnames)
+    evaluator = Evaluator.for_run(resolve_plan(config), model, dataset.classnames)
     order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
     store = open_run_features(config, dist, dataset, model, run_identity)

@@ -41,11 +41,11 @@ from .config import (
     resolve_device,
     resolve_workers,
     run_stream,
-    settings_problem,
 )
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
+from .run_plan import RunPlan, resolve_plan
 from .step import (
     Evaluator,
     Runner,
@@ -78,7 +78,7 @@ class RunHooks:
 
 
 def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
-        hooks: RunHooks | None = None, *, group_views: dict | None = None) -> dict:
+        hooks: RunHooks | None = None, *, group_views: dict | None = None, plan: RunPlan | None = None) -> dict:
     """Evaluate `config.methods` over the dataset; returns the summary dict (with `config.orders` K > 1,
     order 0's, and `orders`: what `results.orders` writes to orders.json). `config` is not changed.
 
@@ -100,20 +100,19 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     device = resolve_device(config.device)
     if dist.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
-    problem = settings_problem(config)
-    if problem:
-        raise ValueError(problem)
+    if plan is None or plan.config != config:   # the plan the caller resolved (the CLI's), or this run's
+        plan = resolve_plan(config)             # a PlanError (ValueError): the first reason it cannot work
     if dataset is None or model is None:   # as `shiftlab run` starts: every problem at once (CannotStart)
         given = {config.dataset: dataset} if dataset is not None else None
-        prepared = prepare(config, [config.dataset], model=model, given=given)
+        prepared = prepare(config, [config.dataset], model=model, given=given, plan=plan)
         model, dataset = prepared.model, prepared.datasets[config.dataset]
     dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
     model = model.to(device)
     run_stream(config, dataset)   # a stream the dataset cannot make (continual of one dataset) is refused here
     if config.orders > 1 and config.stream_seed is None:
-        return run_summary.RunSummary(_run_orders(config, model, dataset, hooks))
+        return run_summary.RunSummary(_run_orders(config, model, dataset, hooks, plan))
     # every setting is checked (methods built, attack built) before the run directory is touched
-    evaluator = Evaluator.for_run(config, model, dataset.classnames)
+    evaluator = Evaluator.for_run(plan, model, dataset.classnames)
     config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
     attacker = build_attack(config.attack, model, evaluator.heads.zeroshot)
     run_dir = record_files.ensure_run_dir(Path(config.out))
@@ -130,15 +129,15 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
             lock.release()
 
 
-def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks) -> dict:
+def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks, plan: RunPlan) -> dict:
     """`--orders K`: order 0 (every method) in `config.out`, then orders 1..K-1 of the online methods alone,
     each a run directory of its own (`results.orders.order_dir`), each seeded by its own stream seed
     (`rundir.stream.order_seeds`); the episodic methods' records serve every order. The later orders encode
     what order 0 encoded (`group_views`), so with `--features` they read every feature from the store."""
     seeds = order_seeds(config.seed, config.orders)
     first = dataclasses.replace(config, stream_seed=seeds[0])
-    evaluator_views = views_per_group(first, model.device)
-    summary = run(first, model, dataset, hooks)
+    evaluator_views = views_per_group(plan, model.device)
+    summary = run(first, model, dataset, hooks, plan=dataclasses.replace(plan, config=first))   # the same plan
     online = [n for n in config.methods if not get_method_class(n).episodic]
     episodic = [n for n in config.methods if n not in online]
     if online:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
     from ..models import ClipModel
     from .config import RunConfig
+    from .run_plan import RunPlan
 
 Say = Callable[[str], None]
 
@@ -61,13 +62,14 @@ def _warn_stderr(message: str) -> None:
 
 def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: ClipModel | None = None,
             given: dict[str, FolderDataset] | None = None, method_models: bool = True,
-            say: Say = _quiet, warn: Say = _warn_stderr) -> Prepared:
+            say: Say = _quiet, warn: Say = _warn_stderr, plan: RunPlan | None = None) -> Prepared:
     """List `datasets` (default: `config.dataset`), load the model (unless `model` is given) and, with
     `method_models`, the models the methods load themselves; `given` datasets (by name) are used as
     they are, their completeness being the caller's choice. Raises CannotStart with every problem.
 
     `say` hears what takes seconds on a CPU (an 80,000-file scan, an RN50 checkpoint); `warn` each
-    dataset's warnings (empty classes, skipped files and links), said before any work."""
+    dataset's warnings (empty classes, skipped files and links), said before any work. `plan`: the run's
+    (`engine.run_plan`), which names the methods' own models; resolved here when not given."""
     from ..datasets.build import expand_root
     from ..models import ModelLoadError, load_run_model
     from .config import resolve_device
@@ -99,7 +101,7 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
                             "machine without internet put the checkpoint in the cache or pass "
                             f"{spell('pretrained_file')}")
     if method_models:   # RLCF's reward model: refused here too, before any work
-        problems += load_extra_models(config, names, say)
+        problems += load_extra_models(config, names, say, plan)
     if problems:
         raise CannotStart(problems)
     assert model is not None
@@ -141,26 +143,21 @@ def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = No
     return dataset, None
 
 
-def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _quiet) -> list[str]:
-    """Load the CLIPs the methods load themselves (`Method.extra_models`: RLCF's reward model), each once per
-    process (`models.load_shared_model`, where the methods then find them), with the run's weight options and
-    on the device the engine gives the run's model; returns one line per model that cannot be loaded."""
+def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _quiet,
+                      plan: RunPlan | None = None) -> list[str]:
+    """Load the CLIPs the methods load themselves (`Method.extra_models`: RLCF's reward model, as the run's plan
+    names them: `RunPlan.extra_models`), each once per process (`models.load_shared_model`, where the methods
+    then find them), with the run's weight options and on the device the engine gives the run's model; returns
+    one line per model that cannot be loaded."""
     import torch
 
-    from ..datasets.specs import DATASETS
-    from ..methods import get_method_class
-    from ..methods.base import effective_config
     from ..models import ModelLoadError, load_shared_model
     from . import distributed
-    from .config import expand_methods, resolve_device
-    wanted: dict[tuple, tuple[str, str]] = {}
-    for dataset in datasets:
-        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
-        for name in expand_methods(config.methods, config.model):
-            method_config = effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
-                                             **config.method_config.get(name, {}))
-            for extra in get_method_class(name).extra_models(method_config):
-                wanted.setdefault((extra.arch, extra.pretrained, extra.seed), (name, extra.settings))
+    from .config import resolve_device
+    from .run_plan import resolve_plan
+    if plan is None or not set(datasets) <= set(plan.datasets):
+        plan = resolve_plan(config, datasets)
+    wanted = plan.extra_models()
     device = resolve_device(config.device)
     dist = distributed.context()
     if dist.world_size > 1 and device.type == "cuda":

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..datasets.imageio import ImageDecodeError
-from ..methods.base import Method, MethodOutput, create_method
+from ..methods.base import Method, MethodOutput, build_method, create_method
 from ..methods.context import ClassHeads, SampleContext
 from ..methods.protocols import DEFAULT_PROTOCOL
 from ..models import ClipModel
@@ -34,16 +34,13 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.preprocess import Preprocess
 from ..views.recipe import ViewRecipe
 from .phases import PhaseTimer, text_tower_timer
+from .run_plan import recipe_key
 
 if TYPE_CHECKING:
     from ..attacks.pixels import ImageAttack
     from ..datasets.base import FolderDataset
     from .planning import Plan
-
-
-def recipe_key(recipe: ViewRecipe) -> str:
-    """The key of a recipe's family (everything but the view count), as stable text."""
-    return json.dumps(recipe.family.to_dict(), sort_keys=True)
+    from .run_plan import RunPlan
 
 
 def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed: int) -> dict[str, ViewGenerator]:
@@ -57,17 +54,13 @@ def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed:
             for key, recipe in longest.items()}
 
 
-def views_per_group(config: Any, device: torch.device) -> dict[tuple[str, str], int]:
+def views_per_group(plan: RunPlan, device: torch.device) -> dict[tuple[str, str], int]:
     """(recipe family, precision key) -> the most views of a run's methods in it (what `Runner._groups`
-    encodes), from their effective configs (`engine.config.RunConfig`), without building them."""
-    from ..methods.base import effective_config
+    encodes), from the effective configs of its plan (`engine.run_plan.RunPlan`), without building them."""
     out: dict[tuple[str, str], int] = {}
-    for name in config.methods:
-        cfg = effective_config(name, config.protocol, config.canonical_dataset(), config.precision, config.run_views(),
-                               **(config.method_config or {}).get(name, {}))
-        views = getattr(cfg, "views", None)
-        recipe = views if isinstance(views, ViewRecipe) else ViewRecipe(n_views=1)   # as Method.view_recipe
-        precision = resolve_precision(getattr(cfg, "precision", "auto"), device, run=config.precision)
+    for m in plan.method_plans(plan.config.dataset).values():
+        recipe = m.recipe   # as Method.view_recipe
+        precision = resolve_precision(m.precision, device, run=plan.config.precision)
         key = (recipe_key(recipe), precision.key)
         out[key] = max(out.get(key, 0), recipe.n_views)
     return out
@@ -123,12 +116,15 @@ class Evaluator:
 
     With a `text_timer` (a PhaseTimer with `text=True`), every prompt-tuning method's text tower
     is timed from construction on (before `prepare()`, so graphs built there are timed too) until
-    `close()`. `dataset` (a canonical name) gives `--protocol paper` its per-dataset values."""
+    `close()`. `configs`: each method's config as a run's plan resolved it (`engine.run_plan`: what runs, encode
+    and bench hand it); without it, each is resolved here from `method_config`, `protocol`, `run_views` and
+    `dataset` (a canonical name: `--protocol paper`'s per-dataset values), as `create_method` does."""
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], method_names: Sequence[str],
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
                  text_timer: PhaseTimer | None = None, protocol: str = DEFAULT_PROTOCOL,
-                 run_views: Mapping[str, Any] | None = None, dataset: str | None = None):
+                 run_views: Mapping[str, Any] | None = None, dataset: str | None = None,
+                 configs: Mapping[str, Any] | None = None):
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
@@ -137,6 +133,10 @@ class Evaluator:
         self.methods: dict[str, Method] = {}
         for n in method_names:
             # the dataset's class list as published: CLIP's ImageNet names hold two duplicates
+            if configs is not None:   # resolved already (a run's plan)
+                self.methods[n] = build_method(n, model, classnames, configs[n], heads=self.heads,
+                                               run_precision=precision, allow_duplicate_names=True)
+                continue
             self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
                                             protocol=protocol, dataset=dataset, run_views=run_views,
                                             allow_duplicate_names=True, **dict(method_config.get(n, {})))
@@ -151,11 +151,12 @@ class Evaluator:
             method.prepare()
 
     @classmethod
-    def for_run(cls, config: Any, model: ClipModel, classnames: Sequence[str]) -> Evaluator:
-        """The evaluator of a run (`engine.config.RunConfig`): its methods as its protocol, dataset, --views,
-        --augmix, --set and precision make them; every method's config is checked here, before any work."""
+    def for_run(cls, plan: RunPlan, model: ClipModel, classnames: Sequence[str]) -> Evaluator:
+        """The evaluator of a run: its methods built with the configs its plan resolved (`engine.run_plan`: as
+        its protocol, dataset, --views, --augmix, --set and precision make them)."""
+        config = plan.config
         return cls(model, classnames, config.methods, config.method_config, config.precision,
-                   protocol=config.protocol, run_views=config.run_views(), dataset=config.canonical_dataset())
+                   protocol=config.protocol, configs=plan.method_configs(config.dataset))
 
     def close(self) -> None:
         """Remove the text-tower timers (if any)."""

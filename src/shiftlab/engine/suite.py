@@ -160,14 +160,12 @@ def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None 
     on a later dataset stops the suite now with its one-line error, not hours in: an unknown field, DMN-ZS's
     CuPL file missing from a `cupl_file` directory or lacking one of the dataset's classes (when
     `datasets` holds the built dataset)."""
-    from ..methods.base import get_method_class, make_config
     from ..methods.heads import check_descriptions
-    from ..methods.protocols import method_overrides
+    from .run_plan import resolve_plan
 
-    for name in (suite.base,) if suite.kind == "corruption" else suite.datasets:
+    names = (suite.base,) if suite.kind == "corruption" else suite.datasets
+    plan = resolve_plan(config, names)   # every dataset's method configs (a PlanError: one line)
+    for name in names:
         classnames = getattr((datasets or {}).get(name), "classnames", None)
-        for method in config.methods:
-            cls = get_method_class(method)
-            overrides = method_overrides(config.protocol, cls, (config.method_config or {}).get(method),
-                                         config.precision, dataset=name)
-            check_descriptions(method, make_config(cls, **overrides), classnames)
+        for method, method_config in plan.method_configs(name).items():
+            check_descriptions(method, method_config, classnames)

@@ -433,9 +433,21 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
     overridden by `config` (`effective_config`); `run_precision` is the run's precision setting,
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names
     (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
+    get_method_class(name)
+    check_model(model)
+    check_classnames(classnames, allow_duplicate_names)
+    cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
+    return build_method(name, model, classnames, cfg, heads=heads, run_precision=run_precision,
+                        allow_duplicate_names=allow_duplicate_names)
+
+
+def build_method(name: str, model: ClipModel, classnames: Sequence[str], config: MethodConfig,
+                 heads: ClassHeads | None = None, run_precision: str = "auto",
+                 allow_duplicate_names: bool = False) -> Method:
+    """Build a registered method with a config already resolved (`create_method`'s, or a run plan's:
+    `engine.run_plan.RunPlan.method_configs`)."""
     cls = get_method_class(name)
     check_model(model)
     names = check_classnames(classnames, allow_duplicate_names)
-    cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
-    return cls(model, names, cfg, heads=heads, run_precision=run_precision,
+    return cls(model, names, config, heads=heads, run_precision=run_precision,
                allow_duplicate_names=allow_duplicate_names)

@@ -1,0 +1,142 @@
+"""The run plan (engine/run_plan.py): a RunConfig resolved once, without torch, into each method's effective config,
+the views encoded per group and the attack; the one place a run calls `effective_config`; `shiftlab run --dry-run`
+prints it before torch is imported; a CLI run resolves it once."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shiftlab.engine.config import RunConfig
+from shiftlab.engine.run_plan import PlanError, recipe_key, resolve_plan
+from shiftlab.methods.specs import spec
+from shiftlab.views.recipe import ViewRecipe
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "shiftlab"
+
+
+def test_the_plan_holds_each_methods_effective_config_and_views():
+    config = RunConfig(methods=["tpt", "tda", "zeroshot"], views=8, method_config={"tda": {"pos_alpha": 2.0}},
+                       precision="fp32")
+    plan = resolve_plan(config)
+    assert list(plan.method_plans()) == ["tpt", "tda", "zeroshot"]
+    assert plan.datasets == ("imagenet-r",) and plan.attack == {"name": "none"}
+    tpt, tda, zeroshot = plan.method_plans().values()
+    assert (tpt.kind, tda.kind, zeroshot.kind) == ("episodic", "online", "episodic")
+    assert tpt.reads == ("frozen_features",)
+    assert resolve_plan(RunConfig(methods=["ttl"])).method_plans()["ttl"].reads == ("own_tower",)   # its LoRA tower
+    assert tda.config.pos_alpha == 2.0 and tda.config.pos_beta == spec("tda").config_class().pos_beta   # --set
+    assert tpt.config.views.n_views == 8 and tda.config.views.n_views == 8    # --views on view-reading methods
+    assert zeroshot.recipe == ViewRecipe(n_views=1)                            # view 0 alone
+    # one group: TPT's and TDA's recipe and zero-shot's view 0 are of one family; encoded, the most views any reads
+    assert recipe_key(tpt.recipe) == recipe_key(zeroshot.recipe)
+    assert plan.view_groups() == {(recipe_key(tpt.recipe), "auto"): 8}
+    assert config.method_config == {"tda": {"pos_alpha": 2.0}} and config.methods == ["tpt", "tda", "zeroshot"]
+
+
+def test_the_plan_resolves_each_dataset_of_a_suite_with_its_paper_values():
+    # TPT's code turns AugMix on for the fine-grained sets only (tpt/spec.py dataset_values)
+    plan = resolve_plan(RunConfig(methods=["tpt"], protocol="paper"), ["imagenet-r", "flowers102"])
+    assert plan.datasets == ("imagenet-r", "flowers102")
+    assert plan.method_configs("imagenet-r")["tpt"].views.augmix is False
+    assert plan.method_configs("flowers102")["tpt"].views.augmix is True
+    assert plan.method_configs("flowers102")["tpt"].precision == "fp16"
+
+
+def test_all_is_expanded_and_the_attack_filled_in():
+    plan = resolve_plan(RunConfig(methods=["all"], attack={"name": "pgd", "eps": 1 / 255}, model="ViT-B-16"))
+    names = list(plan.method_plans())
+    assert "all" not in names and {"tpt", "tda", "zeroshot"} <= set(names) and len(names) == len(set(names))
+    assert plan.config.methods == names
+    assert {m.kind for m in plan.method_plans().values()} == {"episodic", "online"}
+    assert plan.attack["name"] == "pgd" and plan.attack["eps"] == pytest.approx(1 / 255) and len(plan.attack) > 2
+
+
+def test_a_refused_setting_is_one_line():
+    with pytest.raises(PlanError, match=r"^mta: needs at least 5 views .* got 4"):
+        resolve_plan(RunConfig(methods=["mta"], views=4))
+    with pytest.raises(PlanError, match="online methods"):
+        resolve_plan(RunConfig(methods=["tda"], attack={"name": "pgd"}, clean_and_robust=True))
+
+
+def _effective_config_callers() -> list[tuple[str, str]]:
+    """(module, function) of every call of `effective_config` in the package."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if "effective_config" not in text:
+            continue
+        tree = ast.parse(text)
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+                name = getattr(callee, "id", None) or getattr(callee, "attr", None)
+                if name == "effective_config":
+                    found.append((str(path.relative_to(SRC.parent)), func.name))
+    return sorted(set(found))
+
+
+def test_effective_config_has_one_call_site_per_path():
+    # a run resolves its methods in its plan; `create_method` builds one method outside a run (the library API)
+    assert _effective_config_callers() == [("shiftlab/engine/run_plan.py", "resolve_plan"),
+                                           ("shiftlab/methods/base.py", "create_method")]
+
+
+DRY_RUN = """
+import json, sys
+from shiftlab.cli import main
+code = main(json.loads(sys.argv[1]))
+print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "open_clip", "numpy") if m in sys.modules)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from shiftlab.synthetic import make_imagenet_r
+    root = tmp_path_factory.mktemp("plan-data")
+    make_imagenet_r(root, per_class=1, classes=[0, 1])
+    return root
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path):
+    out = tmp_path / "run"
+    argv = ["run", "--data", str(data), "--out", str(out), "--methods", "tpt,tda", "--views", "8",
+            "--set", "tda.pos_alpha=2", "--allow-partial", "--dry-run"]
+    proc = subprocess.run([sys.executable, "-c", DRY_RUN, json.dumps(argv)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    *printed, last = proc.stdout.strip().splitlines()
+    assert json.loads(last) == {"code": 0, "heavy": []}
+    text = "\n".join(printed)
+    assert text.startswith("methods: tpt, tda  (protocol leaderboard, precision auto)")
+    assert "  tda (online, reads frozen_features): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
+    assert "  views encoded: 8 at precision auto" in text
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_cli_run_resolves_its_plan_once(data, tmp_path, monkeypatch):
+    from shiftlab.cli import main as cli_main
+    from shiftlab.engine import loop, run_plan
+    calls = []
+    real = run_plan.resolve_plan
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].methods)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_plan, "resolve_plan", counting)
+    monkeypatch.setattr(loop, "resolve_plan", counting)
+    code = cli_main(["run", "--data", str(data), "--out", str(tmp_path / "run"), "--model", "shiftlab-tiny",
+                     "--pretrained", "none", "--methods", "zeroshot", "--limit", "2", "--allow-partial",
+                     "--no-progress"])
+    assert code == 0
+    assert calls == [["zeroshot"]]
+    assert (tmp_path / "run" / "summary.json").is_file()
