@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import specs
@@ -73,15 +73,20 @@ def attack_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": cls.name, **dataclasses.asdict(cls.make_config(**fields))}
 
 
-def build_attack(spec: Mapping[str, Any], model: ClipModel, zeroshot_head: torch.Tensor) -> Attack | None:
+def build_attack(spec: Mapping[str, Any], model: ClipModel, zeroshot_head: torch.Tensor,
+                 target: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Attack | None:
     """`{"name": "pgd", "eps": ..., ...}` + the model and its zero-shot class head (C, D) -> an Attack
-    (None for name "none"). The config is checked as `attack_config` checks it."""
+    (None for name "none"). The config is checked as `attack_config` checks it. `target`: the model
+    attacked, a differentiable callable (images in [0, 1] -> logits); None: zero-shot CLIP with the
+    initial prompt (the transfer protocol)."""
     fields = dict(spec)
     name = fields.pop("name", NO_ATTACK)
     if name in (None, NO_ATTACK):
         return None
     cls = get_attack_class(name)
-    return cls(cls.make_config(**fields), model, zeroshot_head)
+    if target is None:
+        return cls(cls.make_config(**fields), model, zeroshot_head)
+    return cls(cls.make_config(**fields), model, zeroshot_head, target=target)
 
 
 def __getattr__(name: str) -> Any:
