@@ -94,6 +94,9 @@ class ImageAttack(Attack):
         super().__init__(config, model, zeroshot_head)
         self.zeroshot = ZeroShotClassifier(model, zeroshot_head, model.logit_scale)
         self.classifier: Callable[[torch.Tensor], torch.Tensor] = target if target is not None else self.zeroshot
+        # what `attack_image` measured on a sample beyond the image (AutoAttack: which attack broke it),
+        # by sample id; `perturb` adds it to the sample's record info
+        self.notes: dict[int, dict[str, Any]] = {}
 
     def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
         """One clean uint8 image (3, S, S) -> its adversarial uint8 image (3, S, S)."""
@@ -122,5 +125,6 @@ class ImageAttack(Attack):
                                    f"!= clean views {tuple(views.shape)}")
             adv_views.append(new_views)
             info[int(sid)] = {**described, "flipped": bool(pred_clean != pred_adv),
-                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max())}
+                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max()),
+                              **self.notes.pop(int(sid), {})}
         return adv_views, info
