@@ -14,6 +14,7 @@ import torch
 from .budgets import BUDGET_FIELDS, BudgetConfig
 from .pixels import ImageAttack, attack_seed, quantize
 
+_NOISE_SALT = 0x0015E   # keeps the noise check's stream apart from the attack's
 Model = Callable[[torch.Tensor], torch.Tensor]   # images (B, 3, S, S) in [0, 1] -> logits (B, C)
 
 
@@ -71,8 +72,25 @@ class BoundedAttack(ImageAttack):
         y = torch.tensor([int(label)], device=device)
         cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
+        seed = attack_seed(run_seed, sample_id)
         with torch.random.fork_rng(devices=cuda):
-            seed = attack_seed(run_seed, sample_id)
             torch.manual_seed(seed)
             x_adv = self.run(x, y, seed)
+        self.notes.setdefault(int(sample_id), {})["noise_flipped"] = self._noise_flips(x, clean_u8, seed)
         return to_uint8(x_adv[0], clean_u8, self.config)
+
+    @torch.no_grad()
+    def _noise_flips(self, x: torch.Tensor, clean_u8: torch.Tensor, seed: int) -> bool:
+        """Whether uniform noise of the same budget changes zero-shot's prediction (the sanity check that
+        an attack beats noise): uniform in the L-inf ball, or a uniformly drawn direction at the L2 radius,
+        converted to 8 bits as the attack's image is; seeded apart from the attack."""
+        gen = torch.Generator().manual_seed((seed + _NOISE_SALT) % 2 ** 63)
+        c = self.config
+        if c.norm == "Linf":
+            noisy = x.cpu() + (2 * torch.rand(x.shape, generator=gen) - 1) * c.budget
+        else:
+            noisy = x.cpu() + c.budget * unit(torch.randn(x.shape, generator=gen), "L2")
+        noisy_u8 = to_uint8(noisy.clamp(0, 1)[0], clean_u8, c)
+        pair = torch.stack([clean_u8.cpu(), noisy_u8]).to(self.model.device).float().div(255)
+        clean_pred, noisy_pred = self.zeroshot(pair).argmax(dim=-1).tolist()
+        return bool(clean_pred != noisy_pred)

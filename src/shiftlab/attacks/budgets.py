@@ -26,6 +26,9 @@ class LinfBudgetConfig(AttackConfig):
     # 8-bit conversion of an L-inf result (pixels.quantize; an L2 result is always rounded toward the clean image)
     quantize: str = param("round", choices=QUANTIZE_MODES)
     seed: int | None = param(None, ge=0)       # the per-sample seeds' run seed; None: the run's --seed
+    # also attack a sample the attacked model already misclassifies (ours, for the transfer protocol: a method
+    # may correct zero-shot's error); the original leaves it clean (autopgd_base.py `perturb`: acc = y_pred == y)
+    attack_misclassified: bool = False
     norm: str = dataclasses.field(default="Linf", init=False)
     budget: float = dataclasses.field(default=1 / 255, init=False)
     threat: str = dataclasses.field(default="", init=False)

@@ -150,7 +150,7 @@ def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, di
 ATTACK = "attack"   # `--set attack.FIELD=V` sets a field of the chosen --attack (no method may take this name)
 # shortcut flag -> the attack field it sets (argparse dest = field name)
 ATTACK_SHORTCUTS = {"--eps": "eps", "--alpha": "alpha", "--steps": "steps", "--random-start": "random_start",
-                    "--quantize": "quantize"}
+                    "--quantize": "quantize", "--eps-l2": "eps_l2"}
 
 
 def attack_name(text: str) -> str:
@@ -211,6 +211,9 @@ def attack_spec(args: argparse.Namespace) -> dict[str, Any]:
     fields = attack_catalogue.field_specs(name)
     spec: dict[str, Any] = {"name": name}
     for field, (flag, value, raw) in given.items():
+        if field == "eps_l2" and field not in fields:
+            takes = [a for a in attack_catalogue.names() if "eps_l2" in attack_catalogue.field_specs(a)]
+            raise ValueError(f"{flag}: {name} is an L-inf attack and takes no L2 budget; L2: {', '.join(takes)}")
         if field not in fields:
             raise ValueError(f"{flag}: attack {name} has no field {field}; its fields: {', '.join(fields)}")
         try:
@@ -223,6 +226,10 @@ def attack_spec(args: argparse.Namespace) -> dict[str, Any]:
                 spec[field] = fields[field].check(name, field, raw)
             except ValueError:
                 raise ValueError(f"{flag}: {exc}") from None
+    try:   # what the config checks across its fields (AutoAttack's parts for the norm): its spec, no torch
+        attack_catalogue.check_fields(name, {k: v for k, v in spec.items() if k != "name"})
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
     return spec
 
 

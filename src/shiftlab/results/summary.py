@@ -19,7 +19,7 @@ from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
 from ..writes import resume_advice
-from . import metrics
+from . import metrics, sanity
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .ood import score_open_set, score_own
 from .scoring import score_records
@@ -212,6 +212,12 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         summary["attack"] = {**config.get("attack", {}),
                              "success_rate": metrics.top1(list(flips.values())) if flips else None,
                              "n": len(flips)}
+        # uniform noise of the same budget, measured on zero-shot beside the attack (AutoAttack's attacks)
+        noise = {r["id"]: r["attack"]["noise_flipped"] for r in records
+                 if r.get("setting") == attack_setting and "noise_flipped" in (r.get("attack") or {})}
+        if noise:
+            summary["attack"]["noise_success_rate"] = metrics.top1(list(noise.values()))
+        summary["sanity"] = sanity.check_summary(summary)
     return summary
 
 
@@ -280,7 +286,10 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     if "attack" in summary:
         a = summary["attack"]
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
-        notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%")
+        notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%"
+                     + (f" (uniform noise of the same budget: {_fmt(a['noise_success_rate'])}%)"
+                        if a.get("noise_success_rate") is not None else ""))
+        notes += [f"SANITY CHECK FAILED: {w['message']}" for w in summary.get("sanity") or []]
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 
 

@@ -95,16 +95,17 @@ def apgd_run(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, norm
 
 
 def apgd(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, norm: str = "Linf", steps: int = 100,
-         restarts: int = 1, rho: float = 0.75, loss: str = "ce", n_targets: int = 9
+         restarts: int = 1, rho: float = 0.75, loss: str = "ce", n_targets: int = 9, every: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """APGD on the samples `model` classifies correctly -> (images, (B,) bool: broken). A sample already
     misclassified, or never broken, keeps its clean image. `loss="ce"`: `restarts` runs on cross-entropy;
     `"dlr-targeted"`: for each of the `n_targets` classes ranked 2nd, 3rd, ... on the clean image (at most
-    C - 1), `restarts` runs on the targeted DLR loss, each on the samples still unbroken."""
+    C - 1), `restarts` runs on the targeted DLR loss, each on the samples still unbroken. `every`: attack the
+    misclassified samples too (each gets its last iterate, which only climbs the true class's loss)."""
     x = x.detach().clone().float()
     with torch.no_grad():
         clean_logits = model(x)
-    todo = clean_logits.argmax(dim=1) == y
+    todo = (clean_logits.argmax(dim=1) == y) | every
     adv, broken = x.clone(), torch.zeros_like(todo)
     ranks = [None] if loss == "ce" else list(range(2, min(n_targets, clean_logits.shape[1] - 1) + 2))
     for rank in ranks:
@@ -130,5 +131,5 @@ class APGDCE(BoundedAttack):
     def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
         c = self.config
         adv, _ = apgd(self.classifier, x, y, eps=c.budget, norm=c.norm, steps=c.steps, restarts=c.restarts,
-                      rho=c.rho, loss="ce")
+                      rho=c.rho, loss="ce", every=c.attack_misclassified)
         return adv

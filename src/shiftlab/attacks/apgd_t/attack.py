@@ -17,5 +17,5 @@ class APGDT(BoundedAttack):
     def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
         c = self.config
         adv, _ = apgd(self.classifier, x, y, eps=c.budget, norm=c.norm, steps=c.steps, restarts=c.restarts,
-                      rho=c.rho, loss="dlr-targeted", n_targets=c.targets)
+                      rho=c.rho, loss="dlr-targeted", n_targets=c.targets, every=c.attack_misclassified)
         return adv

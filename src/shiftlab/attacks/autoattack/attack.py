@@ -20,14 +20,15 @@ from .spec import AutoAttackSpec
 Part = Callable[[Model, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def ensemble(model: Model, x: torch.Tensor, y: torch.Tensor, parts: Sequence[tuple[str, Part]], seed: int
-             ) -> tuple[torch.Tensor, list[str | None]]:
+def ensemble(model: Model, x: torch.Tensor, y: torch.Tensor, parts: Sequence[tuple[str, Part]], seed: int,
+             every: bool = False) -> tuple[torch.Tensor, list[str | None]]:
     """Run `parts` (name, attack(model, x, y) -> (images, broken)) in turn on the samples still robust,
     seeding the global RNG with `seed` before each -> (worst-case images, per sample the part that broke
-    it or None). A sample the model misclassifies clean is not attacked (None, its clean image)."""
+    it or None). A sample the model misclassifies clean is not attacked (None, its clean image) unless
+    `every`: then the first part attacks it too (and, misclassified, it counts as broken by that part)."""
     x = x.detach().clone().float()
     with torch.no_grad():
-        robust = model(x).argmax(dim=1) == y
+        robust = (model(x).argmax(dim=1) == y) | every
     adv = x.clone()
     broken_by: list[str | None] = [None] * x.shape[0]
     for name, part in parts:
@@ -52,20 +53,23 @@ class AutoAttack(BoundedAttack):
 
     def parts(self) -> list[tuple[str, Part]]:
         c = self.config
+        every = c.attack_misclassified
         table: dict[str, Part] = {
-            "apgd_ce": lambda m, x, y: apgd(m, x, y, eps=c.budget, norm=c.norm, steps=c.steps, rho=c.rho, loss="ce"),
+            "apgd_ce": lambda m, x, y: apgd(m, x, y, eps=c.budget, norm=c.norm, steps=c.steps, rho=c.rho, loss="ce",
+                                            every=every),
             "apgd_t": lambda m, x, y: apgd(m, x, y, eps=c.budget, norm=c.norm, steps=c.steps, rho=c.rho,
-                                           loss="dlr-targeted", n_targets=c.targets),
-            "square": lambda m, x, y: square_linf(m, x, y, eps=c.eps, queries=c.queries, p_init=c.p_init),
+                                           loss="dlr-targeted", n_targets=c.targets, every=every),
+            "square": lambda m, x, y: square_linf(m, x, y, eps=c.eps, queries=c.queries, p_init=c.p_init,
+                                                  every=every),
         }
         return [(name.strip(), table[name.strip()]) for name in c.parts.split(",")]
 
     def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
-        adv, broken_by = ensemble(self.classifier, x, y, self.parts(), seed)
+        adv, broken_by = ensemble(self.classifier, x, y, self.parts(), seed, every=self.config.attack_misclassified)
         self._last_broken_by = broken_by[0]
         return adv
 
     def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
         adv = super().attack_image(clean_u8, label, sample_id, run_seed)
-        self.notes[int(sample_id)] = {"broken_by": self._last_broken_by}
+        self.notes.setdefault(int(sample_id), {})["broken_by"] = self._last_broken_by
         return adv

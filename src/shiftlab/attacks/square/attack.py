@@ -71,12 +71,12 @@ def square_run(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, qu
 
 
 def square_linf(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, queries: int = 5000,
-                p_init: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Square on the samples `model` classifies correctly -> (images, (B,) bool: broken); a sample not
-    broken (or misclassified already) keeps its clean image, as in the original."""
+                p_init: float = 0.8, every: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Square on the samples `model` classifies correctly (`every`: on all) -> (images, (B,) bool: broken);
+    a sample not broken (or misclassified already, without `every`) keeps its clean image, as in the original."""
     x = x.detach().clone().float()
     with torch.no_grad():
-        todo = model(x).argmax(dim=1) == y
+        todo = (model(x).argmax(dim=1) == y) | every
     adv, broken = x.clone(), torch.zeros_like(todo)
     idx = todo.nonzero().flatten()
     if idx.numel():
@@ -94,4 +94,5 @@ class Square(BoundedAttack):
 
     def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
         c = self.config
-        return square_linf(self.classifier, x, y, eps=c.eps, queries=c.queries, p_init=c.p_init)[0]
+        return square_linf(self.classifier, x, y, eps=c.eps, queries=c.queries, p_init=c.p_init,
+                           every=c.attack_misclassified)[0]
