@@ -99,3 +99,31 @@ def test_a_too_weak_attack_is_flagged_in_the_summary(data, golden_dir, tmp_path)
     [warning] = [w for w in summary["sanity"] if w["check"] == "noise_beats_attack"]
     assert warning["method"] == "zeroshot" and "weaker than random noise" in warning["message"]
     assert "SANITY CHECK FAILED: zeroshot: uniform noise at eps=16/255" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_eps_list_is_one_pass_with_a_setting_per_budget(data, golden_dir, tmp_path):
+    out = tmp_path / "run"
+    argv = _argv(data, out, golden_dir, "--attack", "pgd", "--eps", "4/255,0,1/255", "--steps", "1", "--limit", "3")
+    assert cli_main(argv) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["shared"]["attack"]["eps"] == [4 / 255, 0.0, 1 / 255]
+    assert run["shared"]["attack"]["alpha"] == [1 / 255, 0.0, 1 / 1020]     # what follows from each budget
+    recs = record_files.load_records(out)
+    assert {r["setting"] for r in recs} == {"clean", "pgd@eps4", "pgd@eps0", "pgd@eps1"}
+    for r in recs:
+        if r["setting"] != "clean":
+            want = {"pgd@eps4": 4 / 255, "pgd@eps0": 0.0, "pgd@eps1": 1 / 255}[r["setting"]]
+            assert r["attack"]["eps"] == want and r["attack"]["linf_255"] <= round(want * 255)
+    by = {(r["id"], r["setting"]): r for r in recs}
+    for sid in {r["id"] for r in recs}:   # the 64x64 images are their own base view: eps 0 is the clean image
+        assert by[(sid, "pgd@eps0")]["pred"] == by[(sid, "clean")]["pred"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["attacks"]) == ["pgd@eps4", "pgd@eps0", "pgd@eps1"]           # the budgets' order
+    assert summary["attacks"]["pgd@eps1"]["eps"] == 1 / 255 and summary["attack"]["eps"] == 4 / 255
+    zs = summary["methods"]["zeroshot"]
+    assert zs["robust"]["setting"] == "pgd@eps4" and list(zs["robust_by_setting"]) == list(summary["attacks"])
+    assert "robust top-1 (pgd@eps1)" in (out / "summary.md").read_text()
+    # resumed: nothing to do, the same records
+    assert cli_main(argv + ["--resume"]) == 0
+    assert len(record_files.load_records(out)) == len(recs)

@@ -121,8 +121,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
                         "set with --set attack.FIELD=VALUE, or with the shortcuts below where it has such a field")
-    a.add_argument("--eps", type=checks.fraction_in(0, 1), default=None,
-                   help="the attack's eps: an L-inf budget on [0, 1] images, e.g. 1/255 (pgd's default)")
+    a.add_argument("--eps", type=checks.fractions_in(0, 1), default=None,
+                   help="the attack's eps: an L-inf budget on [0, 1] images, e.g. 1/255 (pgd's default); a list "
+                        "1/255,2/255,4/255 runs every budget in one pass (a setting per budget: apgd_ce@eps1, ...)")
     a.add_argument("--alpha", type=checks.fraction_in(0, 1), default=None,
                    help="the attack's alpha: its step size (pgd: eps/4 unless given)")
     a.add_argument("--steps", type=checks.int_in(0), default=None, help="the attack's steps (pgd: 7)")

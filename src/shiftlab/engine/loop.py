@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..attacks import attack_config, build_attack
+from ..attacks import attack_config, build_attack, split_budgets
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
@@ -116,7 +116,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(config, model, dataset.classnames)
     config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
-    attacker = build_attack(config.attack, model, evaluator.heads.zeroshot)
+    attacker = _attackers(config, model, evaluator)
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
@@ -463,4 +463,13 @@ def outside_attack_subset(config: RunConfig, order: Sequence[int]) -> set[tuple[
     attacked = [s for s in config.settings() if s != "clean"]
     keep = attack_subset_ids(order, config.attack_subset, config.seed)
     return {(int(sid), None, s) for s in attacked for sid in order if int(sid) not in keep}
+
+
+def _attackers(config: RunConfig, model: ClipModel, evaluator: Evaluator):
+    """The run's attack (None for a clean run), or {setting: attack} for a list of budgets (one per budget)."""
+    if not isinstance(config.attack.get("eps"), list):
+        return build_attack(config.attack, model, evaluator.heads.zeroshot)
+    attacked = [s for s in config.settings() if s != "clean"]
+    return {s: build_attack(one, model, evaluator.heads.zeroshot)
+            for s, one in zip(attacked, split_budgets(config.attack))}
 

@@ -138,8 +138,15 @@ def check_points(points: Sequence[Point]) -> list[Warning]:
 
 
 def points_of_summary(summary: Mapping[str, Any]) -> list[Point]:
-    """A run summary's robust top-1 per method as Points, from its `attack` entry (its effective config)."""
-    attack = summary.get("attack") or {}
+    """A run summary's robust top-1 per method as Points, from its `attack` entry (its effective config),
+    or from each setting of its `attacks` (an eps list: one per budget, robust top-1 in `robust_by_setting`)."""
+    if summary.get("attacks"):
+        return [p for setting, attack in summary["attacks"].items()
+                for p in _points(summary, attack, lambda m, s=setting: (m.get("robust_by_setting") or {}).get(s))]
+    return _points(summary, summary.get("attack") or {}, lambda m: m.get("robust"))
+
+
+def _points(summary: Mapping[str, Any], attack: Mapping[str, Any], robust_of) -> list[Point]:
     name = attack.get("name")
     budget = attack.get("budget", attack.get("eps"))
     if not name or not isinstance(budget, (int, float)):
@@ -149,7 +156,7 @@ def points_of_summary(summary: Mapping[str, Any]) -> list[Point]:
     target = str((summary.get("config") or {}).get("attack_target") or attack.get("target") or "transfer")
     out = []
     for method, m in (summary.get("methods") or {}).items():
-        robust = (m.get("robust") or {}).get("top1")
+        robust = (robust_of(m) or {}).get("top1")
         if isinstance(robust, (int, float)):
             out.append(Point(method, name, norm, float(budget), float(robust), steps, target))
     return out
@@ -157,9 +164,9 @@ def points_of_summary(summary: Mapping[str, Any]) -> list[Point]:
 
 def check_summary(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     """The checks one robust run's summary can answer by itself, as JSON ({"check", "method", "message"})."""
-    attack = summary.get("attack") or {}
-    points = points_of_summary(summary)
-    found = check_points(points) + noise_beats_attack(
-        str(attack.get("name")), attack.get("norm", "Linf"), float(attack.get("budget", attack.get("eps", 0)) or 0),
-        attack.get("success_rate"), attack.get("noise_success_rate"))
+    found = check_points(points_of_summary(summary))
+    for attack in (summary.get("attacks") or {"": summary.get("attack") or {}}).values():
+        found += noise_beats_attack(str(attack.get("name")), attack.get("norm", "Linf"),
+                                    float(attack.get("budget", attack.get("eps", 0)) or 0),
+                                    attack.get("success_rate"), attack.get("noise_success_rate"))
     return [w.to_json() for w in found]
