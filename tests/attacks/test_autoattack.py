@@ -111,3 +111,12 @@ def test_l2_attacks_keep_the_l2_budget_in_8_bits(evaluator, samples):
     for sid, clean, a in zip(ids, views, adv):
         assert ((a[0].double() - clean[0].double()) / 255).norm() <= 0.5 + 1e-9
         assert (info[sid]["norm"], info[sid]["budget"]) == ("L2", 0.5)
+
+
+def test_the_targeted_dlr_attacks_refuse_fewer_than_four_classes(evaluator):
+    head = evaluator.heads.zeroshot[:3]
+    for name in ("apgd_t", "autoattack"):
+        with pytest.raises(ValueError, match=f"attack {name}: needs at least 4 classes .* the run has 3"):
+            build_attack({"name": name}, evaluator.model, head)
+    assert build_attack({"name": "autoattack", "parts": "apgd_ce,square"}, evaluator.model, head) is not None
+    assert build_attack({"name": "apgd_ce"}, evaluator.model, head) is not None

@@ -55,6 +55,18 @@ class BoundedAttack(ImageAttack):
     `to_uint8`. Subclasses write `run`; `self.classifier` is the model attacked (any callable)."""
 
     config: BudgetConfig
+    min_classes: int = 2    # fewer classes than this: refused when built (APGD-T's DLR reads the 4th logit)
+
+    def __init__(self, config: BudgetConfig, model, zeroshot_head: torch.Tensor,
+                 target: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        n_classes = int(zeroshot_head.shape[0])
+        if n_classes < self.needs_classes(config):
+            raise ValueError(f"attack {self.name}: needs at least {self.needs_classes(config)} classes "
+                             f"(its targeted DLR loss reads the 4th largest logit), the run has {n_classes}")
+        super().__init__(config, model, zeroshot_head, target=target)
+
+    def needs_classes(self, config: BudgetConfig) -> int:
+        return self.min_classes
 
     @classmethod
     def record_fields(cls) -> list[str]:

@@ -13,6 +13,7 @@ class APGDT(BoundedAttack):
     """AutoAttack's targeted APGD; needs at least 4 classes (the DLR denominator reads the 4th largest logit)."""
 
     spec = APGDTSpec
+    min_classes = 4
 
     def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
         c = self.config

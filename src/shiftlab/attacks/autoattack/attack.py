@@ -51,6 +51,9 @@ class AutoAttack(BoundedAttack):
 
     spec = AutoAttackSpec
 
+    def needs_classes(self, config) -> int:
+        return 4 if "apgd_t" in config.parts.split(",") else 2
+
     def parts(self) -> list[tuple[str, Part]]:
         c = self.config
         every = c.attack_misclassified
