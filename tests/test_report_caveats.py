@@ -131,3 +131,39 @@ def test_one_point_equal_costs_and_nan_values_give_finite_axes():
         assert 0 < x_lo < 0.2 / 1.2 and x_hi > 0.2 * 1.2 and 0 <= y_lo < 40 and y_hi <= 100
         assert len(ax.collections) == min(len(points), 2) if len(points) < 5 else len(ax.collections) == 1
     assert plots.accuracy_vs_time_figure([("a", math.nan, 1.0, "r"), ("b", 0.1, math.nan, "r")]) is None
+
+
+def _robust_run(run_dir: Path, eps: float, robust_correct: list[bool]) -> Path:
+    """A clean-and-robust run of zero-shot under apgd_ce at `eps`, with these robust verdicts."""
+    run_dir.mkdir(parents=True)
+    attack = {"name": "apgd_ce", "eps": eps, "norm": "Linf", "budget": eps, "threat": f"eps={round(eps * 255)}/255",
+              "steps": 100}
+    recs = []
+    for setting, oks in (("clean", [True] * 4), ("apgd_ce", robust_correct)):
+        for i, ok in enumerate(oks):
+            rec = {"id": i, "path": f"c{i % 3}/img_{i}.jpg", "label": i % 3, "method": "zeroshot", "setting": setting,
+                   "pred": i % 3 if ok else (i + 1) % 3, "correct": ok, "top5": [0, 1, 2], "confidence": 0.6,
+                   "true_prob": 0.5, "seconds": 0.01}
+            if setting != "clean":
+                rec["attack"] = {"name": "apgd_ce", "threat": attack["threat"], "steps": 100, "norm": "Linf",
+                                 "budget": eps, "flipped": not ok, "linf_255": round(eps * 255)}
+            recs.append(rec)
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    config = {"model": "RN50", "pretrained": "openai", "dataset": "imagenet-r", "classnames": ["a", "b", "c"],
+              "limit": None, "n_samples": 4, "attack": attack, "clean_and_robust": True}
+    (run_dir / "summary.json").write_text(json.dumps(summarize(recs, config)))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_robust_accuracy_rising_with_eps_across_runs_is_a_caveat(tmp_path):
+    small = _robust_run(tmp_path / "eps1", 1 / 255, [True, False, False, False])    # 25%
+    large = _robust_run(tmp_path / "eps4", 4 / 255, [True, True, False, False])     # 50%: must not rise
+    html = build_report([small, large], tmp_path / "out", n_resamples=10).read_text()
+    [note] = [n for n in caveat_notes(html) if n.startswith("Sanity check failed")]
+    assert "zeroshot: robust top-1 under apgd_ce (transfer) rises from 25.00% to 50.00%" in note
+    assert "eps=1/255 -&gt; eps=4/255" in note or "eps=1/255 -> eps=4/255" in note
+    # falling with eps: no sanity caveat
+    fine = _robust_run(tmp_path / "eps4b", 4 / 255, [False] * 4)
+    html = build_report([small, fine], tmp_path / "out2", n_resamples=10).read_text()
+    assert not [n for n in caveat_notes(html) if n.startswith("Sanity check failed")]

@@ -41,6 +41,7 @@ OPTIONS: dict[str, Option] = {
     "features": Option("features=DIR", "--features DIR"),
     "clean_and_robust": Option("clean_and_robust=True", "--clean-and-robust"),
     "attack": Option("attack={'name': ...}", "--attack"),
+    "attack_subset": Option("attack_subset=N", "--attack-subset N"),
     "seed": Option("seed=", "--seed"),
     "order": Option("order=", "--order"),
     "orders": Option("orders=", "--orders"),

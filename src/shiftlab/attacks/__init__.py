@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import specs
@@ -32,7 +32,7 @@ _EXPORTS = {"PGDAttack": "pgd.attack", "PGDConfig": "pgd.spec", "pgd_linf": "pgd
             "quantize": "pixels"}
 __all__ = ["NO_ATTACK", "QUANTIZE_MODES", "Attack", "AttackConfig", "ImageAttack", "PGDAttack", "PGDConfig",
            "ZeroShotClassifier", "attack_config", "attack_seed", "build_attack", "eps_255", "get_attack_class",
-           "list_attacks", "load", "pgd_linf", "quantize", "register_attack"]
+           "list_attacks", "load", "pgd_linf", "quantize", "register_attack", "split_budgets"]
 
 
 def load() -> None:
@@ -59,10 +59,31 @@ def get_attack_class(name: str) -> type[Attack]:
     return ATTACKS.register(spec.name, cls)
 
 
+def split_budgets(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An attack spec whose `eps` is a list (one pass over several budgets) -> one spec per budget, each
+    list-valued field taken at that budget's index (a recorded config holds lists for the fields that
+    differ: eps, and what follows from it); a spec with one eps -> [itself]."""
+    eps = spec.get("eps")
+    if not isinstance(eps, list):
+        return [dict(spec)]
+    if not eps or len(set(eps)) != len(eps):
+        raise ValueError(f"attack eps list must hold distinct budgets, got {eps}")
+    for k, v in spec.items():
+        if isinstance(v, list) and len(v) != len(eps):
+            raise ValueError(f"attack field {k} has {len(v)} values for {len(eps)} budgets")
+    return [{k: (v[i] if isinstance(v, list) else v) for k, v in spec.items()} for i in range(len(eps))]
+
+
 def attack_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     """`{"name": "pgd", "eps": ...}` (any subset of the attack's fields) -> the effective config a run
     records, `{"name", every field}` (`{"name": "none"}` for no attack). Each value is checked against its
-    field's declared range: a one-line ValueError, a TypeError for an unknown field."""
+    field's declared range: a one-line ValueError, a TypeError for an unknown field. With a list of budgets
+    (`"eps": [1/255, 4/255]`) each budget's config is checked, and the fields that differ between them are
+    recorded as lists (`split_budgets` reads them back)."""
+    if isinstance(spec.get("eps"), list):
+        configs = [attack_config(one) for one in split_budgets(spec)]
+        return {k: ([c[k] for c in configs] if any(c[k] != configs[0][k] for c in configs) else v)
+                for k, v in configs[0].items()}
     fields = dict(spec)
     name = fields.pop("name", NO_ATTACK)
     if name in (None, NO_ATTACK):
@@ -73,15 +94,20 @@ def attack_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": cls.name, **dataclasses.asdict(cls.make_config(**fields))}
 
 
-def build_attack(spec: Mapping[str, Any], model: ClipModel, zeroshot_head: torch.Tensor) -> Attack | None:
+def build_attack(spec: Mapping[str, Any], model: ClipModel, zeroshot_head: torch.Tensor,
+                 target: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Attack | None:
     """`{"name": "pgd", "eps": ..., ...}` + the model and its zero-shot class head (C, D) -> an Attack
-    (None for name "none"). The config is checked as `attack_config` checks it."""
+    (None for name "none"). The config is checked as `attack_config` checks it. `target`: the model
+    attacked, a differentiable callable (images in [0, 1] -> logits); None: zero-shot CLIP with the
+    initial prompt (the transfer protocol)."""
     fields = dict(spec)
     name = fields.pop("name", NO_ATTACK)
     if name in (None, NO_ATTACK):
         return None
     cls = get_attack_class(name)
-    return cls(cls.make_config(**fields), model, zeroshot_head)
+    if target is None:
+        return cls(cls.make_config(**fields), model, zeroshot_head)
+    return cls(cls.make_config(**fields), model, zeroshot_head, target=target)
 
 
 def __getattr__(name: str) -> Any:

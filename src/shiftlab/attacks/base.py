@@ -131,6 +131,10 @@ class Attack:
         declared range (one-line ValueError naming field, value and range; an unknown field is a TypeError),
         then `resolve`d."""
         known = [f.name for f in dataclasses.fields(cls.config_class) if f.init]
+        # a field the config derives from others (init=False, e.g. an AutoAttack budget's `norm`) is what a
+        # recorded config holds, and is derived again here, so it is dropped rather than refused
+        derived = {f.name for f in dataclasses.fields(cls.config_class) if not f.init}
+        fields = {k: v for k, v in fields.items() if k not in derived}
         unknown = sorted(set(fields) - set(known))
         if unknown:
             raise TypeError(f"{cls.name}: unknown config field(s) {unknown}; known: {known}")

@@ -18,7 +18,7 @@ from . import specs
 from .base import NO_ATTACK, fill_template
 
 # what an attacked record or a summary's attack entry holds beyond the config (not part of a label)
-MEASURED = ("flipped", "linf_255", "success_rate", "n")
+MEASURED = ("flipped", "linf_255", "success_rate", "n", "noise_flipped", "noise_success_rate", "broken_by")
 
 
 def names() -> list[str]:
@@ -29,6 +29,12 @@ def names() -> list[str]:
 def field_specs(name: str) -> dict[str, params.FieldSpec]:
     """A registered attack's config fields -> what each accepts (`params.FieldSpec`)."""
     return params.field_specs(specs.spec(name).config_class)
+
+
+def check_fields(name: str, fields: Mapping[str, Any]) -> None:
+    """Build the attack's config (its spec's dataclass, no torch) from `fields`, each already in its range,
+    so that what the config checks across fields (`__post_init__`) is refused before torch: a ValueError."""
+    specs.spec(name).config_class(**fields)
 
 
 def defaults(name: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ docs/ROBUSTNESS.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -83,11 +83,20 @@ class ImageAttack(Attack):
     Subclasses write `attack_image(clean_u8, label, sample_id, run_seed) -> uint8 image`; seed any
     randomness with `attack_seed(run_seed, sample_id)`. The run seed is the config's `seed` field when
     the config has one that is not None, else the view generator's (the run's `--seed`).
+
+    `classifier` is the model attacked: any differentiable callable, images (B, 3, S, S) in [0, 1] ->
+    logits (B, C). By default zero-shot CLIP with the initial prompt (the transfer protocol); an attack
+    through a method's adaptation passes its own (`target=`). `flipped` is always measured on zero-shot.
     """
 
-    def __init__(self, config: AttackConfig, model: ClipModel, zeroshot_head: torch.Tensor):
+    def __init__(self, config: AttackConfig, model: ClipModel, zeroshot_head: torch.Tensor,
+                 target: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__(config, model, zeroshot_head)
-        self.classifier = ZeroShotClassifier(model, zeroshot_head, model.logit_scale)
+        self.zeroshot = ZeroShotClassifier(model, zeroshot_head, model.logit_scale)
+        self.classifier: Callable[[torch.Tensor], torch.Tensor] = target if target is not None else self.zeroshot
+        # what `attack_image` measured on a sample beyond the image (AutoAttack: which attack broke it),
+        # by sample id; `perturb` adds it to the sample's record info
+        self.notes: dict[int, dict[str, Any]] = {}
 
     def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
         """One clean uint8 image (3, S, S) -> its adversarial uint8 image (3, S, S)."""
@@ -96,7 +105,7 @@ class ImageAttack(Attack):
     @torch.no_grad()
     def _zeroshot_preds(self, images_u8: torch.Tensor) -> list[int]:
         x = images_u8.to(self.model.device).float().div(255)
-        return self.classifier(x).argmax(dim=-1).tolist()
+        return self.zeroshot(x).argmax(dim=-1).tolist()
 
     def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
                 view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
@@ -116,5 +125,6 @@ class ImageAttack(Attack):
                                    f"!= clean views {tuple(views.shape)}")
             adv_views.append(new_views)
             info[int(sid)] = {**described, "flipped": bool(pred_clean != pred_adv),
-                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max())}
+                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max()),
+                              **self.notes.pop(int(sid), {})}
         return adv_views, info

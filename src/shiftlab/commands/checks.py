@@ -41,6 +41,23 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def fractions_in(low: float, high: float) -> Callable[[str], float | list[float]]:
+    """'4/255' -> a float, '1/255,2/255,4/255' -> a list of distinct floats (one pass over several budgets),
+    each within [low, high] as `fraction_in` checks it."""
+    one = fraction_in(low, high)
+
+    def parse(text: str) -> float | list[float]:
+        parts = [p for p in text.split(",")]
+        if len(parts) == 1:
+            return one(text)
+        values = [one(p) for p in parts]
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"the budgets must differ, got {text}")
+        return values
+    parse.__name__ = "fraction list"
+    return parse
+
+
 def fraction_in(low: float, high: float) -> Callable[[str], float]:
     """'1/255', '0.0039' or '4/255' -> float, within [low, high]."""
     def parse(text: str) -> float:
@@ -150,7 +167,7 @@ def method_config(items: list[str] | list[tuple[str, str, Any]]) -> dict[str, di
 ATTACK = "attack"   # `--set attack.FIELD=V` sets a field of the chosen --attack (no method may take this name)
 # shortcut flag -> the attack field it sets (argparse dest = field name)
 ATTACK_SHORTCUTS = {"--eps": "eps", "--alpha": "alpha", "--steps": "steps", "--random-start": "random_start",
-                    "--quantize": "quantize"}
+                    "--quantize": "quantize", "--eps-l2": "eps_l2"}
 
 
 def attack_name(text: str) -> str:
@@ -211,19 +228,35 @@ def attack_spec(args: argparse.Namespace) -> dict[str, Any]:
     fields = attack_catalogue.field_specs(name)
     spec: dict[str, Any] = {"name": name}
     for field, (flag, value, raw) in given.items():
-        if field not in fields:
-            raise ValueError(f"{flag}: attack {name} has no field {field}; its fields: {', '.join(fields)}")
-        try:
-            shown = None if raw is None or isinstance(value, str) else raw
-            spec[field] = fields[field].check(name, field, value, shown=shown)
-        except ValueError as exc:
-            if raw is None or isinstance(value, str):
-                raise ValueError(f"{flag}: {exc}") from None
-            try:   # e.g. a str field given 1: the text
-                spec[field] = fields[field].check(name, field, raw)
-            except ValueError:
-                raise ValueError(f"{flag}: {exc}") from None
+        if isinstance(value, list):   # --eps 1/255,4/255: every budget checked as one value is
+            spec[field] = [_checked_attack_field(name, fields, field, flag, v, None) for v in value]
+        else:
+            spec[field] = _checked_attack_field(name, fields, field, flag, value, raw)
+    try:   # what the config checks across its fields (AutoAttack's parts for the norm): its spec, no torch
+        attack_catalogue.check_fields(name, {k: (v[0] if isinstance(v, list) else v) for k, v in spec.items()
+                                             if k != "name"})
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
     return spec
+
+
+def _checked_attack_field(name: str, fields: dict, field: str, flag: str, value: Any, raw: str | None) -> Any:
+    """One attack field's value from the command line, checked against the attack's field (one-line ValueError)."""
+    if field == "eps_l2" and field not in fields:
+        takes = [a for a in attack_catalogue.names() if "eps_l2" in attack_catalogue.field_specs(a)]
+        raise ValueError(f"{flag}: {name} is an L-inf attack and takes no L2 budget; L2: {', '.join(takes)}")
+    if field not in fields:
+        raise ValueError(f"{flag}: attack {name} has no field {field}; its fields: {', '.join(fields)}")
+    try:
+        shown = None if raw is None or isinstance(value, str) else raw
+        return fields[field].check(name, field, value, shown=shown)
+    except ValueError as exc:
+        if raw is None or isinstance(value, str):
+            raise ValueError(f"{flag}: {exc}") from None
+        try:   # e.g. a str field given 1: the text
+            return fields[field].check(name, field, raw)
+        except ValueError:
+            raise ValueError(f"{flag}: {exc}") from None
 
 
 DEVICE_HELP = ("auto (the first GPU if there is one, else the CPU), cpu, cuda (GPU 0), cuda:N (the N-th "

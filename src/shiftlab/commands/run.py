@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
+from ..attacks.budgets import L2_MAX
 from . import checks, config_file, tracking
 
 if TYPE_CHECKING:
@@ -120,8 +121,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--attack", type=checks.attack_name, default="none",
                    help="the threat model: none, or a registered attack (pgd: the R-TPT paper's); its fields are "
                         "set with --set attack.FIELD=VALUE, or with the shortcuts below where it has such a field")
-    a.add_argument("--eps", type=checks.fraction_in(0, 1), default=None,
-                   help="the attack's eps: an L-inf budget on [0, 1] images, e.g. 1/255 (pgd's default)")
+    a.add_argument("--eps", type=checks.fractions_in(0, 1), default=None,
+                   help="the attack's eps: an L-inf budget on [0, 1] images, e.g. 1/255 (pgd's default); a list "
+                        "1/255,2/255,4/255 runs every budget in one pass (a setting per budget: apgd_ce@eps1, ...)")
     a.add_argument("--alpha", type=checks.fraction_in(0, 1), default=None,
                    help="the attack's alpha: its step size (pgd: eps/4 unless given)")
     a.add_argument("--steps", type=checks.int_in(0), default=None, help="the attack's steps (pgd: 7)")
@@ -130,6 +132,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--quantize", default=None, metavar="MODE",
                    help="the attack's quantize: 8-bit conversion of the adversarial image (pgd: round | truncate, "
                         "the authors' code truncates)")
+    a.add_argument("--attack-subset", type=checks.int_in(1), default=None, metavar="N",
+                   help="attack only N of the samples, drawn by --seed (recorded in run.json; the clean setting "
+                        "still scores every sample)")
+    a.add_argument("--eps-l2", type=checks.fraction_in(0, L2_MAX), default=None, metavar="EPS",
+                   help="the attack's eps_l2: an L2 budget on [0, 1] images, e.g. 0.5, instead of the L-inf --eps "
+                        "(apgd_ce, apgd_t, autoattack; refused for an L-inf-only attack)")
     a.add_argument("--clean-and-robust", action="store_true",
                    help="score clean and adversarial images in one pass")
 
@@ -163,7 +171,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      resume=args.resume, device=args.device, workers=args.workers, batch_size=args.batch_size,
                      order="shuffled" if args.order == "iid" else args.order,
                      delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
-                     clean_and_robust=args.clean_and_robust,
+                     clean_and_robust=args.clean_and_robust, attack_subset=getattr(args, "attack_subset", None),
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,

@@ -57,6 +57,9 @@ class RunConfig:
     # {"name": an attack, and any of its config fields}; the run fills the rest (shiftlab.attacks.attack_config)
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     clean_and_robust: bool = False
+    # attack only a seeded subset of N of the stream's samples (`attack_subset_ids`; RobustBench runs AutoAttack on a
+    # fixed 5,000-image subset of ImageNet for the same reason: cost); the clean setting still scores every sample
+    attack_subset: int | None = param(None, ge=1)
     classnames: list[str] | None = None
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
@@ -169,6 +172,8 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     if online and len(config.settings()) > 1:
         from .run_plan import online_and_attacked
         return online_and_attacked(online)
+    if config.attack_subset is not None and (config.attack or {}).get("name", "none") == "none":
+        return f"{say('attack_subset')} attacks a subset of the samples, but no attack is chosen: add {say('attack')}"
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)

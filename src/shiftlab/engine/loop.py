@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..attacks import attack_config, build_attack
+from ..attacks import attack_config, build_attack, split_budgets
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
@@ -114,7 +115,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(plan, model, dataset.classnames)
     config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
-    attacker = build_attack(config.attack, model, evaluator.heads.zeroshot)
+    attacker = _attackers(config, model, evaluator)
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
     try:
@@ -174,6 +175,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
                                     n_classes=len(dataset.classnames))
     new_methods = resumed.added_methods if resumed is not None else []   # their online state is not theirs
     done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
+    done |= outside_attack_subset(config, order)   # no record is wanted there: as if written
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity, evaluator.methods)})
@@ -436,3 +438,37 @@ class _Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+_SUBSET_SALT = 0xA77AC5   # keeps the attack subset's draw apart from the run's other seeded draws
+
+
+def attack_subset_ids(order: Sequence[int], n: int | None, seed: int) -> set[int]:
+    """The samples a run with `--attack-subset N` attacks: N of the stream's, drawn without replacement by
+    `seed` (the run's --seed) from the sorted ids, so the subset depends only on the samples and the seed,
+    not on the stream's order; every sample when N is None or at least the stream's length."""
+    ids = sorted(int(i) for i in order)
+    if n is None or n >= len(ids):
+        return set(ids)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SUBSET_SALT]))
+    return {ids[i] for i in rng.choice(len(ids), size=n, replace=False)}
+
+
+def outside_attack_subset(config: RunConfig, order: Sequence[int]) -> set[tuple[int, None, str]]:
+    """(sample, None, attacked setting) for every sample of the stream outside the attack subset: the keys
+    that mark a sample's setting as done for every method (`records.is_missing`), so that none is computed."""
+    if config.attack_subset is None:
+        return set()
+    attacked = [s for s in config.settings() if s != "clean"]
+    keep = attack_subset_ids(order, config.attack_subset, config.seed)
+    return {(int(sid), None, s) for s in attacked for sid in order if int(sid) not in keep}
+
+
+def _attackers(config: RunConfig, model: ClipModel, evaluator: Evaluator):
+    """The run's attack (None for a clean run), or {setting: attack} for a list of budgets (one per budget)."""
+    if not isinstance(config.attack.get("eps"), list):
+        return build_attack(config.attack, model, evaluator.heads.zeroshot)
+    attacked = [s for s in config.settings() if s != "clean"]
+    return {s: build_attack(one, model, evaluator.heads.zeroshot)
+            for s, one in zip(attacked, split_budgets(config.attack))}
+

@@ -207,7 +207,7 @@ class StepContext:
     dataset: FolderDataset   # or what answers as one: samples, image(i), label(i) (a bench's images, domains)
     recipes: Mapping[str, ViewGenerator]
     settings: Sequence[str] = ("clean",)
-    attacker: ImageAttack | None = None
+    attacker: ImageAttack | dict[str, ImageAttack] | None = None   # a dict: one per budget of an eps list
     plan: Plan | None = None
     done: set[tuple[int, str, str]] = field(default_factory=set)
     methods: Sequence[str] | None = None
@@ -441,8 +441,9 @@ class Runner:
         attack_info: dict[int, dict] = {}
         if setting != "clean":
             with self.timer.phase("attack"):
-                views, attack_info = self.attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
-                                                           self.recipes[recipe])
+                attacker = self.attacker[setting] if isinstance(self.attacker, dict) else self.attacker
+                views, attack_info = attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
+                                                      self.recipes[recipe])
         ctxs_of = self._encode(names, wanted, views, ids, recipe, [item.features for item in good])
         for name in names:
             todo = wanted[name]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from shiftlab import catalogue
 from shiftlab.report.data import ReportData
 from shiftlab.report.load import Run
-from shiftlab.results import suite_table
+from shiftlab.results import sanity, suite_table
 from shiftlab.results.display import is_random_weights
 
 RANDOM_WEIGHTS = "RANDOM WEIGHTS: accuracies are meaningless"
@@ -62,9 +62,25 @@ def caveats(data: ReportData) -> list[str]:
             notes.append(f"Suite {name} is not the whole of every dataset: "
                          + ", ".join(f"{suite_table.column_title(d)} ({m})" for d, m in partial.items())
                          + "; averages over them are not comparable with published numbers.")
+    notes += sanity_notes(data)
     methods = sorted({s.method for s in data.series if transductive(s.method)})
     if methods:
         notes.append(f"Transductive: {', '.join(methods)} read(s) more than the current image and the images "
                      "before it (other test images of a batch or of the whole set); their numbers are not "
                      "comparable with per-image test-time adaptation.")
     return notes
+
+
+def sanity_notes(data: ReportData) -> list[str]:
+    """The failed sanity checks of the robust evaluations (shiftlab.results.sanity): each run's own
+    (summary.json "sanity"), and those only runs together can show (robust accuracy rising with eps or
+    steps across runs of one dataset, adaptive above transfer), one sentence each, without repeats."""
+    found: list[str] = []
+    by_dataset: dict[str, list[sanity.Point]] = {}
+    for r in data.runs:
+        found += [w.get("message", "") for w in r.summary.get("sanity") or [] if isinstance(w, dict)]
+        by_dataset.setdefault(r.dataset, []).extend(sanity.points_of_summary(r.summary))
+    for points in by_dataset.values():
+        found += [w.message for w in sanity.check_points(points)]
+    return [f"Sanity check failed: {m}" for m in dict.fromkeys(m for m in found if m)]
+

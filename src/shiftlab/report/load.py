@@ -112,7 +112,11 @@ class Run:
 
 
 def _setting_label(setting: str, attack: dict | None) -> str:
-    return setting if setting == "clean" or not attack else attack_label({**attack, "name": setting})
+    if setting == "clean" or not attack:
+        return setting
+    # one budget of an eps list ("apgd_ce@eps4"): its record's attack names the attack and its budget
+    name = attack.get("name") if setting.startswith(f"{attack.get('name')}@") else setting
+    return attack_label({**attack, "name": name})
 
 
 def load_run(path: str | Path) -> Run:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import writes
+from ..attacks import split_budgets
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
 from ..writes import resume_advice
-from . import metrics
+from . import metrics, sanity
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .ood import score_open_set, score_own
 from .scoring import score_records
@@ -171,7 +172,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             continue
         by[(r["method"], r.get("setting", "clean"))].append(r)
     methods: dict[str, dict] = {}
-    attack_setting = None
+    attacked_settings: list[str] = []
     with_own_scores = any(isinstance(r.get("own_ood_score"), (int, float)) for rs in by.values() for r in rs)
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
@@ -189,8 +190,19 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             entry.update(scored)
             entry["method_seconds_per_image"] = seconds
         else:
-            attack_setting = setting
-            entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
+            attacked_settings.append(setting)
+            entry.setdefault("robust_by_setting", {})[setting] = {"setting": setting, **scored,
+                                                                   "method_seconds_per_image": seconds}
+    # an eps list's settings in the order of its budgets (records sort them as text: eps1, eps16, eps2)
+    order = [s for s in run_records.run_settings(config.get("attack"), False) if s in attacked_settings]
+    order += sorted(set(attacked_settings) - set(order))
+    for entry in methods.values():
+        by_setting = entry.pop("robust_by_setting", {})
+        if by_setting:
+            ranked = [by_setting[s] for s in order if s in by_setting]
+            entry["robust"] = ranked[0]
+            if len(order) > 1:
+                entry["robust_by_setting"] = {r["setting"]: r for r in ranked}
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
     # the transductive track: what each method read beyond the current sample and its past, as the run recorded
@@ -204,15 +216,31 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
     if identity is not None:
         summary["identity"] = identity
-    if attack_setting is not None:
-        # `flipped` is measured on the zero-shot model and is the same in every method's record of a
-        # sample, so count each attacked sample once, whichever methods ran.
-        flips = {r["id"]: r["attack"]["flipped"] for r in records
-                 if r.get("setting") == attack_setting and "attack" in r}
-        summary["attack"] = {**config.get("attack", {}),
-                             "success_rate": metrics.top1(list(flips.values())) if flips else None,
-                             "n": len(flips)}
+    if order:
+        attack = dict(config.get("attack") or {})
+        split = split_budgets(attack) if isinstance(attack.get("eps"), list) else [attack]
+        per_setting = {s: _attack_entry(records, s, split[i] if i < len(split) else attack)
+                       for i, s in enumerate(order)}
+        summary["attack"] = per_setting[order[0]]
+        if len(order) > 1:
+            summary["attacks"] = per_setting
+        summary["sanity"] = sanity.check_summary(summary)
     return summary
+
+
+def _attack_entry(records: list[dict], setting: str, attack: dict) -> dict:
+    """One attacked setting's entry: its attack config, the success rate on zero-shot over its samples and,
+    where measured, uniform noise's of the same budget."""
+    # `flipped` is measured on the zero-shot model and is the same in every method's record of a
+    # sample, so count each attacked sample once, whichever methods ran.
+    flips = {r["id"]: r["attack"]["flipped"] for r in records if r.get("setting") == setting and "attack" in r}
+    entry = {**attack, "success_rate": metrics.top1(list(flips.values())) if flips else None, "n": len(flips)}
+    # uniform noise of the same budget, measured on zero-shot beside the attack (AutoAttack's attacks)
+    noise = {r["id"]: r["attack"]["noise_flipped"] for r in records
+             if r.get("setting") == setting and "noise_flipped" in (r.get("attack") or {})}
+    if noise:
+        entry["noise_success_rate"] = metrics.top1(list(noise.values()))
+    return entry
 
 
 def _fmt(x: Any) -> str:
@@ -223,8 +251,10 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     published = published or {}
     robust = any("robust" in m for m in summary["methods"].values())
     head = ["method", "top-1", "top-5", "ECE", "ECE20", "NLL", "n", "s/img"]
+    budgets = list(next((m["robust_by_setting"] for m in summary["methods"].values() if "robust_by_setting" in m),
+                        {}))
     if robust:
-        head += ["robust top-1"]
+        head += [f"robust top-1 ({s})" for s in budgets] if budgets else ["robust top-1"]
     if published:
         head += ["published top-1"]
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
@@ -241,7 +271,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
                _fmt(m.get("nll")),
                str(m.get("n", 0)), f"{m.get('seconds_per_image', 0.0):.3f}"]
-        if robust:
+        if robust and budgets:
+            row += [_fmt((m.get("robust_by_setting") or {}).get(s, {}).get("top1")) for s in budgets]
+        elif robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
         if published:
             said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
@@ -277,10 +309,12 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         notes.append(f"open set: top-1 etc. on the ID part; OOD {', '.join(mix.get('ood') or ['?'])} at ratio "
                      f"{mix.get('ratio', '?')} (seed {mix.get('seed', '?')}); AUROC/FPR95/AUPR (%) by the max "
                      "softmax probability (MCM), ID positive")
-    if "attack" in summary:
-        a = summary["attack"]
+    for a in (summary.get("attacks") or {"": summary["attack"]} if "attack" in summary else {}).values():
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
-        notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%")
+        notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%"
+                     + (f" (uniform noise of the same budget: {_fmt(a['noise_success_rate'])}%)"
+                        if a.get("noise_success_rate") is not None else ""))
+    notes += [f"SANITY CHECK FAILED: {w['message']}" for w in summary.get("sanity") or []]
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 
 

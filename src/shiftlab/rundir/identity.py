@@ -53,7 +53,7 @@ ADDED_LATER = ("weights_source",)   # absent from older run.json files: adopted 
 RANDOM_WEIGHTS = ("model_seed", "weights_sha256")   # absent from older run.json files: adopted when null
 # absent from run.json files written before streams and batches were declared: adopted at these values
 STREAM_DEFAULTS: dict[str, Any] = {"delta": None, "stream_seed": None, "orders": 1, "order_seeds": None,
-                                   "batch_size": None, "domains": None}
+                                   "batch_size": None, "domains": None, "attack_subset": None}
 
 
 class RunIdentityError(ValueError):
@@ -161,6 +161,7 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "limit": config.limit,
         "attack": jsonable(dict(config.attack)),
         "clean_and_robust": config.clean_and_robust,
+        "attack_subset": getattr(config, "attack_subset", None),
         "precision": config.precision,
         "image_size": getattr(model, "image_size", None),
         # shifts (engine/shifts.py): the corruption (name, severity, stored or generated with its seed and package)
@@ -179,7 +180,7 @@ SHARED_TYPES: dict[str, tuple] = {
     "pretrained": (str, None), "checkpoint_sha256": (str, None), "weights_source": (str, None),
     "model_seed": (int, None), "weights_sha256": (str, None), "protocol": (str, None), "views": (int, None),
     "augmix": (bool,), "seed": (int,), "order": (str,), "limit": (int, None), "attack": (dict,),
-    "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
+    "clean_and_robust": (bool,), "attack_subset": (int, None), "precision": (str,), "image_size": (int, None),
     "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
     "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
     "domains": (dict, None),

@@ -278,11 +278,22 @@ def check_record(data: Any) -> Record:
 
 
 def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool) -> list[str]:
-    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust)."""
+    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust); an attack
+    given a list of budgets (`eps: [1/255, 4/255]`, one pass over several) has one setting per budget,
+    `budget_setting(name, eps)`: "apgd_ce@eps1", "apgd_ce@eps4"."""
     name = (attack or {}).get("name", "none")
     if name == "none":
         return ["clean"]
-    return ["clean", name] if clean_and_robust else [name]
+    eps = (attack or {}).get("eps")
+    attacked = [budget_setting(name, e) for e in eps] if isinstance(eps, list) else [name]
+    return ["clean", *attacked] if clean_and_robust else attacked
+
+
+def budget_setting(name: str, eps: float) -> str:
+    """The setting of one budget of an eps list: 'pgd@eps4' for 4/255 (k/255 as k), 'pgd@eps=0.01' for
+    another value (no '/': a setting may name files)."""
+    k = float(eps) * 255
+    return f"{name}@eps{round(k)}" if abs(k - round(k)) < 1e-3 else f"{name}@eps={float(eps):.4g}"
 
 
 @dataclass(frozen=True)

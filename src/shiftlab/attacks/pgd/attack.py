@@ -12,6 +12,7 @@ the INITIAL prompt, with normalisation inside the attacked model. The result is 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -20,8 +21,8 @@ from ..pixels import ImageAttack, attack_seed, quantize
 from .spec import PGDConfig, PGDSpec
 
 
-def pgd_linf(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, eps: float, alpha: float,
-        steps: int, random_start: bool = True) -> torch.Tensor:
+def pgd_linf(classifier: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, labels: torch.Tensor, *,
+             eps: float, alpha: float, steps: int, random_start: bool = True) -> torch.Tensor:
     """Untargeted L-inf PGD on `classifier` (images in [0, 1]) -> float images in [0, 1].
 
     The update of torchattacks.PGD (3.5), the attack R-TPT's code runs, op for op: a uniform start
@@ -30,10 +31,13 @@ def pgd_linf(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     does not depend on torchattacks (whose requests~=2.25 pin drags 2020 versions into every
     install); tests/test_attacks.py checks it against torchattacks where that is installed. The
     random start draws from the global RNG of the images' device: seed it (and fork it) around the
-    call for reproducible results.
+    call for reproducible results. `classifier` is any differentiable callable (images -> logits); an
+    `nn.Module` is put in eval mode for the attack, as torchattacks does.
     """
-    was_training = classifier.training
-    classifier.eval()
+    module = classifier if isinstance(classifier, nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
     images = images.clone().detach()
     labels = labels.clone().detach()
     adv = images.clone().detach()
@@ -49,7 +53,8 @@ def pgd_linf(classifier: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
                 delta = torch.clamp(adv - images, min=-eps, max=eps)
                 adv = torch.clamp(images + delta, min=0, max=1).detach()
     finally:
-        classifier.train(was_training)
+        if module is not None:
+            module.train(was_training)
     return adv
 
 

@@ -1,0 +1,1 @@
+"""The apgd_ce attack folder (spec.py: no torch; attack.py: the torch code)."""

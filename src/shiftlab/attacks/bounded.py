@@ -1,0 +1,108 @@
+"""What the AutoAttack attacks share on torch: one sample's float attack in its seeded RNG, the 8-bit
+conversion for either norm, and the projections on the budget (see `budgets.py` for the config).
+
+An attack writes `run(x, y, seed) -> x_adv`: x (1, 3, S, S) in [0, 1], y (1,) the true label; x_adv within the
+budget and [0, 1]. Its randomness comes from the global RNG, seeded per sample with `attack_seed(run
+seed, sample id)` and forked, so a sample's image depends on nothing else.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .budgets import BUDGET_FIELDS, BudgetConfig
+from .pixels import ImageAttack, attack_seed, quantize
+
+_NOISE_SALT = 0x0015E   # keeps the noise check's stream apart from the attack's
+Model = Callable[[torch.Tensor], torch.Tensor]   # images (B, 3, S, S) in [0, 1] -> logits (B, C)
+
+
+def flat_norm(x: torch.Tensor, norm: str) -> torch.Tensor:
+    """(B, ...) -> (B, 1, 1, 1): each sample's L-inf or L2 norm, shaped to divide x."""
+    flat = x.reshape(x.shape[0], -1)
+    n = flat.abs().max(dim=1)[0] if norm == "Linf" else (flat ** 2).sum(dim=1).sqrt()
+    return n.view(-1, *([1] * (x.dim() - 1)))
+
+
+def unit(x: torch.Tensor, norm: str) -> torch.Tensor:
+    """x scaled to norm 1 per sample (1e-12 keeps a zero direction zero)."""
+    return x / (flat_norm(x, norm) + 1e-12)
+
+
+def project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
+    """x_adv moved onto the eps-ball around x (L-inf: clip; L2: shrink the difference), then onto [0, 1]."""
+    if norm == "Linf":
+        return torch.clamp(torch.min(torch.max(x_adv, x - eps), x + eps), 0.0, 1.0)
+    d = x_adv - x
+    radius = torch.min(eps * torch.ones_like(x), flat_norm(d, "L2"))
+    return torch.clamp(x + unit(d, "L2") * radius, 0.0, 1.0)
+
+
+def to_uint8(x_adv: torch.Tensor, clean_u8: torch.Tensor, config: BudgetConfig) -> torch.Tensor:
+    """A float result (3, S, S) -> uint8 within the budget. L-inf: `quantize` (round or truncate, then the
+    8-bit eps-ball). L2: each pixel's change rounded toward zero, so no pixel moves further than the float
+    attack moved it and the L2 norm cannot grow past the budget."""
+    if config.norm == "Linf":
+        return quantize(x_adv, clean_u8, config.eps, config.quantize, clip_to_ball=True)
+    clean = clean_u8.to("cpu", torch.float64)
+    change = torch.trunc(x_adv.detach().to("cpu", torch.float64) * 255 - clean)
+    return (clean + change).clamp_(0, 255).to(torch.uint8)
+
+
+class BoundedAttack(ImageAttack):
+    """An AutoAttack-style attack on one sample: `run(x, y)` in a forked RNG seeded per sample, then
+    `to_uint8`. Subclasses write `run`; `self.classifier` is the model attacked (any callable)."""
+
+    config: BudgetConfig
+    min_classes: int = 2    # fewer classes than this: refused when built (APGD-T's DLR reads the 4th logit)
+
+    def __init__(self, config: BudgetConfig, model, zeroshot_head: torch.Tensor,
+                 target: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        n_classes = int(zeroshot_head.shape[0])
+        if n_classes < self.needs_classes(config):
+            raise ValueError(f"attack {self.name}: needs at least {self.needs_classes(config)} classes "
+                             f"(its targeted DLR loss reads the 4th largest logit), the run has {n_classes}")
+        super().__init__(config, model, zeroshot_head, target=target)
+
+    def needs_classes(self, config: BudgetConfig) -> int:
+        return self.min_classes
+
+    @classmethod
+    def record_fields(cls) -> list[str]:
+        """The label's and details' fields, then the norm and the radius in force (what sanity checks group by)."""
+        return list(dict.fromkeys([*super().record_fields(), *BUDGET_FIELDS]))
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.Tensor:
+        """x (1, 3, S, S) in [0, 1], y (1,) -> x_adv in the budget; the global RNG is already seeded with
+        `seed` (an ensemble seeds it again before each part, as AutoAttack does)."""
+        raise NotImplementedError
+
+    def attack_image(self, clean_u8: torch.Tensor, label: int, sample_id: int, run_seed: int) -> torch.Tensor:
+        device = self.model.device
+        x = clean_u8.to(device).float().div(255).unsqueeze(0)
+        y = torch.tensor([int(label)], device=device)
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        seed = attack_seed(run_seed, sample_id)
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(seed)
+            x_adv = self.run(x, y, seed)
+        self.notes.setdefault(int(sample_id), {})["noise_flipped"] = self._noise_flips(x, clean_u8, seed)
+        return to_uint8(x_adv[0], clean_u8, self.config)
+
+    @torch.no_grad()
+    def _noise_flips(self, x: torch.Tensor, clean_u8: torch.Tensor, seed: int) -> bool:
+        """Whether uniform noise of the same budget changes zero-shot's prediction (the sanity check that
+        an attack beats noise): uniform in the L-inf ball, or a uniformly drawn direction at the L2 radius,
+        converted to 8 bits as the attack's image is; seeded apart from the attack."""
+        gen = torch.Generator().manual_seed((seed + _NOISE_SALT) % 2 ** 63)
+        c = self.config
+        if c.norm == "Linf":
+            noisy = x.cpu() + (2 * torch.rand(x.shape, generator=gen) - 1) * c.budget
+        else:
+            noisy = x.cpu() + c.budget * unit(torch.randn(x.shape, generator=gen), "L2")
+        noisy_u8 = to_uint8(noisy.clamp(0, 1)[0], clean_u8, c)
+        pair = torch.stack([clean_u8.cpu(), noisy_u8]).to(self.model.device).float().div(255)
+        clean_pred, noisy_pred = self.zeroshot(pair).argmax(dim=-1).tolist()
+        return bool(clean_pred != noisy_pred)

@@ -1,0 +1,1 @@
+"""The square attack folder (spec.py: no torch; attack.py: the torch code)."""
