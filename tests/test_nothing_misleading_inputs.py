@@ -160,6 +160,15 @@ def test_class_names_file_drops_a_byte_order_mark(roots):
     assert config_from_args(args).classnames == ["cat", "dog", "emu"]
 
 
+def test_a_folders_own_classnames_txt_is_read_as_utf8_without_its_bom(tmp_path):
+    folder = make_image_folder(tmp_path / "f", ["a", "b"])
+    (folder / "classnames.txt").write_bytes("\ufeffcat\ndog\n".encode("utf-8"))
+    assert build_dataset("imagefolder", folder).classnames == ["cat", "dog"]
+    (folder / "classnames.txt").write_bytes("caf\xe9\ndog\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"classnames.txt: not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        build_dataset("imagefolder", folder)
+
+
 def test_resume_mismatch_names_the_differing_keys_in_full():
     """Case 6: `tpt: views {"augmix": false, …… -> {"augmix": false, ……` read the same on both sides."""
     from shiftlab.rundir.identity import RunIdentityError, check_resume
@@ -202,3 +211,23 @@ def test_pretrained_tags_read_without_open_clip_equal_open_clips():
     table = _pretrained_table()
     listed = {m: open_clip.list_pretrained_tags_by_model(m) for m, _ in open_clip.list_pretrained()}
     assert table is not None and {m: list(tags) for m, tags in table.items()} == listed and len(listed) > 100
+
+
+def test_out_check_knows_run_and_suite_directories(tmp_path):
+    """Case 20's check must not refuse shiftlab's own folders: a killed suite holds only its entries' runs."""
+    import argparse
+
+    from shiftlab.commands.data_checks import out_problem
+    suite = tmp_path / "suite"
+    (suite / "fog-5").mkdir(parents=True)
+    (suite / "fog-5" / "run.json").write_text("{}")
+    (suite / "fog-5" / "records.jsonl").write_text("{}\n")
+    entries = ["fog-5", "snow-5"]
+    assert out_problem(argparse.Namespace(out=str(suite), resume=True), entries) is None
+    assert "fog-5 already holds records; pass --resume" in out_problem(argparse.Namespace(out=str(suite), resume=False),
+                                                                        entries)
+    assert "not a shiftlab run directory" in out_problem(argparse.Namespace(out=str(suite), resume=True), None)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".DS_Store").write_text("")
+    assert out_problem(argparse.Namespace(out=str(tmp_path / "empty"), resume=False), None) is None
+    assert out_problem(argparse.Namespace(out=str(tmp_path / "new"), resume=False), None) is None

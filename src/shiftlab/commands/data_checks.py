@@ -4,6 +4,7 @@ returns one line (or raises ValueError with it); nothing is written."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 __all__ = ["read_classnames", "out_problem", "features_problem"]
@@ -44,31 +45,42 @@ def _is_run_dir(folder: Path) -> bool:
     return bool(names & _RUN_FILES)
 
 
-def out_problem(args: argparse.Namespace, datasets: list[str], suite: bool) -> str | None:
+def out_problem(args: argparse.Namespace, entries: list[str] | None = None) -> str | None:
     """`--out` as `shiftlab run` would use it, or None: a non-empty folder that is no shiftlab run (or suite)
     directory is refused before anything in it is overwritten; one holding records without --resume is refused
-    as the engine would refuse it, but now before the model is loaded."""
+    as the engine would refuse it, but now before the model is loaded. `entries`: a suite's, each run into
+    OUT/<entry> (None: OUT is one run directory)."""
     out = Path(args.out).expanduser()
-    if not out.is_dir():
-        return None
+    if not out.is_dir() or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        return None   # under torchrun the engine's collective check refuses records on every rank at once
     try:
-        entries = [p for p in out.iterdir() if not p.name.startswith(".")]
+        held_files = [p for p in out.iterdir() if not p.name.startswith(".")]
     except OSError as exc:
         return f"--out {out}: cannot be read ({exc.strerror or exc})"
-    if not entries:
+    if not held_files:
         return None
-    runs = [out / name for name in datasets] if suite else [out]
-    ours = _is_run_dir(out) or (suite and any(_is_run_dir(d) for d in runs if d.is_dir()))
+    suite = entries is not None
+    runs = [out / name for name in entries] if suite else [out]
+    ours = _is_run_dir(out) or (suite and any(_is_run_dir(d) for d in entries_of(out)))
     if not ours:
+        more = " and more" if len(held_files) > 1 else ""
         return (f"--out {out} is a non-empty folder that is not a shiftlab run directory (it holds no run.json or "
-                f"records, but {entries[0].name}{' and more' if len(entries) > 1 else ''}); a run would overwrite its "
-                "files: choose a new or empty folder")
+                f"records, but {held_files[0].name}{more}); a run would overwrite its files: choose a new or empty "
+                "folder")
     if args.resume:
         return None
     held = [d for d in runs if (d / "records.jsonl").is_file() or (d / "shards").is_dir()]
     if held:
         return f"{held[0]} already holds records; pass --resume to continue it or choose another --out"
     return None
+
+
+def entries_of(folder: Path) -> list[Path]:
+    """The folders directly inside `folder` (a suite directory's entries, whichever suite wrote them)."""
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
 
 
 def _inside(path: Path, folder: Path) -> bool:

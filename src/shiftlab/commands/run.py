@@ -429,9 +429,8 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = tracking.check(args) or data_checks.out_problem(args, dataset_names(args) if suite else [],
-                                                               suite is not None and args.order not in
-                                                               ("continual", "mixed"))
+    per_dataset = suite is not None and args.order not in ("continual", "mixed")   # OUT/<entry> run directories
+    problem = tracking.check(args) or data_checks.out_problem(args, list(suite.datasets) if per_dataset else None)
     code, problems = (2, [problem]) if problem else refusal(args)   # the names, the flags, then --data: no torch
     if code:
         for problem in problems:

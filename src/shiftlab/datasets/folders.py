@@ -125,7 +125,13 @@ def _scan_images(directory: Path, prefix: str, out: list[str], scan: _Scan,
 
 
 def _read_classnames_file(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """classnames.txt: one name per line, UTF-8 (a byte-order mark dropped)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8, one class name per line") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 _WNID = re.compile(r"n\d{8}")
