@@ -133,6 +133,9 @@ def test_datasets_listing_finds_only_what_a_run_reads(roots):
     assert "no images in" in found_under("sun-ood", ood)["problem"]
     # the folder itself, named for the set, or chosen by a {dataset} template, is read as before
     assert len(build_dataset("places-ood", ood / "Places")) == 2
+    make_image_folder(roots["base"] / "food" / "images", ["x"])     # named as the tail of SUN/images only
+    with pytest.raises(DatasetError, match="sun-ood: no folder of it under"):
+        build_dataset("sun-ood", roots["base"] / "food" / "images")
     (roots["base"] / "tmpl" / "sun_ood").mkdir(parents=True)
     make_image_folder(roots["base"] / "tmpl" / "sun_ood", ["x"])
     assert len(build_dataset("sun-ood", str(roots["base"] / "tmpl" / "{dataset}"))) == 1
@@ -231,3 +234,17 @@ def test_out_check_knows_run_and_suite_directories(tmp_path):
     (tmp_path / "empty" / ".DS_Store").write_text("")
     assert out_problem(argparse.Namespace(out=str(tmp_path / "empty"), resume=False), None) is None
     assert out_problem(argparse.Namespace(out=str(tmp_path / "new"), resume=False), None) is None
+
+
+def test_download_never_fetches_the_id_set_for_a_missing_ood_set(roots, monkeypatch):
+    """With --download, a missing OOD set made `list_dataset` download the run's own dataset again."""
+    import shiftlab.engine.prepare as prepare_module
+    from shiftlab.engine.config import RunConfig
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"downloaded {args[0]}")
+    monkeypatch.setattr(prepare_module, "_download_dataset", refuse)
+    config = RunConfig(dataset="imagenet-r", data=str(roots["only"]), ood=["sun-ood"], download=True)
+    dataset, problem = prepare_module.list_dataset(config, "imagenet-r")
+    assert dataset is None and "sun-ood: no folder of it under" in problem
+    assert "shiftlab download sun-ood" in problem and "shiftlab download imagenet-r" not in problem

@@ -98,13 +98,17 @@ def find_dataset_dir(name: str, root: str | os.PathLike, named: bool = False) ->
 
 
 def named_for(name: str, folder: Path) -> bool:
-    """Whether `folder` is named as dataset `name`'s folder: the last part of one of its folder names, or one
-    of its names and aliases (case and '-'/'_' aside)."""
+    """Whether `folder` is named as dataset `name`'s folder: its path ends with one of its folder names (all of
+    its parts: `SUN/images`, not any `images`), or its name is one of the dataset's names and aliases (case
+    and '-'/'_' aside)."""
     def norm(text: str) -> str:
         return text.lower().replace("_", "-")
-    names = {norm(d.rsplit("/", 1)[-1]) for d in DATASETS.get(name).dirnames}
-    names |= {norm(a) for a in DATASETS.aliases(name)}
-    return norm(folder.name) in names
+    parts = [norm(p) for p in folder.expanduser().absolute().parts]
+    for dirname in DATASETS.get(name).dirnames:
+        tail = [norm(p) for p in dirname.split("/")]
+        if parts[-len(tail):] == tail:
+            return True
+    return bool(parts) and parts[-1] in {norm(a) for a in DATASETS.aliases(name)}
 
 
 def ood_layout(spec: DatasetSpec, root: Path) -> str:

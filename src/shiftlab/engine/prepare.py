@@ -121,7 +121,7 @@ def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = No
     try:
         dataset = run_dataset(shifted)
     except DatasetError as exc:
-        if not config.download:
+        if not config.download or getattr(exc, "dataset", name) != name:   # (an OOD set's: not this dataset's)
             hint = download_hint(name, config.data, exc)
             said = one_line(exc)
             if "shiftlab download" in hint:   # the advice once: the loader's own copy goes
