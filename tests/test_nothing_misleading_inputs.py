@@ -230,6 +230,10 @@ def test_out_check_knows_run_and_suite_directories(tmp_path):
     assert "fog-5 already holds records; pass --resume" in out_problem(argparse.Namespace(out=str(suite), resume=False),
                                                                         entries)
     assert "not a shiftlab run directory" in out_problem(argparse.Namespace(out=str(suite), resume=True), None)
+    failed = tmp_path / "failed"   # a suite whose first write (suite.json) failed and could not remove its temporary
+    failed.mkdir()
+    (failed / "suite.json~host~123.shiftlab-tmp").write_text("")
+    assert out_problem(argparse.Namespace(out=str(failed), resume=True), entries) is None
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / ".DS_Store").write_text("")
     assert out_problem(argparse.Namespace(out=str(tmp_path / "empty"), resume=False), None) is None

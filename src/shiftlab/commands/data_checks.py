@@ -38,11 +38,14 @@ def read_classnames(path: str | Path) -> list[str]:
 
 
 def _is_run_dir(folder: Path) -> bool:
+    """Whether shiftlab has written into `folder`: a run's or suite's files, or a temporary only shiftlab names
+    so (`writes.TMP_SUFFIX`: a write that failed before its file was in place)."""
+    from ..writes import TMP_SUFFIX
     try:
         names = {p.name for p in folder.iterdir()}
     except OSError:
         return False
-    return bool(names & _RUN_FILES)
+    return bool(names & _RUN_FILES) or any(name.endswith(TMP_SUFFIX) for name in names)
 
 
 def out_problem(args: argparse.Namespace, entries: list[str] | None = None) -> str | None:
