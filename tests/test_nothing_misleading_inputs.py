@@ -205,6 +205,7 @@ def test_table_label_errors_advise_no_download(tmp_path):
     assert "download" not in problem
 
 
+@pytest.mark.slow   # open_clip's import, in a fast-tier process that may not have it yet
 def test_pretrained_tags_read_without_open_clip_equal_open_clips():
     """The table `--pretrained` is checked against before torch (read from open_clip's pretrained.py with ast;
     the subprocess test above shows no torch is imported) is open_clip's own, tag for tag."""
