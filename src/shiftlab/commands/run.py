@@ -323,16 +323,16 @@ def missing_data(args: argparse.Namespace) -> list[str]:
     cfg = _checked_config(args)
     names = dataset_names(args)
     problems, listed = [], {}
+    command = f"shiftlab {getattr(args, 'command', None) or 'run'}"
     for name in names:
         if args_progress(args):
             from ..datasets.build import expand_root
-            print(f"shiftlab: listing {name} under {expand_root(cfg.data, name)} ...", file=sys.stderr, flush=True)
+            print(f"{command}: listing {name} under {expand_root(cfg.data, name)} ...", file=sys.stderr, flush=True)
         dataset, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
         problems += [problem] if problem else []
         if dataset is not None and problem:   # a refused dataset's warnings (its empty classes) say why
             for warning in dataset.warnings:
-                print(f"shiftlab {getattr(args, 'command', None) or 'run'}: warning: {name}: {warning}",
-                      file=sys.stderr)
+                print(f"{command}: warning: {name}: {warning}", file=sys.stderr)
         elif dataset is not None:
             listed[name] = dataset
     args.listed_datasets = listed if not problems else {}
