@@ -21,7 +21,7 @@ def _folder(root, name, n, label_of=lambda i: i % 2, lost=(), layout="class fold
     for i in range(n):
         rel = f"c{label_of(i)}/{name}{i}.png" if label_of(i) is not None else f"x/{name}{i}.png"
         (root / rel).parent.mkdir(exist_ok=True)
-        Image.new("RGB", (8, 8), (i * 20 % 256, 40, 90)).save(root / rel)
+        Image.new("RGB", (8, 8), (i * 20 % 256, 40, sum(map(ord, name)) % 256)).save(root / rel)   # ID != OOD bytes
         samples.append((rel, label_of(i)))
     return FolderDataset(root, sorted(samples), ["a", "b"], None, name, lost=list(lost), found_layout=layout)
 

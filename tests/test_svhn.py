@@ -39,11 +39,18 @@ def test_svhn_mat_is_an_ood_pool_read_image_by_image(tmp_path):
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._images is None and np.array_equal(np.asarray(copy.image(3)), images[3])
     # an open-set stream draws its images like any OOD set's
-    id_set = build_dataset("svhn", tmp_path)   # any dataset stands in for the ID part's shape here
-    id_set.samples, id_set.classnames = [(p, 0) for p, _ in id_set.samples[:4]], ["x"]
+    _svhn_mat(tmp_path / "id" / "svhn", n=4, seed=1)
+    id_set = build_dataset("svhn", tmp_path / "id")   # any dataset stands in for the ID part's shape here
+    id_set.samples, id_set.classnames = [(p, 0) for p, _ in id_set.samples], ["x"]
     mixed = OpenSetDataset(id_set, {"svhn": ds}, ratio=1.0, seed=0)
     drawn = mixed.drawn[0][1]
     assert np.array_equal(np.asarray(mixed.image(4)), images[drawn]) and mixed.label(4) is None
+    # the .mat file's own images as the ID part: byte-identical to the OOD pool's (issue 40 case 12)
+    same = build_dataset("svhn", tmp_path)
+    same.samples, same.classnames = [(p, 0) for p, _ in same.samples[:4]], ["x"]
+    with pytest.raises(DatasetError, match=r"^4 image\(s\) of the OOD set\(s\) are byte for byte images of the "
+                                           r"in-distribution dataset \(e\.g\. svhn: .*test_32x32\.mat#00 = "):
+        OpenSetDataset(same, {"svhn": ds}, ratio=1.0, seed=0)
 
 
 def test_a_mat_file_that_is_not_svhns_is_one_line(tmp_path):

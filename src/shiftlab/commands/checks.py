@@ -103,9 +103,28 @@ def method_names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(known)}")
     unknown = [n for n in names if n != "all" and n not in known]
     if unknown:
+        guesses = [f"{n} (did you mean {' or '.join(close)}?)" if close else n
+                   for n in unknown for close in [difflib.get_close_matches(n, known, n=3, cutoff=0.6)]]
+        if any("did you mean" in g for g in guesses):
+            raise argparse.ArgumentTypeError(f"unknown method {', '.join(guesses)}; `shiftlab methods` lists the "
+                                             f"{len(known)} registered ones (or give 'all')")
         raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown)}; registered: {', '.join(known)} "
                                          "(or 'all')")
     return names
+
+
+def workers(text: str) -> int:
+    """--workers: 'auto' (-1 inside: `engine.config.resolve_workers` picks) or a count >= 0."""
+    if str(text).strip().lower() == "auto":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of workers >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto or a number of workers >= 0 (0: decode in the main "
+                                         f"process), got {value}")
+    return value
 
 
 def method_override(item: str) -> tuple[str, str, Any]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import catalogue
 from ..attacks.budgets import L2_MAX
-from . import checks, config_file, tracking
+from . import checks, config_file, data_checks, pretrained_check, tracking
 
 if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
@@ -74,8 +74,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="also store every record's probability vector (float16) in the run directory's probs/, "
                    "so that any metric can be computed later (shiftlab.rundir.probs.load_probs); a resume keeps it on")
     p.add_argument("--device", type=checks.device_name, default="auto", help=checks.DEVICE_HELP)
-    p.add_argument("--workers", type=checks.int_in(-1), default=-1,
-                   help="DataLoader workers for decoding and views (default: most CPU cores on CUDA, 1 on CPU)")
+    p.add_argument("--workers", type=checks.workers, default=-1,
+                   help="DataLoader workers for decoding and views: auto (default: most CPU cores on CUDA, 1 on CPU) "
+                        "or a count (0: in the main process)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
     p.add_argument("--batch-size", type=checks.int_in(1), default=8,
@@ -156,8 +157,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     from ..engine.config import RunConfig
     classnames = None
-    if args.classnames is not None:
-        classnames = [ln.strip() for ln in Path(args.classnames).read_text().splitlines() if ln.strip()]
+    if args.classnames is not None:   # checked by `refusal` first (data_checks.read_classnames: one line)
+        classnames = data_checks.read_classnames(args.classnames)
     attack = checks.attack_spec(args)
     pretrained = None if _random_weights(args) else args.pretrained
     methods = args.methods if isinstance(args.methods, list) else checks.method_names(args.methods)
@@ -295,9 +296,15 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     """(exit code, one line per problem) of a command line that cannot run, or (0, []): unknown dataset names
     and every flag the catalogues judge (2); a --data folder that does not exist and an unknown --model, all
     at once (1); what only the method registry can judge (2, torch imported). Unless a method's --set values
-    need the registry, everything but the last is said before torch is imported. The rest (the files inside
-    --data, the weights) is `engine.prepare`'s."""
-    problem = unknown_dataset(args) or flag_problem(args)
+    need the registry, everything but the last is said before torch is imported. Every dataset (and OOD set)
+    is listed here, before torch, with its folder's problems (a missing, empty or wrong-layout folder, a
+    class-name count, too few OOD images) said at once; `prepare` then uses the datasets listed
+    (`args.listed_datasets`). The weights are `engine.prepare`'s."""
+    problem = classnames_problem(args) or unknown_dataset(args) or flag_problem(args)
+    if problem:
+        return 2, [problem]
+    problem = data_checks.features_problem(getattr(args, "features", None), str(args.data),
+                                           dataset_names(args) + list(getattr(args, "ood", None) or []))
     if problem:
         return 2, [problem]
     from ..engine.config import catalogue_undecided
@@ -307,8 +314,9 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
         return 2, [problem]
     # a local checkpoint under an unknown name goes to the loader, which says what the file holds
     local = Path(str(args.pretrained or "").removeprefix("file:") or ".").expanduser().is_file()
-    model = None if local else checks.unknown_model(args.model)
-    missing = missing_data(args, listing=model is not None)   # with a refusal anyway, every dataset's problem
+    model = None if local else (checks.unknown_model(args.model)
+                                or pretrained_check.unknown_pretrained(args.model, args.pretrained))
+    missing = missing_data(args)   # with a refusal anyway, every dataset's problem
     missing += [f"model: {model}"] if model else []
     if missing:
         return 1, missing
@@ -316,22 +324,43 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     return (2, [problem]) if problem else (0, [])
 
 
-def missing_data(args: argparse.Namespace, listing: bool = False) -> list[str]:
-    """One line per dataset whose folder under --data does not exist (and --download is not given), as
-    `engine.prepare` says it; with `listing`, every dataset is listed for its problems (the run is refused
-    anyway: all of them at once). Reads the file system only, no torch."""
+def missing_data(args: argparse.Namespace) -> list[str]:
+    """One line per dataset that cannot be read from --data (unless --download is given: `engine.prepare`
+    downloads what is missing), as `engine.prepare` says it: every dataset is listed with its shift (corruption,
+    OOD sets) and the partial-dataset rule. The datasets listed are kept in `args.listed_datasets` for `prepare`.
+    Reads the file system only, no torch."""
+    args.listed_datasets = {}
     if getattr(args, "download", False):
         return []
-    from ..datasets.build import expand_root
     from ..engine.prepare import list_dataset
     cfg = _checked_config(args)
     names = dataset_names(args)
-    problems = []
+    problems, listed = [], {}
+    command = f"shiftlab {getattr(args, 'command', None) or 'run'}"
     for name in names:
-        if listing or not expand_root(cfg.data, name).expanduser().exists():
-            _, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
-            problems += [problem] if problem else []
+        if args_progress(args):
+            from ..datasets.build import expand_root
+            print(f"{command}: listing {name} under {expand_root(cfg.data, name)} ...", file=sys.stderr, flush=True)
+        dataset, problem = list_dataset(cfg, name, classnames=cfg.classnames if len(names) == 1 else None)
+        problems += [problem] if problem else []
+        if dataset is not None and problem:   # a refused dataset's warnings (its empty classes) say why
+            for warning in dataset.warnings:
+                print(f"{command}: warning: {name}: {warning}", file=sys.stderr)
+        elif dataset is not None:
+            listed[name] = dataset
+    args.listed_datasets = listed if not problems else {}
     return problems
+
+
+def classnames_problem(args: argparse.Namespace) -> str | None:
+    """A --classnames file that cannot serve (not UTF-8, empty, a name twice), as one line, or None."""
+    if getattr(args, "classnames", None) is None:
+        return None
+    try:
+        data_checks.read_classnames(args.classnames)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def attack_problem(args: argparse.Namespace) -> str | None:
@@ -391,8 +420,13 @@ def prepare(args: argparse.Namespace, method_models: bool = True, command: str =
         print(f"{command}: warning: {msg}", file=sys.stderr)
 
     cfg = config_from_args(args)
+    listed = getattr(args, "listed_datasets", None) or {}   # listed by `refusal`, before torch
+    for name, dataset in listed.items():
+        for warning in dataset.warnings:
+            warn(f"{name}: {warning}")
     prepared = prepare_run(_checked_config(args), dataset_names(args), method_models=method_models, warn=warn,
-                           say=say if args_progress(args) else (lambda msg: None), plan=getattr(args, "run_plan", None))
+                           given=listed, say=say if args_progress(args) else (lambda msg: None),
+                           plan=getattr(args, "run_plan", None))
     return cfg, prepared.model, prepared.datasets
 
 
@@ -409,7 +443,8 @@ def run(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"shiftlab run: error: {exc}", file=sys.stderr)
         return 2
-    problem = tracking.check(args)
+    per_dataset = suite is not None and args.order not in ("continual", "mixed")   # OUT/<entry> run directories
+    problem = tracking.check(args) or data_checks.out_problem(args, list(suite.datasets) if per_dataset else None)
     code, problems = (2, [problem]) if problem else refusal(args)   # the names, the flags, then --data: no torch
     if code:
         for problem in problems:

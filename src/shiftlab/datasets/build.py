@@ -24,7 +24,7 @@ from .corrupted import build_cifar_c, corruption_folder, stored_info
 from .folders import build_folder_dataset, build_image_pool
 from .matfile import build_mat_pool, holds_mat
 from .shards import build_shard_dataset, shard_dir
-from .specs import DATASETS
+from .specs import DATASETS, DatasetSpec
 from .splits import build_split_dataset
 from .tables import build_table_dataset, table_files
 
@@ -50,10 +50,11 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
                                    or not all(isinstance(c, str) for c in classnames)):
         raise TypeError(f"classnames must be a list of class names, got {type(classnames).__name__}"
                         + (f" {classnames!r}" if isinstance(classnames, str) else ""))
+    named = "{dataset}" in os.fspath(root)   # the template names the folder: it is the dataset's own
     root = expand_root(root, spec.name)
     if spec.layout == "split":
         return build_split_dataset(spec, root, classnames)
-    directory = find_dataset_dir(spec.name, root)
+    directory = find_dataset_dir(spec.name, root, named=named)
     if spec.corrupted:
         if spec.layout == "npy":
             names = list(classnames) if classnames is not None else spec.classnames()
@@ -71,8 +72,11 @@ def build_dataset(name: str, root: str | os.PathLike, classnames: Sequence[str] 
     return build_folder_dataset(spec, directory, root.expanduser(), classnames)
 
 
-def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
-    """The dataset folder for ``root``: ``root/<dirname>`` if one exists, else ``root`` itself."""
+def find_dataset_dir(name: str, root: str | os.PathLike, named: bool = False) -> Path:
+    """The dataset folder for ``root``: ``root/<dirname>`` if one exists, else ``root`` itself. An
+    out-of-distribution set (layout ``images``: any image below its folder) is read from ``root`` itself only
+    when ``root`` is named for it (one of its folder names or aliases, or ``named``: a ``{dataset}`` template
+    chose it): any image folder would do, so a data root holding other datasets must never stand in for it."""
     spec = DATASETS.get(name)
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -85,7 +89,33 @@ def find_dataset_dir(name: str, root: str | os.PathLike) -> Path:
             exc.found_instead = sibling   # nothing to download: said by the CLI's hint
             raise exc
         raise DatasetError(f"{spec.name} root {what}: {root}" + spec.folder_hint(root))
-    return locate(name, root) or root
+    found = locate(name, root)
+    if found is None and spec.layout == "images" and not (named or named_for(name, root)):
+        raise DatasetError(f"{spec.name}: no folder of it under {root} (expected {ood_layout(spec, root)})"
+                           + (f"; get it with: shiftlab download {spec.name} --root {root}" if spec.url else
+                              "; see docs/DATA.md"))
+    return found or root
+
+
+def named_for(name: str, folder: Path) -> bool:
+    """Whether `folder` is named as dataset `name`'s folder: its path ends with one of its folder names (all of
+    its parts: `SUN/images`, not any `images`), or its name is one of the dataset's names and aliases (case
+    and '-'/'_' aside)."""
+    def norm(text: str) -> str:
+        return text.lower().replace("_", "-")
+    parts = [norm(p) for p in folder.expanduser().absolute().parts]
+    for dirname in DATASETS.get(name).dirnames:
+        tail = [norm(p) for p in dirname.split("/")]
+        if parts[-len(tail):] == tail:
+            return True
+    return bool(parts) and parts[-1] in {norm(a) for a in DATASETS.aliases(name)}
+
+
+def ood_layout(spec: DatasetSpec, root: Path) -> str:
+    """Where an out-of-distribution set's images are expected under `root`, for a refusal."""
+    first = root / spec.dirnames[0] if spec.dirnames else root / spec.name
+    also = [str(root / d) for d in spec.dirnames[1:]]
+    return f"{first}/ holding its images" + (f", or {' or '.join(also)}" if also else "")
 
 
 def _hub_sibling(name: str, root: Path) -> Path | None:
@@ -118,6 +148,8 @@ def layout_of(name: str, directory: Path) -> str:
     """Which loader `build_dataset` picks for `directory` (said by `shiftlab datasets --data`)."""
     if DATASETS.get(name).layout == "split":
         return "test split file"
+    if DATASETS.get(name).layout == "images":
+        return "image files" if not holds_mat(directory) else "SVHN's test_32x32.mat"
     if shard_dir(directory) is not None:
         return "webdataset shards"
     if table_files(directory):

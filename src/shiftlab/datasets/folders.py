@@ -22,11 +22,13 @@ Validation decisions:
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import say
 from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing, is_inside
 from .specs import DatasetSpec
 
@@ -123,7 +125,34 @@ def _scan_images(directory: Path, prefix: str, out: list[str], scan: _Scan,
 
 
 def _read_classnames_file(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """classnames.txt: one name per line, UTF-8 (a byte-order mark dropped)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8, one class name per line") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+_WNID = re.compile(r"n\d{8}")
+
+
+def _wnid_names(directory: Path, folders: list[str]) -> list[str] | None:
+    """CLIP's ImageNet class names (data/imagenet_classes.tsv) of class folders named by WordNet ID, or None
+    when no folder is: CLIP cannot read 'a photo of a n01443537.', so a folder of wnids is named as the
+    ImageNet family is. Some folders wnids and some not, or a wnid outside ImageNet-1k: DatasetError."""
+    wnids = [f for f in folders if _WNID.fullmatch(f)]
+    if not wnids:
+        return None
+    from .classes import classnames_for_wnids
+    try:
+        if len(wnids) != len(folders):
+            raise KeyError(f"{len(folders) - len(wnids)} of its {len(folders)} folders are not")
+        return classnames_for_wnids(folders)
+    except KeyError as exc:
+        raise DatasetError(f"imagefolder: the class folders of {directory} are WordNet IDs (e.g. {wnids[0]}), but "
+                           f"{exc.args[0]}, so they cannot be named from ImageNet's class names: give the names with "
+                           f"{say('classnames')} (one per folder, in sorted folder order)") from None
 
 
 def build_folder_dataset(spec: DatasetSpec, directory: Path, root: Path,
@@ -133,7 +162,8 @@ def build_folder_dataset(spec: DatasetSpec, directory: Path, root: Path,
 
     ``classnames`` overrides the class names (one per label, in label order). For the ``any`` layout
     the default is ``<directory>/classnames.txt`` (one name per line, in sorted folder order) if it
-    exists, else the folder names with ``_`` replaced by spaces.
+    exists, else CLIP's ImageNet names when the folders are ImageNet WordNet IDs (n01443537 -> goldfish),
+    else the folder names with ``_`` replaced by spaces.
     """
     name = spec.name
     found = _subdirs(directory)
@@ -147,7 +177,7 @@ def build_folder_dataset(spec: DatasetSpec, directory: Path, root: Path,
             if names_file.is_file():
                 default = _read_classnames_file(names_file)
             else:
-                default = [f.replace("_", " ") for f in found]
+                default = _wnid_names(directory, found) or [f.replace("_", " ") for f in found]
             if len(default) != len(found):
                 raise DatasetError(
                     f"{names_file} lists {len(default)} names but {directory} has {len(found)} class folders")
@@ -225,4 +255,4 @@ def build_image_pool(spec: DatasetSpec, directory: Path) -> FolderDataset:
         raise DatasetError(f"{spec.name}: no images in {directory} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))} "
                            "files in it and its folders)")
     return FolderDataset(root=directory, samples=[(p, None) for p in sorted(paths)], classnames=[], wnids=None,
-                         name=spec.name, warnings=scan.warnings(directory))
+                         name=spec.name, warnings=scan.warnings(directory), found_layout="image files")

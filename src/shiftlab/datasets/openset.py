@@ -10,10 +10,13 @@ the OOD sets). An OOD sample's label is None (it has no ID class); its path is `
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from .base import DatasetError
+from ..options import name_of
+from .base import DatasetError, FolderDataset
 from .derived import DerivedDataset
 
 __all__ = ["OOD_PREFIX", "OpenSetDataset", "MAX_OOD_RATIO"]
@@ -24,6 +27,36 @@ MAX_OOD_RATIO = 10.0   # OOD images per ID image; more would make the ID part a 
 
 def _rank(seed: int, name: str, path: str) -> str:
     return hashlib.sha256(f"{int(seed)}\t{name}\t{path}".encode()).hexdigest()
+
+
+def _sizes(dataset: Any) -> list[int]:
+    """Each sample's size in bytes: a stat for a plain file, else the length of its bytes."""
+    plain = type(dataset).read_bytes is FolderDataset.read_bytes
+    return [os.stat(dataset.path(i)).st_size if plain else len(dataset.read_bytes(i)) for i in range(len(dataset))]
+
+
+def identical_images(id_dataset: Any, ood: Mapping[str, Any]) -> list[tuple[tuple[str, str], str]]:
+    """The OOD images whose bytes are those of an ID image, as ((OOD set, its source), the ID image's source):
+    sizes first, then SHA-256 (`content_digest`) of the images of a size both sides hold, so a run reads
+    little more than the sizes. An image that cannot be read is the run's to report, not this check's."""
+    try:
+        id_sizes = _sizes(id_dataset)
+        by_size: dict[int, list[int]] = {}
+        for i, size in enumerate(id_sizes):
+            by_size.setdefault(size, []).append(i)
+        found, digests = [], {}
+        for name, ds in ood.items():
+            for j, size in enumerate(_sizes(ds)):
+                if size not in by_size:
+                    continue
+                if size not in digests:
+                    digests[size] = {id_dataset.content_digest(i): i for i in by_size[size]}
+                match = digests[size].get(ds.content_digest(j))
+                if match is not None:
+                    found.append(((name, ds.source(j)), id_dataset.source(match)))
+        return found
+    except (OSError, AttributeError, TypeError):   # a dataset object without files or sizes
+        return []
 
 
 class OpenSetDataset(DerivedDataset):
@@ -40,11 +73,21 @@ class OpenSetDataset(DerivedDataset):
         n_id = len(id_dataset)
         wanted = int(round(ratio * n_id))
         pool = [(name, i, str(ds.samples[i][0])) for name, ds in ood.items() for i in range(len(ds))]
+        same = identical_images(id_dataset, ood)
+        if same:
+            (name, ood_source), id_source = same[0]
+            raise DatasetError(f"{len(same)} image(s) of the OOD set(s) are byte for byte images of the "
+                               f"in-distribution dataset (e.g. {name}: {ood_source} = {id_source}): detection scores "
+                               "on such a stream measure nothing; remove the copies from the OOD folder")
         if wanted < 1:
             raise DatasetError(f"an OOD ratio of {ratio:g} of {n_id} ID images draws no OOD image; raise it")
         if wanted > len(pool):
+            most = len(pool) / n_id
             raise DatasetError(f"an OOD ratio of {ratio:g} asks {wanted} OOD images for {n_id} ID images, but "
-                               f"{', '.join(ood)} hold only {len(pool)}; lower the ratio")
+                               f"{', '.join(ood)} hold only {len(pool)}; lower the ratio ({name_of('ood_ratio')} "
+                               f"{math.floor(most * 1000) / 1000:g} or less), or add OOD images or sets "
+                               f"({name_of('ood')}). The draw is over all {n_id} ID images even with "
+                               f"{name_of('limit')}: a limited run is the start of the full run's stream")
         drawn = sorted(sorted(pool, key=lambda p: _rank(seed, p[0], p[2]))[:wanted], key=lambda p: (p[0], p[2]))
         super().__init__(id_dataset)
         self.id_dataset, self.ood = id_dataset, dict(ood)

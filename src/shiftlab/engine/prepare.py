@@ -123,7 +123,7 @@ def list_dataset(config: RunConfig, name: str, classnames: list[str] | None = No
     try:
         dataset = run_dataset(shifted)
     except DatasetError as exc:
-        if not config.download:
+        if not config.download or getattr(exc, "dataset", name) != name:   # (an OOD set's: not this dataset's)
             hint = download_hint(name, config.data, exc)
             said = one_line(exc)
             if "shiftlab download" in hint:   # the advice once: the loader's own copy goes
@@ -179,11 +179,16 @@ def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _qu
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
-    from ..datasets.build import expand_root
+    from ..datasets.build import expand_root, layout_of, locate
     from ..datasets.specs import DATASETS
     from ..datasets.splits import SplitFileMissing
     if name not in DATASETS or isinstance(exc, SplitFileMissing) or getattr(exc, "found_instead", None):
         return ""   # (a hub folder beside the missing one holds the dataset: nothing to download)
+    if getattr(exc, "dataset", name) != name:   # about another dataset (the OOD sets): its own advice is in exc
+        return ""
+    folder = locate(name, expand_root(root, name)) or expand_root(root, name).expanduser()
+    if folder.is_dir() and layout_of(name, folder) in ("webdataset shards", "Hugging Face parquet/arrow table"):
+        return ""   # its files are there, in a layout shiftlab reads: what is wrong is in them, not missing
     spec = DATASETS.get(name)
     if not spec.url:
         return " (it cannot be downloaded automatically: see docs/DATA.md)" if spec.manual else ""

@@ -97,8 +97,15 @@ def run_dataset(config: RunConfig, given: Any = None) -> Any:
                                 corruption=config.corruption if stored else None,
                                 severity=config.severity if stored else None)
     if config.ood and getattr(dataset, "open_set_info", None) is None:
-        ood = {DATASETS.canonical(name): build_dataset(name, config.data) for name in config.ood}
-        dataset = OpenSetDataset(dataset, ood, config.ood_ratio, ood_seed(config))
+        from ..datasets.base import DatasetError
+        ood = {}
+        try:
+            for name in config.ood:
+                ood[DATASETS.canonical(name)] = build_dataset(name, config.data)
+            dataset = OpenSetDataset(dataset, ood, config.ood_ratio, ood_seed(config))
+        except DatasetError as exc:   # about the OOD sets: advice for the run's own dataset would mislead
+            exc.dataset = name_of("ood")
+            raise
     if config.corruption and not stored and _corruption_of(dataset) is None:
         dataset = CorruptedDataset(dataset, config.corruption, config.severity, config.seed)
     return dataset

@@ -266,9 +266,23 @@ def write(run_dir: Path, identity: Mapping[str, Any]) -> None:
         raise run_dir_error(path, exc) from None
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _shown(value: Any, other: Any) -> str:
+    """`value` as JSON, in full up to 120 characters; a longer one around where it departs from `other`'s
+    text, so that two long values never read alike."""
+    text, against = json.dumps(value, sort_keys=True), json.dumps(other, sort_keys=True)
+    if len(text) <= 120:
+        return text
+    start = next((i for i, (x, y) in enumerate(zip(text, against)) if x != y), min(len(text), len(against)))
+    start = max(0, start - 40)
+    return ("..." if start else "") + text[start:start + 100] + ("..." if start + 100 < len(text) else "")
+
+
+def _differences(prefix: str, a: Any, b: Any) -> list[str]:
+    """'key old -> new' for each differing leaf of two values, nested dicts as dotted keys (views.augmix)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) if a.get(k) != b.get(k)
+                for d in _differences(f"{prefix}.{k}" if prefix else str(k), a.get(k), b.get(k))]
+    return [f"{prefix} {_shown(a, b)} -> {_shown(b, a)}"]
 
 
 @dataclasses.dataclass
@@ -301,17 +315,13 @@ def check_resume(run_dir: Path, old: Mapping[str, Any] | None, new: Mapping[str,
             limit_raised = (a, b)
             continue
         if isinstance(a, dict) and isinstance(b, dict):   # the attack's config: the fields that differ
-            fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            diffs.append(f"{key} " + ", ".join(f"{k} {_short(a.get(k))} -> {_short(b.get(k))}" for k in fields))
+            diffs.append(f"{key} " + ", ".join(_differences("", a, b)))
             continue
-        diffs.append(f"{key} {_short(a)} -> {_short(b)}")
+        diffs.append(f"{key} {_shown(a, b)} -> {_shown(b, a)}")
     old_methods = dict(old.get("methods", {}))
     for name, cfg in new["methods"].items():
         if name in old_methods and old_methods[name] != cfg:
-            before = old_methods[name]
-            fields = sorted(k for k in set(before) | set(cfg) if before.get(k) != cfg.get(k))
-            diffs.append(f"{name}: " + ", ".join(f"{k} {_short(before.get(k))} -> {_short(cfg.get(k))}"
-                                                 for k in fields))
+            diffs.append(f"{name}: " + ", ".join(_differences("", old_methods[name], cfg)))
     if diffs:
         stream = any(d.split(" ", 1)[0] in STREAM_FIELDS for d in diffs)
         unseeded = "weights_sha256" not in old_shared and new_shared.get("weights_sha256") is not None
@@ -346,7 +356,7 @@ def check_ranks(identities: list[Mapping[str, Any]]) -> None:
         if other == first:
             continue
         a, b = first.get("shared", {}), other.get("shared", {})
-        diffs = [f"{k} {_short(a.get(k))} -> {_short(b.get(k))}" for k in sorted(set(a) | set(b))
+        diffs = [f"{k} {_shown(a.get(k), b.get(k))} -> {_shown(b.get(k), a.get(k))}" for k in sorted(set(a) | set(b))
                  if a.get(k) != b.get(k)]
         ma, mb = first.get("methods", {}), other.get("methods", {})
         diffs += [f"{n}: settings differ" for n in sorted(set(ma) | set(mb)) if ma.get(n) != mb.get(n)]
