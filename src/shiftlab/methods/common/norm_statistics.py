@@ -13,7 +13,8 @@ the wrapper's own). The three kinds of statistics (STATISTICS):
   `AlphaBatchNorm`, bn.py:29-79: a momentum-1 BatchNorm's running statistics of the batch, mixed);
 - "ema": the running statistics updated with the batch (momentum, unbiased variance) by a first forward in train
   mode, then a second forward normalising with them (their `EMABatchNorm`, bn.py:82-96); the running statistics
-  are the state carried from batch to batch.
+  are the state carried from batch to batch;
+- "source": the source running statistics, as trained (the frozen tower: nothing wrapped).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from ...models.lora_tower import shared_copy
 from .norm_adaptation import _check_batch_statistics
 
-STATISTICS = ("batch", "alpha", "ema")
+STATISTICS = ("batch", "alpha", "ema", "source")
 
 
 class StatsBatchNorm(nn.Module):
@@ -52,11 +53,12 @@ class StatsBatchNorm(nn.Module):
         if self.statistics == "ema":
             return F.batch_norm(x, self.running_mean, self.running_var, layer.weight, layer.bias, False, 0.0,
                                 layer.eps)
-        # "alpha": the batch's mean and unbiased variance (a momentum-1 BatchNorm's running statistics), mixed
-        dims = [0, *range(2, x.dim())]
+        # "alpha": the batch's mean and unbiased variance as their momentum-1 BatchNorm's running statistics hold
+        # them (the same kernel, so the same rounding), mixed
         with torch.no_grad():
-            batch_mean = x.float().mean(dims)
-            batch_var = x.float().var(dims, unbiased=True)
+            batch_mean = torch.zeros_like(layer.running_mean)
+            batch_var = torch.ones_like(layer.running_var)
+            F.batch_norm(x, batch_mean, batch_var, None, None, True, 1.0, layer.eps)
         mean = (1 - self.alpha) * layer.running_mean + self.alpha * batch_mean
         var = (1 - self.alpha) * layer.running_var + self.alpha * batch_var
         return F.batch_norm(x, mean, var, layer.weight, layer.bias, False, 0.0, layer.eps)
@@ -77,7 +79,7 @@ class StatsTower(nn.Module):
             raise ValueError(f"statistics must be one of {', '.join(STATISTICS)}, got {statistics!r}")
         self.statistics = statistics
         visual = shared_copy(clip.visual)
-        self.layers = batch_norm_layers(visual)
+        self.layers = batch_norm_layers(visual) if statistics != "source" else []
         self.wrappers: list[StatsBatchNorm] = []
         for name in self.layers:
             parent_name, _, attr = name.rpartition(".")
