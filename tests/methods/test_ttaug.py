@@ -1,9 +1,8 @@
 """TTAug: the mean of its views' logits against a straightforward computation, and the method as
 mariodoebler/test-time-adaptation runs it on CLIP (`classification/methods/ttaug.py` on its ZeroShotCLIP,
-AlphaBatchNorm)
-over the golden tiny ResNet CLIP (tests/fixtures/golden/ttaug, made by the driver beside the fixtures, float32 on
-the CPU): 3 images of the golden stream, 8 views each, alpha 0.1 and 0.5; each view's logits and their mean within
-LOGITS."""
+AlphaBatchNorm) over the golden tiny ResNet CLIP (tests/fixtures/golden/ttaug, made by the driver beside the
+fixtures, float32 on the CPU): 3 images of the golden stream, 8 views each, alpha 0.1 and 0.5; each view's logits
+and their mean within LOGITS."""
 from __future__ import annotations
 
 import json
