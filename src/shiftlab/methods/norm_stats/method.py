@@ -1,0 +1,75 @@
+"""Test-time normalisation on CLIP, as mariodoebler/test-time-adaptation runs it (`classification/methods/norm.py`
+on `bn.py`, 8b2ed63): every batch of test images (view 0 of each) through the image tower whose BatchNorm layers
+normalise with test statistics (`common.norm_statistics.StatsTower`: the batch's own, source and batch mixed, or
+running statistics every batch updates), unit features against the class head, logits = scale x cosine. Nothing is
+learnt; with "ema" the running statistics carry from batch to batch. A ViT has no BatchNorm: its logits are the
+zero-shot ones. README.md lists what differs from the authors' code."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..base import Method, MethodOutput
+from ..common.norm_adaptation import BatchStatisticsError
+from ..common.norm_statistics import StatsTower
+from ..common.online_common import STATE_VERSION, check_state
+from ..context import SampleContext
+from .spec import NormStatsSpec
+
+
+class NormStats(Method):
+    """Test-time normalisation: BatchNorm with the test batch's statistics."""
+    spec = NormStatsSpec
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self.tower = StatsTower(self.model.clip, cfg.statistics, cfg.alpha, cfg.momentum)
+        self.seen = 0           # images normalised since the initial state
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
+
+    @property
+    def scale(self) -> float:
+        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
+
+    def reset(self) -> None:
+        self.tower.reset()
+        self.seen = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+                "stats": self.tower.stats_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(self.name, state, len(self.classnames))
+        self.tower.load_stats_state(state["stats"])
+        self.seen = int(state["seen"])
+
+    @torch.no_grad()
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        if not ctxs:
+            return []
+        if any(c.views is None for c in ctxs):
+            raise ValueError(f"{self.name} normalises the image tower with the batch's statistics and needs the "
+                             "images' pixels, not stored features")
+        pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
+        if self.model.channels_last:
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        try:
+            with self.precision.autocast():
+                features = self.tower(pixels)
+        except BatchStatisticsError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
+        self.seen += len(ctxs)
+        logits = self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
+        return [MethodOutput(row.float()) for row in logits]
+
+    def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        """One image alone: a batch of one."""
+        return self.adapt_batch([ctx])[0]

@@ -1,0 +1,55 @@
+"""RPL on CLIP, as mariodoebler/test-time-adaptation runs it (`classification/methods/rpl.py`, 8b2ed63, built on
+oripress/CCC's `models/rpl.py`), for every batch of test images (view 0 of each, through the tower of
+`common.norm_adaptation`: every normalisation layer's affine parameters adapt, BatchNorm with the batch's
+statistics), `steps` times:
+
+1. logits = scale x cosine; each image's pseudo-label = its argmax;
+2. loss = the batch's mean generalised cross-entropy (1 - p_label ** q) / q (`generalized_cross_entropy`);
+3. one optimiser step.
+
+The batch's outputs are the logits of the last step's forward (before its update). README.md lists what differs
+from the authors' code.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..common.norm_adaptation import NormTTAMethod
+from .spec import RPLSpec
+
+
+def generalized_cross_entropy(logits: torch.Tensor, q: float) -> torch.Tensor:
+    """(B, C) -> (B,) (1 - p_y ** q) / q with y each row's argmax (losses.py:44-55: the pseudo-label's probability
+    carries the gradient, the label itself none)."""
+    probs = logits.softmax(-1)
+    p_label = probs.gather(1, probs.argmax(-1, keepdim=True)).squeeze(1)
+    return (1.0 - p_label ** q) / q
+
+
+class RPL(NormTTAMethod):
+    """RPL: self-learning with the generalised cross-entropy on hard pseudo-labels."""
+    spec = RPLSpec
+
+    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        cfg = self.config
+        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
+            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                   nesterov=cfg.nesterov and cfg.momentum > 0)
+        return super().make_optimizer(params)
+
+    def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        cfg = self.config
+        losses = []
+        logits = None
+        for _ in range(cfg.steps):
+            logits = self.logits(pixels)
+            loss = generalized_cross_entropy(logits, cfg.q).mean(0)
+            losses.append(float(loss.detach()))
+            self.step(loss)
+        if cfg.predict_after_update or logits is None:
+            with torch.no_grad():
+                logits = self.logits(pixels)
+        extras = {"loss": losses[0], "last_loss": losses[-1]}
+        return logits.detach(), [dict(extras) for _ in range(pixels.shape[0])]

@@ -1,0 +1,1 @@
+"""The ttaug method folder (spec.py: no torch; method.py: the torch code)."""

@@ -1,0 +1,90 @@
+"""What the golden drivers of mariodoebler/test-time-adaptation's methods share (norm_stats, ttaug, memo, rpl; DeYO's
+driver, which came first, does the same inline): their `ZeroShotCLIP` (models/model.py) over a golden tiny CLIP,
+built from their `conf.py` defaults merged with a method's yaml and the variant's options, and their method built by
+their `ADAPTATION_REGISTRY` as `test_time.py` builds it. Only imports and loaders are patched, from outside.
+
+The checkout: `git archive` of classification/{methods,utils,models,augmentations,conf.py,cfgs} and the datasets'
+.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (each driver's docstring has the command)."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+REPOSITORY = "https://github.com/mariodoebler/test-time-adaptation"
+PATCHES = ["robustbench, iopath, webdataset -> stubs (imported by models/model.py for other models, by conf.py for "
+           "files, by the data loaders)",
+           "methods -> a package over their methods/ without its __init__ (which imports every method)",
+           "the open_clip model: the golden tiny CLIP as shiftlab.load_model builds it (float32, CPU)",
+           "models.model.get_class_names -> the golden class names; get_tokenizer -> open_clip's default "
+           "tokenizer (the tiny CLIP is no open_clip config)",
+           "their loader: the golden stream's view 0 (centre 64x64 crop, in [0, 1])"]
+
+
+def package(name: str, path: Path) -> None:
+    """`name` as a package over `path` without running its __init__."""
+    mod = types.ModuleType(name)
+    mod.__path__ = [str(path)]
+    sys.modules[name] = mod
+
+
+def their_clip(checkout: Path, golden: Path, model: str, model_file: str, yaml: str, options: list) -> dict:
+    """Their ZeroShotCLIP over the golden tiny CLIP `model` (shiftlab's registry name, its file in `golden`) and their
+    cfg (conf.py + cfgs/imagenet_others/`yaml` + `options`). Returns {"cfg", "base", "clip", "classnames",
+    "tokens"} (`tokens`: the prompts' token tensors, for the driver's token check)."""
+    import torch
+    import torchvision.transforms as T
+    from drivers import MEAN, STD, stub_modules
+
+    import shiftlab
+    torch.set_num_threads(1)
+    tta = checkout / "tta" / "classification"
+    stub_modules("robustbench", "robustbench.model_zoo", "robustbench.model_zoo.architectures",
+                 "robustbench.model_zoo.architectures.utils_architectures", "robustbench.model_zoo.enums",
+                 "robustbench.utils", "iopath", "iopath.common", "iopath.common.file_io", "webdataset")
+    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].normalize_model = None
+    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].ImageNormalizer = None
+    sys.modules["robustbench.model_zoo.enums"].ThreatModel = None
+    sys.modules["robustbench.utils"].load_model = None
+    sys.modules["iopath.common.file_io"].g_pathmgr = types.SimpleNamespace(open=open)
+    sys.path.insert(0, str(tta))
+    package("methods", tta / "methods")
+    import models.model as their_model
+    import open_clip
+    from conf import cfg, merge_from_file
+    classnames = json.loads((golden / "golden.json").read_text())["classnames"]
+    seen: list = []
+    tokenizer = open_clip.get_tokenizer("ViT-B-16")
+
+    def tokenize(texts):
+        out = tokenizer(texts)
+        seen.append(out.clone())
+        return out
+    their_model.get_class_names = lambda name: classnames
+    their_model.get_tokenizer = lambda arch: tokenize
+    clip = shiftlab.load_model(model, str(golden / model_file)).clip
+    merge_from_file(str(tta / "cfgs" / "imagenet_others" / yaml))
+    cfg.merge_from_list(list(options) + ["CORRUPTION.DATASET", "imagenet_r", "MIXED_PRECISION", False])
+    base = their_model.ZeroShotCLIP(cfg, clip, "cpu", normalize=T.Normalize(MEAN, STD))
+    return {"cfg": cfg, "base": base, "clip": clip, "classnames": classnames, "tokens": seen}
+
+
+def their_method(name: str, module: str, cfg, base, num_classes: int):
+    """`ADAPTATION_REGISTRY.get(name)(cfg=cfg, model=base, num_classes=C)` after importing methods.`module`."""
+    import importlib
+    importlib.import_module(f"methods.{module}")
+    from utils.registry import ADAPTATION_REGISTRY
+    return ADAPTATION_REGISTRY.get(name)(cfg=cfg, model=base, num_classes=num_classes)
+
+
+def stream_images(golden: Path):
+    """The golden stream's 24 images, view 0 (centre 64x64 crop) in [0, 1]: (24, 3, 64, 64)."""
+    import torch
+    from drivers import unit_views
+    return torch.cat([unit_views(b, 1)[0][None] for b in torch.load(golden / "online" / "stream.pt",
+                                                                    weights_only=True)["base_u8"]])
+
+
+def reference(checkout: Path) -> dict:
+    return {"repository": REPOSITORY, "commit": (checkout / "tta" / "COMMIT").read_text().strip()}
