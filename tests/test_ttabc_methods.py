@@ -29,6 +29,7 @@ FILES = (
 
 # TTABC file -> the shiftlab method that runs it
 MAPPED = {
+    "atpt.py": "atpt",
     # BASELINE: the (CoOp-tuned) prompt without test-time tuning: zero-shot CLIP, or TPT with steps=0 and a
     # ctx_checkpoint for a CoOp prompt
     "baseline.py": "zeroshot",
@@ -58,7 +59,6 @@ MAPPED = {
 
 # TTABC file -> (the registry name issue 42 plans, why it is not registered yet). Must shrink to empty.
 PENDING = {
-    "atpt.py": ("atpt", "issue 42: A-TPT, golden against MB-Shihab-Aaqil-Ahamed/A-TPT, not yet added"),
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
     "bca.py": ("bca", "issue 42: BCA (the authors' repository or TTABC's bca.py), not yet added"),
     "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
