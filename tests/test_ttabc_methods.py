@@ -43,6 +43,7 @@ MAPPED = {
     "dynaprompt.py": "dynaprompt",
     "ecalp.py": "ecalp",
     "mta.py": "mta",
+    "ntpt.py": "ntpt",
     "oga.py": "oga",
     "onzeta.py": "onzeta",
     "otpt.py": "otpt",
@@ -63,7 +64,6 @@ PENDING = {
     "bca.py": ("bca", "issue 42: BCA (the authors' repository or TTABC's bca.py), not yet added"),
     "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
     "histpt.py": ("histpt", "issue 42: HisTPT (TTABC's histpt.py), not yet added"),
-    "ntpt.py": ("ntpt", "issue 42: N-TPT (TTABC's ntpt.py), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
     "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
                        "added"),

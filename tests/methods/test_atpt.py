@@ -105,9 +105,9 @@ def test_one_step_matches_hand_computation(tiny_model, objective):
     ctx1 = (ctx0 * (1 - LR * WD) - LR * grad / (grad.abs() + 1e-8)).detach()
 
     assert out.extras["selected"] == selected
-    assert out.extras["entropy_loss"] == pytest.approx(float(ent_loss), abs=1e-5)
-    assert out.extras["min_angle"] == pytest.approx(float(angle), abs=1e-5)
-    assert out.extras["loss"] == pytest.approx(float(loss), abs=2e-5)
+    assert out.extras["entropy_loss"] == pytest.approx(float(ent_loss.detach()), abs=1e-5)
+    assert out.extras["min_angle"] == pytest.approx(float(angle.detach()), abs=1e-5)
+    assert out.extras["loss"] == pytest.approx(float(loss.detach()), abs=2e-5)
     err = float((rec.grad[0][0] - grad).abs().max())
     assert err <= 1e-3 * float(grad.abs().max())
     torch.testing.assert_close(rec.param[0][0], ctx1, rtol=0, atol=1e-6)
