@@ -64,13 +64,15 @@ def test_descriptions_are_refused_clearly(tiny_model, tmp_path):
     ctx = SampleContext(tiny_model, heads, torch.zeros(4, 3, 64, 64),
                         image_features=F.normalize(torch.randn(4, heads.zeroshot.shape[1]), dim=-1))
     with pytest.raises(ValueError, match="awt.description_file: not set"):
-        shiftlab.create_method("awt", tiny_model, names, heads=heads).predict_context(ctx)
+        shiftlab.create_method("awt", tiny_model, names, heads=heads, n_descriptions=50).predict_context(ctx)
+    # their 50 descriptions under --protocol paper; without their file the default reads the class prompt alone
+    assert shiftlab.create_method("awt", tiny_model, names, heads=heads, protocol="paper").config.n_descriptions == 50
     short = tmp_path / "d.json"
     short.write_text(json.dumps({"goldfish": ["a"], "hen": ["b", "c"]}))
     with pytest.raises(ValueError, match="fewer than n_descriptions=2"):
         shiftlab.create_method("awt", tiny_model, names, heads=heads, description_file=str(short),
                                n_descriptions=2).predict_context(ctx)
-    out = shiftlab.create_method("awt", tiny_model, names, heads=heads, n_descriptions=0).predict_context(ctx)
+    out = shiftlab.create_method("awt", tiny_model, names, heads=heads).predict_context(ctx)
     assert out.logits.shape == (2,) and math.isfinite(float(out.logits.sum()))
 
 

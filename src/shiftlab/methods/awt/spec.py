@@ -15,7 +15,7 @@ from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMet
 # data/cls_to_names.py, scripts/{evaluate,pre_extract}.sh
 
 register_head("awt_descriptions", lambda cls, fields: (
-    f"'{fields.get('template', 'a photo of a {}')}.' + {fields.get('n_descriptions', 50)} LLM descriptions per "
+    f"'{fields.get('template', 'a photo of a {}')}.' + {fields.get('n_descriptions', 0)} LLM descriptions per "
     "class (description_file), one feature each"))
 
 # data/cls_to_names.py:69-90 CUSTOM_TEMPLATES (evaluate.py appends "." or ". " + a description)
@@ -37,7 +37,9 @@ class AWTConfig(ViewMethodConfig):
     # their description files (AWT_zero_shot/descriptions/image_datasets/<set>.json: class name -> sentences;
     # imagenet.json for ImageNet, -A and -V2); not shipped: --set awt.description_file=PATH
     description_file: str | None = None
-    n_descriptions: int = param(50, ge=0)        # scripts/evaluate.sh N_DESC=50 (0: the class prompt alone)
+    # scripts/evaluate.sh N_DESC=50, under --protocol paper (with description_file); 0: the class prompt alone, the
+    # default because their files are not shipped (as DMN's CuPL head and TPS's descriptors)
+    n_descriptions: int = param(0, ge=0)
     # data/cls_to_names.py CUSTOM_TEMPLATES (ImageNet's; each dataset's own: dataset_values)
     template: str = "a photo of a {}"
     image_temperature: float = param(0.5, gt=0)   # evaluate.py AWT_evaluation image_temperature
@@ -65,10 +67,8 @@ class AWTSpec(MethodSpec):
     label = "AWT"
     # evaluate.py: the float32 model (clip_model.float()), the logits under autocast; pre_extract.py encodes the
     # views under autocast
-    protocols = {"paper": {"precision": "fp16"}}
+    protocols = {"paper": {"precision": "fp16", "n_descriptions": 50}}
     dataset_values = {name: {"template": template} for name, template in TEMPLATES.items()}
     published = ()      # their README states no number in text
     fidelity = "golden (AWT_zero_shot/evaluate.py on the tiny CLIP, 3 descriptions of a format-true stand-in file)"
-    # the description files are not shipped: offline (nothing downloaded) it runs the class prompt alone
-    offline_config = {"n_descriptions": 0}
     test_config = {"n_descriptions": 0}
