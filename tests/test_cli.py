@@ -100,7 +100,8 @@ def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragmen
     (["--methods", "mta", "--views", "8", "--set", "mta.neighbour_ratio=0.1"], ["mta: needs at least 11 views"]),
     (["--methods", "rtpt", "--views", "1"], ["rtpt: needs at least 2 views (incl. the original), got 1"]),
     (["--methods", "all", "--views", "2"], ["mta: needs at least 5 views"]),
-    (["--methods", "tpt", "--set", "tpt.precision=fp16-pure"], ["tpt.precision: 'fp16-pure'", "tda only"]),
+    (["--methods", "tpt", "--set", "tpt.precision=fp16-pure"], ["tpt.precision: 'fp16-pure'", "tda, ",
+                                                                 "only; use fp16 (autocast) or fp32"]),
     (["--suite", "cross-dataset", "--methods", "mta", "--views", "2"], ["mta: needs at least 5 views"]),
 ])
 def test_a_method_config_the_run_cannot_use_is_refused_before_any_work(tmp_path, capsys, flags, fragments):

@@ -84,7 +84,8 @@ def test_episodic_methods_do_not_leak_between_images(name, tiny_model, heads):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if spec(n).episodic])
 def test_batch_prediction_equals_one_at_a_time(name, tiny_model, heads):
-    method = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name))
+    method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **_small(name)),
+                            tiny_model, heads)
     ctxs = [SampleContext(tiny_model, heads, _views(tiny_model, s)) for s in (4, 5, 6)]
     singles = [method.predict_context(c).logits for c in ctxs]
     batched = [o.logits for o in method.predict_batch(ctxs)]

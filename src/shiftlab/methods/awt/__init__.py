@@ -1,0 +1,1 @@
+"""The awt method folder (spec.py: no torch; method.py: the torch code)."""

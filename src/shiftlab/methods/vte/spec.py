@@ -1,0 +1,63 @@
+"""VTE, the vision-text-space ensemble (Döbler et al. 2024, "A Lost Opportunity for Vision-Language Models"),
+training-free.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...datasets.suites import SUITES
+from ...params import param
+from ..specs import (
+    EPISODIC,
+    FROZEN_FEATURES,
+    Capabilities,
+    MethodSpec,
+    ViewMethodConfig,
+)
+
+TTA_REPO = "github.com/mariodoebler/test-time-adaptation"
+TUTORIAL = (f"{TTA_REPO} classification/tutorials/tutorial_clip.md@8b2ed63, the VTE paragraph ('error rate of "
+            "19.6% on ImageNet-R', cfgs/imagenet_others/vte.yaml with MODEL.ARCH ViT-B-16 MODEL.WEIGHTS openai)")
+# conf.py:459 `generalization_dataset_names`: AugMix on the fine-grained sets' views, not on the ImageNet variants
+# (datasets/data_loading.py:44-48)
+FINE_GRAINED = SUITES["cross-dataset"].datasets
+IMAGENET_SETS = SUITES["natural-shift"].datasets
+
+
+@dataclass
+class VTEConfig(ViewMethodConfig):
+    # conf.py:292 (_C.TPT.SELECTION_P, which methods/vte.py:18 reads): int(64 * 0.1) = 6 views
+    selection_ratio: float = param(0.1, gt=0, le=1)
+    # cfgs/imagenet_others/vte.yaml:15 (CLIP.PROMPT_MODE ensemble: datasets/prompts.py's 80 imagenet_templates)
+    text_head: str = param("ensemble", choices=("ensemble", "zeroshot"))
+
+
+class VTESpec(MethodSpec):
+    name = "vte"
+    # its paper, as `shiftlab methods --bibtex` prints it (the authors' BibTeX, their README)
+    bibtex = r"""@article{dobler2024lost,
+  title = {A Lost Opportunity for Vision-Language Models: A Comparative Study of Online Test-time Adaptation for
+      Vision-Language Models},
+  author = {D{\"o}bler, Mario and Marsden, Robert A and Raichle, Tobias and Yang, Bin},
+  journal = {arXiv preprint arXiv:2405.14977},
+  year = {2024}
+}"""
+    impl = "shiftlab.methods.vte.method:VTE"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    config_class = VTEConfig
+    summary = ("VTE: mean feature of the 10% lowest-entropy views against the 80-template prompt ensemble "
+               "(an ensemble in image and text space)")
+    label = "VTE"
+    # cfgs/imagenet_others/vte.yaml: 64 views (TEST.N_AUGMENTATIONS), the ensemble head; conf.py:286
+    # CLIP.PRECISION fp16: open_clip's weights in half precision (models/model.py get_model)
+    supports_pure_fp16 = True   # --set vte.precision=fp16-pure: their half model (on CUDA)
+    protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "views": {"n_views": 64}}}
+    dataset_values = {**{name: {"views": {"augmix": False}} for name in IMAGENET_SETS},
+                      **{name: {"views": {"augmix": True}} for name in FINE_GRAINED}}
+    published = (
+        # "error rate of 19.6%": top-1 100 - 19.6
+        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="top1", value=80.4, source=TUTORIAL),
+    )
+    fidelity = "golden (mariodoebler's VTE on its ZeroShotCLIP, ensemble and single-template heads)"
+    test_config = {"text_head": "zeroshot"}
