@@ -9,6 +9,7 @@ summary the run would have written.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,8 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         # an open-set run: accuracy on its ID part (OOD samples have no class), detection over both parts
         id_part = [r for r in recs if r.get("ood") is not True]
         scored = {**score_records(id_part), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        if not id_part:   # only OOD samples: no class to be right about (null in summary.json, not NaN)
+            scored["undefined"] = "no in-distribution samples: top-1, top-5, ECE and NLL need labelled samples"
         detection = score_open_set(recs)
         if detection is not None:
             scored["ood"] = detection
@@ -291,11 +294,24 @@ def _published_cell(row: dict | None) -> str:
     return " / ".join(vals) if vals else "—"
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinity as None: JSON has neither (Python's bare `NaN` breaks every strict
+    parser), and a metric that cannot be computed is null, its reason said beside it ("undefined")."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
     run_dir = Path(run_dir)
     md = summary_markdown(summary, published)
     try:
-        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), resume_advice())
+        writes.write_file(run_dir / SUMMARY, json.dumps(json_safe(summary), indent=2, sort_keys=False, allow_nan=False),
+                          resume_advice())
         writes.write_file(run_dir / SUMMARY_MD, md, resume_advice())
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None
