@@ -203,7 +203,8 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         online_start = len(order)
     elif online:
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
-                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
+                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint,
+                            every_samples=config.online_checkpoint_samples)
         if config.resume:
             online_start = state.resume(order, writer, done, settings, schema, new_methods)
     if resumed is not None and dist.rank == 0 and (done or old_identity):
@@ -345,16 +346,17 @@ def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int],
     A sample is done when every (method, setting) record it needs is in the records files and valid
     (`in_files`: the keys read after the quarantine); records restored from the online checkpoint
     (`done` has them too) are said apart, so the count never hides a deleted or damaged line."""
-    counted = [n for n in methods if n not in resumed.added_methods] or list(methods)   # the run's own methods
-
-    def complete(keys: set) -> int:
-        return sum(1 for sid in order
-                   if all(not records.is_missing(sid, n, s, keys) for n in counted for s in settings))
-    before = complete(in_files)
-    line = f"shiftlab: resuming {run_dir}: {before} of {len(order)} samples already done"
+    counted = [n for n in methods if n not in resumed.added_methods]   # this run's methods the directory had
+    scope = ""
+    if not counted:   # only new methods (a sweep adding points): count what the directory's earlier ones hold
+        earlier = [n for n in resumed.identity.get("methods", {}) if n not in resumed.added_methods]
+        counted, scope = (earlier, " by its earlier method(s)") if earlier else (list(methods), "")
+    before, per = interrupt.count(in_files, order, counted, settings)
+    line = (f"shiftlab: resuming {run_dir}: {before} of {len(order)} samples already done{scope}"
+            f"{interrupt.per_method_note(before, per, len(order))}")
     if state is not None and state.restored:
         line += f"; {state.restored} online record(s) restored from the last checkpoint"
-        after = complete(done)
+        after = interrupt.count(done, order, counted, settings)[0]
         line += f" (now {after} of {len(order)})" if after != before else ""
     if resumed.added_methods:
         line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
@@ -362,7 +364,10 @@ def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int],
         old, new = resumed.limit_raised
         line += f"; extending {name_of('limit')} {old} -> {new or 'all samples'}"
     if state is not None and state.replayed:
-        line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
+        if any(n in state.methods for n in resumed.added_methods):
+            line += "; the online methods replay the stream from its start (an added one has no state yet)"
+        else:
+            line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
     print(line, file=sys.stderr, flush=True)
 
 
