@@ -64,6 +64,30 @@ def test_a_limited_and_a_stopped_run_are_caveats(tmp_path):
     assert any("stop (imagenet-a) is incomplete: 4 of 5 samples" in n for n in notes), notes
 
 
+def test_a_complete_open_set_run_is_not_called_incomplete(tmp_path):
+    """Issue 40 case 3: every complete open-set run was marked "incomplete: 220 of 240 samples" (its 240 records
+    per method are 220 ID + 20 OOD); its OOD records count as samples of the run."""
+    run_dir = tmp_path / "open"
+    run_dir.mkdir()
+    recs = []
+    for i in range(6):
+        ood = i >= 4
+        recs.append({"id": i, "path": f"c/img_{i}.jpg", "label": None if ood else i % 3, "method": "zeroshot",
+                     "setting": "clean", "pred": i % 3, "correct": None if ood else True, "top5": [0, 1, 2],
+                     "confidence": 0.6, "true_prob": None if ood else 0.5, "seconds": 0.01, "ood": ood,
+                     "ood_score": 0.6 - 0.1 * ood})
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    config = {"model": "RN50", "pretrained": "openai", "dataset": "imagenet-r", "classnames": ["a", "b", "c"],
+              "limit": None, "n_samples": 6}
+    (run_dir / "summary.json").write_text(json.dumps(summarize(recs, config)))
+    html = build_report([run_dir], tmp_path / "out", n_resamples=10).read_text()
+    assert not any("incomplete" in n for n in caveat_notes(html)), caveat_notes(html)
+    # one OOD record short is still said
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:-1]))
+    html = build_report([run_dir], tmp_path / "out2", n_resamples=10).read_text()
+    assert any("open (imagenet-r) is incomplete: 5 of 6 samples" in n for n in caveat_notes(html))
+
+
 def test_suite_partial_columns_footnote_and_missing_datasets_reach_the_page(tmp_path):
     suite_dir = tmp_path / "two"
     suite = suites.resolve_suite(None, "imagenet-r,imagenet-a,imagenet-v2")

@@ -90,7 +90,8 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             top1.setdefault(method, {})[name] = scores["top1"]
             ece.setdefault(method, {})[name] = scores["ece"]
             counts.setdefault(method, {})[name] = scores["n"]
-            accounted.append(scores["n"] + scores.get("errors", 0))
+            # an open-set dataset's samples: its ID records (n) and its OOD ones (the detection's n_ood)
+            accounted.append(scores["n"] + scores.get("errors", 0) + ((scores.get("ood") or {}).get("n_ood") or 0))
         mark = partial_mark(summary.get("config") or {}, accounted)
         if mark:
             partial[name] = mark
