@@ -25,7 +25,7 @@ from ..attacks import attack_config, build_attack
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
-from ..options import name_of
+from ..options import name_of, say
 from ..results import orders as results_orders
 from ..results import summary as run_summary
 from ..rundir import identity, record_files, records
@@ -175,6 +175,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
                                     n_classes=len(dataset.classnames))
     new_methods = resumed.added_methods if resumed is not None else []   # their online state is not theirs
     done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
+    _check_same_encoding(run_dir, old_identity, config, order, settings, done)
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity, evaluator.methods)})
@@ -337,6 +338,38 @@ def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.
     if problems:
         raise identity.RunIdentityError(problems[0])
     return resumed
+
+
+def _check_same_encoding(run_dir: Path, old: dict | None, config: RunConfig, order: Sequence[int],
+                         settings: Sequence[str], done: set) -> None:
+    """A resume computes the records still missing as the first session computed the others (issue 40 case 18).
+
+    The image tower encodes a step's views together: every sample of the batch (--batch-size), and for each
+    view recipe the views its methods need (zero-shot alone encodes view 0, beside TDA its 64 views). Another
+    batch size or other methods beside a method change those shapes, which moves its records in the last float
+    bits (about 1e-7; docs/RUNS.md). So a resume with another batch size is refused, and so is one with other
+    methods (their variants aside, which share their recipe) while any of the directory's records is missing;
+    methods are added to a finished run only."""
+    if old is None or not done:
+        return
+    before = (old.get(run_summary.CONFIG) or {}).get("batch_size")
+    if isinstance(before, int) and before != config.batch_size:
+        raise identity.RunIdentityError(
+            f"cannot resume {run_dir} with {name_of('batch_size')} {config.batch_size}: its records were made with "
+            f"{before}, and a batch's views are encoded together, so records of another batch size differ in the "
+            f"last float bits (docs/RUNS.md). Resume with {name_of('batch_size')} {before} or choose {say('out')}")
+    earlier = list(old.get("methods") or {})
+    unfinished = [n for n in earlier if _records_left([n], order, settings, done)]
+
+    def family(names: Sequence[str]) -> list[str]:
+        return sorted({n.split("@", 1)[0] for n in names})
+    if unfinished and family(config.methods) != family(earlier):
+        raise identity.RunIdentityError(
+            f"cannot resume {run_dir} with other methods ({', '.join(config.methods)}) while records of "
+            f"{', '.join(unfinished)} are missing: they were computed beside {', '.join(family(earlier))}, and the "
+            f"views of the methods run together are encoded together, so records computed beside others differ "
+            f"in the last float bits (docs/RUNS.md). Finish it with {name_of('methods')} {','.join(earlier)}, "
+            f"then add methods")
 
 
 def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int], methods: Sequence[str],
