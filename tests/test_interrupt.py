@@ -113,6 +113,22 @@ def test_a_forked_child_does_not_hold_the_run_lock(tmp_path):
         os.waitpid(pid, 0)
 
 
+@pytest.mark.slow
+def test_a_resume_right_after_kill_9_is_not_refused_by_an_orphaned_worker(data, reference, tmp_path):
+    """Issue 40 case 19 end to end: `--workers 1`, the main process killed with SIGKILL (its DataLoader worker
+    orphaned, alive for seconds until it notices), then at once the lock and a resume."""
+    from shiftlab.rundir.lock import RunLock
+    out = tmp_path / "run"
+    argv = _argv(data, out, "--workers", "1")
+    with GatedRun(tmp_path / "gate", argv, at="after_step:1", new_session=True) as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL          # the main process only: its worker lives on
+        RunLock(out).acquire().release()                # free at once (was: "in use ... pid <dead>")
+    argv[argv.index("--workers") + 1] = "0"
+    assert cli_main([*argv, "--resume"]) == 0
+    assert _strip(out / "records.jsonl") == reference
+
+
 def test_a_lock_file_removed_between_open_and_flock_is_not_the_one_held(tmp_path, monkeypatch):
     """The holder removes run.lock on release; a process that opened the old file just before then locks a file
     no longer named run.lock, so it must let it go and lock the new one (else two processes hold two files)."""
