@@ -73,8 +73,8 @@ def corruption_markdown(table: dict) -> str:
     sev = f"severity {severities[0]}" if len(severities) == 1 else "mean over severities " + ",".join(
         map(str, severities))
     head = ["method", *table["corruptions"], "mean", "mCE"]
-    from .suite_table import heading
-    lines = [heading(table),
+    from .display import suite_heading
+    lines = [suite_heading(table),
              "", f"Top-1 accuracy (%) of {table.get('base') or '?'} under each corruption ({sev}); mCE (%): "
              "Hendrycks & Dietterich's mean corruption error with zero-shot CLIP (`zeroshot`) as the reference "
              "instead of AlexNet (100 = as many errors as zero-shot CLIP).", "",

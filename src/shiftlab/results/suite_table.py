@@ -176,17 +176,9 @@ def published_suite_rows(table: dict) -> list[dict]:
                       protocol=table.get("protocol"), weights_source=table.get("weights_source"))
 
 
-def heading(table: dict) -> str:
-    """A suite table's title line: the suite and the model, and a random-weights model said as summary.md says it."""
-    from .display import is_random_weights, model_label
-    line = f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}"
-    if is_random_weights(table.get("pretrained")):
-        line += " · RANDOM WEIGHTS: accuracies are meaningless"
-    return line
-
-
 def table_markdown(table: dict) -> str:
     """The suite table as Markdown: our methods, then the comparable published rows with sources."""
+    from .display import suite_heading
     if table.get("kind") == "corruption":
         from .corruption_table import corruption_markdown
         return corruption_markdown(table)
@@ -194,7 +186,7 @@ def table_markdown(table: dict) -> str:
     columns = table_columns(table)
     partial = table.get("partial") or {}
     head = ["method", *(column_title(c) + (f" ({partial[c]})" if c in partial else "") for c in columns)]
-    lines = [heading(table), "",
+    lines = [suite_heading(table), "",
              "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
     # the methods that read other test images (their batch, the whole test set) in blocks of their own, each
