@@ -102,10 +102,13 @@ def test_batch_size_is_recorded_and_a_resume_with_another_is_refused(batch_metho
     assert shared["batch_size"] == 3 and shared["order"] == "shuffled" and shared["orders"] == 1
     with pytest.raises(RunIdentityError, match=r"batch_size 3 -> 4"):
         run(_config(tmp_path / "r", limit=4, batch_size=4, resume=True), model=tiny_model, dataset=data)
-    # without a batch method no record depends on B: null, and another B resumes
+    # without a batch method B is null in the identity (no prediction depends on it), but the records move in the
+    # last float bits with it (a step encodes its batch together; issue 40 case 18), so another B is refused too
     run(_config(tmp_path / "z", methods=["zeroshot"], limit=4), model=tiny_model, dataset=data)
     assert json.loads((tmp_path / "z" / "run.json").read_text())["shared"]["batch_size"] is None
-    run(_config(tmp_path / "z", methods=["zeroshot"], batch_size=2, resume=True), model=tiny_model, dataset=data)
+    with pytest.raises(RunIdentityError, match=r"with batch_size 2: its records were made with 3"):
+        run(_config(tmp_path / "z", methods=["zeroshot"], batch_size=2, resume=True), model=tiny_model, dataset=data)
+    run(_config(tmp_path / "z", methods=["zeroshot"], resume=True), model=tiny_model, dataset=data)
     assert len(json_lines(tmp_path / "z" / "records.jsonl")) == len(data)
 
 

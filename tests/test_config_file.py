@@ -84,6 +84,8 @@ def test_yaml_works_too(tmp_path):
     ('views = [1, [2]]\n', ["run.toml: views: expected a string, number or true/false, got list"]),
     ('limit = \n', ["run.toml: not valid TOML"]),
     ('methods = "tpt,nosuch"\n', ["--methods", "unknown method nosuch"]),
+    # issue 40 case 13: two spellings of one flag kept one of them silently
+    ('batch_size = 2\nbatch-size = 3\n', ["run.toml: batch_size and batch-size are the same flag; keep one"]),
 ])
 def test_a_bad_file_is_one_line(tmp_path, capsys, text, fragments):
     path = tmp_path / "run.toml"

@@ -243,7 +243,10 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     err, out = capsys.readouterr().err, (out_dir / "sweep.md").read_text()
     # one pass: each sample decoded and encoded once, every point reads those features
     assert "0 sample(s) read from the store" in err and "4 encoded and stored" in err
-    assert "| tda.pos_alpha=1.0 * | tda |" in out and "| tda.pos_alpha=4.0 | tda |" in out and out.count("| 4 |") == 2
+    # no `*`: --set tda.text_head=zeroshot makes every point differ from tda's own setting (issue 40 case 11);
+    # tests/test_feature_store.py::test_a_sweep_keeps_one_base_per_folder... checks the mark where it is due
+    assert "| tda.pos_alpha=1.0 | tda |" in out and "| tda.pos_alpha=4.0 | tda |" in out and out.count("| 4 |") == 2
+    assert " * |" not in out
     run_json = json.loads((out_dir / "run.json").read_text())["methods"]
     assert {v: c["pos_alpha"] for v, c in run_json.items()} == {"tda@pos_alpha=1.0": 1, "tda@pos_alpha=4.0": 4}
     recs = list(record_files.iter_records(out_dir / "records.jsonl"))
@@ -269,7 +272,7 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     build_report([out_dir], tmp_path / "report")
     html = (tmp_path / "report" / "report.html").read_text()
     section = re.search(r'<section id="sweep">.*?</section>', html, re.S).group(0)
-    assert section.count("tda.pos_alpha=") == 3 and "tda.pos_alpha=1.0 *" in section
+    assert section.count("tda.pos_alpha=") == 3 and "tda.pos_alpha=1.0 *" not in section
     monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
     assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
 
@@ -411,3 +414,34 @@ def test_a_second_sweep_with_another_grid_keeps_every_point_in_the_tables(tmp_pa
     rows = json.loads((out / "sweep.json").read_text())["rows"]
     assert sorted(r["variant"] for r in rows) == ["tda@neg_alpha=0.2", "tda@pos_alpha=1.0", "tda@pos_alpha=4.0"]
     assert all(r["n"] == 2 for r in rows)
+
+
+@pytest.mark.slow
+def test_a_sweep_keeps_one_base_per_folder_and_marks_only_the_whole_published_config(tmp_path, tiny_checkpoint,
+                                                                                      capsys):
+    """Issue 40 case 11 (and 21): a second sweep with another `--set` base was accepted into the same folder
+    and listed beside the first one's points; a sweep with `--set tda.pos_beta=3` marked `pos_alpha=1.0 *` as
+    the published setting; adding a point said "0 of N samples already done"."""
+    from shiftlab.cli import main as cli_main
+    data = make_imagenet_r(tmp_path / "data", classes=range(0, 200, 100), per_class=1, size=(48, 40))
+    flags = ["sweep", "--dataset", "imagenet-r", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained",
+             str(tiny_checkpoint), "--views", "4", "--workers", "0", "--no-progress", "--allow-partial",
+             "--features", str(tmp_path / "fs")]   # tda's own text head: its whole published config
+    out, other = tmp_path / "sweep", tmp_path / "other"
+    assert cli_main([*flags, "--out", str(out), "--grid", "tda.pos_alpha=1,2"]) == 0
+    capsys.readouterr()
+    assert cli_main([*flags, "--out", str(out), "--grid", "tda.pos_alpha=4"]) == 0
+    err = capsys.readouterr().err
+    assert (f"resuming {out}: 2 of 2 samples already done by its earlier method(s); adding method(s) "
+            f"tda@pos_alpha=4.0") in err
+    before = (out / "records.jsonl").read_bytes()
+    assert cli_main([*flags, "--out", str(out), "--grid", "tda.pos_alpha=8", "--set", "tda.pos_beta=3"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "class folders" not in ln]
+    assert err == [f"shiftlab sweep: error: {out} holds tda@pos_alpha=1.0, swept on other base settings (pos_beta "
+                   f"8.0 there, 3.0 here); a new point beside it would differ by more than its grid values: sweep "
+                   f"into another --out, or give the same --set as that sweep"]
+    assert (out / "records.jsonl").read_bytes() == before and "pos_alpha=8" not in (out / "sweep.md").read_text()
+    assert "| tda.pos_alpha=1.0 * | tda |" in (out / "sweep.md").read_text()   # tda's own setting
+    assert cli_main([*flags, "--out", str(other), "--grid", "tda.pos_alpha=1,2", "--set", "tda.pos_beta=3"]) == 0
+    md = (other / "sweep.md").read_text()
+    assert "| tda.pos_alpha=1.0 | tda |" in md and " * |" not in md   # pos_beta 3 is not tda's own setting

@@ -61,6 +61,7 @@ def _said(err: str) -> list[str]:
 
 def _check_interrupted(out: Path, err: str) -> None:
     assert _said(err) == [MESSAGE] and "Traceback" not in err
+    assert not (out / "run.lock").exists()   # issue 40, 21: SIGTERM left the lock file behind
     lines = (out / "records.jsonl").read_bytes().splitlines(keepends=True)
     assert len(lines) == 3 and all(line.endswith(b"\n") for line in lines)       # one sample, every method
     assert len(list(record_files.iter_records(out / "records.jsonl"))) == 3
@@ -84,6 +85,122 @@ def test_a_signal_in_this_process_ends_in_one_line_and_resumes_exactly(data, ref
     assert signal.getsignal(sig) == previous                                     # the handler is not left behind
     monkeypatch.undo()
     assert cli_main(_argv(data, out, "--workers", "0", "--resume")) == 0
+    assert _strip(out / "records.jsonl") == reference
+
+
+def test_a_forked_child_does_not_hold_the_run_lock(tmp_path):
+    """Issue 40 case 19: a DataLoader worker (a forked child) inherited the lock's descriptor, so after its run
+    was killed an orphaned worker held the directory and a resume was refused naming a dead pid. The lock is
+    the run's: a child closes its copy at once, and the parent's lock is still held while the parent lives."""
+    from shiftlab.rundir.lock import RunLock, RunLockedError
+    lock = RunLock(tmp_path).acquire()
+    go_on, hold = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: lives on, as an orphaned worker would, until the test lets it go
+        try:
+            os.close(hold)
+            os.read(go_on, 1)
+        finally:
+            os._exit(0)
+    try:
+        os.close(go_on)
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()} "):
+            RunLock(tmp_path).acquire()          # the parent still holds it
+        lock.release()                           # the run ends (or dies) while its child lives
+        RunLock(tmp_path).acquire().release()    # free at once, not when the child goes
+    finally:
+        os.close(hold)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.slow
+def test_a_resume_right_after_kill_9_is_not_refused_by_an_orphaned_worker(data, reference, tmp_path):
+    """Issue 40 case 19 end to end: `--workers 1`, the main process killed with SIGKILL (its DataLoader worker
+    orphaned, alive for seconds until it notices), then at once the lock and a resume."""
+    from shiftlab.rundir.lock import RunLock
+    out = tmp_path / "run"
+    argv = _argv(data, out, "--workers", "1")
+    with GatedRun(tmp_path / "gate", argv, at="after_step:1", new_session=True) as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL          # the main process only: its worker lives on
+        RunLock(out).acquire().release()                # free at once (was: "in use ... pid <dead>")
+    argv[argv.index("--workers") + 1] = "0"
+    assert cli_main([*argv, "--resume"]) == 0
+    assert _strip(out / "records.jsonl") == reference
+
+
+def test_a_lock_file_removed_between_open_and_flock_is_not_the_one_held(tmp_path, monkeypatch):
+    """The holder removes run.lock on release; a process that opened the old file just before then locks a file
+    no longer named run.lock, so it must let it go and lock the new one (else two processes hold two files)."""
+    from shiftlab import writes
+    from shiftlab.rundir import lock as run_lock
+    opened, real = [], writes.LockFile
+
+    def open_then_released(path, then=""):
+        handle = real(path, then)
+        if not opened:                  # the holder releases right after our first open
+            os.unlink(path)
+        opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(run_lock.writes, "LockFile", open_then_released)
+    held = run_lock.RunLock(tmp_path).acquire()
+    assert len(opened) == 2 and os.fstat(opened[1].fd).st_ino == os.stat(tmp_path / "run.lock").st_ino
+    held.release()
+
+
+def _checkpoint_argv(data: Path, out: Path, *extra: str) -> list[str]:
+    argv = _argv(data, out, "--workers", "0", *extra)
+    argv[argv.index("--online-checkpoint-seconds") + 1] = "600"   # by the sample count alone
+    return argv
+
+
+@pytest.mark.parametrize("every, said", [
+    (None, "interrupted after 0 of 4 samples (records on disk: zeroshot 3, tpt 3, tda 0 of 4)"),
+    ("2", "interrupted after 2 of 4 samples (records on disk: zeroshot 3, tpt 3, tda 2 of 4)")],
+    ids=["default", "every-2-samples"])
+def test_an_interrupt_inside_a_step_counts_each_methods_records_on_disk(data, reference, tmp_path, monkeypatch,
+                                                                        capsys, every, said):
+    """Issue 40 case 4: Ctrl-C inside a step (the online state part-way through it: no checkpoint) said
+    "interrupted after 0 of 40 samples" with 38 records on disk. The line counts what is on disk, per method
+    when they differ; the online records reach disk every --online-checkpoint-samples samples; and --resume
+    still completes to the uninterrupted records."""
+    from shiftlab.engine.step import Runner
+    real_step, steps = Runner.step, []
+
+    def step_interrupted_in_the_fourth(self, batch):
+        out = real_step(self, batch)
+        steps.append(1)
+        if len(steps) == 4:
+            os.kill(os.getpid(), signal.SIGINT)   # inside the step: its records are not written
+        return out
+
+    monkeypatch.setattr(Runner, "step", step_interrupted_in_the_fourth)
+    out = tmp_path / "run"
+    argv = _checkpoint_argv(data, out, *(["--online-checkpoint-samples", every] if every else []))
+    capsys.readouterr()
+    assert cli_main(argv) == 130
+    assert _said(capsys.readouterr().err) == [f"shiftlab run: {said}; continue with --resume"]
+    monkeypatch.undo()
+    assert cli_main([*argv, "--resume"]) == 0
+    resumed = [ln for ln in _said(capsys.readouterr().err) if "resuming" in ln]
+    done = said.replace("interrupted after ", "").replace(" samples (", " samples already done (")
+    assert resumed == [f"shiftlab: resuming {out}: {done}"]
+    assert _strip(out / "records.jsonl") == reference
+
+
+@pytest.mark.slow
+def test_a_kill_loses_at_most_the_online_records_since_the_last_sample_count_checkpoint(data, reference, tmp_path):
+    """--online-checkpoint-samples 2: killed (SIGKILL) right after the first checkpoint, the online records of
+    samples 1-2 are on disk (not only after a minute), and --resume completes to the uninterrupted records."""
+    out = tmp_path / "run"
+    argv = _checkpoint_argv(data, out, "--online-checkpoint-samples", "2")
+    with GatedRun(tmp_path / "gate", argv, at="after_step:3") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    methods = [r["method"] for r in record_files.iter_records(out / "records.jsonl")]
+    assert {m: methods.count(m) for m in ("zeroshot", "tpt", "tda")} == {"zeroshot": 3, "tpt": 3, "tda": 2}
+    assert cli_main([*argv, "--resume"]) == 0
     assert _strip(out / "records.jsonl") == reference
 
 

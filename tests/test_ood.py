@@ -57,6 +57,23 @@ def test_metrics_at_the_extremes():
     assert np.isnan(auroc([], [1.0])) and np.isnan(fpr_at_tpr([1.0], []))
 
 
+def test_detection_without_ood_or_id_samples_is_null_with_the_reason_never_a_bare_nan(tmp_path):
+    """Issue 40, 21: only ID (or only OOD) samples wrote `"auroc": NaN` into summary.json, which is not JSON."""
+    from shiftlab.results.summary import summarize, write_summary
+    base = {"setting": "clean", "method": "zeroshot", "pred": 1, "top5": [1, 0], "confidence": 0.6, "seconds": 0.1,
+            "ood_score": 0.6}
+    only_id = [{**base, "id": i, "path": f"a{i}.png", "label": 1, "true_prob": 0.6, "correct": True, "ood": False}
+               for i in range(3)]
+    only_ood = [{**base, "id": i, "path": f"o{i}.png", "label": None, "true_prob": None, "correct": None, "ood": True}
+                for i in range(2)]
+    for recs, missing in ((only_id, "no OOD samples"), (only_ood, "no in-distribution samples")):
+        write_summary(tmp_path, summarize(recs, {"dataset": "imagenet-r"}))
+        text = (tmp_path / "summary.json").read_text()
+        strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"summary.json holds a bare {c}"))
+        ood = strict["methods"]["zeroshot"]["ood"]
+        assert (ood["auroc"], ood["fpr95"], ood["aupr"]) == (None, None, None) and missing in ood["undefined"]
+
+
 # ------------------------------------------------------------------ the mix
 
 def _ood_folder(root: Path, name: str, n: int, seed: int) -> Path:

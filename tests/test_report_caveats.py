@@ -2,6 +2,7 @@
 accuracy axis stays readable on degenerate data (all scores 0, one point, equal costs, NaN)."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -62,6 +63,60 @@ def test_a_limited_and_a_stopped_run_are_caveats(tmp_path):
     notes = caveat_notes(html)
     assert any("lim (imagenet-r) is partial: --limit 4" in n for n in notes), notes
     assert any("stop (imagenet-a) is incomplete: 4 of 5 samples" in n for n in notes), notes
+
+
+def test_a_complete_open_set_run_is_not_called_incomplete(tmp_path):
+    """Issue 40 case 3: every complete open-set run was marked "incomplete: 220 of 240 samples" (its 240 records
+    per method are 220 ID + 20 OOD); its OOD records count as samples of the run."""
+    run_dir = tmp_path / "open"
+    run_dir.mkdir()
+    recs = []
+    for i in range(6):
+        ood = i >= 4
+        recs.append({"id": i, "path": f"c/img_{i}.jpg", "label": None if ood else i % 3, "method": "zeroshot",
+                     "setting": "clean", "pred": i % 3, "correct": None if ood else True, "top5": [0, 1, 2],
+                     "confidence": 0.6, "true_prob": None if ood else 0.5, "seconds": 0.01, "ood": ood,
+                     "ood_score": 0.6 - 0.1 * ood})
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    config = {"model": "RN50", "pretrained": "openai", "dataset": "imagenet-r", "classnames": ["a", "b", "c"],
+              "limit": None, "n_samples": 6}
+    (run_dir / "summary.json").write_text(json.dumps(summarize(recs, config)))
+    html = build_report([run_dir], tmp_path / "out", n_resamples=10).read_text()
+    assert not any("incomplete" in n for n in caveat_notes(html)), caveat_notes(html)
+    # one OOD record short is still said
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:-1]))
+    html = build_report([run_dir], tmp_path / "out2", n_resamples=10).read_text()
+    assert any("open (imagenet-r) is incomplete: 5 of 6 samples" in n for n in caveat_notes(html))
+
+
+def test_summary_md_and_the_report_keep_the_blocks_apart_and_carry_the_caveats(tmp_path):
+    """Issue 40 case 5: summary.md (the table `shiftlab run` prints) of a --limit run carried no partial mark and
+    tabled a batch-transductive method with the single-image ones (only a footnote); the report's plots and
+    paired table named it as any other method."""
+    run = write_run(tmp_path / "lim", pretrained=None, limit=4, n_samples=30000, reads_ahead={"stata": "batch"},
+                    correct={"zeroshot": [True, False, True, False], "tda": [True, True, False, False],
+                             "stata": [False, True, True, True]})
+    md = summary_markdown(json.loads((run / "summary.json").read_text()))
+    title = md.splitlines()[0]
+    assert "RANDOM WEIGHTS: accuracies are meaningless" in title
+    assert "PARTIAL: --limit 4, not comparable with published numbers" in title
+    single, _, batch = md.partition("**Batch-transductive methods")
+    assert "| zeroshot |" in single and "| tda |" in single and "stata" not in single.split("**Single-image")[1]
+    assert "| stata |" in batch and "| zeroshot |" not in batch
+    html = build_report([run], tmp_path / "out", n_resamples=10).read_text()
+    paired = re.search(r'<table[^>]*id="paired-table".*?</table>', html, re.S).group(0)
+    assert "stata (batch-transductive)" in paired and "zeroshot (" not in paired
+    metrics_csv = csv.DictReader((tmp_path / "out" / "metrics.csv").open())
+    rows = {r["method"]: r["method_key"] for r in metrics_csv}
+    assert rows == {"zeroshot": "zeroshot", "tda": "tda", "stata": "stata (batch-transductive)"}   # plot labels
+    # suite.md says random weights as summary.md does
+    suite_dir = tmp_path / "suite"
+    suite_runs.write_manifest(suite_dir, suites.resolve_suite(None, "imagenet-r"),
+                              {"methods": ["zeroshot"], "model": "RN50", "pretrained": None})
+    write_run(suite_dir / "imagenet-r", pretrained=None, limit=None, n_samples=4)
+    from shiftlab.results import suite_table
+    table = suite_table.suite_table(suite_dir)
+    assert "RANDOM WEIGHTS: accuracies are meaningless" in suite_table.table_markdown(table).splitlines()[0]
 
 
 def test_suite_partial_columns_footnote_and_missing_datasets_reach_the_page(tmp_path):

@@ -118,6 +118,32 @@ def test_resume_refused_for_every_field_of_the_identity(model, dataset):
     assert ok.identity["shared"]["limit"] is None and set(ok.identity["methods"]) == {"zeroshot", "tpt", "mta"}
 
 
+def test_a_resume_that_would_encode_differently_is_refused(finished, tmp_path, model, dataset):
+    """Issue 40 case 18: a step encodes its batch's views together, for every method beside the others, so a
+    resume with another batch size, or other methods while records are missing, was accepted (and rewrote
+    run.json) though its records differ from the first session's in the last float bits. Refused before
+    anything is written; methods are still added to a finished run (test_adding_methods_... below)."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    path = out / "records.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(ln for ln in lines if json.loads(ln) != json.loads(lines[-1])))   # one record gone
+    gone = json.loads(lines[-1])["method"]
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    with pytest.raises(RunIdentityError, match=r"with batch_size 2: its records were made with 1, and a batch's "
+                                               r"views are encoded together"):
+        run(_cfg(out, resume=True, batch_size=2), model=model, dataset=dataset)
+    for methods in (["zeroshot"], ["zeroshot", "tpt", "mta"]):
+        with pytest.raises(RunIdentityError, match=rf"with other methods \({', '.join(methods)}\) while records of "
+                                                   rf"{gone} are missing: they were computed beside tpt, zeroshot"):
+            run(_cfg(out, resume=True, methods=methods), model=model, dataset=dataset)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"} == before
+    run(_cfg(out, resume=True), model=model, dataset=dataset)   # its own methods and batch size: completed
+    strip = [sorted(json.dumps({k: v for k, v in json.loads(ln).items() if k != "seconds"}) for ln in text)
+             for text in (path.read_text().splitlines(), lines)]
+    assert strip[0] == strip[1]
+
+
 def test_adding_methods_and_nothing_left_to_do(finished, tmp_path, model, dataset, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)

@@ -244,6 +244,30 @@ def test_record_writer_writes_vectors_first_and_a_reopened_writer_cuts_a_torn_ta
     assert len(probs.load_probs(tmp_path)) == 2             # an error record has no vector, whatever is stored
 
 
+def test_load_probs_says_when_it_returns_fewer_vectors_than_records(tmp_path):
+    """Issue 40, 21: a damaged vector made load_probs return fewer without a word (only the HTML said it)."""
+    from shiftlab.methods.base import MethodOutput
+    from shiftlab.rundir.record_files import RecordWriter
+    from shiftlab.rundir.records import Record
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 3.0, 1.0], [1.0, 0.0, 0.0]])
+    recs = [Record.prediction(id=i, path=f"c/{i}.jpg", label=1, setting="clean", method="m",
+                              output=MethodOutput(logits[i]), seconds=0.0) for i in range(3)]
+    with RecordWriter(tmp_path / "records.jsonl", probs=probs.ProbsWriter(tmp_path)) as w:
+        w.write(recs)
+    said: list[str] = []
+    assert len(probs.load_probs(tmp_path, warn=said.append)) == 3 and said == []
+    index = tmp_path / probs.PROBS / "probs.jsonl"
+    lines = index.read_text().splitlines(keepends=True)
+    entry = json.loads(lines[1])
+    lines[1] = json.dumps({**entry, "crc32": (entry["crc32"] + 1) % 2 ** 32}) + "\n"
+    index.write_text("".join(lines))
+    got = probs.load_probs(tmp_path, warn=said.append)
+    assert set(got) == {(0, "m", "clean"), (2, "m", "clean")}
+    assert said == [f"shiftlab: 1 of 3 prediction record(s) in {tmp_path} have no intact probability vector in "
+                    f"{tmp_path / probs.PROBS} (m 1): damaged, or written without --save-probs; the vectors "
+                    f"returned are fewer than the records"]
+
+
 def test_brier_of_a_perfect_and_a_uniform_prediction():
     assert metrics.brier(np.eye(3), [0, 1, 2]) == 0.0
     assert metrics.brier(np.eye(3), [1, 2, 0]) == 2.0

@@ -25,6 +25,7 @@ spelling), so every layer can use it.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -346,6 +347,21 @@ class LockFile:
 
     def close(self) -> None:
         os.close(self.fd)
+
+    def names_this_file(self) -> bool:
+        """Whether `path` still names the file this descriptor holds (a holder removes it on release)."""
+        try:
+            here, there = os.fstat(self.fd), os.stat(self.path)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def discard(self) -> None:
+        """Remove the file while its flock is still held (the holder's release): nothing is left behind to
+        name a finished run. A courtesy, not a write a run depends on: a file that cannot be removed stays
+        (the next holder rewrites it), so this goes around the fault layer and never fails the run."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
 
 # -- orphaned temporaries -----------------------------------------------------------------------

@@ -103,6 +103,22 @@ def test_summaries_and_readout_match_a_direct_computation(tiny_model, heads):
     assert ba.neg_cache and ba.last_boosted
 
 
+def test_the_inspected_boosted_cache_does_not_change_after_the_next_predict(tiny_model, heads):
+    """Issue 40, 21: `last_boosted` shared its untouched classes' lists with the positive cache, so what a
+    caller inspected changed under it at the next `predict`."""
+    ba = shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, text_head="zeroshot",
+                                view_ratio=0.25, delta=1)
+    for seed in range(24):   # on the old code 4 of these 24 inspections changed after the next sample
+        ba.predict_context(_ctx(tiny_model, heads, 12, seed))
+        seen = ba.last_boosted
+        before = {label: [(e.loss, e.feature.clone()) for e in entries] for label, entries in seen.items()}
+        ba.predict_context(_ctx(tiny_model, heads, 12, seed + 100))
+        after = {label: [(e.loss, e.feature) for e in entries] for label, entries in seen.items()}
+        assert after.keys() == before.keys() and all(
+            len(after[k]) == len(before[k]) and all(a[0] == b[0] and torch.equal(a[1], b[1])
+                                                    for a, b in zip(after[k], before[k])) for k in before), seed
+
+
 def test_original_sample_view_is_view_zero(tiny_model, heads):
     ba = shiftlab.create_method("boostadapter", tiny_model, CLASSNAMES, heads=heads, text_head="zeroshot",
                                 sample_view="original")

@@ -115,6 +115,7 @@ def flags(parser: argparse.ArgumentParser, table: dict[str, Any], source: str) -
     """The command-line flags `table` stands for, checked against `parser`'s own flags."""
     options = _options(parser)
     out: list[str] = []
+    named: dict[int, str] = {}   # id(action) -> the key that gave it: one flag, one key
     for key, value in table.items():
         action = options.get(str(key))
         where = f"{source}: {key}"
@@ -122,6 +123,9 @@ def flags(parser: argparse.ArgumentParser, table: dict[str, Any], source: str) -
             near = difflib.get_close_matches(str(key), sorted(options), n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise ConfigFileError(f"{where}: no such flag of `shiftlab {parser.prog.split()[-1]}`{hint}")
+        if id(action) in named:   # batch_size and batch-size: which one wins would be a silent choice
+            raise ConfigFileError(f"{source}: {named[id(action)]} and {key} are the same flag; keep one of them")
+        named[id(action)] = str(key)
         flag = next(o for o in action.option_strings if o.startswith("--"))   # --x of --x/--no-x
         if isinstance(action, argparse.BooleanOptionalAction):
             if not isinstance(value, bool):

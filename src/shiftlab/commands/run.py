@@ -93,6 +93,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the results table still prints)")
     p.add_argument("--online-checkpoint-seconds", type=checks.non_negative_float, default=60.0,
                    help="how often online methods' state and records are checkpointed (0: every batch)")
+    p.add_argument("--online-checkpoint-samples", type=checks.int_in(1), default=64, metavar="N",
+                   help="checkpoint online methods' state and write their records at least every N samples (never "
+                        "more often than 10x the time a checkpoint takes), so a kill loses seconds of online work")
     p.add_argument("--features", default=None, metavar="DIR",
                    help="a feature store: read the view features stored there instead of decoding and encoding, "
                         "and store those this run encodes (docs/ARCHITECTURE.md: Feature store)")
@@ -174,7 +177,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
                      clean_and_robust=args.clean_and_robust, attack_subset=getattr(args, "attack_subset", None),
                      classnames=classnames, progress=not args.no_progress,
-                     online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
+                     online_checkpoint_seconds=args.online_checkpoint_seconds,
+                     online_checkpoint_samples=getattr(args, "online_checkpoint_samples", 64), precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,
                      save_probs=getattr(args, "save_probs", False),
                      features=getattr(args, "features", None),

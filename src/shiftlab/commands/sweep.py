@@ -76,6 +76,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _defaults(cfg: Any, methods: list[str], point: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each method's effective config without the grid (the base every point shares), or at `point`: the run
+    plan of `cfg` with the point's fields over its `--set` (`engine.run_plan`, the one place configs resolve)."""
+    from ..engine.run_plan import resolve_plan
+    configs = {m: dict(cfg.method_config.get(m, {})) | (point or {}).get(m, {}) for m in methods}
+    plan = resolve_plan(dataclasses.replace(cfg, methods=list(methods), method_config=configs))
+    return plan.method_configs()
+
+
+def _config_json(config: Any) -> dict[str, Any]:
+    from ..rundir.identity import jsonable
+    return jsonable(dataclasses.asdict(config))
+
+
+def _base_clash(out: Path, base: dict[str, Any], grid: list[tuple[str, str, list[Any]]]) -> str | None:
+    """Why this sweep cannot add its points to `out`: a point already there of a swept method was run on other
+    base settings (another `--set`, say) than this sweep's, so its row would sit beside the new ones as if they
+    differed only by the grid. None when every field outside both points' grids agrees (or `out` is new)."""
+    try:
+        earlier = json.loads((out / "run.json").read_text())["methods"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None   # nothing to compare with (a damaged run.json is the resume check's to refuse)
+    swept = {m: {f for g_m, f, _ in grid if g_m == m} for m in base}
+    for variant, stored in sorted(earlier.items()) if isinstance(earlier, dict) else []:
+        method, at, point = variant.partition("@")
+        if not at or method not in base or not isinstance(stored, dict):
+            continue
+        theirs = {item.partition("=")[0] for item in point.split(",")}
+        mine = _config_json(base[method])
+        differ = [f"{f} {_show(stored[f])} there, {_show(mine[f])} here" for f in sorted(mine.keys() & stored.keys())
+                  if f not in theirs | swept[method] and stored[f] != mine[f]]
+        if differ:
+            return (f"{out} holds {variant}, swept on other base settings ({'; '.join(differ)}); a new point "
+                    f"beside it would differ by more than its grid values: sweep into another --out, or give the "
+                    f"same --set as that sweep")
+    return None
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
 def run(args: argparse.Namespace) -> int:
     methods = list(dict.fromkeys(g[0] for g in args.grid))
     if args.suite or args.datasets or args.attack != "none":
@@ -103,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"shiftlab sweep: error: {problem}", file=sys.stderr)
         return 1
     points = grid_points(args.grid)
+    clash = _base_clash(Path(cfg.out), _defaults(cfg, methods), args.grid)
+    if clash:
+        print(f"shiftlab sweep: error: {clash}", file=sys.stderr)
+        return 2
     variants: dict[str, dict[str, Any]] = {}   # the run's method name -> its config (one per method and point)
     for point in points:
         for m, fields in point.items():
@@ -116,9 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not summary:   # torchrun: ranks other than 0 leave the table to rank 0
         return 0
-    # each method's effective config without the grid (the point that matches it is the published one): the
-    # plan the checks resolved for the grid's methods (`run_command.check_combination`)
-    defaults = args.run_plan.method_configs()
+    own = _defaults(dataclasses.replace(cfg, method_config={}), methods)   # the method's own setting, no --set
     grids, rows = _earlier(out)
     this = [list(g) for g in args.grid]
     if this not in grids:
@@ -126,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     number = grids.index(this) + 1
     by_key = {(r["point"], r["variant"]): r for r in rows}
     for point in points:
-        published = all(getattr(defaults[m], f) == v for m, c in point.items() for f, v in c.items())
+        # `*` only where the point's whole config is the method's own: its grid values and the base (--set) alike
+        published = all(_config_json(effective) == _config_json(own[m])
+                        for m, effective in _defaults(cfg, methods, point).items() if m in point)
         for m, fields in point.items():
             row = by_key.setdefault((point_label(point), variant_name(m, fields)),
                                     {"point": point_label(point), "published": published, "method": m,

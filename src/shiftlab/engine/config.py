@@ -64,6 +64,8 @@ class RunConfig:
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
     online_checkpoint_seconds: float = param(60.0, ge=0)   # online state + records checkpoint interval (0: every batch)
+    # ... and at least every this many samples (docs/ONLINE.md: never more often than 10x a save's own time)
+    online_checkpoint_samples: int = param(64, ge=1)
     save_probs: bool = False         # float16 probability vectors in probs/ (shiftlab.rundir.probs); kept on --resume
     features: str | None = None      # a feature store directory (shiftlab.rundir.feature_store): read, and fill
     # storage of new entries: fp16 (half the bytes, ~1e-3 off) | fp32 (exact)

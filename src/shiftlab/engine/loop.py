@@ -26,10 +26,9 @@ from ..attacks import attack_config, build_attack, split_budgets
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
-from ..options import name_of
 from ..results import orders as results_orders
 from ..results import summary as run_summary
-from ..rundir import identity, record_files, records
+from ..rundir import identity, record_files
 from ..rundir.online_state import OnlineState
 from ..rundir.records import Record
 from ..rundir.stream import order_seeds, read_stream, write_stream
@@ -46,6 +45,7 @@ from .config import (
 from .features import open_run_features
 from .phases import PhaseTimer
 from .prepare import prepare
+from .resuming import check_same_encoding, records_left, say_resuming
 from .run_plan import RunPlan, resolve_plan
 from .step import (
     Evaluator,
@@ -176,6 +176,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     new_methods = resumed.added_methods if resumed is not None else []   # their online state is not theirs
     done = distributed.prior_records(run_dir, config.resume, dist, schema)  # all ranks read before any writes
     done |= outside_attack_subset(config, order)   # no record is wanted there: as if written
+    check_same_encoding(run_dir, old_identity, config, order, settings, done)
     if dist.rank == 0:   # with the summary's config, so that `shiftlab merge` labels it as the run does
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity, evaluator.methods)})
@@ -199,16 +200,17 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     state = None
     online_start = 0
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
-    finished = config.resume and not _records_left(list(evaluator.methods), order, settings, done)
+    finished = config.resume and not records_left(list(evaluator.methods), order, settings, done)
     if finished:   # every record is in the files: the online methods' stream is over, nothing is restored
         online_start = len(order)
     elif online:
         state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
-                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint)
+                            every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint,
+                            every_samples=config.online_checkpoint_samples)
         if config.resume:
             online_start = state.resume(order, writer, done, settings, schema, new_methods)
     if resumed is not None and dist.rank == 0 and (done or old_identity):
-        _say_resuming(run_dir, resumed, order, config.methods, settings, in_files, done, state)
+        say_resuming(run_dir, resumed, order, config.methods, settings, in_files, done, state)
     pending = plan.pending(settings, done)
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
@@ -271,14 +273,9 @@ def unfinished_test_set_methods(evaluator: Evaluator, order: Sequence[int], sett
                                 done: set) -> list[str]:
     """The test-set methods a (resumed) run must show the test set: those with a record left to compute, and
     the online ones while any method of the run has one left (their state runs along the whole stream)."""
-    run_left = _records_left(list(evaluator.methods), order, settings, done)
+    run_left = records_left(list(evaluator.methods), order, settings, done)
     return [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET
-            and (_records_left([n], order, settings, done) or (not m.episodic and run_left))]
-
-
-def _records_left(names: Sequence[str], order: Sequence[int], settings: Sequence[str], done: set) -> bool:
-    """Whether a record of `names` over `order` and `settings` is not in `done` (an error record counts)."""
-    return any(records.is_missing(sid, n, s, done) for n in names for s in settings for sid in order)
+            and (records_left([n], order, settings, done) or (not m.episodic and run_left))]
 
 
 def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int,
@@ -337,34 +334,6 @@ def _check_resume(run_dir: Path, old: dict | None, new: dict, dist) -> identity.
     if problems:
         raise identity.RunIdentityError(problems[0])
     return resumed
-
-
-def _say_resuming(run_dir: Path, resumed: identity.Resume, order: Sequence[int], methods: Sequence[str],
-                  settings: Sequence[str], in_files: set, done: set, state: OnlineState | None) -> None:
-    """One line on stderr: how much of the run was already done, and what this resume adds.
-
-    A sample is done when every (method, setting) record it needs is in the records files and valid
-    (`in_files`: the keys read after the quarantine); records restored from the online checkpoint
-    (`done` has them too) are said apart, so the count never hides a deleted or damaged line."""
-    counted = [n for n in methods if n not in resumed.added_methods] or list(methods)   # the run's own methods
-
-    def complete(keys: set) -> int:
-        return sum(1 for sid in order
-                   if all(not records.is_missing(sid, n, s, keys) for n in counted for s in settings))
-    before = complete(in_files)
-    line = f"shiftlab: resuming {run_dir}: {before} of {len(order)} samples already done"
-    if state is not None and state.restored:
-        line += f"; {state.restored} online record(s) restored from the last checkpoint"
-        after = complete(done)
-        line += f" (now {after} of {len(order)})" if after != before else ""
-    if resumed.added_methods:
-        line += f"; adding method(s) {', '.join(resumed.added_methods)} (same samples and shared settings)"
-    if resumed.limit_raised:
-        old, new = resumed.limit_raised
-        line += f"; extending {name_of('limit')} {old} -> {new or 'all samples'}"
-    if state is not None and state.replayed:
-        line += "; online records are missing before the last checkpoint, so the online methods replay the stream"
-    print(line, file=sys.stderr, flush=True)
 
 
 def _write_step(ids: list[int], recs: list[Record], writer: record_files.RecordWriter, state: OnlineState | None,

@@ -52,8 +52,8 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
 # method list, compared per method in the table) can share a table with this run. `config_file` is where the
 # flags came from (path, digest, values): the settings it gave are compared as themselves
 _NOT_RESULTS = frozenset({"methods", "resume", "progress", "device", "workers", "batch_size", "limit", "cache_dir",
-                          "download", "data", "online_checkpoint_seconds", "trust_checkpoint",
-                          "save_probs", "allow_partial", "config_file"})
+                          "download", "data", "online_checkpoint_seconds", "online_checkpoint_samples",
+                          "trust_checkpoint", "save_probs", "allow_partial", "config_file"})
 
 
 @dataclass(frozen=True)

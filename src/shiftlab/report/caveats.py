@@ -31,7 +31,9 @@ def transductive(method: str) -> bool:
 
 def run_partial_note(data: ReportData, run: Run) -> str:
     """suite.md's mark for one run ('partial: --limit 4', 'incomplete: 3 of 5 samples'), '' if whole."""
-    accounted = [int(data.m(s)["n"] + data.m(s)["errors"]) for s in run.series if s.setting == "clean"]
+    # an open-set run's samples are its ID records (scored: n) and its OOD ones (no class: n_ood) together
+    accounted = [int(data.m(s)["n"] + data.m(s)["errors"] + (data.m(s).get("n_ood") or 0))
+                 for s in run.series if s.setting == "clean"]
     return suite_table.partial_mark(run.config, accounted)
 
 

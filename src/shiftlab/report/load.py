@@ -268,12 +268,29 @@ def _unique_run_names(runs: list[Run]) -> None:
 
 def assign_keys(runs: list[Run]) -> None:
     """Display key per method: its name in a one-run report, else `name [run name]` for every
-    method, so that no key reads as if it covered all runs while its neighbour does not."""
+    method, so that no key reads as if it covered all runs while its neighbour does not. A method that read
+    other test images carries its block in its key, `stata (batch-transductive)`, so every table, plot legend
+    and paired row that names it says so (issue 40 case 5), not only the page's caveats."""
     _unique_run_names(runs)
     several = sum(1 for r in runs if r.series) > 1
     for r in runs:
         for s in r.series:
-            s.key = f"{s.method} [{r.name}]" if several else s.method
+            recorded = r.config.get("reads_ahead")   # the run's record (single-image methods absent), else ""
+            name = s.method + block_mark(s.method, recorded.get(s.method) if isinstance(recorded, dict) else "")
+            s.key = f"{name} [{r.name}]" if several else name
+
+
+def block_mark(method: str, reads_ahead: str | None = "") -> str:
+    """' (batch-transductive)' or ' (transductive)' for a method that reads other test images, '' for a
+    single-image one: from what the run recorded (`reads_ahead`: None or a value), else from the method's
+    spec ("": not recorded; shiftlab.catalogue.block)."""
+    from .. import catalogue
+    if reads_ahead == "":
+        block = catalogue.block(method)
+    else:
+        block = {"batch": catalogue.BATCH_TRANSDUCTIVE, "test_set": catalogue.TRANSDUCTIVE}.get(
+            reads_ahead, catalogue.SINGLE_IMAGE)
+    return "" if block == catalogue.SINGLE_IMAGE else f" ({block})"
 
 
 def tag_sample_lists(runs: list[Run]) -> None:

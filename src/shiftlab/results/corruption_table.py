@@ -69,12 +69,12 @@ def _cell(value: float | None) -> str:
 
 def corruption_markdown(table: dict) -> str:
     """The corruption table as Markdown: one row per method, one column per corruption, mean and mCE."""
-    from .display import model_label
     severities = table["severities"]
     sev = f"severity {severities[0]}" if len(severities) == 1 else "mean over severities " + ",".join(
         map(str, severities))
     head = ["method", *table["corruptions"], "mean", "mCE"]
-    lines = [f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}",
+    from .display import suite_heading
+    lines = [suite_heading(table),
              "", f"Top-1 accuracy (%) of {table.get('base') or '?'} under each corruption ({sev}); mCE (%): "
              "Hendrycks & Dietterich's mean corruption error with zero-shot CLIP (`zeroshot`) as the reference "
              "instead of AlexNet (100 = as many errors as zero-shot CLIP).", "",

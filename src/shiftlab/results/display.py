@@ -57,3 +57,12 @@ def run_label(model: object, pretrained: object, dataset: object, attack: dict |
     text = f"{model_label(model, pretrained)} on {dataset or 'unknown'}"
     attacked = attack_label(attack)
     return f"{text}, attack {attacked}" if attacked else text
+
+
+def suite_heading(table: dict) -> str:
+    """A suite table's title line (suite.md, the corruption table): the suite and the model, and random weights
+    said as summary.md says them."""
+    line = f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}"
+    if is_random_weights(table.get("pretrained")):
+        line += " · RANDOM WEIGHTS: accuracies are meaningless"
+    return line

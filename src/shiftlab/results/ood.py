@@ -84,7 +84,12 @@ def aupr_in(id_scores: Sequence[float], ood_scores: Sequence[float]) -> float:
 
 
 def ood_metrics(id_scores: Sequence[float], ood_scores: Sequence[float]) -> dict[str, Any]:
-    """{"auroc", "fpr95", "aupr", "n_id", "n_ood"}: the three in percent."""
+    """{"auroc", "fpr95", "aupr", "n_id", "n_ood"}: the three in percent; without ID or without OOD samples
+    the three are None (JSON null, never a bare NaN, which is not JSON) and "undefined" says why."""
+    if not len(id_scores) or not len(ood_scores):
+        missing = "in-distribution" if not len(id_scores) else "OOD"
+        return {"auroc": None, "fpr95": None, "aupr": None, "n_id": len(id_scores), "n_ood": len(ood_scores),
+                "undefined": f"no {missing} samples scored: AUROC, FPR95 and AUPR need both"}
     return {"auroc": auroc(id_scores, ood_scores), "fpr95": fpr_at_tpr(id_scores, ood_scores),
             "aupr": aupr_in(id_scores, ood_scores), "n_id": len(id_scores), "n_ood": len(ood_scores)}
 

@@ -90,7 +90,8 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             top1.setdefault(method, {})[name] = scores["top1"]
             ece.setdefault(method, {})[name] = scores["ece"]
             counts.setdefault(method, {})[name] = scores["n"]
-            accounted.append(scores["n"] + scores.get("errors", 0))
+            # an open-set dataset's samples: its ID records (n) and its OOD ones (the detection's n_ood)
+            accounted.append(scores["n"] + scores.get("errors", 0) + ((scores.get("ood") or {}).get("n_ood") or 0))
         mark = partial_mark(summary.get("config") or {}, accounted)
         if mark:
             partial[name] = mark
@@ -177,7 +178,7 @@ def published_suite_rows(table: dict) -> list[dict]:
 
 def table_markdown(table: dict) -> str:
     """The suite table as Markdown: our methods, then the comparable published rows with sources."""
-    from .display import model_label
+    from .display import suite_heading
     if table.get("kind") == "corruption":
         from .corruption_table import corruption_markdown
         return corruption_markdown(table)
@@ -185,8 +186,8 @@ def table_markdown(table: dict) -> str:
     columns = table_columns(table)
     partial = table.get("partial") or {}
     head = ["method", *(column_title(c) + (f" ({partial[c]})" if c in partial else "") for c in columns)]
-    lines = [f"### {table['title'] or table['suite']} · {model_label(table.get('model'), table.get('pretrained'))}",
-             "", "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
+    lines = [suite_heading(table), "",
+             "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
     # the methods that read other test images (their batch, the whole test set) in blocks of their own, each
     # under its label (shiftlab.catalogue.BLOCKS), never in the single-image rows

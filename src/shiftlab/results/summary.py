@@ -9,12 +9,13 @@ summary the run would have written.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import writes
+from .. import catalogue, writes
 from ..attacks import split_budgets
 from ..rundir import record_files
 from ..rundir import records as run_records
@@ -24,6 +25,7 @@ from . import metrics, sanity
 from .display import attack_details, attack_label, is_random_weights, model_label
 from .ood import score_open_set, score_own
 from .scoring import score_records
+from .suite_table import partial_mark
 
 SUMMARY = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -179,6 +181,8 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         # an open-set run: accuracy on its ID part (OOD samples have no class), detection over both parts
         id_part = [r for r in recs if r.get("ood") is not True]
         scored = {**score_records(id_part), "errors": failed[(name, setting)] + failed[(None, setting)]}
+        if not id_part:   # only OOD samples: no class to be right about (null in summary.json, not NaN)
+            scored["undefined"] = "no in-distribution samples: top-1, top-5, ECE and NLL need labelled samples"
         detection = score_open_set(recs)
         if detection is not None:
             scored["ood"] = detection
@@ -266,7 +270,7 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     own_scores = any("ood_own" in m for m in summary["methods"].values())
     if own_scores:
         head += ["own OOD score", "AUROC (own)", "FPR95 (own)", "AUPR (own)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows: dict[str, list[str]] = {}
     for name, m in summary["methods"].items():
         row = [name, _fmt(m.get("top1")), _fmt(m.get("top5")), _fmt(m.get("ece")), _fmt(m.get("ece20")),
                _fmt(m.get("nll")),
@@ -287,11 +291,26 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             own = m.get("ood_own") or {}
             row += [str(own.get("score", "")), _fmt(own.get("auroc")), _fmt(own.get("fpr95")),
                     _fmt(own.get("aupr"))]
-        lines.append("| " + " | ".join(row) + " |")
+        rows[name] = row
+    # the blocks (shiftlab.catalogue.BLOCKS): single-image methods never share a table with those that read
+    # other test images (their batch, the whole test set), as in suite.md and the report
+    blocks = _blocks({n: m.get("reads_ahead") for n, m in summary["methods"].items()})
+    lines = []
+    for block, names in blocks:
+        if len(blocks) > 1 or block != catalogue.SINGLE_IMAGE:
+            lines += [("" if not lines else "\n") + f"**{catalogue.BLOCKS[block]}**", ""]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(rows[n]) + " |" for n in names]
     cfg = summary.get("config", {})
     title = f"{cfg.get('dataset', '?')} · {model_label(cfg.get('model'), cfg.get('pretrained'))}"
     if is_random_weights(cfg.get("pretrained")):
         title += " · RANDOM WEIGHTS: accuracies are meaningless"
+    accounted = [int((m.get("n") or 0) + (m.get("errors") or 0) + ((m.get("ood") or {}).get("n_ood") or 0))
+                 for m in summary["methods"].values() if "n" in m]
+    partial = partial_mark(cfg, accounted)
+    if partial:   # a --limit run, or one stopped early: never to be read as the dataset's number
+        said = partial.replace("partial:", "PARTIAL:").replace("incomplete:", "INCOMPLETE:")
+        title += f" · {said}, not comparable with published numbers"
     notes = [f"errors: {summary.get('errors', 0)}"]
     lost = cfg.get("dataset_lost") or []
     if lost:
@@ -318,6 +337,15 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 
 
+def _blocks(reads_ahead: dict[str, str | None]) -> list[tuple[str, list[str]]]:
+    """Methods by table block (`catalogue.BLOCKS` order), from what each read beyond its image as the run recorded
+    it (run.json's `reads_ahead`), so a summary is rewritten the same without the methods' specs."""
+    of = {None: catalogue.SINGLE_IMAGE, "batch": catalogue.BATCH_TRANSDUCTIVE, "test_set": catalogue.TRANSDUCTIVE}
+    blocks = [(b, [n for n, r in reads_ahead.items() if of.get(r, catalogue.SINGLE_IMAGE) == b])
+              for b in catalogue.BLOCKS]
+    return [(b, names) for b, names in blocks if names]
+
+
 def _published_cell(row: dict | None) -> str:
     if not row:
         return "—"
@@ -325,11 +353,24 @@ def _published_cell(row: dict | None) -> str:
     return " / ".join(vals) if vals else "—"
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinity as None: JSON has neither (Python's bare `NaN` breaks every strict
+    parser), and a metric that cannot be computed is null, its reason said beside it ("undefined")."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_summary(run_dir: Path, summary: dict, published: dict[str, dict] | None = None) -> str:
     run_dir = Path(run_dir)
     md = summary_markdown(summary, published)
     try:
-        writes.write_file(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False), resume_advice())
+        writes.write_file(run_dir / SUMMARY, json.dumps(json_safe(summary), indent=2, sort_keys=False, allow_nan=False),
+                          resume_advice())
         writes.write_file(run_dir / SUMMARY_MD, md, resume_advice())
     except OSError as exc:
         raise run_dir_error(run_dir / SUMMARY, exc) from None

@@ -4,8 +4,15 @@
 summary; `shiftlab merge` holds it while it rewrites records.jsonl. A second process on the
 same directory is refused at once, naming the holder's pid, host and start time (written
 into the lock file by the holder). The kernel releases a flock when its process dies, so a
-killed run never leaves a stale lock; the file itself stays (removing it would let two
-processes lock two different files).
+killed run never leaves a stale lock. A holder that ends (finished, failed, SIGINT or SIGTERM)
+removes the file before it lets the flock go; a process that locked a file no longer named
+run.lock (removed while it waited) lets it go and tries again, so two processes never hold two
+different files. Only a kill -9 leaves the file behind, unlocked.
+
+The lock is the process's that took it, never a child's: a forked child (a DataLoader worker)
+inherits the descriptor, and a flock lives as long as any descriptor of it, so an orphaned worker
+would hold the run directory for seconds after its run was killed. Every child closes its inherited
+copies at once (`os.register_at_fork`), which leaves the parent's lock as it is.
 
 Under torchrun, rank 0 takes the lock for the whole job and every rank learns the outcome
 through a collective (`engine.distributed.acquire_for_job`), so all ranks of a refused job stop before any of
@@ -34,6 +41,22 @@ def store_advice() -> str:
             f"{name_of('features')}")
 
 LOCK_FILE = "run.lock"
+_ATTEMPTS = 20
+_HELD: set[int] = set()   # the descriptors of the locks this process holds
+
+
+def _close_inherited() -> None:
+    """In a freshly forked child: close the copies of the parent's lock descriptors (closing a copy leaves the
+    parent's flock held; only a LOCK_UN or the last descriptor's close would end it)."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
 
 
 class RunLockedError(FileExistsError):
@@ -48,22 +71,31 @@ class RunLock:
         self.path = self.run_dir / LOCK_FILE
         self.purpose = purpose
         self._fd: int | None = None
+        self._handle: writes.LockFile | None = None
+        self._pid = os.getpid()
 
     def acquire(self) -> RunLock:
         import fcntl
         then = store_advice() if self.purpose == "feature store" else resume_advice()
-        try:
-            writes.make_dirs(self.run_dir, then)
-            handle = writes.LockFile(self.path, then)
-        except OSError as exc:
-            raise run_dir_error(self.path, exc) from None
-        try:
-            fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(handle.fd)
-            handle.close()
-            raise RunLockedError(f"{self.run_dir} is in use by another shiftlab process ({holder}); wait for it "
-                                 f"to finish or choose {say('out')}") from None
+        for _ in range(_ATTEMPTS):
+            try:
+                writes.make_dirs(self.run_dir, then)
+                handle = writes.LockFile(self.path, then)
+            except OSError as exc:
+                raise run_dir_error(self.path, exc) from None
+            try:
+                fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(handle.fd)
+                handle.close()
+                raise RunLockedError(f"{self.run_dir} is in use by another shiftlab process ({holder}); wait for "
+                                     f"it to finish or choose {say('out')}") from None
+            if handle.names_this_file():
+                break
+            handle.close()   # its holder removed it between our open and our flock: lock the new one
+        else:
+            raise RunLockedError(f"{self.run_dir}: {LOCK_FILE} keeps being replaced by other processes; wait for "
+                                 f"them to finish or choose {say('out')}")
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
         try:
@@ -72,13 +104,19 @@ class RunLock:
             handle.close()
             raise run_dir_error(self.path, exc) from None
         self._fd = handle.fd
+        self._handle, self._pid = handle, os.getpid()
+        _HELD.add(handle.fd)
         writes.clean_orphans(self.run_dir)   # the holder alone writes here: a temporary left behind is an orphan
         return self
 
     def release(self) -> None:
+        if self._fd is not None and self._pid != os.getpid():   # a forked child's copy: not its lock
+            self._fd = self._handle = None
         if self._fd is not None:
+            self._handle.discard()   # removed while still held: nobody can lock the name it had meanwhile
+            _HELD.discard(self._fd)
             os.close(self._fd)   # closing the descriptor releases the flock
-            self._fd = None
+            self._fd = self._handle = None
 
     @property
     def held(self) -> bool:

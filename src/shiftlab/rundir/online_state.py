@@ -3,9 +3,11 @@
 Online records are held back and appended right after a checkpoint of the state that
 produced them (atomic file replace); the checkpoint also keeps those records, so a process
 killed between the two gets them written back on resume. State and records therefore never
-disagree, and a resumed stream equals an uninterrupted one. Checkpoints are taken at most
-every `every_seconds` (a DMN memory is tens of MB), so a kill loses at most that much online
-work, which the resume redoes. Under torchrun only rank 0 runs online methods, so only rank 0
+disagree, and a resumed stream equals an uninterrupted one. A checkpoint is taken once
+`every_samples` samples are held back (or `every_seconds` have passed), but never sooner than ten
+times the last checkpoint's own duration after it (a DMN memory is tens of MB): a kill loses the
+online work of about that many samples, or seconds, which the resume redoes, and checkpoints cost
+at most a tenth of the run's time. Under torchrun only rank 0 runs online methods, so only rank 0
 writes this file.
 
 An online record is only ever computed by the state that precedes it in the stream: on
@@ -40,10 +42,12 @@ class OnlineState:
     FILE = "online_state.pt"
 
     def __init__(self, run_dir: Path, methods: Mapping[str, Any], every_seconds: float = 60.0,
-                 on_checkpoint: Callable[[Sequence[int]], None] | None = None):
+                 on_checkpoint: Callable[[Sequence[int]], None] | None = None, every_samples: int | None = None):
         self.path = Path(run_dir) / self.FILE
         self.methods = dict(methods)
         self.every_seconds = every_seconds
+        self.every_samples = every_samples      # None: by the clock alone
+        self.save_seconds = 0.0                 # what the last checkpoint took
         self.on_checkpoint = on_checkpoint      # called after a checkpoint is saved, before its records are appended
         self.processed: list[int] = []
         self.last_records: list[dict] = []
@@ -115,13 +119,18 @@ class OnlineState:
         append them when the interval has passed."""
         self._pending_ids.extend(ids)
         self._pending_records.extend(online_records)   # Records keep their probability vectors
-        if time.monotonic() - self._last_save >= self.every_seconds:
+        since = time.monotonic() - self._last_save
+        by_count = (self.every_samples is not None and len(self._pending_ids) >= self.every_samples
+                    and since >= 10 * self.save_seconds)   # checkpoints take at most a tenth of the time
+        if by_count or since >= self.every_seconds:
             self.flush(writer)
 
     def flush(self, writer: RecordWriter) -> None:
         if not self._pending_ids:
             return
+        started = time.monotonic()
         self.save(self._pending_ids, self._pending_records)
+        self.save_seconds = time.monotonic() - started
         if self.on_checkpoint is not None:
             self.on_checkpoint(list(self._pending_ids))
         writer.write(self._pending_records)

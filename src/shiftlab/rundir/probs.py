@@ -22,8 +22,10 @@ vectors out for its method.
 from __future__ import annotations
 
 import json
+import sys
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +167,31 @@ def match(run_dir: Path, recs: Sequence[Mapping[str, Any]]) -> dict[Key, np.ndar
     return out
 
 
-def load_probs(run_dir: Path) -> dict[Key, np.ndarray]:
+def load_probs(run_dir: Path, warn: Callable[[str], None] | None = None) -> dict[Key, np.ndarray]:
     """{(id, method, setting): float16 array (C,)} for the run's valid prediction records that have a
-    vector (records.load_records: records.jsonl and any shards)."""
+    vector (records.load_records: records.jsonl and any shards).
+
+    Records without an intact vector (a damaged or missing entry, or records written before the run had
+    `--save-probs`) are never dropped without a word: `warn` (default: print to stderr) gets one line saying
+    how many of how many, per method, so a caller never mistakes fewer vectors for fewer records."""
     from .record_files import load_records
+    from .records import record_key
     if not has_probs(run_dir):
         return {}
-    return match(run_dir, load_records(run_dir))
+    recs = [r for r in load_records(run_dir) if "error" not in r and r.get("method") is not None]
+    found = match(run_dir, recs)
+    lacking = Counter(r["method"] for r in recs if record_key(r) not in found)
+    if lacking:
+        per = ", ".join(f"{m} {n}" for m, n in sorted(lacking.items()))
+        line = (f"shiftlab: {sum(lacking.values())} of {len(recs)} prediction record(s) in {run_dir} have no intact "
+                f"probability vector in {Path(run_dir) / PROBS} ({per}): damaged, or written without "
+                f"--save-probs; the vectors returned are fewer than the records")
+        (warn or _stderr)(line)
+    return found
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def merge_probs(run_dir: Path, recs: Sequence[Mapping[str, Any]]) -> None:

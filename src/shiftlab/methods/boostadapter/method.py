@@ -116,7 +116,9 @@ class BoostAdapter(TDACacheMethod):
             b = self.summarize_boost(view_features(ctx, self.config.views.n_views))
             self.update(b.sample)
             pos = self.boosted(b)
-            self.last_boosted = pos     # the read-out's cache, for inspection; not online state
+            # the read-out's cache, for inspection (not online state): a copy, since `pos` shares the classes no
+            # boosting entry touched with the positive cache, which the next sample's update changes in place
+            self.last_boosted = {label: list(entries) for label, entries in pos.items()}
             logits = self.readout(b.sample, pos)
         return MethodOutput(logits, extras={
             "norm_entropy": b.sample.norm_entropy,
