@@ -13,6 +13,9 @@ from . import checks
 
 # five classes: chance is 20 %, so a handful of images gives each method a top-1 of its own
 CLASSES = ("goldfish", "tree frog", "pizza", "volcano", "violin")
+# the fields of a method's small test settings (its spec's `test_config`) that count optimisation steps: the demo
+# takes those (one step where the method tunes), and none of the others, so each method still runs as configured
+STEP_FIELDS = ("steps", "max_steps", "steps_per_template", "repetitions", "task_epochs")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="run folder to write (default: a new folder under the system's temporary directory, "
                         "named when the demo starts and kept)")
-    p.add_argument("--images", type=checks.int_in(1), default=15, metavar="N",
-                   help=f"synthetic images to evaluate, spread over {len(CLASSES)} classes (default 15)")
+    p.add_argument("--images", type=checks.int_in(1), default=10, metavar="N",
+                   help=f"synthetic images to evaluate, spread over {len(CLASSES)} classes (default 10)")
     p.add_argument("--views", type=checks.int_in(1, checks.MAX_VIEWS), default=8, metavar="V",
                    help=f"views per image for the methods that augment (1..{checks.MAX_VIEWS}, default 8; "
                         "the papers use 64)")
@@ -47,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     # Said first, before anything slow (torch alone takes seconds): what runs, what it shows, where it goes.
     print(f"shiftlab demo: every method through the real engine on {args.images} synthetic images of {len(CLASSES)} "
           "classes, with a tiny RANDOM-WEIGHT CLIP (nothing downloaded).\n"
-          "What it proves: this install runs each method end to end (views, encoding, adaptation, records, "
-          "summary.md, a run folder `shiftlab report` reads).\n"
+          "What it proves: this install runs each method end to end (views, encoding, adaptation with one "
+          "optimisation step, records, summary.md, a run folder `shiftlab report` reads).\n"
           f"What it does not: accuracy. Random weights know no class, so every top-1 is chance ({chance:.0f} % for "
           f"{len(CLASSES)} classes, give or take {100 / max(args.images, 1) ** 0.5:.0f} points on {args.images} "
           "images): the differences between methods below are noise, not a ranking.\n"
@@ -83,9 +86,14 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
     data = make_class_folders(root / "data", CLASSES, per_class=per_class)
     dataset = build_dataset("imagefolder", data)
     methods = expand_methods(args.methods, "shiftlab-tiny")
-    offline = {n: dict(get_method_class(n).offline_config) for n in methods if get_method_class(n).offline_config}
+    settings = {}
+    for name in methods:
+        cls = get_method_class(name)
+        steps = {k: v for k, v in cls.spec.test_config.items() if k in STEP_FIELDS}
+        if steps or cls.offline_config:
+            settings[name] = {**steps, **cls.offline_config}
     cfg = RunConfig(dataset="imagefolder", data=str(data), model="shiftlab-tiny (random weights)",
-                    pretrained=None, methods=methods, method_config=offline, views=args.views,
+                    pretrained=None, methods=methods, method_config=settings, views=args.views,
                     limit=args.images, out=str(out), workers=0, batch_size=4)
     _say(f"building {len(methods)} methods and their class heads, then {args.images} images x {len(methods)} "
          "methods ...")
