@@ -27,8 +27,8 @@ __all__ = ["ObjectDataset", "as_dataset", "is_run_dataset"]
 
 def is_run_dataset(obj: Any) -> bool:
     """Whether `obj` already is a dataset a run reads (shiftlab's: a sample list and `image(i)`)."""
-    return isinstance(getattr(obj, "samples", None), list) and callable(getattr(obj, "image", None)) \
-        and isinstance(getattr(obj, "classnames", None), list)
+    return getattr(obj, "samples", None) is not None and callable(getattr(obj, "image", None)) \
+        and getattr(obj, "classnames", None) is not None
 
 
 def _to_pil(image: Any, where: str) -> Image.Image:
