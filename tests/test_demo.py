@@ -58,7 +58,7 @@ def test_demo_flags_have_help(capsys):
     with pytest.raises(SystemExit):
         cli_main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--images N synthetic images to evaluate (default 12)" in text
+    assert "--images N synthetic images to evaluate, spread over 5 classes (default 10)" in text
     assert "--views V views per image for the methods that augment" in text
 
 

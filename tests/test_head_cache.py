@@ -98,3 +98,21 @@ def test_an_unwritable_cache_folder_costs_one_line_and_the_head_is_built(tiny_mo
     assert head.shape[0] == len(NAMES)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write" in err[0] and "kept in memory" in err[0]
+
+
+def test_a_file_copied_over_another_keys_name_is_not_served(tiny_model, cache, capsys):
+    """Issue 40 case 17: an intact file under another key's name (its digest covers its bytes) is rebuilt."""
+    base = class_head(tiny_model, NAMES, TEMPLATES)
+    other_names = NAMES[:-1] + ["another"]
+    other = class_head(tiny_model, other_names, TEMPLATES)
+    path = cache / f"{head_key(tiny_model)}.safetensors"
+    other_prompts = [t.format(n) for t in TEMPLATES for n in other_names]
+    other_path = cache / f"{head_cache.head_key(tiny_model.clip, tiny_model.device, other_prompts)}.safetensors"
+    path.write_bytes(other_path.read_bytes())                  # another key's intact file under this key's name
+    capsys.readouterr()
+    again = class_head(tiny_model, NAMES, TEMPLATES)
+    assert torch.equal(again, base) and not torch.equal(again, other)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "another key" in err[0] and "built again" in err[0]
+    assert torch.equal(class_head(tiny_model, NAMES, TEMPLATES), base)   # rewritten under its own key: read silently
+    assert capsys.readouterr().err == ""

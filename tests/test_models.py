@@ -386,7 +386,7 @@ def _expensive_paths(monkeypatch) -> list[str]:
 def test_offline_openai_tag_fails_fast_with_url_and_destination(empty_cache, network_attempts, monkeypatch):
     taken = _expensive_paths(monkeypatch)
     with pytest.raises(ModelLoadError) as info:
-        shiftlab.load_model("RN50", "openai")
+        shiftlab.load_model("RN50", "openai", allow_download=False)
     assert network_attempts == [] and taken == []       # decided from the cache alone
     msg = str(info.value)
     url = open_clip.get_pretrained_cfg("RN50-quickgelu", "openai")["url"]
@@ -396,21 +396,55 @@ def test_offline_openai_tag_fails_fast_with_url_and_destination(empty_cache, net
     assert "allow_download=True" in msg and "--download" not in msg and "--pretrained" not in msg
     from shiftlab.options import speaking_cli
     with speaking_cli(), pytest.raises(ModelLoadError) as info:
-        shiftlab.load_model("RN50", "openai")
+        shiftlab.load_model("RN50", "openai", allow_download=False)
     assert "--download" in str(info.value) and "--pretrained /path/to/checkpoint" in str(info.value)
 
 
-def test_offline_download_request_fails_fast(empty_cache, network_attempts, monkeypatch):
+@pytest.mark.parametrize("download", [{"allow_download": True}, {}], ids=["asked", "by-default"])
+def test_offline_download_request_fails_fast(empty_cache, network_attempts, monkeypatch, download):
+    # issue 40 case 8: the README's `load_model("RN50", pretrained="openai")` downloads by default, as open_clip
+    # does; offline that is one line, decided by a name lookup, never a minute of hub retries
     taken = _expensive_paths(monkeypatch)
     with pytest.raises(ModelLoadError) as info:
-        shiftlab.load_model("RN50", "openai", allow_download=True)
+        shiftlab.load_model("RN50", "openai", **download)
     # one lookup per download host and nothing else: no connection, no download, no model built
     assert network_attempts and all(a.startswith("resolve ") for a in network_attempts)
     assert len(set(network_attempts)) == len(network_attempts) and taken == []
     msg = str(info.value)
-    assert "no internet connection" in msg
+    assert "no internet connection" in msg and "\n" not in msg
     assert open_clip.get_pretrained_cfg("RN50-quickgelu", "openai")["url"] in msg
     assert str(empty_cache / "clip-cache" / RN50_URL_NAME) in msg
+
+
+def test_a_tag_is_downloaded_by_default_then_read_from_the_cache(empty_cache, network_attempts, monkeypatch,
+                                                                tiny_checkpoint):
+    """Issue 40 case 8: online, `load_model(name, tag)` downloads without being asked (open_clip's default);
+    the download is a local stand-in (a tag of the tiny CLIP whose 'download' copies a checkpoint), and
+    the second call reads the cached file without a download."""
+    cache = empty_cache / "clip-cache"
+    cfg = {"url": "https://example.invalid/tiny/stand-in.pt", "quick_gelu": False}
+    tags, cfgs = open_clip.list_pretrained_tags_by_model, open_clip.get_pretrained_cfg
+    monkeypatch.setattr("open_clip.list_pretrained_tags_by_model",
+                        lambda name: ["stand-in"] if name.startswith("shiftlab-tiny") else tags(name))
+    monkeypatch.setattr("open_clip.get_pretrained_cfg",
+                        lambda name, tag: dict(cfg) if tag == "stand-in" else cfgs(name, tag))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: network_attempts.append(f"resolve {host}") or [])
+    downloads = []
+
+    def download(pretrained_cfg, cache_dir=None):
+        downloads.append(pretrained_cfg["url"])
+        cache.mkdir(exist_ok=True)
+        target = cache / "stand-in.pt"
+        shutil.copy(tiny_checkpoint, target)
+        return str(target)
+    monkeypatch.setattr("open_clip.download_pretrained", download)
+    model = shiftlab.load_model("shiftlab-tiny", pretrained="stand-in")
+    assert downloads == [cfg["url"]] and network_attempts       # asked the network (a name lookup), downloaded
+    assert model.checkpoint_sha256 == hashlib.sha256(tiny_checkpoint.read_bytes()).hexdigest()
+    network_attempts.clear()
+    again = shiftlab.load_model("shiftlab-tiny", pretrained="stand-in")
+    assert downloads == [cfg["url"]] and network_attempts == []   # the cached file: no network, no download
+    assert again.checkpoint_sha256 == model.checkpoint_sha256
 
 
 @pytest.mark.slow
@@ -550,6 +584,8 @@ def test_hf_hub_weights_come_from_the_cache_with_the_repos_preprocessing(empty_c
     with torch.no_grad():
         torch.testing.assert_close(model.encode_normalized(x), src.encode_normalized(x), rtol=0, atol=1e-6)
     with pytest.raises(ModelLoadError, match="not in the Hugging Face cache"):
+        shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/absent", allow_download=False)
+    with pytest.raises(ModelLoadError, match="no internet connection"):   # downloaded by default: offline, one line
         shiftlab.load_model("shiftlab-tiny", "hf-hub:someorg/absent")
 
 

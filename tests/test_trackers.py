@@ -87,6 +87,18 @@ def test_wandb_offline_run_holds_config_metrics_and_figures(logged):
             final |= {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update}
     for method, m in summary["methods"].items():
         assert final[f"{method}/top1"] == pytest.approx(m["top1"]) and final[f"{method}/ece"] == pytest.approx(m["ece"])
+    curves = trackers.running_curves(out)                       # the running top-1 along the stream (issue 40)
+    logged_curve: dict[str, list] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for key in curves:
+                if key in row:
+                    logged_curve.setdefault(key, []).append((row["stream_position"], row[key]))
+    assert set(logged_curve) == set(curves) == {"zeroshot/running_top1", "mta/running_top1"}
+    for key, curve in curves.items():
+        assert [p for p, _ in logged_curve[key]] == [p for p, _ in curve] == [1, 2, 3, 4]
+        assert [v for _, v in logged_curve[key]] == pytest.approx([v for _, v in curve])
     for png in pngs:   # every figure, byte for byte
         assert final[f"figures/{png.stem}/sha256"] == sha256(png)
         assert (log.parent / "files" / final[f"figures/{png.stem}/path"]).read_bytes() == png.read_bytes()
@@ -105,6 +117,10 @@ def test_mlflow_file_store_read_back_with_its_client(logged, monkeypatch):
     for method, m in summary["methods"].items():
         assert run.data.metrics[f"{method}/top1"] == pytest.approx(m["top1"])
         assert run.data.metrics[f"{method}/n"] == m["n"]
+    for key, curve in trackers.running_curves(out).items():   # the running top-1 along the stream (issue 40)
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        assert [p for p, _ in history] == [p for p, _ in curve] == [1, 2, 3, 4]
+        assert [v for _, v in history] == pytest.approx([v for _, v in curve])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert artifacts == {f"figures/{p.name}" for p in pngs}
     local = Path(client.download_artifacts(run.info.run_id, "config.json", str(out / "mlflow-read")))
@@ -121,6 +137,10 @@ def test_tensorboard_event_files_read_back(logged):
     tags = events.Tags()
     for method, m in summary["methods"].items():
         assert events.Scalars(f"{method}/top1")[0].value == pytest.approx(m["top1"], abs=1e-4)
+    curves = trackers.running_curves(out)                       # the running top-1 along the stream (issue 40)
+    assert set(curves) == {"zeroshot/running_top1", "mta/running_top1"}
+    for key, curve in curves.items():
+        assert [(e.step, e.value) for e in events.Scalars(key)] == [(p, pytest.approx(v, abs=1e-4)) for p, v in curve]
     assert set(tags["images"]) == {f"figures/{p.stem}" for p in pngs}
     from PIL import Image
     first = pngs[0]
@@ -154,3 +174,68 @@ def test_metrics_are_read_from_the_summary(tmp_path):
         "imagenet-r/tpt/top1": 50.0, "imagenet-r/tpt/n": 4.0, "imagenet-r/tpt/robust_top1": 10.0}
     assert trackers.flat_params({"a": 1, "b": "x", "m": ["p", "q"], "classnames": ["c"]}) == {
         "a": "1", "b": "x", "m": '["p", "q"]'}
+
+
+def _refusing_loopback_uri() -> str:
+    """An http URI on 127.0.0.1 at a port nothing listens on (bound, then released): connections are refused."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_mlflow_server_is_refused_before_the_run_in_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 40 case 14: the run used to go ahead and then hang past 180 s printing urllib3 retries."""
+    import time
+    data = make_imagenet_r(tmp_path / "data", classes=range(4), size=(32, 24))
+    uri = _refusing_loopback_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.monotonic()
+    code = cli_main(["run", "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", "none", "--workers", "0",
+                     "--device", "cpu", "--methods", "zeroshot", "--limit", "2", "--no-progress",
+                     "--out", str(tmp_path / "run"), "--log", "mlflow"])
+    took = time.monotonic() - start
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and took < 10 and len(err) == 1, err
+    assert err[0].startswith(f"shiftlab run: error: --log mlflow: the tracking server MLFLOW_TRACKING_URI={uri} "
+                             "cannot be reached")
+    assert not (tmp_path / "run").exists()                      # refused before any work
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///unchecked.db")   # not a server: nothing to connect to
+    assert tracking.unreachable_server(["mlflow"]) is None
+    assert tracking.unreachable_server(["wandb"], {"MLFLOW_TRACKING_URI": uri}) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_server_gone_after_the_check_fails_in_one_try(tmp_path, monkeypatch):
+    """The server went away during the run: MLflow's client gets one try (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0),
+    not minutes of retries; the command then says it in one line (tracking.log_after)."""
+    import os
+    import time
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _refusing_loopback_uri())
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    html = tmp_path / "report.html"
+    html.write_text("<html></html>")
+    start = time.monotonic()
+    with pytest.raises(Exception, match="127.0.0.1"):
+        trackers._mlflow(tmp_path, "run", {"seed": 1}, {"zeroshot/top1": 50.0}, {}, [], html)
+    assert time.monotonic() - start < 30
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ    # set for that call only
+
+
+def test_running_curves_follow_the_stream(tmp_path):
+    """Trackers get each method's running top-1 along the stream (issue 40 case 10), in stream.json's order."""
+    from shiftlab.rundir.stream import STREAM_FILE
+    correct = {0: True, 1: False, 2: True, 3: True}
+    lines = [{"id": i, "path": f"c/{i}.jpg", "method": m, "setting": "clean", "label": 0, "pred": 0 if ok else 1,
+              "top5": [0, 1] if ok else [1, 0], "confidence": 0.6, "true_prob": 0.6 if ok else 0.4, "correct": ok,
+              "seconds": 0.1, "extras": {}} for m in ("zeroshot", "tda") for i, ok in correct.items()]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / STREAM_FILE).write_text(json.dumps({"ids": [3, 1, 0, 2], "online": ["tda"]}))
+    curves = trackers.running_curves(tmp_path, prefix="imagenet-r/")
+    steps, values = zip(*curves["imagenet-r/tda/running_top1"])
+    assert steps == (1, 2, 3, 4)
+    assert values == pytest.approx([100.0, 50.0, 200 / 3, 75.0])    # ids 3, 1, 0, 2: right, wrong, right, right
+    steps, values = zip(*trackers.running_curves(tmp_path, points=2)["zeroshot/running_top1"])
+    assert steps == (2, 4) and values == pytest.approx([50.0, 75.0])

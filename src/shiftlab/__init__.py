@@ -21,6 +21,8 @@ _EXPORTS = {
     "Prediction": "methods.prediction",
     "classnames": "datasets",
     "build_dataset": "datasets",
+    "as_dataset": "datasets.objects",
+    "load_results": "results.frame",
     "ClassHeads": "methods.context",
     "SampleContext": "methods.context",
     "FeatureStore": "rundir.feature_store",
@@ -31,12 +33,13 @@ _EXPORTS = {
     "run": "engine.loop",
 }
 __all__ = ["ClipModel", "ModelLoadError", "load_model", "create_method", "list_methods", "list_attacks", "predict",
-           "Prediction", "classnames", "build_dataset", "ClassHeads", "SampleContext", "FeatureStore", "ViewRecipe",
-           "ViewConfig", "ViewGenerator", "RunConfig", "run", "__version__"]
+           "Prediction", "classnames", "build_dataset", "as_dataset", "load_results", "ClassHeads", "SampleContext",
+           "FeatureStore", "ViewRecipe", "ViewConfig", "ViewGenerator", "RunConfig", "run", "__version__"]
 
 if TYPE_CHECKING:
     from .attacks import list_attacks
     from .datasets.build import build_dataset
+    from .datasets.objects import as_dataset
     from .datasets.specs import classnames
     from .engine.config import RunConfig
     from .engine.loop import run
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from .methods.context import ClassHeads, SampleContext
     from .methods.prediction import Prediction
     from .models import ClipModel, ModelLoadError, load_model
+    from .results.frame import load_results
     from .rundir.feature_store import FeatureStore
     from .views.generator import ViewConfig, ViewGenerator
     from .views.recipe import ViewRecipe

@@ -66,3 +66,23 @@ def make_imagenet_r(root: str | Path, per_class: int = 1, size: tuple[int, int] 
             img.save(buf, format="JPEG" if image_format in ("jpg", "jpeg") else image_format.upper(), quality=90)
             writes.write_file(folder / f"{rendition}_{k}.{image_format}", buf.getvalue())
     return dataset
+
+
+def make_class_folders(root: str | Path, classes: Iterable[str], per_class: int = 4, size: tuple[int, int] = (64, 48),
+                       seed: int = 0) -> Path:
+    """Write `root/<class>/img_<k>.png` (lossless), `per_class` images per class name, and return `root`: an image
+    folder whose class names are its folders'. Each class has a colour of its own (hue k / C) under a smooth
+    random texture, so a class's images look alike; image k of class c uses seed `seed * 1_000_003 + c * 1000 + k`."""
+    from colorsys import hsv_to_rgb
+    names = list(classes)
+    root = Path(root)
+    for c, name in enumerate(names):
+        tint = np.array(hsv_to_rgb(c / max(len(names), 1), 0.8, 0.9)) * 255
+        for k in range(per_class):
+            texture = np.asarray(random_image(size, seed * 1_000_003 + c * 1000 + k), dtype=np.float64)
+            pixels = (0.6 * tint + 0.4 * texture).round().clip(0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(pixels, "RGB").save(buf, format="PNG")
+            writes.make_dirs(root / name)
+            writes.write_file(root / name / f"img_{k}.png", buf.getvalue())
+    return root

@@ -25,8 +25,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="paired bootstrap resamples for the 95%% interval (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--title", default=None, help="page title")
+    p.add_argument("--figure-format", type=_formats, default=["png"], metavar="FMT",
+                   help="also write every figure as pdf and/or svg beside its png (comma-separated, e.g. pdf,svg; "
+                        "the page inlines the pngs)")
     p.set_defaults(func=run)
     return p
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg")   # report.plots.FIGURE_FORMATS, without importing the plots here
+
+
+def _formats(text: str) -> list[str]:
+    formats = [f.strip().lower().lstrip(".") for f in str(text).split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FIGURE_FORMATS]
+    if unknown or not formats:
+        raise argparse.ArgumentTypeError(f"unknown figure format {', '.join(unknown) or repr(text)}; choose from "
+                                         f"{', '.join(FIGURE_FORMATS)} (comma-separated for several)")
+    return list(dict.fromkeys(formats))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs, reference=args.reference,
-                            n_resamples=args.bootstrap, seed=args.seed, title=args.title)
+                            n_resamples=args.bootstrap, seed=args.seed, title=args.title,
+                            figure_formats=args.figure_format)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

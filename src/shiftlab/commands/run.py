@@ -328,6 +328,33 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     return (2, [problem]) if problem else (0, [])
 
 
+def stream_refusal(args: argparse.Namespace) -> str | None:
+    """A dirichlet stream that cannot be drawn over the dataset's labels, as one line, or None: decided before
+    torch is imported (the listing and the draws need neither torch nor the model), not after the model loads."""
+    from ..rundir.stream import canonical_kind
+    try:
+        if canonical_kind(args.order) != "dirichlet":
+            return None
+    except ValueError:
+        return None
+    from ..engine.config import run_stream
+    from ..engine.prepare import list_dataset
+    cfg = _checked_config(args)
+    dataset = (getattr(args, "listed_datasets", None) or {}).get(args.dataset)   # listed by `refusal` already
+    if dataset is None:
+        dataset, _ = list_dataset(cfg, args.dataset, classnames=cfg.classnames)
+    if dataset is None:
+        return None   # engine.prepare says what is wrong with the data
+    if args_progress(args):
+        print(f"shiftlab run: drawing the dirichlet stream over {len(dataset)} samples ...", file=sys.stderr,
+              flush=True)
+    try:
+        run_stream(cfg, dataset)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def missing_data(args: argparse.Namespace) -> list[str]:
     """One line per dataset that cannot be read from --data (unless --download is given: `engine.prepare`
     downloads what is missing), as `engine.prepare` says it: every dataset is listed with its shift (corruption,
@@ -450,6 +477,9 @@ def run(args: argparse.Namespace) -> int:
     per_dataset = suite is not None and args.order not in ("continual", "mixed")   # OUT/<entry> run directories
     problem = tracking.check(args) or data_checks.out_problem(args, list(suite.datasets) if per_dataset else None)
     code, problems = (2, [problem]) if problem else refusal(args)   # the names, the flags, then --data: no torch
+    if not code and suite is None:
+        problem = stream_refusal(args)
+        code, problems = (2, [problem]) if problem else (0, [])
     if code:
         for problem in problems:
             print(f"shiftlab run: error: {problem}", file=sys.stderr)
@@ -458,6 +488,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "dry_run", False):
         print(plan.text())
         return 0
+    if args_progress(args):   # torch alone takes seconds on a loaded CPU: never a silent start
+        print("shiftlab run: loading torch and the methods ...", file=sys.stderr, flush=True)
     from ..datasets.base import DatasetError
     from ..engine import distributed
     from ..engine.loop import run as run_engine
@@ -486,6 +518,9 @@ def run(args: argparse.Namespace) -> int:
                         .is_file()]
                 return tracking.log_after(args, cfg.out, done) if done and distributed.context().rank == 0 else 0
             else:
+                if args_progress(args):
+                    print(f"shiftlab run: building {len(cfg.methods)} method(s) and their class heads ...",
+                          file=sys.stderr, flush=True)
                 summary = run_engine(cfg, model=model, dataset=datasets[args.dataset], plan=plan)
         except (FileExistsError, KeyError, TypeError, ValueError, DatasetError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # no KeyError quotes

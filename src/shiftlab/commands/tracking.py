@@ -53,9 +53,37 @@ def add_argument(p: argparse.ArgumentParser) -> None:
                         "[tensorboard]; docs/CONFIG.md)")
 
 
+SERVER_TIMEOUT_S = 5.0   # a tracking server that does not answer a TCP connection in this long is unreachable
+
+
+def unreachable_server(names: Sequence[str], environ: Any = None) -> str | None:
+    """One line when --log mlflow would write to an http(s) MLFLOW_TRACKING_URI whose server does not accept a
+    connection (refused, unknown host, no answer in SERVER_TIMEOUT_S), else None: said before any work, instead
+    of MLflow's minutes of retries after the run (issue 40 case 14). A file or database URI is not checked."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+    uri = (environ if environ is not None else os.environ).get("MLFLOW_TRACKING_URI", "")
+    if "mlflow" not in names or not uri:
+        return None
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname, port), timeout=SERVER_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return (f"--log mlflow: the tracking server MLFLOW_TRACKING_URI={uri} cannot be reached ({reason}); start "
+                "it, or unset MLFLOW_TRACKING_URI to log into a file store beside the run (OUT/mlruns)")
+    return None
+
+
 def check(args: argparse.Namespace) -> str | None:
-    """A tracker whose client is missing, as one line (before any work), or None."""
-    return missing(args.log) if getattr(args, "log", None) else None
+    """A tracker whose client is missing, or an unreachable MLflow server, as one line (before any work), or None."""
+    if not getattr(args, "log", None):
+        return None
+    return missing(args.log) or unreachable_server(args.log)
 
 
 def log_after(args: argparse.Namespace, out: str | Path, run_dirs: list[Path] | None = None) -> int:

@@ -36,7 +36,7 @@ def is_inside(root_real: str, path_real: str) -> bool:
     return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-@dataclass
+@dataclass(repr=False)   # its own one-line __repr__, not the whole sample list
 class FolderDataset:
     root: Path  # the dataset folder itself (after resolving a parent root)
     samples: list[tuple[str, int]]  # (relative posix path, label), sorted by path
@@ -54,6 +54,11 @@ class FolderDataset:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def __repr__(self) -> str:
+        """One line (not the dataclass's whole sample list)."""
+        return (f"{type(self).__name__}({self.name!r}, root={str(self.root)!r}, {len(self.samples)} samples, "
+                f"{len(self.classnames)} classes)")
 
     def path(self, i: int) -> Path:
         return self.root / self.samples[i][0]

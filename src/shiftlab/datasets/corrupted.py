@@ -61,7 +61,7 @@ def corruption_folder(name: str, directory: Path, corruption: str | None, severi
     return folder
 
 
-@dataclass
+@dataclass(repr=False)   # FolderDataset's one-line repr
 class CifarCDataset(FolderDataset):
     """One (corruption, severity) of CIFAR-10-C / CIFAR-100-C: rows of `<corruption>.npy` read by index
     (memory-mapped, so a DataLoader worker opens the file itself)."""

@@ -44,6 +44,9 @@ class DerivedDataset:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {len(self.samples)} samples, {len(self.classnames)} classes)"
+
     def path(self, i: int) -> Path:
         dataset, j = self.origin(i)
         return dataset.path(j)

@@ -22,7 +22,7 @@ from .base import DatasetError, FolderDataset
 SEPARATOR = "+"   # the run's dataset name: the domains' names joined, in stream order
 
 
-@dataclass
+@dataclass(repr=False)   # FolderDataset's one-line repr
 class DomainSequence(FolderDataset):
     parts: list[FolderDataset] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)   # index of each part's first sample

@@ -43,7 +43,7 @@ def _shard_order(path: Path) -> tuple:
     return (int(digits[-1]) if digits else -1, path.name)
 
 
-@dataclass
+@dataclass(repr=False)   # FolderDataset's one-line repr
 class ShardDataset(FolderDataset):
     """A FolderDataset whose images are tar members: `members[i]` = (shard path relative to root,
     byte offset of the data, size)."""

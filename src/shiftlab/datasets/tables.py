@@ -107,7 +107,7 @@ def _rows_without_image(path: Path, column: str) -> set[int]:
     return {row for row, null in enumerate(nulls) if null}
 
 
-@dataclass
+@dataclass(repr=False)   # FolderDataset's one-line repr
 class TableDataset(FolderDataset):
     """A FolderDataset whose images are cells of parquet/arrow files: `rows[i]` = (file, row)."""
     rows: list[tuple[str, int]] = field(default_factory=list)

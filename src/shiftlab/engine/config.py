@@ -138,6 +138,8 @@ def check_run_config(config: object) -> RunConfig:
         raise TypeError(f"RunConfig.classnames must be None or a list of class names, got {type(names).__name__}")
     if isinstance(methods, tuple):
         config = dataclasses.replace(config, methods=list(methods))
+    if isinstance(config.pretrained, str) and config.pretrained.strip().lower() in ("none", "random"):
+        config = dataclasses.replace(config, pretrained=None)   # random weights, as --pretrained none and load_model
     return check_config("RunConfig", config)
 
 

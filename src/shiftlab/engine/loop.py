@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..attacks import attack_config, build_attack, split_budgets
+from ..datasets.objects import as_dataset, is_run_dataset
 from ..methods.base import get_method_class
 from ..methods.specs import TEST_SET
 from ..models import ClipModel
@@ -86,7 +87,11 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     Without `model` or `dataset`, the run starts as `shiftlab run` does (`engine.prepare.prepare`): the
     dataset listed (downloaded with `config.download`), refused when more than 5% of its classes have no
     images unless `config.allow_partial`, the model and the methods' own models loaded; every problem at
-    once in one CannotStart (a ValueError). A `dataset` you pass is used as it is.
+    once in one CannotStart (a ValueError). A `dataset` you pass is used as it is: one of shiftlab's
+    (`build_dataset`), or any map-style dataset of (image, label) pairs with class names
+    (`datasets.objects.as_dataset`: torchvision's ImageFolder, CIFAR, your own), which the run records under
+    its name (`RunConfig.dataset` when that is no registered dataset's name, else the object's `name` or class
+    name), so that no registered dataset's per-dataset settings apply to it.
 
     Raises RunLockedError (another process holds `config.out`), RunIdentityError (a `--resume`
     with other settings than the run directory's) and RunDirError (the directory cannot be written:
@@ -95,6 +100,10 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
     from .shifts import run_dataset
 
     config = check_run_config(copy.deepcopy(config))   # the caller's config stays as given: what runs is a copy
+    if dataset is not None and not is_run_dataset(dataset):
+        from ..datasets.specs import DATASETS
+        dataset = as_dataset(dataset, name=None if config.dataset in DATASETS else config.dataset)
+        config.dataset = dataset.name
     config.methods = expand_methods(config.methods, config.model)
     hooks = hooks or RunHooks()
     dist = distributed.context()

@@ -183,6 +183,16 @@ def read_checkpoint(path: Path, trust_checkpoint: bool = False) -> tuple[dict[st
     return tensors, False
 
 
+def check_finite(path: Path, sd: dict[str, torch.Tensor]) -> None:
+    """Refuse a checkpoint holding NaN or Inf in any floating-point tensor: every score of a run on it would
+    be an error record (or NaN), so it is said once, at load, naming the tensors."""
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ModelLoadError(f"{path}: corrupt checkpoint: NaN or Inf in {len(bad)} tensor(s) ({shown}); a model "
+                             "with such weights gives no usable score; download it again or use other weights")
+
+
 # -- the weights cache ---------------------------------------------------------------------------
 
 def hf_hub_cache() -> Path:

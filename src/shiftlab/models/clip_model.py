@@ -78,6 +78,16 @@ class ClipModel(nn.Module):
             copies[dtype] = half
         return copies[dtype]
 
+    def __repr__(self) -> str:
+        """One line (not torch's tree of every module): the architecture, its weights, size and device."""
+        if self.pretrained is not None:
+            weights = f"pretrained={self.pretrained!r}"
+        else:
+            weights = f"random weights (seed {self.weights_seed})" if self.weights_seed is not None else "weights given"
+        n = sum(p.numel() for p in self.clip.parameters())
+        return (f"ClipModel({self.name}, {weights}, image_size={self.image_size}, {n / 1e6:.1f}M parameters, "
+                f"{self.device})")
+
     def train(self, mode: bool = True) -> ClipModel:
         # BatchNorm must keep its running statistics: the model is never put in train mode.
         return super().train(False)

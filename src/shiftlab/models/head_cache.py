@@ -3,10 +3,11 @@ are 80,000 prompts through the text tower: minutes on a CPU).
 
 An entry is keyed by everything that decides the head: a digest of the text tower's weights (as
 held, dtype included), the device type, the prompts in order (templates x class names) and
-`HEAD_VERSION`. A key that does not match is never read. Each file carries the SHA-256 of its
-tensor's bytes in its safetensors metadata, checked on every load: bytes flipped inside the tensor
-(a header that still parses) or a truncated file give one warning line naming the file, and the
-head is rebuilt and rewritten. Entries are safetensors files written atomically (temporary file +
+`HEAD_VERSION`. A key that does not match is never read. Each file carries its key and the SHA-256
+of its tensor's bytes in its safetensors metadata, both checked on every load: bytes flipped inside
+the tensor (a header that still parses), a truncated file, or another key's intact file copied
+under this key's name give one warning line naming the file, and the head is rebuilt and rewritten
+(as the feature store binds its rows to their keys). Entries are safetensors files written atomically (temporary file +
 rename), so concurrent runs and ranks may share the folder; a cache folder that cannot be written
 costs one line, and the head is built in memory.
 
@@ -27,7 +28,7 @@ import torch.nn as nn
 
 from .. import writes
 
-HEAD_VERSION = 2   # 2: the tensor's SHA-256 in the file's metadata
+HEAD_VERSION = 3   # 2: the tensor's SHA-256 in the file's metadata; 3: its key there too
 MIN_PROMPTS = 2000
 _TEXT_PREFIXES = ("token_embedding.", "positional_embedding", "transformer.", "ln_final.", "text_projection",
                   "text.")
@@ -75,20 +76,25 @@ def _warn(msg: str) -> None:
     print(f"shiftlab: warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _load(path: Path) -> torch.Tensor | None:
-    """The head stored in `path` when its bytes are those its digest names; None (said) otherwise."""
+def _load(path: Path, key: str) -> torch.Tensor | None:
+    """The head stored in `path` when it was written for `key` and its bytes are those its digest names;
+    None (said) otherwise."""
     from safetensors import SafetensorError, safe_open
     if not path.is_file():
         return None
     try:
         with safe_open(str(path), framework="pt") as fh:
-            stored = (fh.metadata() or {}).get("sha256")
+            metadata = fh.metadata() or {}
             head = fh.get_tensor("head").clone()   # its own aligned memory, as load_file gives: BLAS kernels
             # round differently on a buffer at the file's offset, and records must not depend on the cache
     except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
         _warn(f"class-head cache: {path} is damaged or truncated; the head is built again")
         return None
-    if stored != tensor_digest(head):
+    if metadata.get("key") != key:
+        _warn(f"class-head cache: {path} holds the head of another key (a file copied or renamed); the head is "
+              "built again")
+        return None
+    if metadata.get("sha256") != tensor_digest(head):
         _warn(f"class-head cache: {path} does not match its digest (damaged bytes); the head is built again")
         return None
     return head
@@ -101,8 +107,9 @@ def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
     if folder is None or len(prompts) < MIN_PROMPTS:
         return build()
     from safetensors.torch import save
-    path = folder / f"{head_key(clip, device, prompts)}.safetensors"
-    head = _load(path)
+    key = head_key(clip, device, prompts)
+    path = folder / f"{key}.safetensors"
+    head = _load(path, key)
     if head is not None:
         return head.to(device)
     head = build()
@@ -110,7 +117,7 @@ def cached_head(clip: nn.Module, device: torch.device, prompts: Sequence[str],
         writes.make_dirs(folder)
         writes.clean_orphans(folder)
         stored = head.detach().contiguous().cpu()
-        writes.write_file(path, save({"head": stored}, metadata={"sha256": tensor_digest(stored)}))
+        writes.write_file(path, save({"head": stored}, metadata={"key": key, "sha256": tensor_digest(stored)}))
     except OSError as exc:   # read-only or full: this run keeps the head in memory, the next builds it again
         _warn(f"class-head cache: cannot write {folder} ({getattr(exc, 'strerror', None) or exc}); the head is "
               "kept in memory only (set SHIFTLAB_CACHE to a writable folder, or SHIFTLAB_HEAD_CACHE=0)")

@@ -7,14 +7,16 @@ and the SHA-256 of the weights file it read. The model takes images in [0, 1];
 normalisation is its first layer, which is what lets attacks work in pixel space.
 
 Where weights come from (`pretrained`), decided by these rules and nothing else:
-- None: random weights, a function of `seed` alone (built under their own seeded CPU generator state,
-  so the same bytes in every process and on every rank, whatever ran before; the global RNG state is
-  left as it was). `ClipModel.weights_sha256` is their digest (`state_dict_sha256`).
+- None (or "none"/"random", the command line's spelling): random weights, a function of `seed` alone (built
+  under their own seeded CPU generator state, so the same bytes in every process and on every rank, whatever
+  ran before; the global RNG state is left as it was). `ClipModel.weights_sha256` is their digest (`state_dict_sha256`).
 - "hf-hub:ORG/REPO": the open_clip checkpoint of that Hugging Face repository, with the
   preprocessing of its open_clip_config.json.
 - "file:PATH": the checkpoint file PATH, which must exist.
 - a tag open_clip lists for the model (`open_clip.list_pretrained_tags_by_model(name)`),
-  e.g. "openai": read from the cache, downloaded only with `allow_download`.
+  e.g. "openai": read from the cache, else downloaded (as open_clip does; `allow_download=False` refuses
+  instead, and the command line downloads only with --download). Without a network the download is
+  refused in one line, decided by a name lookup before any connection.
 - anything else: a path to an existing checkpoint file; otherwise an error says it is
   neither a tag of the model nor a file.
 The architecture is always the one named: a checkpoint whose tensors do not fit it is
@@ -48,6 +50,7 @@ from .checkpoints import (
     OPENAI_SCALARS,
     ModelLoadError,
     cached_tag_file,
+    check_finite,
     read_checkpoint,
     require_network,
     sha256_file,
@@ -55,7 +58,7 @@ from .checkpoints import (
 )
 from .clip_model import ClipModel, state_dict_sha256
 
-__all__ = ["load_model", "load_run_model", "run_model_seed", "state_dict_sha256"]
+__all__ = ["is_random_weights", "load_model", "load_run_model", "run_model_seed", "state_dict_sha256"]
 
 
 
@@ -80,6 +83,14 @@ def _seeded_cpu_rng(seed: int) -> Iterator[None]:
         yield
     finally:
         torch.set_rng_state(state)
+
+
+RANDOM_WEIGHTS = ("none", "random")   # `pretrained` spellings of random weights, as --pretrained takes them
+
+
+def is_random_weights(pretrained: object) -> bool:
+    """Whether `pretrained` asks for random weights: None, or "none"/"random" in any case."""
+    return pretrained is None or (isinstance(pretrained, str) and pretrained.strip().lower() in RANDOM_WEIGHTS)
 
 
 def _resolve(name: str, pretrained: str) -> tuple[str, str]:
@@ -135,19 +146,20 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
 
 
 def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device: str | torch.device = "cpu",
-               cache_dir: str | None = None, allow_download: bool = False, trust_checkpoint: bool = False,
+               cache_dir: str | None = None, allow_download: bool = True, trust_checkpoint: bool = False,
                model_config: dict | str | Path | None = None, seed: int = 0) -> ClipModel:
     """Load a frozen CLIP model in eval mode with normalisation inside (rules: module docstring).
 
     `model_config` registers a custom architecture under `name` first (`register_architecture`).
     A checkpoint in OpenAI's key layout builds the QuickGELU variant of `name`, as OpenAI trained.
-    `seed` decides random weights (`pretrained=None`) and nothing else.
+    `seed` decides random weights (`pretrained=None`, "none" or "random") and nothing else. Weights not in
+    the cache are downloaded unless `allow_download=False` (the command line's default: --download asks).
     """
     import open_clip
     _register_builtin()
     if model_config is not None:
         register_architecture(name, model_config)
-    if pretrained is None:
+    if is_random_weights(pretrained):
         seed = _check_seed(seed)
         _known_model(name)
         with _seeded_cpu_rng(seed):
@@ -180,6 +192,7 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
 def _load_file(name: str, path: Path, trust_checkpoint: bool, preprocess: dict[str, Any] | None, label: str,
                device: str | torch.device) -> ClipModel:
     sd, openai_release = read_checkpoint(path, trust_checkpoint)
+    check_finite(path, sd)
     _known_model(name, (path, sd))
     openai_layout = _is_openai_state_dict(sd)
     arch = _quickgelu_name(name, openai_layout)
@@ -228,7 +241,8 @@ def load_shared_model(name: str, pretrained: str | None, *, device: str | torch.
     if os.path.isfile(path):
         st = os.stat(path)
         stamp = (st.st_size, st.st_mtime_ns)
-    key = (name, pretrained, seed if pretrained is None else None, stamp, _device_key(device))
+    random = is_random_weights(pretrained)
+    key = (name, None if random else pretrained, seed if random else None, stamp, _device_key(device))
     if key not in _SHARED:
         _SHARED[key] = load_model(name, pretrained, device=device, cache_dir=cache_dir, allow_download=allow_download,
                                   trust_checkpoint=trust_checkpoint, seed=seed)

@@ -6,13 +6,13 @@ import datetime as _dt
 import io
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from shiftlab import writes
 from shiftlab.datasets import suites
 from shiftlab.options import name_of
-from shiftlab.report import sections
+from shiftlab.report import plots, sections
 from shiftlab.report.caveats import caveats
 from shiftlab.report.data import ReportData, comparable_groups, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import REPORT_ADVICE, esc, page
@@ -191,10 +191,23 @@ def _write_manifest(out: Path, before: set[str]) -> None:
 
 def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str] = (),
                  pairs: str = "reference", n_resamples: int = 2000,
-                 seed: int = 0, title: str | None = None, reference: str = "zeroshot") -> Path:
+                 seed: int = 0, title: str | None = None, reference: str = "zeroshot",
+                 figure_formats: Sequence[str] = ("png",)) -> Path:
     """Write the report for the given run directories into out_dir; returns report.html's path.
     The folder then holds this report's files only: what the previous report written there
-    wrote is removed first (files the report did not write stay)."""
+    wrote is removed first (files the report did not write stay). Each figure is a PNG (inlined in the page)
+    and, for each of `figure_formats` besides png ("pdf", "svg"), a file of that format beside it."""
+    try:
+        with plots.figure_formats(figure_formats):
+            return _build_report(run_dirs, out_dir, compare, pairs, n_resamples, seed, title, reference)
+    except ValueError as exc:
+        if str(exc).startswith("figure format"):
+            raise ReportError(str(exc)) from None
+        raise
+
+
+def _build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, compare: Iterable[str], pairs: str,
+                  n_resamples: int, seed: int, title: str | None, reference: str) -> Path:
     run_dirs, suite_dirs = expand_suites(run_dirs)
     runs = load_runs(run_dirs)
     out = Path(out_dir)

@@ -1,13 +1,23 @@
-"""Report figures as PNG files.
+"""Report figures as PNG files, and as PDF/SVG beside them when asked (`figure_formats`).
 
 Figures are built with matplotlib's object API (`Figure`, rendered by Agg on
 save) rather than pyplot, so the report never touches the process-wide backend
 or leaks figures when it runs inside a notebook or a long-lived process.
+
+Every figure goes through `_save`, the one place that names its files: a stem made safe for every file
+system and shell (letters, digits, `.`, `_`, `-`; a method key's `@`, `=`, `,`, spaces or brackets become `_`,
+with a short digest of the original name so that two names never meet), and one file per format: PNG
+always (the page inlines it, trackers log it), PDF and SVG (vector, for papers) when `figure_formats` says.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import io
 import math
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +31,30 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DPI = 110
+FIGURE_FORMATS = ("png", "pdf", "svg")
+_EXTRA_FORMATS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("figure_formats", default=())
+
+
+@contextlib.contextmanager
+def figure_formats(formats: Sequence[str]) -> Iterator[None]:
+    """Within: every figure is also written as each of `formats` (pdf, svg; png is always written)."""
+    unknown = [f for f in formats if f not in FIGURE_FORMATS]
+    if unknown:
+        raise ValueError(f"figure format {', '.join(unknown)}: choose from {', '.join(FIGURE_FORMATS)}")
+    # always drawn in one order (png first): drawing a figure again may move its layout by a hair, so the same
+    # formats in another order would give other bytes
+    token = _EXTRA_FORMATS.set(tuple(f for f in FIGURE_FORMATS[1:] if f in formats))
+    try:
+        yield
+    finally:
+        _EXTRA_FORMATS.reset(token)
+
+
+def safe_stem(stem: str) -> str:
+    """A file-name stem of letters, digits, `.`, `_` and `-` only; a changed name gets 6 hex digits of the
+    original's SHA-256, so that `tda@a=1` and `tda_a_1` stay two files."""
+    safe = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9._-]", "_", stem)).strip("_.") or "figure"
+    return safe if safe == stem else f"{safe}-{hashlib.sha256(stem.encode()).hexdigest()[:6]}"
 
 
 def _new_figure(**kwargs) -> Figure:
@@ -31,9 +65,44 @@ def _new_figure(**kwargs) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    return writes.write_file(path, buffer.getbuffer(), REPORT_ADVICE)
+    """Write `fig` under `path`'s folder with a safe stem (module docstring): the PNG (returned) and each extra
+    format of `figure_formats`."""
+    path = Path(path)
+    stem = safe_stem(path.stem)
+    written = None
+    for fmt in ("png", *_EXTRA_FORMATS.get()):
+        buffer = io.BytesIO()
+        # svg.hashsalt: the SVG's element ids are seeded, so the same figure gives the same file
+        with _svg_salt(stem) if fmt == "svg" else contextlib.nullcontext():
+            fig.savefig(buffer, format=fmt, dpi=DPI, bbox_inches="tight", metadata=_metadata(fmt))
+        target = writes.write_file(path.with_name(f"{stem}.{fmt}"), buffer.getbuffer(), REPORT_ADVICE)
+        written = written or target
+    assert written is not None
+    return written
+
+
+def _metadata(fmt: str) -> dict:
+    # no creation date in PDF/SVG: the same records give the same files
+    return {"CreationDate": None} if fmt == "pdf" else {"Date": None} if fmt == "svg" else {}
+
+
+@contextlib.contextmanager
+def _svg_salt(stem: str) -> Iterator[None]:
+    import matplotlib
+    with matplotlib.rc_context({"svg.hashsalt": stem}):
+        yield
+
+
+# WCAG's relative luminance above which black text reads better than white (the two contrasts are equal)
+LUMINANCE_SPLIT = 0.179
+
+
+def text_color(rgba: Sequence[float]) -> str:
+    """"black" or "white": whichever contrasts more with a cell of colour `rgba` (WCAG 2 relative luminance)."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (linear(float(c)) for c in rgba[:3])
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > LUMINANCE_SPLIT else "white"
 
 
 def _short(label: str, width: int = 28) -> str:
@@ -187,6 +256,14 @@ def accuracy_vs_time(points: list[tuple[str, float, float, str]], path: Path, ti
 def heatmap(row_names: list[str], col_names: list[str], values: np.ndarray, path: Path, title: str,
             diverging: bool = False, value_fmt: str = "{:.1f}") -> Path | None:
     """Annotated heatmap; diverging maps are centred on 0 (blue: positive, red: negative)."""
+    fig = heatmap_figure(row_names, col_names, values, title, diverging, value_fmt)
+    return None if fig is None else _save(fig, path)
+
+
+def heatmap_figure(row_names: list[str], col_names: list[str], values: np.ndarray, title: str,
+                   diverging: bool = False, value_fmt: str = "{:.1f}") -> Figure | None:
+    """`heatmap`'s figure: each cell's number in black or white by the cell's luminance (`text_color`), so a
+    number stays readable on dark red and dark blue alike."""
     if not row_names or not col_names:
         return None
     fig = _new_figure(figsize=(max(6.0, 0.62 * len(col_names) + 2.5), 0.45 * len(row_names) + 1.8))
@@ -202,12 +279,12 @@ def heatmap(row_names: list[str], col_names: list[str], values: np.ndarray, path
         for j in range(values.shape[1]):
             if np.isfinite(values[i, j]):
                 ax.text(j, i, value_fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
-                        color="black" if diverging else "white")
+                        color=text_color(im.cmap(im.norm(values[i, j]))))
     ax.set_xticks(range(len(col_names)), col_names, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(row_names)), [_short(r, 36) for r in row_names], fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
-    return _save(fig, path)
+    return fig
 
 
 def grouped_bars(group_names: list[str], series: dict[str, list[float]], path: Path, title: str,

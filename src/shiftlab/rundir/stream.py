@@ -125,33 +125,45 @@ def dirichlet_order(labels: Sequence[int], delta: float, seed: int) -> list[int]
     n_classes = int(class_labels.max() + 1)
     n_chunks = n_classes
     min_size_thresh = min(10, n // n_chunks)
+    members = [np.flatnonzero(class_labels == k) for k in range(n_classes)]   # each class's samples, sorted
+    alpha, share, no_cuts = np.repeat(delta, n_chunks), n / n_chunks, np.zeros(n_chunks - 1, dtype=int)
     for _ in range(DIRICHLET_TRIES):
-        idx_batch: list[list[int]] = [[] for _ in range(n_chunks)]
-        idx_batch_cls: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]   # per chunk: each class's samples
+        # what the authors' lists of every chunk's samples decide is only each chunk's size: counted, not
+        # concatenated (a try over 200 classes and 30,000 samples in milliseconds, not a tenth of a second)
+        sizes = np.zeros(n_chunks, dtype=np.int64)
+        drawn: list[tuple[np.ndarray, np.ndarray]] = []   # per class: (its shuffled samples, the cuts into chunks)
         for k in range(n_classes):
-            idx_k = np.where(class_labels == k)[0]
+            if not len(members[k]):   # a class without samples draws its proportions and places nothing
+                rng.dirichlet(alpha)
+                drawn.append((members[k], no_cuts))
+                continue
+            idx_k = members[k].copy()
             rng.shuffle(idx_k)
-            proportions = rng.dirichlet(np.repeat(delta, n_chunks))
+            proportions = rng.dirichlet(alpha)
             # balance: a chunk that already holds its share takes no more
-            proportions = np.array([p * (len(idx_j) < n / n_chunks) for p, idx_j in zip(proportions, idx_batch)])
-            proportions = proportions / proportions.sum()
-            cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
-            parts = np.split(idx_k, cuts)
-            idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, parts)]
-            for idx_j, idx in zip(idx_batch_cls, parts):
-                idx_j.append(idx)
-        if min(len(idx_j) for idx_j in idx_batch) >= min_size_thresh:
+            proportions = proportions * (sizes < share)
+            with np.errstate(invalid="ignore", divide="ignore"):   # 0 / 0 when no chunk is open: read below
+                proportions = proportions / proportions.sum()
+                cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+            bounds = np.concatenate(([0], cuts, [len(idx_k)]))
+            if (np.diff(bounds) >= 0).all():   # cuts in order, as np.split then gives: each part's size
+                sizes += np.diff(bounds)
+            else:   # rounding left no chunk open (0 / 0): np.split's own reading of the cuts
+                sizes += np.fromiter(map(len, np.split(idx_k, cuts)), dtype=np.int64, count=n_chunks)
+            drawn.append((idx_k, cuts))
+        if sizes.min() >= min_size_thresh:
             break
     else:
         raise ValueError(f"no dirichlet stream with delta {delta} gives every one of the {n_chunks} chunks "
                          f"{min_size_thresh} samples in {DIRICHLET_TRIES} draws; try another {name_of('delta')} or "
                          f"{name_of('seed')}")
+    parts_of = [np.split(idx_k, cuts) for idx_k, cuts in drawn]   # per class: its part in each chunk
     order: list[int] = []
-    for chunk in idx_batch_cls:
+    for chunk in range(n_chunks):
         cls_seq = list(range(n_classes))
         rng.shuffle(cls_seq)
         for cls in cls_seq:
-            order.extend(int(i) for i in chunk[cls])
+            order.extend(int(i) for i in parts_of[cls][chunk])
     return order
 
 
