@@ -75,9 +75,13 @@ def test_a_head_kind_is_declared_once():
 
 
 def test_facts_are_not_inherited():
-    # BoostAdapter subclasses TDA: TDA's number and recipe are TDA's alone
+    # BoostAdapter and TDA derive from one cache base (methods/common/tda_cache.py): TDA's number and recipe are
+    # TDA's alone, and a registered method's subclass (CLIPTTA's OOD variant) declares its own
+    from shiftlab.methods.common.tda_cache import TDACacheMethod
     tda, boost = get_method_class("tda"), get_method_class("boostadapter")
-    assert issubclass(boost, tda) and facts.declared(tda, "published")
+    assert issubclass(boost, TDACacheMethod) and issubclass(tda, TDACacheMethod) and facts.declared(tda, "published")
+    ood, cliptta = get_method_class("cliptta_ood"), get_method_class("cliptta")
+    assert issubclass(ood, cliptta) and facts.label(ood) != facts.label(cliptta)
     assert facts.declared(boost, "published") == () and facts.label(boost) == "BoostAdapter"
     assert "views" in method_overrides(PAPER, tda) and "views" not in method_overrides(PAPER, boost)
 

@@ -8,11 +8,15 @@ seed, sample id)` and forked, so a sample's image depends on nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from .budgets import BUDGET_FIELDS, BudgetConfig
 from .pixels import ImageAttack, attack_seed, quantize
+
+if TYPE_CHECKING:
+    from ..models import ClipModel
 
 _NOISE_SALT = 0x0015E   # keeps the noise check's stream apart from the attack's
 Model = Callable[[torch.Tensor], torch.Tensor]   # images (B, 3, S, S) in [0, 1] -> logits (B, C)
@@ -57,7 +61,7 @@ class BoundedAttack(ImageAttack):
     config: BudgetConfig
     min_classes: int = 2    # fewer classes than this: refused when built (APGD-T's DLR reads the 4th logit)
 
-    def __init__(self, config: BudgetConfig, model, zeroshot_head: torch.Tensor,
+    def __init__(self, config: BudgetConfig, model: ClipModel, zeroshot_head: torch.Tensor,
                  target: Callable[[torch.Tensor], torch.Tensor] | None = None):
         n_classes = int(zeroshot_head.shape[0])
         if n_classes < self.needs_classes(config):

@@ -164,6 +164,8 @@ def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None 
     from .run_plan import resolve_plan
 
     names = (suite.base,) if suite.kind == "corruption" else suite.datasets
+    if suite.kind == "corruption":   # resolved as its first entry runs: the command names no one corruption
+        config = dataclasses.replace(config, **entry_settings(suite, suite.datasets[0]))
     plan = resolve_plan(config, names)   # every dataset's method configs (a PlanError: one line)
     for name in names:
         classnames = getattr((datasets or {}).get(name), "classnames", None)

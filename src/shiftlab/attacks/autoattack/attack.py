@@ -15,7 +15,7 @@ import torch
 from ..apgd_ce.attack import apgd
 from ..bounded import BoundedAttack, Model
 from ..square.attack import square_linf
-from .spec import AutoAttackSpec
+from .spec import AutoAttackConfig, AutoAttackSpec
 
 Part = Callable[[Model, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -51,7 +51,7 @@ class AutoAttack(BoundedAttack):
 
     spec = AutoAttackSpec
 
-    def needs_classes(self, config) -> int:
+    def needs_classes(self, config: AutoAttackConfig) -> int:
         return 4 if "apgd_t" in config.parts.split(",") else 2
 
     def parts(self) -> list[tuple[str, Part]]:

@@ -15,7 +15,7 @@ from ...models.text import encode_texts, load_descriptions
 from ..base import Method, MethodOutput
 from ..common.confidence import entropy
 from ..context import SampleContext
-from .spec import AWTSpec
+from .spec import AWTConfig, AWTSpec
 
 
 def entropy_weights(logits: torch.Tensor, image_t: float, text_t: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +43,7 @@ def sinkhorn(kernel: torch.Tensor, u: torch.Tensor, v: torch.Tensor, iterations:
     return r.unsqueeze(-1) * c.unsqueeze(-2) * kernel
 
 
-def awt_logits(image_features: torch.Tensor, text_features: torch.Tensor, scale: float, cfg) -> torch.Tensor:
+def awt_logits(image_features: torch.Tensor, text_features: torch.Tensor, scale: float, cfg: AWTConfig) -> torch.Tensor:
     """(N, D) view features, (C, P, D) prompt features -> (C,) AWT's logits."""
     n_cls, n_prompts, dim = text_features.shape
     logits = scale * image_features.float() @ text_features.reshape(-1, dim).float().T

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..base import Method, MethodOutput
 from ..context import SampleContext
-from .spec import TransCLIPSpec
+from .spec import TransCLIPConfig, TransCLIPSpec
 
 _Z_TEMPERATURE = 50.0       # TransCLIP_utils.py update_z's literal 50 (1/50 inside the exponential)
 # unit-norm features of one image encoded in two batches under fp16 autocast differ by up to ~1e-3 per entry
@@ -70,7 +71,7 @@ def init_mu(z: torch.Tensor, features: torch.Tensor, n_confident: int) -> torch.
     return F.normalize((mask * z).T @ features, dim=-1)
 
 
-def fit_transclip(features: torch.Tensor, head: torch.Tensor, cfg) -> TransCLIPFit:
+def fit_transclip(features: torch.Tensor, head: torch.Tensor, cfg: TransCLIPConfig) -> TransCLIPFit:
     """TransCLIP's zero-shot solver: (N, d) unit-norm features, (K, d) class head -> the fit."""
     feats = features.float()
     n, d = feats.shape
@@ -94,7 +95,7 @@ class TransCLIP(Method):
     image (its row of z)."""
     spec = TransCLIPSpec
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._seen: list[torch.Tensor] = []
         self._ids: list = []
