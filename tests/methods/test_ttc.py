@@ -62,7 +62,12 @@ def _by_hand(w: torch.Tensor, x: torch.Tensor, start: torch.Tensor, eps: float, 
 
 @pytest.mark.parametrize("tau", [1e3, 0.0], ids=["weighted", "random-start"])
 def test_counterattack_against_a_float64_computation_both_ways(tau):
-    w, embed = _linear_embed()
+    w, linear = _linear_embed()
+    calls = []
+
+    def embed(x):
+        calls.append(1)
+        return linear(x)
     x = torch.rand(1, 3, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     x[0, 0, 0, 0], x[0, 1, 0, 0] = 0.0, 1.0                      # pixels at the ends: the [0, 1] clip acts
     eps, step = 4 / 255, 1.5 / 255
@@ -76,6 +81,8 @@ def test_counterattack_against_a_float64_computation_both_ways(tau):
     assert float(got.delta.abs().max()) <= eps + 1e-12
     if tau > ratio:      # the steps moved it away from the start
         assert float((got.delta - start.clamp(-x, 1 - x)).abs().max()) > step / 2
+    # f(x), then f(x + d_k) for each step; the random start alone needs no step after the tau test
+    assert len(calls) == (1 + 3 if tau > ratio else 2)
 
 
 def test_no_budget_and_no_steps():

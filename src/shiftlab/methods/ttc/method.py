@@ -73,6 +73,10 @@ def counterattack(embed: Callable[[torch.Tensor], torch.Tensor], x01: torch.Tens
         emb = embed(x01 + d)
         if k == 0:                                  # tau of the random start (line 115-117)
             ratio = ((emb - ref).norm(dim=-1) / ref_norm).detach()
+            if not bool(((tau_thres - ratio).sign() > 0).any()):
+                # every image keeps its random start: their weights (1, 0, ..., 0) give d_0 exactly, so the
+                # steps, which they compute anyway, are skipped (the usual case of a clean image)
+                return Counterattack(deltas[0].detach(), ratio, no)
         loss = ((emb - ref) ** 2).sum(1).sum()
         (grad,) = torch.autograd.grad(loss, d)
         with torch.no_grad():
