@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..facts import settings_file
 from ..specs import (
     FROZEN_FEATURES,
@@ -62,6 +63,11 @@ class TDASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.tda.method:TDA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); the sample's own"
+                        " cache write on a copy of the caches, the written feature differentiated; bpda: the"
+                        " confident-view selection and which entry a write keeps; random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.tda.adaptive:tda_logits")
     config_class = TDAConfig
     supports_pure_fp16 = True   # --set tda.precision=fp16-pure: the authors' half model (on CUDA)
     summary = "TDA: online positive/negative feature caches over confident views (training-free)"
