@@ -130,6 +130,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--quantize", default=None, metavar="MODE",
                    help="the attack's quantize: 8-bit conversion of the adversarial image (pgd: round | truncate, "
                         "the authors' code truncates)")
+    a.add_argument("--attack-target", choices=("transfer", "adaptive", "both"), default="transfer",
+                   help="whom the attack attacks: zero-shot CLIP, scored on every method (transfer, R-TPT's protocol; "
+                        "the default), each method's own prediction through its adaptation (adaptive), or both side "
+                        "by side; a method that cannot be attacked adaptively is refused")
+    a.add_argument("--eot", type=checks.int_in(1), default=1,
+                   help="adaptive: draws of a method's random views averaged per attack gradient (default 1)")
     a.add_argument("--clean-and-robust", action="store_true",
                    help="score clean and adversarial images in one pass")
 
@@ -160,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      order="shuffled" if args.order == "iid" else args.order,
                      delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
                      clean_and_robust=args.clean_and_robust,
+                     attack_target=getattr(args, "attack_target", "transfer"), eot=getattr(args, "eot", 1),
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds, precision=args.precision,
                      cache_dir=args.cache_dir, download=args.download, trust_checkpoint=args.trust_checkpoint,

@@ -56,6 +56,10 @@ class RunConfig:
     # {"name": an attack, and any of its config fields}; the run fills the rest (shiftlab.attacks.attack_config)
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     clean_and_robust: bool = False
+    # whom the attack attacks (docs/ROBUSTNESS.md): zero-shot CLIP, scored on every method ("transfer", R-TPT's
+    # protocol); each method's own prediction through its adaptation ("adaptive"); or both, side by side
+    attack_target: str = param("transfer", choices=("transfer", "adaptive", "both"))
+    eot: int = param(1, ge=1)        # adaptive: draws of a method's random views averaged per attack gradient
     classnames: list[str] | None = None
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
@@ -105,7 +109,7 @@ class RunConfig:
 
     def settings(self) -> list[str]:
         from ..rundir import records
-        return records.run_settings(self.attack, self.clean_and_robust)
+        return records.run_settings(self.attack, self.clean_and_robust, self.attack_target)
 
 
 def check_run_config(config: object) -> RunConfig:
@@ -170,6 +174,9 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         return f"attack: {exc}"
+    problem = adaptive_problem(config, names)
+    if problem:
+        return problem
     from .shifts import shift_problem
     problem = shift_problem(config)
     if problem:
@@ -182,6 +189,39 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
                                  **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return None
+
+
+def adaptive_problem(config: RunConfig, names: Sequence[str]) -> str | None:
+    """Why `--attack-target adaptive|both` cannot run, in one line, or None: no attack, an attack that does not attack
+    through a method, a method that declares no adaptive mode or whose differentiable prediction is not written
+    (methods/adaptive_modes.py), views the attack cannot draw differentiably (AugMix, Cutout). Specs only, no torch."""
+    if config.attack_target == "transfer":
+        return None if config.eot == 1 else (f"{say('eot')} sets the draws of an adaptive attack: add "
+                                             f"{say('attack_target', 'adaptive')}")
+    from ..attacks import specs as attack_specs
+    from ..methods.adaptive_modes import adaptive_problem as method_problem
+    from ..methods.effective import effective_config, method_spec
+    name = (config.attack or {}).get("name", "none")
+    if name == "none":
+        return f"{say('attack_target', config.attack_target)}: choose an attack with {say('attack')}"
+    if not attack_specs.spec(name).adaptive:
+        adaptive = [n for n in attack_specs.spec_names() if attack_specs.spec(n).adaptive]
+        return (f"{say('attack_target', config.attack_target)}: attack {name} does not attack through a method's "
+                f"adaptation (those that do: {', '.join(adaptive)})")
+    for method in names:
+        problem = method_problem(method_spec(method))
+        if problem:
+            return problem.replace("--attack-target adaptive", f"{say('attack_target', config.attack_target)}")
+        try:
+            cfg = effective_config(method, config.protocol, config.canonical_dataset(), config.precision,
+                                   config.run_views(), **(config.method_config or {}).get(method, {}))
+        except (TypeError, ValueError):
+            continue   # said by the config check
+        views = getattr(cfg, "views", None)
+        if getattr(views, "n_views", 1) > 1 and (views.augmix or views.cutout):
+            return (f"{say('attack_target', config.attack_target)}: {method}'s AugMix/Cutout views cannot be drawn "
+                    "differentiably by the attack (not implemented); run it without --augmix")
     return None
 
 
@@ -201,6 +241,9 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     online = [n for n in names if n in entries and not entries[n]["episodic"]]
     if online and len(config.settings()) > 1:
         return _online_and_attacked(online)
+    problem = adaptive_problem(config, [n for n in names if n in entries])
+    if problem:
+        return problem
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)

@@ -218,7 +218,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(StepContext(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
                                 done=done, timer=timer, online_start=online_start, features=store,
-                                group_views=group_views or {}))
+                                group_views=group_views or {}, eot=config.eot))
     served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),

@@ -18,6 +18,7 @@ from .. import writes
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
+from ..rundir.records import is_adaptive
 from ..writes import resume_advice
 from . import metrics
 from .display import attack_details, attack_label, is_random_weights, model_label
@@ -171,7 +172,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             continue
         by[(r["method"], r.get("setting", "clean"))].append(r)
     methods: dict[str, dict] = {}
-    attack_setting = None
+    attack_setting = adaptive_setting = None
     with_own_scores = any(isinstance(r.get("own_ood_score"), (int, float)) for rs in by.values() for r in rs)
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
@@ -188,9 +189,16 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         if setting == "clean":
             entry.update(scored)
             entry["method_seconds_per_image"] = seconds
+        elif is_adaptive(setting):   # the attack through the method's own prediction (--attack-target adaptive)
+            adaptive_setting = setting
+            entry["adaptive"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
         else:
             attack_setting = setting
             entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
+    for entry in methods.values():   # how much robust accuracy the transfer attack overstated
+        transfer, adaptive = entry.get("robust", {}).get("top1"), entry.get("adaptive", {}).get("top1")
+        if transfer is not None and adaptive is not None:
+            entry["adaptive_gap"] = transfer - adaptive
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
     # the transductive track: what each method read beyond the current sample and its past, as the run recorded
@@ -199,19 +207,22 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         if name in methods:
             methods[name]["reads_ahead"] = reads_ahead
     for entry in methods.values():
-        own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
+        attacked = entry.get("robust", entry.get("adaptive", {}))
+        own = entry.get("method_seconds_per_image", attacked.get("method_seconds_per_image", 0.0))
         entry["seconds_per_image"] = own + shared
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
     if identity is not None:
         summary["identity"] = identity
-    if attack_setting is not None:
+    if attack_setting is not None or adaptive_setting is not None:
         # `flipped` is measured on the zero-shot model and is the same in every method's record of a
-        # sample, so count each attacked sample once, whichever methods ran.
+        # sample, so count each attacked sample once, whichever methods ran (the transfer attack's, if it ran).
         flips = {r["id"]: r["attack"]["flipped"] for r in records
-                 if r.get("setting") == attack_setting and "attack" in r}
+                 if r.get("setting") == (attack_setting or adaptive_setting) and "attack" in r}
         summary["attack"] = {**config.get("attack", {}),
                              "success_rate": metrics.top1(list(flips.values())) if flips else None,
                              "n": len(flips)}
+        if adaptive_setting is not None:
+            summary["attack"].update(target=config.get("attack_target", "adaptive"), eot=config.get("eot", 1))
     return summary
 
 
@@ -222,9 +233,12 @@ def _fmt(x: Any) -> str:
 def summary_markdown(summary: dict, published: dict[str, dict] | None = None) -> str:
     published = published or {}
     robust = any("robust" in m for m in summary["methods"].values())
+    adaptive = any("adaptive" in m for m in summary["methods"].values())
     head = ["method", "top-1", "top-5", "ECE", "ECE20", "NLL", "n", "s/img"]
     if robust:
         head += ["robust top-1"]
+    if adaptive:
+        head += ["adaptive robust top-1", "mode"] + (["transfer - adaptive"] if robust else [])
     if published:
         head += ["published top-1"]
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
@@ -243,6 +257,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
                str(m.get("n", 0)), f"{m.get('seconds_per_image', 0.0):.3f}"]
         if robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
+        if adaptive:
+            row += [_fmt(m.get("adaptive", {}).get("top1")), _adaptive_mode(name)]
+            row += [_fmt(m.get("adaptive_gap"))] if robust else []
         if published:
             said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
             row.append(_published_cell(published.get(name)) + (said if published.get(name) else ""))
@@ -281,7 +298,20 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         a = summary["attack"]
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
         notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%")
+        if adaptive:
+            notes.append(f"adaptive: the attack through each method's own prediction (mode: the method's spec, "
+                         f"docs/ROBUSTNESS.md), {a.get('eot', 1)} draw(s) of its random views per gradient")
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
+
+
+def _adaptive_mode(name: str) -> str:
+    """The method's adaptive attack mode ('full+bpda+eot') from its spec; '' for a method not registered here."""
+    from ..methods.specs import SPECS, spec
+    try:
+        declared = spec(name).adaptive
+    except (KeyError, ValueError):
+        return "" if name not in SPECS else "?"
+    return declared.label if declared is not None else ""
 
 
 def _published_cell(row: dict | None) -> str:

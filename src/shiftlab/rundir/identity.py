@@ -170,6 +170,9 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "domains": jsonable(getattr(dataset, "domain_info", None)),
         "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
+    target = getattr(config, "attack_target", "transfer")
+    if target != "transfer":   # a transfer run's identity is what it was before adaptive attacks existed
+        shared.update(attack_target=target, eot=int(config.eot))
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
 
 
@@ -182,7 +185,7 @@ SHARED_TYPES: dict[str, tuple] = {
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
     "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
     "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
-    "domains": (dict, None),
+    "domains": (dict, None), "attack_target": (str,), "eot": (int,),
 }
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}

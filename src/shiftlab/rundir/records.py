@@ -277,12 +277,26 @@ def check_record(data: Any) -> Record:
     return Record(**data)
 
 
-def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool) -> list[str]:
-    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust)."""
+# `--attack-target`: the attack on zero-shot CLIP scored on every method (R-TPT's protocol, the setting named as the
+# attack), on each method's own prediction (the setting "<attack>-adaptive"), or both side by side
+TRANSFER, ADAPTIVE, BOTH = "transfer", "adaptive", "both"
+ATTACK_TARGETS = (TRANSFER, ADAPTIVE, BOTH)
+ADAPTIVE_SUFFIX = "-adaptive"
+
+
+def is_adaptive(setting: str) -> bool:
+    """Whether a setting is an attack through the methods' own predictions (`--attack-target adaptive`)."""
+    return setting.endswith(ADAPTIVE_SUFFIX)
+
+
+def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool, target: str = TRANSFER) -> list[str]:
+    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust); with `target`
+    "adaptive" the attack's adaptive setting instead, with "both" the two, transfer first."""
     name = (attack or {}).get("name", "none")
     if name == "none":
         return ["clean"]
-    return ["clean", name] if clean_and_robust else [name]
+    attacked = {TRANSFER: [name], ADAPTIVE: [name + ADAPTIVE_SUFFIX], BOTH: [name, name + ADAPTIVE_SUFFIX]}[target]
+    return ["clean", *attacked] if clean_and_robust else attacked
 
 
 @dataclass(frozen=True)
@@ -329,7 +343,8 @@ class RecordSchema:
         methods = identity.get("methods") if isinstance(identity.get("methods"), Mapping) else {}
         n = shared.get("n_samples")
         return cls(methods=frozenset(methods),
-                   settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")))),
+                   settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")),
+                                                   shared.get("attack_target", TRANSFER))),
                    n_samples=n if _is_int(n) else None, **known)
 
 
