@@ -85,7 +85,8 @@ def test_the_differentiable_prediction_is_the_methods_own(name, tiny):
     method = create_method(name, tiny, CLASSNAMES, **{**small_config(name), "views": 8}
                            if spec(name).needs_views else small_config(name))
     views01 = _views(tiny, 8)
-    fn = getattr(importlib.import_module(spec(name).adaptive.impl.split(":")[0]), spec(name).adaptive.impl.split(":")[1])
+    module, _, function = spec(name).adaptive.impl.partition(":")
+    fn = getattr(importlib.import_module(module), function)
     x = views01.unsqueeze(0).requires_grad_(True)
     got = fn(method, x)[0]
     want = method.predict(tiny.normalize(views01))
