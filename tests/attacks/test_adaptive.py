@@ -57,8 +57,8 @@ def test_a_method_without_a_mode_is_refused_and_a_bad_declaration_never_defined(
     class Undeclared(MethodSpec):
         name = "undeclared_for_test"
         impl = "x:y"
-    assert adaptive_problem(Undeclared).startswith("--attack-target adaptive: undeclared_for_test declares no "
-                                                   "adaptive attack mode (full, bpda, eot, state)")
+    assert adaptive_problem(Undeclared) == ("undeclared_for_test declares no adaptive attack mode "
+                                            "(full, bpda, eot, state)")
     with pytest.raises(ValueError, match="modes must be some of full, bpda, eot, state"):
         Adaptive(("magic",), "how")
     with pytest.raises(TypeError, match="must be an Adaptive"):

@@ -19,8 +19,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .pixels import attack_seed
-
 _EOT_SALT = 0xE07_D4A3   # the EOT draws' stream, apart from the random start's and the view generator's
 
 
@@ -39,11 +37,11 @@ class AttackTarget:
 def prediction_function(method) -> Callable:
     """The method's differentiable prediction `fn(method, views01 (B, N, 3, S, S)) -> (B, C)` (its spec's
     adaptive.impl); a one-line ValueError where it has none."""
-    from ..methods.adaptive_modes import adaptive_problem
-    problem = adaptive_problem(method.spec if method.spec is not None else type(method))
-    if problem:
-        raise ValueError(problem)
-    module, _, name = method.adaptive.impl.partition(":")
+    declared = getattr(method, "adaptive", None)   # its spec's (methods/adaptive_modes.py)
+    if declared is None or not declared.impl:
+        raise ValueError(f"{method.name}: no differentiable prediction to attack adaptively "
+                         f"({'no mode declared' if declared is None else declared.label + ', not implemented'})")
+    module, _, name = declared.impl.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -87,7 +85,8 @@ def draw_views(x01: torch.Tensor, n_views: int, recipe, gen: torch.Generator) ->
 
 
 def eot_seed(run_seed: int, sample_ids: Sequence[int]) -> int:
-    return int(np.random.SeedSequence([attack_seed(run_seed, int(s)) for s in sample_ids] + [_EOT_SALT])
+    """The seed of the EOT draws of the samples attacked together; depends only on (run seed, sample ids)."""
+    return int(np.random.SeedSequence([int(run_seed), *map(int, sample_ids), _EOT_SALT])
                .generate_state(1, dtype=np.uint64)[0] >> 1)
 
 

@@ -22,7 +22,6 @@ from PIL import Image
 from .base import QUANTIZE_MODES, Attack, AttackConfig
 
 if TYPE_CHECKING:
-    from ..methods.base import Method
     from ..models import ClipModel
     from ..views.generator import ViewGenerator
     from .adaptive import AttackTarget
@@ -135,7 +134,7 @@ class ImageAttack(Attack):
             adv_views.append(new_views)
         return adv_views, info
 
-    def perturb_adaptive(self, method: Method, ids: Sequence[int], views_list: Sequence[torch.Tensor],
+    def perturb_adaptive(self, method: Any, ids: Sequence[int], views_list: Sequence[torch.Tensor],
                          labels: Sequence[int], view_generator: ViewGenerator, eot: int = 1,
                          together: bool = False) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
         """`perturb` through `method`'s own prediction as it stands (`attacks.adaptive.method_target`): each sample

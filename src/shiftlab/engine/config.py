@@ -212,7 +212,8 @@ def adaptive_problem(config: RunConfig, names: Sequence[str]) -> str | None:
     for method in names:
         problem = method_problem(method_spec(method))
         if problem:
-            return problem.replace("--attack-target adaptive", f"{say('attack_target', config.attack_target)}")
+            return (f"{say('attack_target', config.attack_target)}: {problem}; leave it out of {say('methods')} or "
+                    "attack it by transfer")
         try:
             cfg = effective_config(method, config.protocol, config.canonical_dataset(), config.precision,
                                    config.run_views(), **(config.method_config or {}).get(method, {}))
@@ -221,7 +222,7 @@ def adaptive_problem(config: RunConfig, names: Sequence[str]) -> str | None:
         views = getattr(cfg, "views", None)
         if getattr(views, "n_views", 1) > 1 and (views.augmix or views.cutout):
             return (f"{say('attack_target', config.attack_target)}: {method}'s AugMix/Cutout views cannot be drawn "
-                    "differentiably by the attack (not implemented); run it without --augmix")
+                    "differentiably by the attack (not implemented); run it without AugMix")
     return None
 
 

@@ -54,13 +54,11 @@ class Adaptive:
 
 
 def adaptive_problem(spec: type) -> str | None:
-    """One line saying why method `spec` cannot be attacked adaptively, or None."""
+    """Why method `spec` cannot be attacked adaptively (what an adaptive run's refusal says), or None."""
     adaptive = getattr(spec, "adaptive", None)
     if adaptive is None:
-        return (f"--attack-target adaptive: {spec.name} declares no adaptive attack mode "
-                f"({', '.join(ADAPTIVE_MODES)}); leave it out of --methods or attack it by transfer")
+        return f"{spec.name} declares no adaptive attack mode ({', '.join(ADAPTIVE_MODES)})"
     if not adaptive.implemented:
-        return (f"--attack-target adaptive: {spec.name}'s adaptive attack ({adaptive.label}: {adaptive.how}) is "
-                "declared but its differentiable prediction is not implemented yet; leave it out of --methods or "
-                "attack it by transfer")
+        return (f"{spec.name}'s adaptive attack ({adaptive.label}: {adaptive.how}) is declared but its differentiable "
+                "prediction is not implemented yet")
     return None

@@ -191,7 +191,9 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             entry["method_seconds_per_image"] = seconds
         elif is_adaptive(setting):   # the attack through the method's own prediction (--attack-target adaptive)
             adaptive_setting = setting
-            entry["adaptive"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
+            modes = {r["attack"].get("mode") for r in recs if isinstance(r.get("attack"), dict)}
+            entry["adaptive"] = {"setting": setting, "mode": "/".join(sorted(m for m in modes if m)), **scored,
+                                 "method_seconds_per_image": seconds}
         else:
             attack_setting = setting
             entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
@@ -258,7 +260,7 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         if robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
         if adaptive:
-            row += [_fmt(m.get("adaptive", {}).get("top1")), _adaptive_mode(name)]
+            row += [_fmt(m.get("adaptive", {}).get("top1")), m.get("adaptive", {}).get("mode", "")]
             row += [_fmt(m.get("adaptive_gap"))] if robust else []
         if published:
             said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
@@ -302,16 +304,6 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             notes.append(f"adaptive: the attack through each method's own prediction (mode: the method's spec, "
                          f"docs/ROBUSTNESS.md), {a.get('eot', 1)} draw(s) of its random views per gradient")
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
-
-
-def _adaptive_mode(name: str) -> str:
-    """The method's adaptive attack mode ('full+bpda+eot') from its spec; '' for a method not registered here."""
-    from ..methods.specs import SPECS, spec
-    try:
-        declared = spec(name).adaptive
-    except (KeyError, ValueError):
-        return "" if name not in SPECS else "?"
-    return declared.label if declared is not None else ""
 
 
 def _published_cell(row: dict | None) -> str:

@@ -185,8 +185,10 @@ SHARED_TYPES: dict[str, tuple] = {
     "clean_and_robust": (bool,), "precision": (str,), "image_size": (int, None),
     "delta": (float, int, None), "stream_seed": (int, None), "orders": (int,), "order_seeds": (list, None),
     "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
-    "domains": (dict, None), "attack_target": (str,), "eot": (int,),
+    "domains": (dict, None),
 }
+# the fields only some runs write: an attack through the methods' adaptation (`--attack-target adaptive|both`)
+OPTIONAL_SHARED_TYPES: dict[str, tuple] = {"attack_target": (str,), "eot": (int,)}
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
 
@@ -217,7 +219,7 @@ def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
         if _json_type(data[section]) not in types:
             raise wrong(section, types, data[section])
     for key, value in data["shared"].items():
-        types = SHARED_TYPES.get(key)
+        types = SHARED_TYPES.get(key, OPTIONAL_SHARED_TYPES.get(key))
         if types is not None and _json_type(value) not in types:
             raise wrong(f"shared.{key}", types, value)
     for name, cfg in data["methods"].items():
