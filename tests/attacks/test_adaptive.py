@@ -108,8 +108,10 @@ def test_tda_is_attacked_against_its_state_and_the_state_is_left_alone(tiny):
     assert torch.allclose(got, method.predict(tiny.normalize(views01)), atol=1e-4)   # then it updates, as clean
 
 
-def test_tent_is_attacked_against_its_norm_state_without_a_step(tiny):
-    method = create_method("tent", tiny, CLASSNAMES, steps=1)
+@pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo"])
+def test_norm_methods_are_attacked_against_their_norm_state_without_a_step(name, tiny):
+    from _records import small_config
+    method = create_method(name, tiny, CLASSNAMES, **small_config(name))
     target = method_target(method, [1, 2], run_seed=0)
     before = method.tower.norm_state()
     x = torch.stack([_views(tiny, 1, s)[0] for s in (1, 2)]).requires_grad_(True)
@@ -117,6 +119,14 @@ def test_tent_is_attacked_against_its_norm_state_without_a_step(tiny):
     assert logits.shape == (2, len(CLASSNAMES)) and target.eot_iter == 1
     assert all(torch.equal(before[k], v) for k, v in method.tower.norm_state().items())
     assert torch.allclose(logits, method.logits(tiny.normalize(x)))
+
+
+def test_the_robustness_doc_lists_every_methods_mode():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ROBUSTNESS.md").read_text()
+    for name in spec_names():
+        declared = spec(name).adaptive
+        row = f"| `{name}` | {declared.label} | {'yes' if declared.implemented else 'refused'} | {declared.how} |"
+        assert row in text, row
 
 
 def test_eot_draws_crops_as_random_resized_crop_does():
@@ -171,12 +181,15 @@ def test_tpt_gradient_through_its_steps_matches_finite_differences(golden_tpt, m
 
 @pytest.mark.slow
 def test_adaptive_attack_is_at_least_as_strong_as_transfer_on_tpt(golden_model):
-    """TPT (one step) on the golden tiny CLIP changes zero-shot's prediction; with the label = TPT's clean prediction
-    and a budget at which the transfer attack breaks only some samples (1/255, one PGD step of eps/8, the same random
-    starts), the attack through TPT breaks at least as many and raises TPT's loss on the adversarial views it is
-    scored on (regenerated with the scoring's own view seed, which the attacker never sees)."""
+    """TPT (one step, 32 views: 3 selected) on the golden tiny CLIP changes zero-shot's prediction; with the label =
+    TPT's clean prediction and a budget at which the transfer attack breaks only some samples (1/255, two PGD steps of
+    eps/4, the same random starts), the attack through TPT (EOT over 2 draws of its views per step) breaks at least as
+    many and raises TPT's loss more, on the views the scoring regenerates with its own view seed (never seen by the
+    attacker). Measured beside this (view seeds 3-6, 4 samples each): the adaptive loss was higher at every seed;
+    the count of broken samples moved by one either way (seed 6: 3 adaptive, 4 transfer), the noise of 4 samples
+    scored on one draw of random views."""
     model, names = golden_model
-    method = create_method("tpt", model, names, views=8)
+    method = create_method("tpt", model, names, views=32)
     zeroshot = create_method("zeroshot", model, names)
     gen = ViewGenerator(ViewConfig.from_recipe(method.view_recipe), seed=3, preprocess=model.preprocess)
     ids = [1, 2, 3, 4]
@@ -187,10 +200,10 @@ def test_adaptive_attack_is_at_least_as_strong_as_transfer_on_tpt(golden_model):
     clean = predict(method, views)
     labels = clean.argmax(-1).tolist()
     assert labels != predict(zeroshot, views).argmax(-1).tolist()     # the adaptation changes the prediction
-    attack = build_attack({"name": "pgd", "eps": 1 / 255, "alpha": 1 / 255 / 8, "steps": 1}, model,
+    attack = build_attack({"name": "pgd", "eps": 1 / 255, "alpha": 1 / 255 / 4, "steps": 2}, model,
                           zeroshot.heads.zeroshot)
     transfer, _ = attack.perturb(ids, views, labels, gen)
-    adaptive, info = attack.perturb_adaptive(method, ids, views, labels, gen)
+    adaptive, info = attack.perturb_adaptive(method, ids, views, labels, gen, eot=2)
     y = torch.tensor(labels)
     scored = {k: predict(method, v) for k, v in (("transfer", transfer), ("adaptive", adaptive))}
     broken = {k: int((v.argmax(-1) != y).sum()) for k, v in scored.items()}
@@ -198,7 +211,7 @@ def test_adaptive_attack_is_at_least_as_strong_as_transfer_on_tpt(golden_model):
     assert 0 < broken["transfer"] < len(ids)            # a budget at which it matters
     assert broken["adaptive"] >= broken["transfer"], broken
     assert losses["adaptive"] > losses["transfer"], losses
-    assert info[1]["target"] == "adaptive" and info[1]["mode"] == "full+bpda+eot" and info[1]["eot"] == 1
+    assert info[1]["target"] == "adaptive" and info[1]["mode"] == "full+bpda+eot" and info[1]["eot"] == 2
     assert all(i["linf_255"] <= 1 for i in info.values())
 
 
@@ -245,11 +258,11 @@ def test_transfer_and_adaptive_side_by_side(tmp_path, tiny_checkpoint):
 
 @pytest.mark.slow
 def test_an_adaptive_run_resumes_after_a_kill_with_identical_records(tmp_path, tiny_checkpoint):
-    data = make_imagenet_r(tmp_path / "data", classes=[3, 50, 120], per_class=2, size=(72, 64))
-    methods = "zeroshot,tpt,tda"
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=2, size=(72, 64))
+    methods = "tpt,tda"     # an episodic method and an online one, whose state the resume must restore
     assert cli_main(_argv(data, tmp_path / "whole", tiny_checkpoint, "adaptive", methods)) == 0
     whole = json_lines(tmp_path / "whole" / "records.jsonl")
-    assert len(whole) == 6 * 3 and not [r for r in whole if "error" in r]
+    assert len(whole) == 4 * 2 and not [r for r in whole if "error" in r]
     out = tmp_path / "killed"
     with GatedRun(tmp_path / "gate", _argv(data, out, tiny_checkpoint, "adaptive", methods),
                   at="after_checkpoint:1") as child:
