@@ -251,6 +251,10 @@ def test_transfer_and_adaptive_side_by_side(tmp_path, tiny_checkpoint):
         assert m["adaptive_gap"] == top1["pgd"] - top1["pgd-adaptive"]
     md = (tmp_path / "both" / "summary.md").read_text()
     assert "| adaptive robust top-1 | mode | transfer - adaptive |" in md and "| full+bpda+eot |" in md
+    # the report's setting label: one adaptive column for every method, whatever its mode
+    from shiftlab.report.load import _setting_label
+    labels = {_setting_label(r["setting"], r["attack"]) for r in both}
+    assert labels == {"pgd eps=4/255", "pgd eps=4/255 adaptive"}
     # zero-shot is its own transfer target: the same attack, the same random start, the same images
     zs = {(r["id"], r["setting"]): r["pred"] for r in both if r["method"] == "zeroshot"}
     assert all(zs[(i, "pgd")] == zs[(i, "pgd-adaptive")] for i, _ in zs)

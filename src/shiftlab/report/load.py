@@ -22,6 +22,7 @@ from shiftlab.rundir import probs
 from shiftlab.rundir.identity import RunIdentityError
 from shiftlab.rundir.identity import read as read_identity
 from shiftlab.rundir.record_files import record_files, scan
+from shiftlab.rundir.records import ADAPTIVE_SUFFIX, is_adaptive
 
 
 class ReportError(Exception):
@@ -112,7 +113,11 @@ class Run:
 
 
 def _setting_label(setting: str, attack: dict | None) -> str:
-    return setting if setting == "clean" or not attack else attack_label({**attack, "name": setting})
+    if setting == "clean" or not attack:
+        return setting
+    if is_adaptive(setting):   # 'pgd eps=4/255 adaptive': one column for every method, whatever its mode
+        return attack_label({**attack, "name": setting.removesuffix(ADAPTIVE_SUFFIX)}) + " adaptive"
+    return attack_label({**attack, "name": setting})
 
 
 def load_run(path: str | Path) -> Run:
