@@ -249,8 +249,12 @@ def test_transfer_and_adaptive_side_by_side(tmp_path, tiny_checkpoint):
                 for s in ("pgd", "pgd-adaptive")}
         assert (m["robust"]["top1"], m["adaptive"]["top1"]) == (top1["pgd"], top1["pgd-adaptive"])
         assert m["adaptive_gap"] == top1["pgd"] - top1["pgd-adaptive"]
+        survived = [all(r["correct"] for r in both if r["method"] == name and r["id"] == i)
+                    for i in {r["id"] for r in both}]
+        assert m["worst_case"] == {"top1": 100 * sum(survived) / 4, "n": 4}
     md = (tmp_path / "both" / "summary.md").read_text()
-    assert "| adaptive robust top-1 | mode | transfer - adaptive |" in md and "| full+bpda+eot |" in md
+    assert "| adaptive robust top-1 | mode | transfer - adaptive | worst case top-1 |" in md
+    assert "| full+bpda+eot |" in md
     # the report's setting label: one adaptive column for every method, whatever its mode
     from shiftlab.report.load import _setting_label
     labels = {_setting_label(r["setting"], r["attack"]) for r in both}

@@ -197,10 +197,16 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         else:
             attack_setting = setting
             entry["robust"] = {"setting": setting, **scored, "method_seconds_per_image": seconds}
-    for entry in methods.values():   # how much robust accuracy the transfer attack overstated
+    for name, entry in methods.items():   # how much robust accuracy the transfer attack overstated
         transfer, adaptive = entry.get("robust", {}).get("top1"), entry.get("adaptive", {}).get("top1")
         if transfer is not None and adaptive is not None:
             entry["adaptive_gap"] = transfer - adaptive
+            # a sample is robust only if it survives both attacks (AutoAttack's rule), over the samples both scored
+            correct = [{r["id"]: r["correct"] for r in by[(name, entry[k]["setting"])] if r.get("ood") is not True}
+                       for k in ("robust", "adaptive")]
+            both = sorted(set(correct[0]) & set(correct[1]))
+            entry["worst_case"] = {"top1": metrics.top1([correct[0][i] and correct[1][i] for i in both]) if both
+                                   else None, "n": len(both)}
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
     # the transductive track: what each method read beyond the current sample and its past, as the run recorded
@@ -240,7 +246,7 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
     if robust:
         head += ["robust top-1"]
     if adaptive:
-        head += ["adaptive robust top-1", "mode"] + (["transfer - adaptive"] if robust else [])
+        head += ["adaptive robust top-1", "mode"] + (["transfer - adaptive", "worst case top-1"] if robust else [])
     if published:
         head += ["published top-1"]
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
@@ -261,7 +267,7 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row.append(_fmt(m.get("robust", {}).get("top1")))
         if adaptive:
             row += [_fmt(m.get("adaptive", {}).get("top1")), m.get("adaptive", {}).get("mode", "")]
-            row += [_fmt(m.get("adaptive_gap"))] if robust else []
+            row += [_fmt(m.get("adaptive_gap")), _fmt((m.get("worst_case") or {}).get("top1"))] if robust else []
         if published:
             said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
             row.append(_published_cell(published.get(name)) + (said if published.get(name) else ""))
