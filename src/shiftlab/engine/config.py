@@ -174,7 +174,7 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         return f"attack: {exc}"
-    from .attack_target import adaptive_problem
+    from .attack_target import adaptive_problem, adaptive_views_problem
     problem = adaptive_problem(config, names)
     if problem:
         return problem
@@ -186,10 +186,13 @@ def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         for name in names:
             try:
-                effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
-                                 **(config.method_config or {}).get(name, {}))
+                cfg = effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
+                                       **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            problem = adaptive_views_problem(config, name, cfg)
+            if problem:
+                return problem
     return None
 
 
@@ -209,8 +212,9 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     online = [n for n in names if n in entries and not entries[n]["episodic"]]
     if online and len(config.settings()) > 1:
         return _online_and_attacked(online)
-    from .attack_target import adaptive_problem
-    problem = adaptive_problem(config, [n for n in names if n in entries])
+    from .attack_target import adaptive_problem, run_augmix_problem
+    problem = (adaptive_problem(config, [n for n in names if n in entries])
+               or run_augmix_problem(config, [n for n in names if n in entries and entries[n]["uses_views"]]))
     if problem:
         return problem
     undecided = catalogue_undecided(config, datasets)
