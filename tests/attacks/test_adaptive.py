@@ -129,6 +129,21 @@ def test_the_robustness_doc_lists_every_methods_mode():
         assert row in text, row
 
 
+def test_an_attack_written_for_one_image_attacks_through_a_target_as_pgd_does(tiny):
+    """`ImageAttack.attack_through`'s default (an attack that only writes `attack_image`) runs it with the target as
+    the attacked classifier: on PGD, bit for bit what PGD's own batch version gives for one image."""
+    from shiftlab.attacks.pixels import ImageAttack
+    method = create_method("zeroshot", tiny, CLASSNAMES)
+    attack = build_attack({"name": "pgd", "eps": 8 / 255, "steps": 3}, tiny, method.heads.zeroshot)
+    clean = (_views(tiny, 1)[0] * 255).round().to(torch.uint8).unsqueeze(0)
+    target = method_target(method, [7], run_seed=5)
+    via_image = ImageAttack.attack_through(attack, target, clean, [2], [7], 5)
+    assert torch.equal(via_image, attack.attack_through(target, clean, [2], [7], 5))
+    assert (via_image.int() - clean.int()).abs().max() == 8 and attack.classifier is not target
+    with pytest.raises(ValueError, match="one image at a time"):
+        ImageAttack.attack_through(attack, target, clean.repeat(2, 1, 1, 1), [2, 2], [7, 8], 5)
+
+
 def test_eot_draws_crops_as_random_resized_crop_does():
     gen = torch.Generator().manual_seed(0)
     boxes = [crop_box(gen, 64, (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(200)]

@@ -30,6 +30,15 @@ class AttackTarget:
         self.forward = forward
         self.eot_iter = int(eot_iter)
 
+    # an attack written for a classifier module puts it in eval mode and back (torchattacks' habit): nothing to do
+    training = False
+
+    def eval(self) -> AttackTarget:
+        return self
+
+    def train(self, mode: bool = True) -> AttackTarget:
+        return self
+
     def __call__(self, x01: torch.Tensor) -> torch.Tensor:
         return self.forward(x01)
 

@@ -102,8 +102,17 @@ class ImageAttack(Attack):
     def attack_through(self, target: AttackTarget, clean_u8: torch.Tensor, labels: Sequence[int],
                        sample_ids: Sequence[int], run_seed: int) -> torch.Tensor:
         """The attack on a method's own prediction (`--attack-target adaptive`): clean uint8 images (B, 3, S, S),
-        attacked together through `target` -> uint8 (B, 3, S, S). An attack whose spec declares `adaptive` writes it."""
-        raise NotImplementedError(f"{self.name} does not attack through a method's adaptation")
+        attacked together through `target` -> uint8 (B, 3, S, S). Here: `attack_image` with `target` as the attacked
+        classifier, for one image (each call of the target draws its random views afresh: one EOT draw per call); an
+        attack that attacks a batch together or averages `target.eot_iter` draws (PGD) overrides it."""
+        if clean_u8.shape[0] != 1:
+            raise ValueError(f"{self.name} attacks one image at a time through a method, got a batch of "
+                             f"{clean_u8.shape[0]} (a batch method's batch is attacked together by pgd)")
+        saved, self.classifier = self.classifier, target
+        try:
+            return self.attack_image(clean_u8[0], int(labels[0]), int(sample_ids[0]), run_seed).unsqueeze(0)
+        finally:
+            self.classifier = saved
 
     def _run_seed(self, view_generator: ViewGenerator) -> int:
         seed = getattr(self.config, "seed", None)
