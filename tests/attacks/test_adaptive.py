@@ -108,7 +108,7 @@ def test_tda_is_attacked_against_its_state_and_the_state_is_left_alone(tiny):
     assert torch.allclose(got, method.predict(tiny.normalize(views01)), atol=1e-4)   # then it updates, as clean
 
 
-@pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo"])
+@pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo", "rpl"])
 def test_norm_methods_are_attacked_against_their_norm_state_without_a_step(name, tiny):
     from _records import small_config
     method = create_method(name, tiny, CLASSNAMES, **small_config(name))
@@ -277,6 +277,48 @@ def test_transfer_and_adaptive_side_by_side(tmp_path, tiny_checkpoint):
     # zero-shot is its own transfer target: the same attack, the same random start, the same images
     zs = {(r["id"], r["setting"]): r["pred"] for r in both if r["method"] == "zeroshot"}
     assert all(zs[(i, "pgd")] == zs[(i, "pgd-adaptive")] for i, _ in zs)
+
+
+def test_apgd_ce_attacks_through_a_method_at_each_budget_of_an_eps_list(tmp_path, tiny_checkpoint):
+    """APGD-CE is adaptive: with an eps list each budget has its adaptive setting ("<budget>-adaptive", attacked by
+    that budget's attack); zero-shot is its own transfer target, so its adaptive images are its transfer images."""
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=2, size=(64, 64))
+    argv = _argv(data, tmp_path / "run", tiny_checkpoint, "both", "zeroshot")
+    argv[argv.index("pgd")] = "apgd_ce"
+    argv[argv.index("4/255")] = "2/255,8/255"
+    # the tiny CLIP gets these samples wrong clean: attack them anyway, so that the images move
+    assert cli_main(argv + ["--set", "attack.attack_misclassified=True"]) == 0
+    records = json_lines(tmp_path / "run" / "records.jsonl")
+    settings = ("apgd_ce@eps2", "apgd_ce@eps8", "apgd_ce@eps2-adaptive", "apgd_ce@eps8-adaptive")
+    assert {r["setting"] for r in records} == set(settings)
+    for r in records:
+        assert r["attack"]["budget"] == (2 / 255 if "@eps2" in r["setting"] else 8 / 255)
+        assert r["attack"]["linf_255"] <= (2 if "@eps2" in r["setting"] else 8)
+        assert ("target" in r["attack"]) == r["setting"].endswith("-adaptive")
+    assert all(any(r["attack"]["linf_255"] > 0 for r in records if r["setting"] == s) for s in settings)
+    pred = {(r["id"], r["setting"]): r["pred"] for r in records}
+    assert all(pred[(i, s)] == pred[(i, s + "-adaptive")] for i, s in pred if not s.endswith("-adaptive"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    m = summary["methods"]["zeroshot"]
+    for s in settings[:2]:
+        top1 = 100 * sum(r["correct"] for r in records if r["setting"] == s) / 4
+        assert m["robust_by_setting"][s]["top1"] == m["adaptive_by_setting"][s + "-adaptive"]["top1"] == top1
+    assert (m["robust"]["setting"], m["adaptive"]["setting"], m["adaptive_gap"]) == (settings[0], settings[2], 0)
+    assert [a["target"] for a in summary["attacks"].values()] == ["both", "both"]
+    assert "| adaptive robust top-1 (apgd_ce@eps2-adaptive) | adaptive robust top-1 (apgd_ce@eps8-adaptive) |" \
+        in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_apgd_ce_attacks_a_batch_method_s_batch_together(tmp_path, tiny_checkpoint):
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=2, size=(64, 64))
+    argv = _argv(data, tmp_path / "run", tiny_checkpoint, "adaptive", "tent")
+    argv[argv.index("pgd")] = "apgd_ce"
+    assert cli_main(argv + ["--set", "attack.attack_misclassified=True"]) == 0
+    records = json_lines(tmp_path / "run" / "records.jsonl")
+    assert len(records) == 4 and {r["setting"] for r in records} == {"apgd_ce-adaptive"}
+    assert all((r["attack"]["mode"], r["attack"]["target"]) == ("state", "adaptive") for r in records)
+    assert all(r["attack"]["linf_255"] <= 4 and "noise_flipped" in r["attack"] for r in records)
+    assert any(r["attack"]["linf_255"] > 0 for r in records)
 
 
 @pytest.mark.slow
