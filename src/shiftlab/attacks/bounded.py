@@ -7,7 +7,7 @@ seed, sample id)` and forked, so a sample's image depends on nothing else.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +17,7 @@ from .pixels import ImageAttack, attack_seed, quantize
 
 if TYPE_CHECKING:
     from ..models import ClipModel
+    from .adaptive import AttackTarget
 
 _NOISE_SALT = 0x0015E   # keeps the noise check's stream apart from the attack's
 Model = Callable[[torch.Tensor], torch.Tensor]   # images (B, 3, S, S) in [0, 1] -> logits (B, C)
@@ -94,6 +95,30 @@ class BoundedAttack(ImageAttack):
             x_adv = self.run(x, y, seed)
         self.notes.setdefault(int(sample_id), {})["noise_flipped"] = self._noise_flips(x, clean_u8, seed)
         return to_uint8(x_adv[0], clean_u8, self.config)
+
+    def attack_through(self, target: AttackTarget, clean_u8: torch.Tensor, labels: Sequence[int],
+                       sample_ids: Sequence[int], run_seed: int) -> torch.Tensor:
+        """`run` on `target` (`--attack-target adaptive`): one image as `attack_image` attacks it; a batch method's
+        batch (B > 1) in one `run`, the RNG seeded by its first sample (each sample's noise check by its own)."""
+        if clean_u8.shape[0] == 1:
+            return super().attack_through(target, clean_u8, labels, sample_ids, run_seed)
+        device = self.model.device
+        x = clean_u8.to(device).float().div(255)
+        y = torch.tensor([int(v) for v in labels], device=device)
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        seed = attack_seed(run_seed, int(sample_ids[0]))
+        saved, self.classifier = self.classifier, target
+        try:
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(seed)
+                x_adv = self.run(x, y, seed)
+        finally:
+            self.classifier = saved
+        for i, sid in enumerate(sample_ids):
+            self.notes.setdefault(int(sid), {})["noise_flipped"] = self._noise_flips(
+                x[i:i + 1], clean_u8[i], attack_seed(run_seed, int(sid)))
+        return torch.stack([to_uint8(a, c, self.config) for a, c in zip(x_adv, clean_u8)])
 
     @torch.no_grad()
     def _noise_flips(self, x: torch.Tensor, clean_u8: torch.Tensor, seed: int) -> bool:

@@ -24,6 +24,7 @@ from .base import QUANTIZE_MODES, Attack, AttackConfig
 if TYPE_CHECKING:
     from ..models import ClipModel
     from ..views.generator import ViewGenerator
+    from .adaptive import AttackTarget
 
 _ATTACK_SALT = 0x5EED_A77C  # keeps the random-start stream apart from the view generator's stream
 
@@ -107,24 +108,70 @@ class ImageAttack(Attack):
         x = images_u8.to(self.model.device).float().div(255)
         return self.zeroshot(x).argmax(dim=-1).tolist()
 
+    def attack_through(self, target: AttackTarget, clean_u8: torch.Tensor, labels: Sequence[int],
+                       sample_ids: Sequence[int], run_seed: int) -> torch.Tensor:
+        """The attack on a method's own prediction (`--attack-target adaptive`): clean uint8 images (B, 3, S, S),
+        attacked together through `target` -> uint8 (B, 3, S, S). Here: `attack_image` with `target` as the attacked
+        classifier, for one image (each call of the target draws its random views afresh: one EOT draw per call); an
+        attack that attacks a batch together or averages `target.eot_iter` draws (PGD) overrides it."""
+        if clean_u8.shape[0] != 1:
+            raise ValueError(f"{self.name} attacks one image at a time through a method, got a batch of "
+                             f"{clean_u8.shape[0]} (a batch method's batch is attacked together by pgd)")
+        saved, self.classifier = self.classifier, target
+        try:
+            return self.attack_image(clean_u8[0], int(labels[0]), int(sample_ids[0]), run_seed).unsqueeze(0)
+        finally:
+            self.classifier = saved
+
+    def _run_seed(self, view_generator: ViewGenerator) -> int:
+        seed = getattr(self.config, "seed", None)
+        return seed if seed is not None else getattr(view_generator, "seed", 0)
+
+    def _rebuilt(self, sid: int, clean_views: torch.Tensor, adv: torch.Tensor, view_generator: ViewGenerator,
+                 described: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The views regenerated from the adversarial image (the clean run's view seed) and the sample's info."""
+        clean = clean_views[0]
+        pred_clean, pred_adv = self._zeroshot_preds(torch.stack([clean, adv]))
+        adv_pil = Image.fromarray(adv.permute(1, 2, 0).numpy(), "RGB")
+        new_views = view_generator(adv_pil, sid)
+        if new_views.shape != clean_views.shape:
+            raise RuntimeError(f"sample {sid}: adversarial views {tuple(new_views.shape)} "
+                               f"!= clean views {tuple(clean_views.shape)}")
+        return new_views, {**described, "flipped": bool(pred_clean != pred_adv),
+                           "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max()),
+                           **self.notes.pop(int(sid), {})}
+
     def perturb(self, ids: Sequence[int], views_list: Sequence[torch.Tensor], labels: Sequence[int],
                 view_generator: ViewGenerator) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
-        seed = getattr(self.config, "seed", None)
-        run_seed = seed if seed is not None else getattr(view_generator, "seed", 0)
+        run_seed = self._run_seed(view_generator)
         described = {"name": self.name, **{f: getattr(self.config, f) for f in self.record_fields()}}
         adv_views: list[torch.Tensor] = []
         info: dict[int, dict[str, Any]] = {}
         for sid, views, label in zip(ids, views_list, labels):
-            clean = views[0]
-            adv = self.attack_image(clean, label, sid, run_seed)
-            pred_clean, pred_adv = self._zeroshot_preds(torch.stack([clean, adv]))
-            adv_pil = Image.fromarray(adv.permute(1, 2, 0).numpy(), "RGB")
-            new_views = view_generator(adv_pil, sid)
-            if new_views.shape != views.shape:
-                raise RuntimeError(f"sample {sid}: adversarial views {tuple(new_views.shape)} "
-                                   f"!= clean views {tuple(views.shape)}")
+            adv = self.attack_image(views[0], label, sid, run_seed)
+            new_views, info[int(sid)] = self._rebuilt(sid, views, adv, view_generator, described)
             adv_views.append(new_views)
-            info[int(sid)] = {**described, "flipped": bool(pred_clean != pred_adv),
-                              "linf_255": int((adv.to(torch.int16) - clean.to(torch.int16)).abs().max()),
-                              **self.notes.pop(int(sid), {})}
+        return adv_views, info
+
+    def perturb_adaptive(self, method: Any, ids: Sequence[int], views_list: Sequence[torch.Tensor],
+                         labels: Sequence[int], view_generator: ViewGenerator, eot: int = 1,
+                         together: bool = False) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+        """`perturb` through `method`'s own prediction as it stands (`attacks.adaptive.method_target`): each sample
+        alone, or all of them at once with `together` (a batch method's batch). Each sample's info adds
+        `target` "adaptive", the method's `mode` and `eot` (the draws per gradient; 1 without random views)."""
+        from .adaptive import method_target
+        run_seed = self._run_seed(view_generator)
+        units = [list(range(len(ids)))] if together else [[i] for i in range(len(ids))]
+        adv_views: list[torch.Tensor] = [torch.empty(0)] * len(ids)
+        info: dict[int, dict[str, Any]] = {}
+        for unit in units:
+            unit_ids = [int(ids[i]) for i in unit]
+            target = method_target(method, unit_ids, run_seed, eot)
+            described = {"name": self.name, **{f: getattr(self.config, f) for f in self.record_fields()},
+                         "target": "adaptive", "mode": method.adaptive.label, "eot": target.eot_iter}
+            clean = torch.stack([views_list[i][0] for i in unit])
+            adv = self.attack_through(target, clean, [labels[i] for i in unit], unit_ids, run_seed)
+            for k, i in enumerate(unit):
+                adv_views[i], info[unit_ids[k]] = self._rebuilt(unit_ids[k], views_list[i], adv[k], view_generator,
+                                                                described)
         return adv_views, info

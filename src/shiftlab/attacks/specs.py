@@ -30,6 +30,9 @@ class AttackSpec:
     summary: ClassVar[str] = ""
     label_format: ClassVar[str] = ""
     details_format: ClassVar[str] = ""
+    # whether it attacks through a method's adaptation (`--attack-target adaptive`): its class then writes
+    # `attack_through(target, ...)` against an `attacks.adaptive.AttackTarget`
+    adaptive: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -142,6 +142,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--eps-l2", type=checks.fraction_in(0, L2_MAX), default=None, metavar="EPS",
                    help="the attack's eps_l2: an L2 budget on [0, 1] images, e.g. 0.5, instead of the L-inf --eps "
                         "(apgd_ce, apgd_t, autoattack; refused for an L-inf-only attack)")
+    a.add_argument("--attack-target", choices=("transfer", "adaptive", "both"), default="transfer",
+                   help="whom the attack attacks: zero-shot CLIP, scored on every method (transfer, R-TPT's protocol; "
+                        "the default), each method's own prediction through its adaptation (adaptive), or both side "
+                        "by side; a method that cannot be attacked adaptively is refused")
+    a.add_argument("--eot", type=checks.int_in(1), default=1,
+                   help="adaptive: draws of a method's random views averaged per attack gradient (default 1)")
     a.add_argument("--clean-and-robust", action="store_true",
                    help="score clean and adversarial images in one pass")
 
@@ -176,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      order="shuffled" if args.order == "iid" else args.order,
                      delta=getattr(args, "delta", None), orders=getattr(args, "orders", 1), attack=attack,
                      clean_and_robust=args.clean_and_robust, attack_subset=getattr(args, "attack_subset", None),
+                     attack_target=getattr(args, "attack_target", "transfer"), eot=getattr(args, "eot", 1),
                      classnames=classnames, progress=not args.no_progress,
                      online_checkpoint_seconds=args.online_checkpoint_seconds,
                      online_checkpoint_samples=getattr(args, "online_checkpoint_samples", 64), precision=args.precision,

@@ -60,6 +60,10 @@ class RunConfig:
     # attack only a seeded subset of N of the stream's samples (`attack_subset_ids`; RobustBench runs AutoAttack on a
     # fixed 5,000-image subset of ImageNet for the same reason: cost); the clean setting still scores every sample
     attack_subset: int | None = param(None, ge=1)
+    # whom the attack attacks (docs/ROBUSTNESS.md): zero-shot CLIP, scored on every method ("transfer", R-TPT's
+    # protocol); each method's own prediction through its adaptation ("adaptive"); or both, side by side
+    attack_target: str = param("transfer", choices=("transfer", "adaptive", "both"))
+    eot: int = param(1, ge=1)        # adaptive: draws of a method's random views averaged per attack gradient
     classnames: list[str] | None = None
     progress: bool = True
     precision: str = "auto"          # auto: fp16 autocast on CUDA, float32 on CPU; fp32 | fp16 | bf16
@@ -111,7 +115,7 @@ class RunConfig:
 
     def settings(self) -> list[str]:
         from ..rundir import records
-        return records.run_settings(self.attack, self.clean_and_robust)
+        return records.run_settings(self.attack, self.clean_and_robust, self.attack_target)
 
 
 def check_run_config(config: object) -> RunConfig:
@@ -178,6 +182,11 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
         return online_and_attacked(online)
     if config.attack_subset is not None and (config.attack or {}).get("name", "none") == "none":
         return f"{say('attack_subset')} attacks a subset of the samples, but no attack is chosen: add {say('attack')}"
+    from .attack_target import adaptive_problem, run_augmix_problem
+    problem = (adaptive_problem(config, [n for n in names if n in entries])
+               or run_augmix_problem(config, [n for n in names if n in entries and entries[n]["uses_views"]]))
+    if problem:
+        return problem
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)

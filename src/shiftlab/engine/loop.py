@@ -31,7 +31,7 @@ from ..results import orders as results_orders
 from ..results import summary as run_summary
 from ..rundir import identity, record_files
 from ..rundir.online_state import OnlineState
-from ..rundir.records import Record
+from ..rundir.records import Record, run_settings
 from ..rundir.stream import order_seeds, read_stream, write_stream
 from ..views.generator import ViewConfig, ViewGenerator
 from . import distributed, interrupt, planning
@@ -230,7 +230,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(StepContext(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
                                 done=done, timer=timer, online_start=online_start, features=store,
-                                group_views=group_views or {}))
+                                group_views=group_views or {}, eot=config.eot))
     served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),
@@ -446,7 +446,7 @@ def _attackers(config: RunConfig, model: ClipModel, evaluator: Evaluator):
     """The run's attack (None for a clean run), or {setting: attack} for a list of budgets (one per budget)."""
     if not isinstance(config.attack.get("eps"), list):
         return build_attack(config.attack, model, evaluator.heads.zeroshot)
-    attacked = [s for s in config.settings() if s != "clean"]
+    budgets = run_settings(config.attack, False)   # the transfer settings: one per budget, in the eps list's order
     return {s: build_attack(one, model, evaluator.heads.zeroshot)
-            for s, one in zip(attacked, split_budgets(config.attack))}
+            for s, one in zip(budgets, split_budgets(config.attack))}
 

@@ -163,6 +163,7 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     from ..methods.effective import effective_config, method_spec
     from ..methods.specs import tower_of_name, tower_problem
     from ..rundir.stream import stream_problem
+    from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem
 
     names = expand_names(config)
@@ -180,6 +181,9 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
         attack = attack_config(config.attack)
     except (TypeError, ValueError) as exc:
         raise PlanError(f"attack: {exc}") from None
+    problem = adaptive_problem(config, names)
+    if problem:
+        raise PlanError(problem)
     problem = shift_problem(config)
     if problem:
         raise PlanError(problem)
@@ -194,6 +198,9 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
                                        **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 raise PlanError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip())) from None
+            problem = adaptive_views_problem(config, name, cfg)
+            if problem:
+                raise PlanError(problem)
             spec = method_spec(name)
             plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
     return RunPlan(resolved, tuple(plans), plans, attack)

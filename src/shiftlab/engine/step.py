@@ -29,7 +29,7 @@ from ..methods.protocols import DEFAULT_PROTOCOL
 from ..models import ClipModel
 from ..models.precision import Precision
 from ..models.precision import resolve as resolve_precision
-from ..rundir.records import Record, is_missing
+from ..rundir.records import ADAPTIVE_SUFFIX, Record, is_adaptive, is_missing
 from ..views.generator import ViewConfig, ViewGenerator
 from ..views.preprocess import Preprocess
 from ..views.recipe import ViewRecipe
@@ -216,6 +216,7 @@ class StepContext:
     features: Any = None   # an engine.features.RunFeatures (which imports this module: named, not imported)
     on_outputs: OutputsHook | None = None
     group_views: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    eot: int = 1   # `--attack-target adaptive`: draws of a method's random views per attack gradient
 
 
 class Runner:
@@ -437,36 +438,69 @@ class Runner:
                 wanted[n] = list(range(len(ids)))
         if not any(wanted.values()):
             return
+        if is_adaptive(setting):
+            self._step_adaptive(good, ids, setting, recipe, names, wanted, per_sample)
+            return
         views = [item.views.get(recipe) for item in good]   # None: served by the feature store
         attack_info: dict[int, dict] = {}
         if setting != "clean":
             with self.timer.phase("attack"):
-                attacker = self.attacker[setting] if isinstance(self.attacker, dict) else self.attacker
-                views, attack_info = attacker.perturb(ids, views, [self.dataset.label(s) for s in ids],
+                views, attack_info = self._attacker(setting).perturb(ids, views, [self.dataset.label(s) for s in ids],
                                                       self.recipes[recipe])
         ctxs_of = self._encode(names, wanted, views, ids, recipe, [item.features for item in good])
         for name in names:
+            if wanted[name]:
+                self._predict(name, setting, ids, wanted[name], ctxs_of[name], attack_info, per_sample)
+
+    def _attacker(self, setting: str) -> Any:
+        """The attack of an attacked setting: the run's, or its budget's for an eps list (an adaptive setting is its
+        budget's setting + "-adaptive")."""
+        if not isinstance(self.attacker, dict):
+            return self.attacker
+        return self.attacker[setting.removesuffix(ADAPTIVE_SUFFIX)]
+
+    def _step_adaptive(self, good: list[BatchItem], ids: list[int], setting: str, recipe: str, names: list[str],
+                       wanted: dict[str, list[int]], per_sample: dict[int, list[Record]]) -> None:
+        """An attack through each method's own prediction (`--attack-target adaptive`): every method's samples
+        attacked against the method as it stands, then scored. An episodic method's samples are attacked one by one
+        and predicted together; a batch method's batch is attacked together; an online method's samples one at a
+        time, each attacked against the state the samples before it left (and then updating it as a clean one
+        would). Each sample's views are encoded alone, so its features do not depend on the batch."""
+        for name in names:
+            method = self.evaluator.methods[name]
             todo = wanted[name]
-            if not todo:
-                continue
-            ctxs = ctxs_of[name]
-            self.timer.current_method = name
-            t0 = self.timer.now()
-            try:
-                outs = self.evaluator.predict(name, [ctxs[i] for i in todo])
-            except Exception as exc:  # one method failing must not lose the others' records
-                for i in todo:
-                    per_sample[ids[i]].append(Record.failure(**self._base(ids[i], setting), method=name,
-                                                             error=f"{type(exc).__name__}: {exc}"))
-                continue
-            finally:
-                seconds = self.timer.now() - t0
-                self.timer.add(f"predict:{name}", seconds)
-                self.timer.current_method = None
-            secs = seconds / max(len(todo), 1)
-            for i, out in zip(todo, outs):
-                sid = ids[i]
-                rec = Record.prediction(**self._base(sid, setting), method=name, output=out, seconds=secs)
-                per_sample[sid].append(rec.with_attack(attack_info.get(sid)))
-            if self.on_outputs is not None:
-                self.on_outputs(name, setting, [ids[i] for i in todo], outs)
+            units = [todo] if method.episodic or method.adapts_on_batches else [[i] for i in todo]
+            for unit in units:
+                unit_ids = [ids[i] for i in unit]
+                with self.timer.phase("attack"):
+                    views, info = self._attacker(setting).perturb_adaptive(
+                        method, unit_ids, [good[i].views[recipe] for i in unit],
+                        [self.dataset.label(s) for s in unit_ids], self.recipes[recipe], self.context.eot,
+                        together=method.adapts_on_batches)
+                ctxs = [self._encode([name], {name: [0]}, [v], [sid], recipe, [{}])[name][0]
+                        for v, sid in zip(views, unit_ids)]
+                self._predict(name, setting, unit_ids, list(range(len(unit))), ctxs, info, per_sample)
+
+    def _predict(self, name: str, setting: str, ids: list[int], todo: list[int], ctxs: list[SampleContext],
+                 attack_info: dict[int, dict], per_sample: dict[int, list[Record]]) -> None:
+        """Method `name` on the contexts `todo` of `ids`, its records (or one failure per sample) into `per_sample`."""
+        self.timer.current_method = name
+        t0 = self.timer.now()
+        try:
+            outs = self.evaluator.predict(name, [ctxs[i] for i in todo])
+        except Exception as exc:  # one method failing must not lose the others' records
+            for i in todo:
+                per_sample[ids[i]].append(Record.failure(**self._base(ids[i], setting), method=name,
+                                                         error=f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            seconds = self.timer.now() - t0
+            self.timer.add(f"predict:{name}", seconds)
+            self.timer.current_method = None
+        secs = seconds / max(len(todo), 1)
+        for i, out in zip(todo, outs):
+            sid = ids[i]
+            rec = Record.prediction(**self._base(sid, setting), method=name, output=out, seconds=secs)
+            per_sample[sid].append(rec.with_attack(attack_info.get(sid)))
+        if self.on_outputs is not None:
+            self.on_outputs(name, setting, [ids[i] for i in todo], outs)

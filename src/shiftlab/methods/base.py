@@ -107,6 +107,8 @@ class Method:
     # what it reads beyond the current sample and its past (a spec's `Capabilities(reads_ahead=...)`: None, "batch",
     # "test_set"); a "test_set" method is shown the whole test set before the stream (`observe_test_set`)
     reads_ahead: str | None = None
+    # how `--attack-target adaptive` attacks it (a spec's `Adaptive`, methods/adaptive_modes.py); None: it cannot be
+    adaptive: Any = None
     # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
     # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
     offline_config: dict[str, Any] = {}

@@ -34,6 +34,7 @@ from ..options import say, say_set
 from ..params import check_config, param
 from ..registry import Registry, scan_folders
 from ..views.recipe import ViewRecipe
+from .adaptive_modes import Adaptive
 from .facts import FAMILIES
 
 __all__ = ["BATCH", "EPISODIC", "FROZEN_ENCODER", "FROZEN_FEATURES",
@@ -171,7 +172,7 @@ FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "data
 # what a spec declares (inherited defaults) and the method class carries over
 ATTRIBUTES = ("name", "config_class", "summary", "capabilities", "towers", "towers_why", "text_head", "min_views",
               "min_views_why", "supports_pure_fp16", "offline_config", "random_weights_config", "cupl_templates",
-              "own_ood_score")
+              "own_ood_score", "adaptive")
 # what the capabilities and the config class decide, never declared
 DERIVED = ("episodic", "needs_views", "needs_pixels", "reads_features", "adapts_on_batches", "reads_ahead")
 
@@ -235,6 +236,9 @@ class MethodSpec:
     # (higher: more in-distribution, as MCM), recorded on open-set runs beside MCM as `own_ood_score` and scored
     # in a column of its own (docs/PROTOCOLS.md). "": MCM only
     own_ood_score: ClassVar[str] = ""
+    # how `--attack-target adaptive` attacks it through its adaptation (methods/adaptive_modes.py); None: it cannot
+    # be, and an adaptive run refuses it in one line
+    adaptive: ClassVar[Adaptive | None] = None
 
     # derived, set on every subclass
     episodic: ClassVar[bool] = True
@@ -260,6 +264,9 @@ class MethodSpec:
         if derived:
             raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "
                             "config class; declare `capabilities = Capabilities(reads=..., state=...)`")
+        if cls.adaptive is not None and not isinstance(cls.adaptive, Adaptive):
+            raise TypeError(f"{cls.__qualname__}.adaptive must be an Adaptive (methods/adaptive_modes.py), got "
+                            f"{type(cls.adaptive).__name__}")
         if not isinstance(cls.capabilities, Capabilities):
             raise TypeError(f"{cls.__qualname__}.capabilities must be a Capabilities, got "
                             f"{type(cls.capabilities).__name__}")

@@ -22,6 +22,7 @@ from shiftlab.rundir import probs
 from shiftlab.rundir.identity import RunIdentityError
 from shiftlab.rundir.identity import read as read_identity
 from shiftlab.rundir.record_files import record_files, scan
+from shiftlab.rundir.records import ADAPTIVE_SUFFIX, is_adaptive
 
 
 class ReportError(Exception):
@@ -114,9 +115,11 @@ class Run:
 def _setting_label(setting: str, attack: dict | None) -> str:
     if setting == "clean" or not attack:
         return setting
+    adaptive = is_adaptive(setting)   # 'pgd eps=4/255 adaptive': one column for every method, whatever its mode
+    setting = setting.removesuffix(ADAPTIVE_SUFFIX)
     # one budget of an eps list ("apgd_ce@eps4"): its record's attack names the attack and its budget
     name = attack.get("name") if setting.startswith(f"{attack.get('name')}@") else setting
-    return attack_label({**attack, "name": name})
+    return attack_label({**attack, "name": name}) + (" adaptive" if adaptive else "")
 
 
 def load_run(path: str | Path) -> Run:

@@ -295,13 +295,17 @@ def robust_section(data: ReportData) -> Section | None:
     keys = list(dict.fromkeys(s.key for s in data.series if id(s.run) in attacked_runs))
     top1 = {(s.key, s.setting_label): data.m(s)["top1"] for s in data.series}
     columns = {lab: [top1.get((k, lab), np.nan) for k in keys] for lab in ["clean", *attacked]}
+    # an attack run both ways (--attack-target both): how much robust accuracy the transfer attack overstated
+    paired = [lab for lab in attacked if f"{lab} adaptive" in columns]
     rows = []
     for i, k in enumerate(keys):
         row = [k, num(columns["clean"][i])]
         for lab in attacked:
             row += [num(columns[lab][i]), signed(columns[lab][i] - columns["clean"][i])]
+        row += [signed(columns[lab][i] - columns[f"{lab} adaptive"][i]) for lab in paired]
         rows.append(row)
-    headers = ["method", "clean top-1 %"] + [h for lab in attacked for h in (f"{lab} top-1 %", f"{lab} − clean")]
+    headers = (["method", "clean top-1 %"] + [h for lab in attacked for h in (f"{lab} top-1 %", f"{lab} − clean")]
+               + [f"{lab}: transfer − adaptive" for lab in paired])
     png = plots.grouped_bars(keys, columns, data.out / "clean_vs_robust.png", "Clean vs. robust accuracy")
     return ("robust", "Clean vs. robust accuracy",
             "<p>Robust accuracy: top-1 on the adversarial images of each attack setting.</p>"

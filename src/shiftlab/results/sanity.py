@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..rundir.records import ADAPTIVE_SUFFIX
+
 TOLERANCE = 1e-9          # percentage points: equal numbers pass, any rise is reported
 LARGE_BUDGET = 16 / 255   # L-inf budget at which zero-shot CLIP must fall to about 0 (Carlini et al. 5.5)
 SURVIVE_MAX = 1.0         # percent of zero-shot top-1 allowed to survive LARGE_BUDGET
@@ -139,21 +141,25 @@ def check_points(points: Sequence[Point]) -> list[Warning]:
 
 def points_of_summary(summary: Mapping[str, Any]) -> list[Point]:
     """A run summary's robust top-1 per method as Points, from its `attack` entry (its effective config),
-    or from each setting of its `attacks` (an eps list: one per budget, robust top-1 in `robust_by_setting`)."""
+    or from each setting of its `attacks` (an eps list: one per budget, robust top-1 in `robust_by_setting`):
+    the transfer attack's (`robust`) and the adaptive attack's (`adaptive`, `adaptive_by_setting`)."""
     if summary.get("attacks"):
         return [p for setting, attack in summary["attacks"].items()
-                for p in _points(summary, attack, lambda m, s=setting: (m.get("robust_by_setting") or {}).get(s))]
-    return _points(summary, summary.get("attack") or {}, lambda m: m.get("robust"))
+                for key, suffix, target in (("robust", "", "transfer"), ("adaptive", ADAPTIVE_SUFFIX, "adaptive"))
+                for p in _points(summary, attack, target,
+                                 lambda m, s=setting + suffix, k=key: (m.get(f"{k}_by_setting") or {}).get(s))]
+    attack = summary.get("attack") or {}
+    return (_points(summary, attack, "transfer", lambda m: m.get("robust"))
+            + _points(summary, attack, "adaptive", lambda m: m.get("adaptive")))
 
 
-def _points(summary: Mapping[str, Any], attack: Mapping[str, Any], robust_of) -> list[Point]:
+def _points(summary: Mapping[str, Any], attack: Mapping[str, Any], target: str, robust_of) -> list[Point]:
     name = attack.get("name")
     budget = attack.get("budget", attack.get("eps"))
     if not name or not isinstance(budget, (int, float)):
         return []
     norm = attack.get("norm", "Linf")
     steps = attack.get("steps") if isinstance(attack.get("steps"), int) else None
-    target = str((summary.get("config") or {}).get("attack_target") or attack.get("target") or "transfer")
     out = []
     for method, m in (summary.get("methods") or {}).items():
         robust = (robust_of(m) or {}).get("top1")

@@ -20,6 +20,7 @@ from ..attacks import split_budgets
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
+from ..rundir.records import ADAPTIVE_SUFFIX, is_adaptive
 from ..writes import resume_advice
 from . import metrics, sanity
 from .display import attack_details, attack_label, is_random_weights, model_label
@@ -174,7 +175,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
             continue
         by[(r["method"], r.get("setting", "clean"))].append(r)
     methods: dict[str, dict] = {}
-    attacked_settings: list[str] = []
+    attacked_settings: list[str] = []   # each budget's setting; an adaptive one without its suffix
     with_own_scores = any(isinstance(r.get("own_ood_score"), (int, float)) for rs in by.values() for r in rs)
     for (name, setting), recs in sorted(by.items()):
         entry = methods.setdefault(name, {})
@@ -193,6 +194,12 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         if setting == "clean":
             entry.update(scored)
             entry["method_seconds_per_image"] = seconds
+        elif is_adaptive(setting):   # the attack through the method's own prediction (--attack-target adaptive)
+            attacked_settings.append(setting.removesuffix(ADAPTIVE_SUFFIX))
+            modes = {r["attack"].get("mode") for r in recs if isinstance(r.get("attack"), dict)}
+            entry.setdefault("adaptive_by_setting", {})[setting] = {
+                "setting": setting, "mode": "/".join(sorted(m for m in modes if m)), **scored,
+                "method_seconds_per_image": seconds}
         else:
             attacked_settings.append(setting)
             entry.setdefault("robust_by_setting", {})[setting] = {"setting": setting, **scored,
@@ -201,12 +208,25 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
     order = [s for s in run_records.run_settings(config.get("attack"), False) if s in attacked_settings]
     order += sorted(set(attacked_settings) - set(order))
     for entry in methods.values():
-        by_setting = entry.pop("robust_by_setting", {})
-        if by_setting:
-            ranked = [by_setting[s] for s in order if s in by_setting]
-            entry["robust"] = ranked[0]
-            if len(order) > 1:
-                entry["robust_by_setting"] = {r["setting"]: r for r in ranked}
+        for key, by_key, suffix in (("robust", "robust_by_setting", ""),
+                                    ("adaptive", "adaptive_by_setting", ADAPTIVE_SUFFIX)):
+            by_setting = entry.pop(by_key, {})
+            ranked = [by_setting[s + suffix] for s in order if s + suffix in by_setting]
+            if ranked:
+                entry[key] = ranked[0]
+                if len(order) > 1:
+                    entry[by_key] = {r["setting"]: r for r in ranked}
+    for name, entry in methods.items():   # how much robust accuracy the transfer attack overstated
+        transfer, adaptive = entry.get("robust", {}), entry.get("adaptive", {})
+        if (transfer.get("top1") is not None and adaptive.get("top1") is not None
+                and adaptive["setting"] == transfer["setting"] + ADAPTIVE_SUFFIX):
+            entry["adaptive_gap"] = transfer["top1"] - adaptive["top1"]
+            # a sample is robust only if it survives both attacks (AutoAttack's rule), over the samples both scored
+            correct = [{r["id"]: r["correct"] for r in by[(name, entry[k]["setting"])] if r.get("ood") is not True}
+                       for k in ("robust", "adaptive")]
+            both = sorted(set(correct[0]) & set(correct[1]))
+            entry["worst_case"] = {"top1": metrics.top1([correct[0][i] and correct[1][i] for i in both]) if both
+                                   else None, "n": len(both)}
     timings = timings or {}
     shared = timings.get("shared_seconds_per_image", 0.0)
     # the transductive track: what each method read beyond the current sample and its past, as the run recorded
@@ -215,7 +235,8 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         if name in methods:
             methods[name]["reads_ahead"] = reads_ahead
     for entry in methods.values():
-        own = entry.get("method_seconds_per_image", entry.get("robust", {}).get("method_seconds_per_image", 0.0))
+        attacked = entry.get("robust", entry.get("adaptive", {}))
+        own = entry.get("method_seconds_per_image", attacked.get("method_seconds_per_image", 0.0))
         entry["seconds_per_image"] = own + shared
     summary = {"config": config, "methods": methods, "errors": errors, "timings": timings}
     if identity is not None:
@@ -223,8 +244,14 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
     if order:
         attack = dict(config.get("attack") or {})
         split = split_budgets(attack) if isinstance(attack.get("eps"), list) else [attack]
-        per_setting = {s: _attack_entry(records, s, split[i] if i < len(split) else attack)
+        transfer = {r.get("setting") for r in records}
+        # `flipped` from the transfer attack's records where it ran, else from the adaptive attack's
+        per_setting = {s: _attack_entry(records, s if s in transfer else s + ADAPTIVE_SUFFIX,
+                                        split[i] if i < len(split) else attack)
                        for i, s in enumerate(order)}
+        if any(is_adaptive(r.get("setting", "clean")) for r in records):
+            for entry in per_setting.values():
+                entry.update(target=config.get("attack_target", "adaptive"), eot=config.get("eot", 1))
         summary["attack"] = per_setting[order[0]]
         if len(order) > 1:
             summary["attacks"] = per_setting
@@ -254,11 +281,17 @@ def _fmt(x: Any) -> str:
 def summary_markdown(summary: dict, published: dict[str, dict] | None = None) -> str:
     published = published or {}
     robust = any("robust" in m for m in summary["methods"].values())
+    adaptive = any("adaptive" in m for m in summary["methods"].values())
     head = ["method", "top-1", "top-5", "ECE", "ECE20", "NLL", "n", "s/img"]
     budgets = list(next((m["robust_by_setting"] for m in summary["methods"].values() if "robust_by_setting" in m),
                         {}))
     if robust:
         head += [f"robust top-1 ({s})" for s in budgets] if budgets else ["robust top-1"]
+    adaptive_budgets = list(next((m["adaptive_by_setting"] for m in summary["methods"].values()
+                                  if "adaptive_by_setting" in m), {}))
+    if adaptive:
+        head += [f"adaptive robust top-1 ({s})" for s in adaptive_budgets] or ["adaptive robust top-1"]
+        head += ["mode"] + (["transfer - adaptive", "worst case top-1"] if robust else [])
     if published:
         head += ["published top-1"]
     published_ece = any(row.get("paper_ece") is not None for row in published.values())
@@ -279,6 +312,13 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row += [_fmt((m.get("robust_by_setting") or {}).get(s, {}).get("top1")) for s in budgets]
         elif robust:
             row.append(_fmt(m.get("robust", {}).get("top1")))
+        if adaptive and adaptive_budgets:
+            row += [_fmt((m.get("adaptive_by_setting") or {}).get(s, {}).get("top1")) for s in adaptive_budgets]
+        elif adaptive:
+            row.append(_fmt(m.get("adaptive", {}).get("top1")))
+        if adaptive:
+            row.append(m.get("adaptive", {}).get("mode", ""))
+            row += [_fmt(m.get("adaptive_gap")), _fmt((m.get("worst_case") or {}).get("top1"))] if robust else []
         if published:
             said = {"batch": " (batch-transductive)", "test_set": " (transductive)"}.get(m.get("reads_ahead"), "")
             row.append(_published_cell(published.get(name)) + (said if published.get(name) else ""))
@@ -333,6 +373,9 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%"
                      + (f" (uniform noise of the same budget: {_fmt(a['noise_success_rate'])}%)"
                         if a.get("noise_success_rate") is not None else ""))
+    if adaptive:
+        notes.append(f"adaptive: the attack through each method's own prediction (mode: the method's spec, "
+                     f"docs/ROBUSTNESS.md), {summary['attack'].get('eot', 1)} draw(s) of its random views per gradient")
     notes += [f"SANITY CHECK FAILED: {w['message']}" for w in summary.get("sanity") or []]
     return f"### {title}\n\n" + "\n".join(lines) + "\n\n" + "; ".join(notes) + "\n"
 

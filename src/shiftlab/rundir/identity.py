@@ -171,6 +171,9 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "domains": jsonable(getattr(dataset, "domain_info", None)),
         "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
+    target = getattr(config, "attack_target", "transfer")
+    if target != "transfer":   # a transfer run's identity is what it was before adaptive attacks existed
+        shared.update(attack_target=target, eot=int(config.eot))
     return {"shared": shared, "methods": {n: method_config(m) for n, m in methods.items()}, "shiftlab": version}
 
 
@@ -185,6 +188,8 @@ SHARED_TYPES: dict[str, tuple] = {
     "batch_size": (int, None), "corruption": (dict, None), "open_set": (dict, None),
     "domains": (dict, None),
 }
+# the fields only some runs write: an attack through the methods' adaptation (`--attack-target adaptive|both`)
+OPTIONAL_SHARED_TYPES: dict[str, tuple] = {"attack_target": (str,), "eot": (int,)}
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
 
@@ -215,7 +220,7 @@ def validate(data: Any, path: Path | str = IDENTITY_FILE) -> dict[str, Any]:
         if _json_type(data[section]) not in types:
             raise wrong(section, types, data[section])
     for key, value in data["shared"].items():
-        types = SHARED_TYPES.get(key)
+        types = SHARED_TYPES.get(key, OPTIONAL_SHARED_TYPES.get(key))
         if types is not None and _json_type(value) not in types:
             raise wrong(f"shared.{key}", types, value)
     for name, cfg in data["methods"].items():

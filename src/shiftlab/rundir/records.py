@@ -277,15 +277,30 @@ def check_record(data: Any) -> Record:
     return Record(**data)
 
 
-def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool) -> list[str]:
-    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust); an attack
-    given a list of budgets (`eps: [1/255, 4/255]`, one pass over several) has one setting per budget,
-    `budget_setting(name, eps)`: "apgd_ce@eps1", "apgd_ce@eps4"."""
+# `--attack-target`: the attack on zero-shot CLIP scored on every method (R-TPT's protocol, the setting named as the
+# attack), on each method's own prediction (the setting "<attack>-adaptive"), or both side by side
+TRANSFER, ADAPTIVE, BOTH = "transfer", "adaptive", "both"
+ATTACK_TARGETS = (TRANSFER, ADAPTIVE, BOTH)
+ADAPTIVE_SUFFIX = "-adaptive"
+
+
+def is_adaptive(setting: str) -> bool:
+    """Whether a setting is an attack through the methods' own predictions (`--attack-target adaptive`)."""
+    return setting.endswith(ADAPTIVE_SUFFIX)
+
+
+def run_settings(attack: Mapping[str, Any] | None, clean_and_robust: bool, target: str = TRANSFER) -> list[str]:
+    """A run's settings: ["clean"], or the attack's name (after "clean" with clean_and_robust); with `target`
+    "adaptive" the attack's adaptive setting "<attack>-adaptive" instead, with "both" the two, transfer first. An
+    attack given a list of budgets (`eps: [1/255, 4/255]`, one pass over several) has one setting per budget,
+    `budget_setting(name, eps)`: "apgd_ce@eps1", "apgd_ce@eps4" (adaptive: "apgd_ce@eps1-adaptive", ...)."""
     name = (attack or {}).get("name", "none")
     if name == "none":
         return ["clean"]
     eps = (attack or {}).get("eps")
-    attacked = [budget_setting(name, e) for e in eps] if isinstance(eps, list) else [name]
+    budgets = [budget_setting(name, e) for e in eps] if isinstance(eps, list) else [name]
+    adaptive = [b + ADAPTIVE_SUFFIX for b in budgets]
+    attacked = {TRANSFER: budgets, ADAPTIVE: adaptive, BOTH: budgets + adaptive}[target]
     return ["clean", *attacked] if clean_and_robust else attacked
 
 
@@ -340,7 +355,8 @@ class RecordSchema:
         methods = identity.get("methods") if isinstance(identity.get("methods"), Mapping) else {}
         n = shared.get("n_samples")
         return cls(methods=frozenset(methods),
-                   settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")))),
+                   settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")),
+                                                   shared.get("attack_target", TRANSFER))),
                    n_samples=n if _is_int(n) else None, **known)
 
 

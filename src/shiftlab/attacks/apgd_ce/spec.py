@@ -23,3 +23,6 @@ class APGDCESpec(AttackSpec):
     summary = "APGD on the cross-entropy (AutoAttack's first attack), L-inf or L2, against zero-shot CLIP by default"
     label_format = LABEL_FORMAT
     details_format = "steps={steps}"
+    # attack_through: APGD-CE on a method's own prediction (`--attack-target adaptive`, attacks/adaptive.py), one
+    # draw of its random views per call (APGD takes no EOT average here), a batch method's batch together
+    adaptive = True

@@ -12,11 +12,12 @@ the INITIAL prompt, with normalisation inside the attacked model. The result is 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
+from ..adaptive import AttackTarget
 from ..pixels import ImageAttack, attack_seed, quantize
 from .spec import PGDConfig, PGDSpec
 
@@ -58,6 +59,28 @@ def pgd_linf(classifier: Callable[[torch.Tensor], torch.Tensor], images: torch.T
     return adv
 
 
+def pgd_through(target: AttackTarget, images: torch.Tensor, labels: torch.Tensor, start: torch.Tensor | None, *,
+                eps: float, alpha: float, steps: int) -> torch.Tensor:
+    """`pgd_linf`'s update against an `AttackTarget` (a method's own prediction, `--attack-target adaptive`): the
+    same start, step, sign and projections; each step's gradient is the mean of `target.eot_iter` calls' (EOT over
+    the target's random views). `start`: the random start's noise (None: none)."""
+    images = images.clone().detach()
+    adv = images.clone().detach()
+    if start is not None:
+        adv = torch.clamp(adv + start, min=0, max=1).detach()
+    with torch.enable_grad():
+        for _ in range(steps):
+            adv.requires_grad = True
+            grad = torch.zeros_like(adv)
+            for _ in range(target.eot_iter):
+                cost = nn.functional.cross_entropy(target(adv), labels)
+                grad += torch.autograd.grad(cost, adv)[0]
+            adv = adv.detach() + alpha * grad.sign()
+            delta = torch.clamp(adv - images, min=-eps, max=eps)
+            adv = torch.clamp(images + delta, min=0, max=1).detach()
+    return adv
+
+
 class PGDAttack(ImageAttack):
     """L-inf PGD on the base view against zero-shot CLIP with the initial prompt (R-TPT's threat model).
 
@@ -85,3 +108,24 @@ class PGDAttack(ImageAttack):
             x_adv = pgd_linf(self.classifier, x, y, eps=cfg.eps, alpha=cfg.alpha, steps=cfg.steps,
                         random_start=cfg.random_start)
         return quantize(x_adv[0], clean_u8, cfg.eps, cfg.quantize, cfg.clip_to_ball)
+
+    def attack_through(self, target: AttackTarget, clean_u8: torch.Tensor, labels: Sequence[int],
+                       sample_ids: Sequence[int], run_seed: int) -> torch.Tensor:
+        """PGD on `target` (B images attacked together, (B, 3, S, S) uint8 -> uint8); each image's random start is
+        the one `attack_image` draws for it, so transfer and adaptive start from the same point."""
+        cfg = self.config
+        device = self.model.device
+        x = clean_u8.to(device).float().div(255)
+        y = torch.tensor([int(v) for v in labels], device=device)
+        start = None
+        if cfg.random_start:
+            cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+                if device.type == "cuda" else []
+            noise = []
+            for sid in sample_ids:
+                with torch.random.fork_rng(devices=cuda):
+                    torch.manual_seed(attack_seed(run_seed, sid))
+                    noise.append(torch.empty_like(x[:1]).uniform_(-cfg.eps, cfg.eps))
+            start = torch.cat(noise)
+        x_adv = pgd_through(target, x, y, start, eps=cfg.eps, alpha=cfg.alpha, steps=cfg.steps)
+        return torch.stack([quantize(a, c, cfg.eps, cfg.quantize, cfg.clip_to_ball) for a, c in zip(x_adv, clean_u8)])

@@ -31,3 +31,4 @@ class PGDSpec(AttackSpec):
     summary = "L-inf PGD on the base view against zero-shot CLIP with the initial prompt (R-TPT's threat model)"
     label_format = "eps={eps:/255}"
     details_format = "steps={steps}"
+    adaptive = True   # attack_through: PGD on a method's own prediction (attacks/adaptive.py)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
@@ -46,6 +47,12 @@ class ATPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.atpt.method:ATPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text"
+                        " tower) and the readout with the angular-diversity term in the loss; bpda: the"
+                        " confident-view selection (its indices constant on the backward pass); random crops"
+                        " drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = ATPTConfig
     summary = "A-TPT: TPT loss - lambda x mean angle from each class feature to its nearest other class (calibration)"
     label = "A-TPT"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..heads import register_head
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
@@ -60,6 +61,10 @@ class AWTSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.awt.method:AWT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "eot"),
+                        "the views x class descriptions, their entropy weights and each class's optimal"
+                        " transport differentiated; not written: the transport plan's gradient and the views"
+                        " drawn (eot)")
     config_class = AWTConfig
     text_head = "awt_descriptions"
     summary = ("AWT: views x class descriptions, weighted by prediction entropy, aligned per class by optimal "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.tda_cache_config import TDAConfig
 from ..facts import settings_file
 from ..specs import (
@@ -65,6 +66,9 @@ class BoostAdapterSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the cache"
+                        " writes and the boosting views' selection; random crops drawn afresh (eot)")
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)
     config_class = BoostAdapterConfig
     summary = "BoostAdapter: TDA's caches plus the sample's confident views as boosting entries (training-free)"

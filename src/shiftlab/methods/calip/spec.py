@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 SOURCE = "ZiyuGuo99/CALIP"
@@ -49,6 +50,9 @@ class CALIPSpec(MethodSpec):
     # the image tower's spatial tokens are not in the frozen (pooled) features: it runs the tower on view 0's pixels
     # itself, once, and reads the global feature from the same pass
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
+    adaptive = Adaptive(("full",),
+                        "the image tower's spatial tokens and the parameter-free attention on view 0 (nothing"
+                        " adapts)")
     config_class = CALIPConfig
     summary = "CALIP: parameter-free attention between the image tower's spatial tokens and the class features (view 0)"
     label = "CALIP"

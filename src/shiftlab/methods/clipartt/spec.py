@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import NormTTAConfig
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
@@ -53,6 +54,9 @@ class CLIPArTTSpec(MethodSpec):
     impl = "shiftlab.methods.clipartt.method:CLIPArTT"
     # the image tower's normalisation layers adapt on whole batches, reset before every batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
+    adaptive = Adaptive(("full",),
+                        "its batch attacked jointly through every norm-parameter step (create_graph) and the"
+                        " prediction after")
     config_class = CLIPArTTConfig
     summary = ("CLIPArTT: the image tower's norm parameters, soft targets from a batch's image and top-3 caption "
                "similarities (episodic per batch)")

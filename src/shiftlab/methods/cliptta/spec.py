@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
@@ -76,6 +77,9 @@ class CLIPTTASpec(MethodSpec):
     impl = "shiftlab.methods.cliptta.method:CLIPTTA"
     # the image tower's normalisation layers adapt on whole batches, the state (and the memory) carried along
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state", "bpda"),
+                        "attacked against the state it holds when the sample arrives (state) (its batch jointly,"
+                        " through its pseudo-captions' head); bpda: the pseudo-caption choice and the memory write")
     config_class = CLIPTTAConfig
     summary = ("CLIPTTA: soft contrastive loss between a batch's images and their pseudo-captions, with a "
                "confident-image memory, on the image tower's norm parameters (continual)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..facts import cupl_file_names
 from ..specs import (
     FROZEN_ENCODER,
@@ -70,6 +71,9 @@ class COSMICSpec(MethodSpec):
     # the CLIP view features, and view 0 through DINOv2: a frozen encoding the engine computes once per sample and a
     # feature store holds beside the CLIP features (`COSMIC.frozen_encoder`; none with dino_model=None)
     capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the cache"
+                        " writes and the graph's hypergraph clustering; random crops drawn afresh (eot)")
     config_class = COSMICConfig
     summary = ("COSMIC: DMN memory of CLIP features + a DINOv2 cache of view 0, class centres joined by "
                "maximal cliques of similarity graphs, training-free online")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
@@ -87,6 +88,11 @@ class DeYOSpec(MethodSpec):
     # the image tower's normalisation layers adapt on whole batches; the state (parameters, momentum, the shuffles'
     # generator) carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it holds"
+                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
+                        " would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = DeYOConfig
     family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     summary = ("DeYO: entropy minimisation on images whose pseudo-label's probability drops when their patches are "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..facts import cupl_file_names, settings_file
 from ..specs import (
     FROZEN_FEATURES,
@@ -53,6 +54,9 @@ class DMNZeroShotSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.dmn_zs.method:DMNZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the memory"
+                        " write and the confident-view selection; random crops drawn afresh (eot)")
     config_class = DMNConfig
     summary = "DMN-ZS: online per-class memory of test features, attention readout (training-free)"
     label = "DMN-ZS"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..facts import settings_file
 from ..specs import (
     FROZEN_FEATURES,
@@ -55,6 +56,9 @@ class DOTASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the"
+                        " confident-view selection; random crops drawn afresh (eot)")
     config_class = DOTAConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA), as TDA's
     summary = "DOTA: online per-class Gaussian estimates of the test features mixed with zero-shot (training-free)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..facts import cupl_file_names, settings_file
 from ..specs import (
     FROZEN_FEATURES,
@@ -58,6 +59,9 @@ class DPESpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "full", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); full: through the"
+                        " residuals' AdamW step; bpda: the prototype queue writes; random crops drawn afresh (eot)")
     config_class = DPEConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
     cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     FROZEN_FEATURES,
     ONLINE,
@@ -55,6 +56,9 @@ class DynaPromptSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.dynaprompt.method:DynaPrompt"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "full", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); full: through the"
+                        " selected prompts' step; bpda: the prompt selection; random crops drawn afresh (eot)")
     config_class = DynaPromptConfig
     summary = "DynaPrompt: a buffer of 12 prompts tuned online; per sample the selected ones take TPT's step"
     min_views = 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
@@ -57,6 +58,11 @@ class EATASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.eata.method:EATA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it holds"
+                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
+                        " would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = EATAConfig
     summary = "EATA: entropy-weighted TENT on reliable, non-redundant images of each batch (norm parameters)"
     label = "EATA"

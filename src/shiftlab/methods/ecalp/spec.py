@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     FROZEN_FEATURES,
     ONLINE,
@@ -50,6 +51,9 @@ class ECALPSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.ecalp.method:ECALP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the kNN"
+                        " graph's neighbour choice")
     config_class = ECALPConfig
     summary = "ECALP: label propagation on a kNN graph of text + all test features so far (training-free)"
     label = "ECALP"

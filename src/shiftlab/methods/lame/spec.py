@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 AFFINITIES = ("knn", "rbf", "linear")
@@ -52,6 +53,9 @@ class LAMESpec(MethodSpec):
     impl = "shiftlab.methods.lame.method:LAME"
     # one frozen feature per image (view 0), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
+    adaptive = Adaptive(("full",),
+                        "its batch attacked jointly through the zero-shot probabilities and the Laplacian fixed"
+                        " point")
     config_class = LAMEConfig
     summary = "LAME: per batch, Laplacian-regularised adjustment of the zero-shot probabilities (output only)"
     label = "LAME"

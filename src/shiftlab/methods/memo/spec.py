@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import OPTIMIZERS, TEXT_HEADS
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
@@ -56,6 +57,10 @@ class MEMOSpec(MethodSpec):
     # each image alone (MODEL.EPISODIC True, memo.yaml): every weight and bias of its own tower adapts on the
     # image's augmented views, then predicts the original; reset before the next image
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
+    adaptive = Adaptive(("full", "eot"),
+                        "every weight of the image tower through its optimiser step on the marginal entropy"
+                        " of the AugMix views (create_graph), then the prediction; not written: AugMix drawn"
+                        " differentiably (eot)")
     config_class = MEMOConfig
     # the loss reads the augmented views (at least one beside the original)
     min_views = 2

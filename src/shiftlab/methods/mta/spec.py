@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..facts import R_TPT_TABLE
 from ..specs import (
     EPISODIC,
@@ -41,6 +42,11 @@ class MTASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.mta.method:MTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, the bandwidths and every inlierness and mean-shift iteration; bpda: the"
+                        " inner loops' early stops (constant on the backward pass); random crops drawn afresh"
+                        " (eot)",
+                        impl="shiftlab.methods.mta.adaptive:mta_logits")
     config_class = MTAConfig
     summary = "MTA: training-free mean-shift mode of the view features with inlierness weights"
     label = "MTA"

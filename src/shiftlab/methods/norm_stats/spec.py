@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import TEXT_HEADS
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
@@ -49,6 +50,11 @@ class NormStatsSpec(MethodSpec):
     # the image tower's BatchNorm layers normalise with the batch's statistics; "ema" carries running statistics
     # from batch to batch (the others carry nothing: their state is empty)
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower normalised with the batch's"
+                        " statistics blended with those it holds when the batch arrives (state); not"
+                        " written: a forward that leaves the held statistics untouched (the tower's forward"
+                        " updates them)")
     config_class = NormStatsConfig
     family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     summary = ("Test-time normalisation: the image tower's BatchNorm layers normalise with the test batch's "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
@@ -31,6 +32,12 @@ class NTPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.ntpt.method:NTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text"
+                        " tower) and the readout with the simplex penalty in the loss; bpda: the"
+                        " confident-view selection (its indices constant on the backward pass); random crops"
+                        " drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = NTPTConfig
     summary = ("N-TPT: TPT loss + lambda x mean squared gap of the class features' pairwise cosines to the "
                "simplex's 1/(1-K)")

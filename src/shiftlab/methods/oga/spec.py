@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     FROZEN_FEATURES,
     ONLINE,
@@ -55,6 +56,9 @@ class OGASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.oga.method:OGA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda"),
+                        "attacked against the state it holds when the sample arrives (state); bpda: the"
+                        " confident-feature memory write")
     config_class = OGAConfig
     supports_pure_fp16 = True
     summary = "OGA: online Gaussian class models over a confident-feature memory, MAP with the zero-shot prior"
@@ -78,6 +82,9 @@ class OGABatchSpec(OGASpec):
     bibtex = OGASpec.bibtex
     impl = "shiftlab.methods.oga.method:OGABatch"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state", "bpda"),
+                        "attacked against the state it holds when the sample arrives (state) (its batch attacked"
+                        " jointly); bpda: the memory write")
     summary = "OGA on batches: the memory takes a batch, the Gaussian models are re-estimated, the batch predicted"
     label = "OGA (batches)"
     # as oga's; their default batch of 32 images (main.py:17) is the run's `--batch-size 32`

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     FROZEN_FEATURES,
     ONLINE,
@@ -61,6 +62,9 @@ class OnZetaSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.onzeta.method:OnZeta"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state",),
+                        "attacked against the state it holds when the sample arrives (state) (view 0: its label"
+                        " learning and vision proxy as they stand)")
     config_class = OnZetaConfig
     supports_pure_fp16 = True
     summary = "OnZeta: online label learning + vision proxies on view 0 (training-free)"

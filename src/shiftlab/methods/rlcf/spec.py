@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 from ..specs import (
     EPISODIC,
@@ -52,6 +53,9 @@ class RLCFSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.rlcf.method:RLCF"
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "as TPT, through its REINFORCE step; bpda: the confident-view selection and the sampled"
+                        " captions (constant on the backward pass); random crops drawn afresh (eot)")
     config_class = RLCFConfig
     summary = ("RLCF: tune 4 context tokens on the 10% most confident views by REINFORCE with a larger CLIP's "
                "reward for their top-3 classes (3 steps), predict view 0")

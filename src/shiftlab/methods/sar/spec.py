@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
@@ -51,6 +52,11 @@ class SARSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.sar.method:SAR"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it holds"
+                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
+                        " would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SARConfig
     summary = "SAR: sharpness-aware entropy minimisation on reliable images, with model recovery (norm parameters)"
     label = "SAR"

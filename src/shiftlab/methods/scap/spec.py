@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..heads import register_head
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
@@ -112,6 +113,9 @@ class SCAPSpec(MethodSpec):
     # image prompts inside the ViT's attention and per-class text prompts, tuned on each batch's cliques and on
     # each image's views; the prompts, their EMAs, the cliques' retention prompts and AdamW's moments carry on
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state", "full", "bpda"),
+                        "attacked against the state it holds when the sample arrives (state); full: the batch's"
+                        " prompt tuning; bpda: the clique assignment")
     config_class = SCAPConfig
     text_head = "scap_templates"
     # my_clip_CSTP.py:516-594: the prompt is a key/value prefix of a ViT block's attention

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 
@@ -44,6 +45,9 @@ class StatASpec(MethodSpec):
     impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
+    adaptive = Adaptive(("full", "bpda"),
+                        "its batch attacked jointly through the Gaussian class models; bpda: the kNN graph's"
+                        " neighbour choice")
     config_class = StatAConfig
     supports_pure_fp16 = True
     summary = "StatA: per batch, Gaussian class models anchored to zero-shot, with a kNN Laplacian (training-free)"

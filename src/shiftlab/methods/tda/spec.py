@@ -3,6 +3,7 @@
 Its spec: config, capabilities and facts, without torch (the code: method.py)."""
 from __future__ import annotations
 
+from ..adaptive_modes import Adaptive
 from ..common.tda_cache_config import TDAConfig
 from ..facts import settings_file
 from ..specs import (
@@ -24,6 +25,11 @@ class TDASpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.tda.method:TDA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
+    adaptive = Adaptive(("state", "bpda", "eot"),
+                        "attacked against the state it holds when the sample arrives (state); the sample's own"
+                        " cache write on a copy of the caches, the written feature differentiated; bpda: the"
+                        " confident-view selection and which entry a write keeps; random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.tda.adaptive:tda_logits")
     config_class = TDAConfig
     supports_pure_fp16 = True   # --set tda.precision=fp16-pure: the authors' half model (on CUDA)
     summary = "TDA: online positive/negative feature caches over confident views (training-free)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
@@ -38,6 +39,11 @@ class TentSpec(MethodSpec):
     impl = "shiftlab.methods.tent.method:Tent"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it holds"
+                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
+                        " would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = TentConfig
     summary = "TENT: the image tower's norm affine parameters, Adam steps on the batch's mean entropy (continual)"
     label = "TENT"

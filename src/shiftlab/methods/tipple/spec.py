@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
@@ -58,6 +59,9 @@ class TIPPLESpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.tipple.method:TIPPLE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "as TPT from the task prompt the test-set pass learnt; bpda: the confident-view"
+                        " selection; random crops drawn afresh (eot)")
     config_class = TIPPLEConfig
     summary = ("TIPPLE: a task prompt learned on the whole unlabelled test set (weak/strong pseudo-labels, "
                "diversity), then TPT from it per image")

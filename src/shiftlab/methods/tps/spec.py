@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..heads import register_head
 from ..specs import (
     EPISODIC,
@@ -65,6 +66,9 @@ class TPSSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.tps.method:TPS"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "through the prototype shift's AdamW step; bpda: the confident-view selection; random"
+                        " crops drawn afresh (eot)")
     config_class = TPSConfig
     summary = "TPS: shift the class prototypes per image (one AdamW step, 10% most confident views), predict view 0"
     # --protocol paper on ImageNet-R (README.md:48 runs scripts/shift/shift_text_per_class_mean_init_template_and_

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
 from ..facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
 from ..specs import (
@@ -48,6 +49,11 @@ class TPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.tpt.method:TPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
+                        " and the readout; bpda: the confident-view selection (its indices constant on the"
+                        " backward pass); random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     summary = "TPT: tune 4 context tokens on the 10% most confident views (marginal entropy), predict view 0"
     label = "TPT"
     # azshue/TPT tpt_classification.py: fp16 autocast + GradScaler(init_scale=1000); AugMix only for the
@@ -78,6 +84,11 @@ class CTPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.tpt.method:CTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
+                        " and the readout; bpda: the confident-view selection (its indices constant on the"
+                        " backward pass); random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = CTPTConfig
     summary = "C-TPT: TPT loss - lambda x text feature dispersion (better calibration)"
     label = "C-TPT"
@@ -117,6 +128,11 @@ class OTPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.tpt.method:OTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
+                        " and the readout; bpda: the confident-view selection (its indices constant on the"
+                        " backward pass); random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = OTPTConfig
     summary = "O-TPT: TPT loss + lambda x orthogonality penalty on the class text features (better calibration)"
     label = "O-TPT"
@@ -152,6 +168,11 @@ class RTPTSpec(PromptTuningSpec):
 }"""
     impl = "shiftlab.methods.tpt.method:RTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
+                        " and the reliability-weighted readout; bpda: the confident-view selection (its indices"
+                        " constant on the backward pass); random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = RTPTConfig
     summary = "R-TPT: pointwise entropy, then reliability-weighted average of all views' tuned logits"
     label = "R-TPT"

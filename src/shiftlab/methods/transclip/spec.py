@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 # github.com/MaxZanella/transduction-for-vlms at 6a9e8f3: TransCLIP_solver/TransCLIP.py, TransCLIP_utils.py
@@ -35,6 +36,10 @@ class TransCLIPSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.transclip.method:TransCLIP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
+    adaptive = Adaptive(("full",),
+                        "the attacked sample's feature through the transductive solver's iterations over the"
+                        " whole test set (the other samples' features fixed); not written: the solver"
+                        " differentiated")
     config_class = TransCLIPConfig
     summary = ("TransCLIP: Gaussian mixture + k-NN Laplacian + KL to the zero-shot predictions, fitted on the whole "
                "test set's features (transductive)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import TEXT_HEADS
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
@@ -47,6 +48,9 @@ class TTAugSpec(MethodSpec):
     impl = "shiftlab.methods.ttaug.method:TTAug"
     # each image alone: its views through the tower whose BatchNorm layers mix in the views' statistics
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
+    adaptive = Adaptive(("full", "eot"),
+                        "the original view and its AugMix views through the image tower, BatchNorm mixing in"
+                        " the views' statistics; not written: AugMix drawn differentiably (eot)")
     config_class = TTAugConfig
     summary = ("TTAug: the logits averaged over the original and its augmented views, BatchNorm mixing in the views' "
                "statistics (alpha 0.1)")

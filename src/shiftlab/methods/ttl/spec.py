@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     EPISODIC,
     OWN_TOWER,
@@ -58,6 +59,9 @@ class TTLSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.ttl.method:TTL"
     capabilities = Capabilities(reads=(OWN_TOWER), state=EPISODIC)
+    adaptive = Adaptive(("full", "bpda", "eot"),
+                        "through the LoRA tower's AdamW step (create_graph); bpda: the confident-view selection;"
+                        " random crops drawn afresh (eot)")
     config_class = TTLConfig
     summary = "TTL: LoRA (rank 16) on the image tower's last 3 attention layers, 1 AdamW step on weighted entropy"
     # Razaimam45/TTL-Test-Time-Low-Rank-Adaptation @ cc754df: fp16 autocast around the step and the readout

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     EPISODIC,
     FROZEN_FEATURES,
@@ -45,6 +46,10 @@ class VTESpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.vte.method:VTE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("bpda", "eot"),
+                        "the mean feature of the most confident views against the template-ensemble head;"
+                        " bpda: the confident-view selection; not written: its views drawn differentiably"
+                        " (eot)")
     config_class = VTEConfig
     summary = ("VTE: mean feature of the 10% lowest-entropy views against the 80-template prompt ensemble "
                "(an ensemble in image and text space)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..common.norm_config import NormTTAConfig
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
@@ -48,6 +49,9 @@ class WATTSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.watt.method:WATT"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
+    adaptive = Adaptive(("full",),
+                        "its batch attacked jointly through every template's norm-parameter steps and the weight"
+                        " averaging")
     config_class = WATTConfig
     summary = ("WATT: the image tower's norm parameters adapted under each text template (CLIPArTT's loss), "
                "averaged, repeated (episodic per batch)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import (
     EPISODIC,
     FROZEN_FEATURES,
@@ -37,6 +38,9 @@ class ZeroSpec(MethodSpec):
 }"""
     impl = "shiftlab.methods.zero.method:Zero"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("bpda", "eot"),
+                        "bpda: the zero-temperature vote of the confident views replaced by their mean"
+                        " probability on the backward pass; random crops drawn afresh (eot)")
     config_class = ZeroConfig
     summary = "ZERO: majority vote (zero temperature) of the 30% lowest-entropy views; confidence = vote share"
     label = "ZERO"

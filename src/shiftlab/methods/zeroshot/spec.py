@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
 from ..specs import (
     EPISODIC,
@@ -43,6 +44,9 @@ class ZeroShotSpec(MethodSpec):
     bibtex = CLIP_BIBTEX   # its paper, as `shiftlab methods --bibtex` prints it
     impl = "shiftlab.methods.zeroshot.method:ZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full",),
+                        "the image tower and the zero-shot head on view 0 (nothing adapts)",
+                        impl="shiftlab.methods.zeroshot.adaptive:zeroshot_logits")
     summary = "CLIP zero-shot, 'a photo of a {name}.', view 0"
     label = "CLIP zero-shot"
     aliases = ("clip", "clip zero-shot", "zs")
@@ -62,6 +66,9 @@ class PromptEnsembleSpec(MethodSpec):
     bibtex = CLIP_BIBTEX   # its paper, as `shiftlab methods --bibtex` prints it
     impl = "shiftlab.methods.zeroshot.method:PromptEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full",),
+                        "the image tower and the 80-template head on view 0 (nothing adapts)",
+                        impl="shiftlab.methods.zeroshot.adaptive:prompt_ensemble_logits")
     summary = "CLIP's 80-template prompt ensemble, view 0"
     text_head = "ensemble"
     label = "Prompt ensemble (80 templates)"
@@ -80,6 +87,9 @@ class ViewEnsembleSpec(MethodSpec):
     bibtex = CLIP_BIBTEX + "\n" + R_TPT_BIBTEX
     impl = "shiftlab.methods.zeroshot.method:ViewEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
+    adaptive = Adaptive(("full", "eot"),
+                        "the view-averaged zero-shot prediction, its random crops drawn afresh (eot)",
+                        impl="shiftlab.methods.zeroshot.adaptive:view_ensemble_logits")
     config_class = ViewEnsembleConfig
     summary = "zero-shot over all views, equal-weight average of probabilities (or logits)"
     label = "Ensemble (64 views)"
