@@ -263,8 +263,9 @@ def test_load_probs_says_when_it_returns_fewer_vectors_than_records(tmp_path):
     index.write_text("".join(lines))
     got = probs.load_probs(tmp_path, warn=said.append)
     assert set(got) == {(0, "m", "clean"), (2, "m", "clean")}
+    # a Python caller reads the keyword (save_probs=True); the CLI says --save-probs (shiftlab.options.say)
     assert said == [f"shiftlab: 1 of 3 prediction record(s) in {tmp_path} have no intact probability vector in "
-                    f"{tmp_path / probs.PROBS} (m 1): damaged, or written without --save-probs; the vectors "
+                    f"{tmp_path / probs.PROBS} (m 1): damaged, or written without save_probs=True; the vectors "
                     f"returned are fewer than the records"]
 
 

@@ -32,6 +32,7 @@ OPTIONS: dict[str, Option] = {
     "classnames": Option("classnames=[...]", "--classnames FILE"),
     "resume": Option("resume=True", "--resume"),
     "out": Option("another out=", "another --out"),
+    "save_probs": Option("save_probs=True", "--save-probs"),
     "data": Option("data=", "--data"),
     "dataset": Option("dataset=", "--dataset"),
     "model": Option("model=", "--model"),

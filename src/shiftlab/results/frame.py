@@ -40,7 +40,7 @@ def _run_dirs(path: Path) -> list[Path]:
     below = sorted(d for d in path.iterdir() if d.is_dir() and is_run(d))
     if not below:
         raise FileNotFoundError(f"{path}: no run here (neither summary.json nor records.jsonl, in it or one "
-                                "folder below); pass the --out of a shiftlab run or suite")
+                                "folder below); pass the folder a shiftlab run or suite wrote")
     return below
 
 

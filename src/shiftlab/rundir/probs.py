@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import writes
+from ..options import say
 from ..writes import resume_advice
 
 PROBS = "probs"          # the folder in a run directory
@@ -185,7 +186,7 @@ def load_probs(run_dir: Path, warn: Callable[[str], None] | None = None) -> dict
         per = ", ".join(f"{m} {n}" for m, n in sorted(lacking.items()))
         line = (f"shiftlab: {sum(lacking.values())} of {len(recs)} prediction record(s) in {run_dir} have no intact "
                 f"probability vector in {Path(run_dir) / PROBS} ({per}): damaged, or written without "
-                f"--save-probs; the vectors returned are fewer than the records")
+                f"{say('save_probs')}; the vectors returned are fewer than the records")
         (warn or _stderr)(line)
     return found
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...models.text import encode_texts, load_descriptions
+from ...options import say_set
 from ..base import Method, MethodOutput
 from ..common.confidence import entropy
 from ..context import SampleContext
@@ -73,7 +74,8 @@ class AWT(Method):
                 if not cfg.description_file:
                     raise ValueError(f"{self.name}.description_file: not set; AWT reads its authors' description "
                                      "files (MCG-NJU/AWT AWT_zero_shot/descriptions/image_datasets/<set>.json): "
-                                     f"--set {self.name}.description_file=PATH, or {self.name}.n_descriptions=0")
+                                     f"{say_set(self.name, 'description_file', 'PATH')}, or "
+                                     f"{say_set(self.name, 'n_descriptions', 0)}")
                 described = load_descriptions(cfg.description_file, self.classnames, f"{self.name}.description_file")
                 short = [n for n, d in zip(names, described) if len(d) < cfg.n_descriptions]
                 if short:

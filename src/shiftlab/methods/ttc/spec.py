@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
+from ..adaptive_modes import Adaptive
 from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 SOURCE = "Sxing2/CLIP-Test-time-Counterattacks"
@@ -50,6 +51,10 @@ class TTCSpec(MethodSpec):
     impl = "shiftlab.methods.ttc.method:TTC"
     # it perturbs view 0's pixels and runs the frozen tower on them (with gradient): no stored feature serves it
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
+    adaptive = Adaptive(("bpda", "eot"),
+                        "the counterattacked image through the image tower and the head; bpda: the counterattack"
+                        " (its sign steps and tau test) as the identity on the backward pass; its random start"
+                        " drawn afresh (eot); not written")
     config_class = TTCConfig
     summary = "TTC: counterattack view 0 (PGD away from its own embedding), weighted by a tau-threshold test"
     label = "TTC"
