@@ -116,6 +116,9 @@ def test_autoattack_counts_a_break_only_if_it_survives_8_bits(evaluator, samples
     fab, _ = _build({"name": "fab_t", "eps": 4 / 255, "steps": 3, "targets": 2}, evaluator).perturb(ids, views, labels,
                                                                                                    gen)
     assert all(torch.equal(a, clean) for a, clean in zip(fab, views))   # rounded back to the clean images
+    # truncated toward 0 instead, FAB-T's points keep their breaks, and the records name FAB-T
+    _, info = _build({**spec, "quantize": "truncate"}, evaluator).perturb(ids, views, labels, gen)
+    assert all(i["broken_by"] == "fab_t" and i["flipped"] for i in info.values())
 
 
 @pytest.mark.parametrize("name", ["apgd_ce", "fab_t"])
