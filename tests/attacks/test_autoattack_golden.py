@@ -121,6 +121,23 @@ def test_fab_t_finds_the_original_closest_points_and_verdicts(golden, norm):
     assert (flat_norm(got - x, norm).flatten() <= FAB_EPS[norm]).all()
 
 
+def test_the_ensemble_runs_fab_t_as_autoattack_does_and_records_it(golden):
+    # AutoAttack's own fab-t branch (targeted, one restart) before Square, float judgement as the original
+    clf, x, want = golden
+    y = want["y"]
+    parts = [("fab_t", lambda m, a, b: fab_t(m, a, b, eps=AA_EPS, steps=FAB_ITER, n_targets=FAB_TARGETS)),
+             ("square", lambda m, a, b: square_linf(m, a, b, eps=AA_EPS, queries=N_QUERIES))]
+    images, who = [], []
+    for i in range(x.shape[0]):
+        adv, broken_by = ensemble(clf, x[i:i + 1], y[i:i + 1], parts, seed=0)
+        images.append(adv)
+        who += broken_by
+    codes = {None: 0, "fab_t": 1, "square": 2}
+    assert [codes[w] for w in who] == want["aa_fab_linf02_broken_by"].tolist()
+    assert "fab_t" in who and None in who
+    _same_images(torch.cat(images), want["aa_fab_linf02"], "aa_fab_linf02")
+
+
 @pytest.mark.slow
 def test_the_ensemble_gives_the_original_worst_case_and_who_broke_each_sample(golden):
     clf, x, want = golden
