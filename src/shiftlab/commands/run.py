@@ -141,7 +141,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "still scores every sample)")
     a.add_argument("--eps-l2", type=checks.fraction_in(0, L2_MAX), default=None, metavar="EPS",
                    help="the attack's eps_l2: an L2 budget on [0, 1] images, e.g. 0.5, instead of the L-inf --eps "
-                        "(apgd_ce, apgd_t, autoattack; refused for an L-inf-only attack)")
+                        "(apgd_ce, apgd_t, autoattack, fab_t; refused for an L-inf-only attack)")
     a.add_argument("--clean-and-robust", action="store_true",
                    help="score clean and adversarial images in one pass")
 
