@@ -68,7 +68,7 @@ def test_the_protocols_and_published_numbers_are_the_methods():
 
 def test_the_attack_specs_answer_as_the_classes_do():
     from shiftlab.attacks import get_attack_class, list_attacks
-    assert attack_catalogue.names() == list_attacks() == ["apgd_ce", "apgd_t", "autoattack", "pgd", "square"]
+    assert attack_catalogue.names() == list_attacks() == ["apgd_ce", "apgd_t", "autoattack", "fab_t", "pgd", "square"]
     for name in list_attacks():
         cls = get_attack_class(name)
         assert attack_catalogue.field_specs(name) == params.field_specs(cls.config_class)

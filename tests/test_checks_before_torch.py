@@ -58,7 +58,7 @@ def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
         (run + [str(tmp), "--attack", "apgd_t", "--eps", "2"], 2, ["--eps", "must be between 0 and 1"]),
         (run + [str(tmp), "--attack", "apgd-ce"], 2, ["unknown attack 'apgd-ce'", "apgd_ce"]),
         (run + [str(tmp), "--attack", "pgd", "--eps-l2", "0.5"], 2,
-         ["--eps-l2: pgd is an L-inf attack and takes no L2 budget; L2: apgd_ce, apgd_t, autoattack"]),
+         ["--eps-l2: pgd is an L-inf attack and takes no L2 budget; L2: apgd_ce, apgd_t, autoattack, fab_t"]),
         (run + [str(tmp), "--attack", "square", "--set", "attack.eps_l2=0.5"], 2, ["square is an L-inf attack"]),
         (run + [str(tmp), "--attack", "autoattack", "--eps-l2", "0.5", "--set", "attack.parts=apgd_ce,square"], 2,
          ["autoattack: square is L-inf only"]),

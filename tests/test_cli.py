@@ -314,7 +314,7 @@ RUN = ["run", "--data", "DIR", "--out", "DIR/run"]
     (RUN + ["--methods", "tpt,nope"], 2, "argument --methods: unknown method nope"),
     (RUN + ["--views", "0"], 2, "argument --views: must be between 1"),
     (RUN + ["--attack", "fgsm"], 2,
-     "argument --attack: unknown attack 'fgsm'; choose from: none, apgd_ce, apgd_t, autoattack, pgd, square"),
+     "argument --attack: unknown attack 'fgsm'; choose from: none, apgd_ce, apgd_t, autoattack, fab_t, pgd, square"),
     (RUN + ["--attack", "pgd", "--set", "attack.eps=2"], 2,
      "--set attack.eps=2: pgd.eps: 2 is out of range; must be a finite float in [0, 1]"),
     (RUN + ["--set", "attack.steps=3", "--attack", "pgd", "--quantize", "ceil"], 2,

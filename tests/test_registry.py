@@ -149,7 +149,7 @@ def test_unknown_names_read_as_one_plain_line():
     assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
     with pytest.raises(ValueError) as info:
         build_attack({"name": "fgsm"}, model=None, zeroshot_head=None)
-    assert str(info.value) == "unknown attack 'fgsm'; known: none, apgd_ce, apgd_t, autoattack, pgd, square"
+    assert str(info.value) == "unknown attack 'fgsm'; known: none, apgd_ce, apgd_t, autoattack, fab_t, pgd, square"
     with pytest.raises(DatasetError) as info:
         build_dataset("nope", ".")
     from shiftlab.datasets import list_datasets

@@ -14,6 +14,7 @@ from shiftlab.views.generator import ViewConfig, ViewGenerator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {"apgd_ce": {"steps": 3}, "apgd_t": {"steps": 3, "targets": 2}, "square": {"queries": 30, "eps": 4 / 255},
+        "fab_t": {"steps": 3, "targets": 2, "quantize": "truncate"},
         "autoattack": {"steps": 3, "targets": 2, "queries": 10}}
 
 
@@ -46,9 +47,9 @@ def test_configs_record_their_threat_and_refuse_what_they_cannot_do():
     linf = attack_config({"name": "apgd_ce", "eps": 4 / 255})
     assert (linf["norm"], linf["budget"], linf["threat"], linf["steps"]) == ("Linf", 4 / 255, "eps=4/255", 100)
     l2 = attack_config({"name": "autoattack", "eps_l2": 0.5})
-    assert (l2["norm"], l2["budget"], l2["threat"], l2["parts"]) == ("L2", 0.5, "L2 eps=0.5", "apgd_ce,apgd_t")
+    assert (l2["norm"], l2["budget"], l2["threat"], l2["parts"]) == ("L2", 0.5, "L2 eps=0.5", "apgd_ce,apgd_t,fab_t")
     assert attack_config(l2) == l2        # a recorded config (derived fields included) builds the same config
-    assert attack_config({"name": "autoattack"})["parts"] == "apgd_ce,apgd_t,square"
+    assert attack_config({"name": "autoattack"})["parts"] == "apgd_ce,apgd_t,fab_t,square"
     with pytest.raises(TypeError, match="eps_l2"):
         attack_config({"name": "square", "eps_l2": 0.5})     # Square is L-inf only here
     with pytest.raises(ValueError, match="square is L-inf only"):
@@ -95,7 +96,7 @@ def test_autoattack_records_which_part_broke_each_sample(evaluator, samples):
     attack = _build({"name": "autoattack", "eps": 2 / 255, "steps": 0, "targets": 2, "queries": 10}, evaluator)
     adv, info = attack.perturb(ids, views, labels, gen)
     for sid in ids:
-        assert info[sid]["broken_by"] in (None, "apgd_ce", "apgd_t", "square")
+        assert info[sid]["broken_by"] in (None, "apgd_ce", "apgd_t", "fab_t", "square")
         # a part broke the sample exactly when the 8-bit image fools zero-shot (the label is its clean
         # prediction); rounding to 8 bits may undo a break at the decision boundary, never make one
         if info[sid]["broken_by"] is None:
@@ -104,9 +105,26 @@ def test_autoattack_records_which_part_broke_each_sample(evaluator, samples):
     assert all(i["flipped"] for i in info.values() if i["broken_by"] == "square")
 
 
-def test_l2_attacks_keep_the_l2_budget_in_8_bits(evaluator, samples):
+def test_autoattack_counts_a_break_only_if_it_survives_8_bits(evaluator, samples):
+    # FAB-T's closest points on these samples lie under half a grey level from the clean image: in float
+    # they fool zero-shot, rounded they do not, so Square must still get those samples
     ids, views, labels, gen = samples
-    attack = _build({"name": "apgd_ce", "eps_l2": 0.5, "steps": 3}, evaluator)
+    spec = {"name": "autoattack", "eps": 4 / 255, "steps": 3, "targets": 2, "queries": 10, "parts": "fab_t,square"}
+    adv, info = _build(spec, evaluator).perturb(ids, views, labels, gen)
+    assert all((i["broken_by"] is not None) == i["flipped"] for i in info.values())
+    assert "square" in {i["broken_by"] for i in info.values()}
+    fab, _ = _build({"name": "fab_t", "eps": 4 / 255, "steps": 3, "targets": 2}, evaluator).perturb(ids, views, labels,
+                                                                                                   gen)
+    assert all(torch.equal(a, clean) for a, clean in zip(fab, views))   # rounded back to the clean images
+    # truncated toward 0 instead, FAB-T's points keep their breaks, and the records name FAB-T
+    _, info = _build({**spec, "quantize": "truncate"}, evaluator).perturb(ids, views, labels, gen)
+    assert all(i["broken_by"] == "fab_t" and i["flipped"] for i in info.values())
+
+
+@pytest.mark.parametrize("name", ["apgd_ce", "fab_t"])
+def test_l2_attacks_keep_the_l2_budget_in_8_bits(evaluator, samples, name):
+    ids, views, labels, gen = samples
+    attack = _build({"name": name, "eps_l2": 0.5, "steps": 3}, evaluator)
     adv, info = attack.perturb(ids, views, labels, gen)
     for sid, clean, a in zip(ids, views, adv):
         assert ((a[0].double() - clean[0].double()) / 255).norm() <= 0.5 + 1e-9

@@ -57,12 +57,13 @@ def test_attack_subset_attacks_a_seeded_subset_recorded_in_run_json(reference):
     for r in recs:
         if r["setting"] == "autoattack":
             a = r["attack"]
-            assert a["broken_by"] in (None, "apgd_ce", "apgd_t", "square") and isinstance(a["noise_flipped"], bool)
+            assert a["broken_by"] in (None, "apgd_ce", "apgd_t", "fab_t", "square")
+            assert isinstance(a["noise_flipped"], bool)
             assert (a["norm"], a["budget"], a["threat"]) == ("Linf", 4 / 255, "eps=4/255")
     flips = [r["attack"]["noise_flipped"] for r in recs if r["setting"] == "autoattack"]
     assert summary["attack"]["noise_success_rate"] == pytest.approx(100 * sum(flips) / 3)
     assert isinstance(summary["sanity"], list)
-    assert "autoattack eps=4/255 parts=apgd_ce,apgd_t,square steps=2" in (reference / "summary.md").read_text()
+    assert "autoattack eps=4/255 parts=apgd_ce,apgd_t,fab_t,square steps=2" in (reference / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -141,7 +141,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "still scores every sample)")
     a.add_argument("--eps-l2", type=checks.fraction_in(0, L2_MAX), default=None, metavar="EPS",
                    help="the attack's eps_l2: an L2 budget on [0, 1] images, e.g. 0.5, instead of the L-inf --eps "
-                        "(apgd_ce, apgd_t, autoattack; refused for an L-inf-only attack)")
+                        "(apgd_ce, apgd_t, autoattack, fab_t; refused for an L-inf-only attack)")
     a.add_argument("--attack-target", choices=("transfer", "adaptive", "both"), default="transfer",
                    help="whom the attack attacks: zero-shot CLIP, scored on every method (transfer, R-TPT's protocol; "
                         "the default), each method's own prediction through its adaptation (adaptive), or both side "

@@ -8,19 +8,20 @@ from ...params import param
 from ..budgets import LABEL_FORMAT, BudgetConfig
 from ..specs import AttackSpec
 
-# the parts shiftlab has, in the standard version's order (autoattack.py:298: apgd-ce, apgd-t, fab-t, square)
-PARTS = ("apgd_ce", "apgd_t", "square")
-STANDARD = ("apgd_ce", "apgd_t", "fab_t", "square")
+# the standard version's parts in its order (autoattack.py:307: apgd-ce, apgd-t, fab-t, square)
+PARTS = ("apgd_ce", "apgd_t", "fab_t", "square")
 
 
 @dataclasses.dataclass
 class AutoAttackConfig(BudgetConfig):
     # the attacks run in turn, each on the samples all earlier ones failed on, comma-separated; "standard":
-    # those of the standard version shiftlab has for the norm (L-inf: apgd_ce,apgd_t,square; L2:
-    # apgd_ce,apgd_t). The standard version also runs fab-t (autoattack.py:298), which shiftlab lacks (README.md)
+    # the standard version's (autoattack.py:307) for the norm: L-inf apgd_ce,apgd_t,fab_t,square; L2
+    # apgd_ce,apgd_t,fab_t (no L2 Square in shiftlab, README.md)
     parts: str = "standard"
-    steps: int = param(100, ge=0)              # APGD's n_iter=100, autoattack.py:33,46
-    targets: int = param(9, ge=1)              # apgd_targeted.n_target_classes = 9, autoattack.py:310
+    # APGD's and FAB-T's n_iter=100, autoattack.py:33,38,46
+    steps: int = param(100, ge=0)
+    # apgd_targeted.n_target_classes = 9 and fab.n_target_classes = 9, autoattack.py:310,318
+    targets: int = param(9, ge=1)
     rho: float = param(0.75, gt=0, le=1)       # rho=.75, autoattack.py:34
     queries: int = param(5000, ge=0)           # square.n_queries = 5000, autoattack.py:316
     p_init: float = param(0.8, gt=0, le=1)     # Square's p_init=.8, autoattack.py:42
@@ -42,7 +43,7 @@ class AutoAttackSpec(AttackSpec):
     name = "autoattack"
     impl = "shiftlab.attacks.autoattack.attack:AutoAttack"
     config_class = AutoAttackConfig
-    summary = ("AutoAttack: APGD-CE, APGD-T and Square in turn; a sample is robust only if every part fails, "
+    summary = ("AutoAttack: APGD-CE, APGD-T, FAB-T and Square in turn; a sample is robust only if every part fails, "
                "its record names the part that broke it")
     label_format = LABEL_FORMAT
     details_format = "parts={parts} steps={steps}"
