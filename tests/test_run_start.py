@@ -46,7 +46,9 @@ def test_a_run_on_a_terminal_says_what_it_loads_before_its_bar(uneven, tmp_path,
     monkeypatch.setattr(loop, "run", lambda *a, **k: {})          # the engine itself is tested elsewhere
     assert cli_main(_run_args(uneven, tmp_path / "run", "--limit", "2")) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shiftlab run: ")]
-    assert said[0] == "shiftlab run: loading torch and the methods ..."
+    # the data is listed before torch loads (its problems are refused there), then torch, the model, the methods
+    assert said[0].startswith("shiftlab run: listing imagefolder under "), said
+    assert said[1] == "shiftlab run: loading torch and the methods ...", said
     assert any(line.startswith("shiftlab run: loading shiftlab-tiny (random weights)") for line in said), said
     assert said[-1] == "shiftlab run: building 1 method(s) and their class heads ..."
 

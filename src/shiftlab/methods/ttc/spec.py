@@ -38,8 +38,8 @@ class TTCConfig(MethodConfig):
 
 class TTCSpec(MethodSpec):
     name = "ttc"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX, README.md "Reference")
-    bibtex = r"""@InProceedings{Xing_2025_CVPR,
+    # its paper (the authors' BibTeX, README.md "Reference"; entry type in lower case)
+    bibtex = r"""@inproceedings{Xing_2025_CVPR,
   author = {Xing, Songlong and Zhao, Zhengyu and Sebe, Nicu},
   title = {CLIP is Strong Enough to Fight Back: Test-time Counterattacks towards Zero-shot Adversarial Robustness
       of CLIP},
