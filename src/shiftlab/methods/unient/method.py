@@ -37,13 +37,13 @@ def normalised_ood_scores(logits: torch.Tensor) -> torch.Tensor:
 
 
 def mixture_id_weights(ood: torch.Tensor, random_state: np.random.RandomState) -> torch.Tensor:
-    """(B,) OOD scores -> (B,) float64 posteriors of the lower-mean component of a two-Gaussian mixture fitted to
+    """(B,) OOD scores -> (B,) float32 posteriors of the lower-mean component of a two-Gaussian mixture fitted to
     them (scikit-learn's GaussianMixture(n_components=2), its k-means start drawn from `random_state`). Fewer than
     two images, or scores that are not all finite (a batch of equally confident images), give every image weight
     1 (their code stops there: scikit-learn refuses one sample and NaN)."""
-    values = ood.detach().double().cpu().numpy().reshape(-1, 1)
+    values = ood.detach().float().cpu().numpy().reshape(-1, 1)     # float32, as theirs: scikit-learn keeps it
     if len(values) < 2 or not np.isfinite(values).all():
-        return torch.ones(len(values), dtype=torch.float64)
+        return torch.ones(len(values))
     try:
         from sklearn.mixture import GaussianMixture
     except ImportError:
@@ -59,7 +59,7 @@ def unient_loss(logits: torch.Tensor, id_weights: torch.Tensor, tta_weight: floa
     """(B, C) scaled logits, (B,) ID weights -> () the loss (unient.py:105-141): the ID-weighted mean entropy minus
     the weighted entropy of the mean prediction minus the OOD-weighted mean entropy (0 when `ood_weight` is 0)."""
     h = entropy(logits)
-    w = id_weights.to(h.device)     # float64, as theirs (a NumPy array): the weighted terms are float64
+    w = id_weights.to(h)
     loss = tta_weight * (h * w).mean(0) - mean_entropy_weight * mean_prediction_entropy(logits)
     if ood_weight:
         loss = loss - ood_weight * (h * (1 - w)).mean(0)
