@@ -52,6 +52,14 @@ def test_mixture_weights_the_low_cluster_as_in_distribution_and_degenerate_batch
     assert mixture_id_weights(torch.tensor([0.3]), np.random.RandomState(0)).tolist() == [1.0]
 
 
+def test_without_scikit_learn_the_mixture_stops_with_one_line(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "sklearn.mixture", None)
+    want = r"^unient's Gaussian mixture needs scikit-learn \(pip install 'shiftlab\[ood\]'\)$"
+    with pytest.raises(ImportError, match=want):
+        mixture_id_weights(torch.tensor([0.0, 0.5, 1.0]), np.random.RandomState(0))
+
+
 def test_loss_is_the_weighted_entropies_minus_the_mean_entropy_term():
     logits = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 0.5], [1.0, 1.0, 1.0]])
     w = torch.tensor([1.0, 0.25, 0.0])
