@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
-from shiftlab.methods.cliptta.method import ConfidentMemory, contrastive_loss, ood_scores, otsu_loss
+from shiftlab.methods.cliptta.method import ConfidentMemory, contrastive_loss, otsu_loss
+from shiftlab.methods.common.ood_scores import ood_scores
 from shiftlab.methods.context import ClassHeads, SampleContext
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]

@@ -18,6 +18,7 @@ import torch.nn as nn
 from ..base import MethodOutput
 from ..common.confidence import entropy
 from ..common.norm_adaptation import NormTTAMethod, make_optimizer, mean_prediction_entropy
+from ..common.ood_scores import ood_scores
 from ..context import SampleContext
 from .spec import CLIPTTAOODSpec, CLIPTTASpec
 
@@ -35,22 +36,6 @@ def contrastive_loss(features: torch.Tensor, head: torch.Tensor, scale: float, t
     if targets == "soft":
         return entropy(logits).mean(0)
     return nn.functional.cross_entropy(logits, torch.eye(len(logits), device=logits.device), reduction="none").mean(0)
-
-
-def ood_scores(cosines: torch.Tensor, kind: str, scale: float) -> torch.Tensor:
-    """(B, C) cosine logits -> (B,) their get_scores (abstract_model.py:517-538) of one view at `scale`
-    (--ood_logit_scale): higher = more in-distribution."""
-    logits = scale * cosines
-    if kind == "max_prob":
-        return logits.softmax(-1).max(-1).values
-    if kind == "max_log_prob":
-        return logits.softmax(-1).log().max(-1).values     # log of the softmax, as theirs (not log_softmax)
-    if kind == "max_logit":
-        return logits.max(-1).values
-    if kind == "logsumexp":
-        return logits.logsumexp(-1)
-    probs = logits.softmax(-1)                              # "entropy": minus the entropy
-    return (probs * probs.log()).sum(-1)
 
 
 def otsu_loss(scores: torch.Tensor, alpha: torch.Tensor, gamma: float, kind: str) -> torch.Tensor:

@@ -9,15 +9,13 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..common.norm_config import NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
 # the batch's contrastive targets: "soft", each image's own softmax over the batch's pseudo-captions (its entropy,
 # --use_softmax_entropy, in every script); "hard", the identity (CLIP's pre-training loss, the class's default)
 TARGETS = ("soft", "hard")
-# the OOD scores their get_scores computes from one view (abstract_model.py:517-538)
-SCORES = ("max_prob", "max_log_prob", "max_logit", "logsumexp", "entropy")
 # the Otsu losses of the OOD-aware variant (abstract_model.py:563-573)
 OOD_LOSSES = ("max_inter_var", "min_intra_var", "avg_contrastive")
 

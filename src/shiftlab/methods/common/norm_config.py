@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from ...params import param
 from ..specs import MethodConfig
 
+# the OOD scores CLIPTTA's get_scores computes from one view (abstract_model.py:517-538): CLIPTTA's OOD variant,
+# UniEnt and OSTTA record one as their own (`common/ood_scores.py`)
+SCORES = ("max_prob", "max_log_prob", "max_logit", "logsumexp", "entropy")
+
 # the optimisers their `setup_optimizer` builds (abstract_model.py:660-685)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 # the class heads these methods read: "a photo of a {}." or CLIP's 80-template ensemble

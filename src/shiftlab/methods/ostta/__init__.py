@@ -1,0 +1,1 @@
+"""OSTTA on CLIP, as CLIPTTA's toolkit runs it."""

@@ -1,0 +1,1 @@
+"""UniEnt on CLIP, as CLIPTTA's toolkit runs it."""

@@ -1,0 +1,75 @@
+"""UniEnt (Gao, Zhang & Liu, CVPR 2024, "Unified Entropy Optimization for Open-Set Test-Time Adaptation"), on
+CLIP as CLIPTTA's toolkit runs it.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import SCORES, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
+
+
+@dataclass
+class UniEntConfig(NormTTAConfig):
+    """CLIPTTA's UniEnt (`methods/unient.py`, built by `methods/__init__.py:147-157`) with its open-set scripts'
+    settings (`scripts/open_set/imagenet/unient.sh`); the shared fields in `common/norm_config.py`."""
+    steps: int = param(10, ge=1)                     # --steps 10 (unient.sh:8)
+    lr: float = param(1e-4, gt=0)                    # --lr 1e-4 (unient.sh:10)
+    tta_weight: float = param(1.0, ge=0)             # --beta_tta 1.0 (unient.sh:11; configuration.py:185)
+    # weight of the batch's mean-prediction entropy, subtracted (--beta_reg 1.0, unient.sh:12; 0.1 configuration.py:186)
+    mean_entropy_weight: float = param(1.0, ge=0)
+    # UniEnt's second term: the GMM's OOD-weighted entropy, maximised (--use_ood_loss, configuration.py:200; none
+    # of their UniEnt scripts passes it, so off) with weight --beta_ood (0.1, configuration.py:187)
+    ood_loss: bool = False
+    ood_weight: float = param(0.1, ge=0)
+    # the OOD score recorded with each image after the batch: --score_type, max_prob (configuration.py:145-147)
+    # at --ood_logit_scale 1.0 (configuration.py:175), of the adapted tower's cosines (unient.py:147-151)
+    score: str = param("max_prob", choices=SCORES)
+    ood_logit_scale: float = param(1.0, gt=0)
+    # the seed of the mixture's k-means start (their GaussianMixture draws from numpy's global generator, seeded
+    # once by --seeds, 42 in unient.sh:9, and drawn from by everything before; here a generator of the method's
+    # own, carried in its state from batch to batch and never reset by `episodic`, as numpy's is not)
+    mixture_seed: int = param(0, ge=0)
+
+
+class UniEntSpec(MethodSpec):
+    name = "unient"
+    bibtex = r"""@inproceedings{gao2024unient,
+  title = {Unified Entropy Optimization for Open-Set Test-Time Adaptation},
+  author = {Gao, Zhengqing and Zhang, Xu-Yao and Liu, Cheng-Lin},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2024}
+}"""
+    impl = "shiftlab.methods.unient.method:UniEnt"
+    # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it"
+                        " holds when the batch arrives (batch statistics, state); the batch then adapts as a"
+                        " clean one would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
+    config_class = UniEntConfig
+    summary = ("UniEnt: entropy minimisation weighted by a two-Gaussian mixture's ID posterior of each image's "
+               "OOD score (norm parameters, continual); records its own ood_score")
+    label = "UniEnt"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
+    # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
+    # (max_prob by default), returned with the batch's logits (unient.py:147-151)
+    own_ood_score = ("UniEnt's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
+                     "get_scores)")
+    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
+    # (configuration.py:86), 10 Adam steps (unient.sh), continual
+    protocols = {"paper": {"logit_scale": 100.0}}
+    # CLIPTTA's README has no table (its numbers are in the paper only); UniEnt's own repository is not on CLIP
+    published = ()
+    fidelity = ("golden (CLIPTTA's UniEnt class with scikit-learn's GaussianMixture on the tiny ViT: 3 continual "
+                "batches of 8 with the open-set script's flags, and 3 episodic SGD batches with the OOD term; every "
+                "step's mixture posteriors, every batch's logits, scores and norm parameters; `logit_scale=100`)")
+    # the registry-wide tests: one step
+    test_config = {"steps": 1}
