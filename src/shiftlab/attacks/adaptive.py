@@ -14,10 +14,14 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..views.recipe import ViewRecipe
 
 _EOT_SALT = 0xE07_D4A3   # the EOT draws' stream, apart from the random start's and the view generator's
 
@@ -43,7 +47,7 @@ class AttackTarget:
         return self.forward(x01)
 
 
-def prediction_function(method) -> Callable:
+def prediction_function(method: Any) -> Callable:
     """The method's differentiable prediction `fn(method, views01 (B, N, 3, S, S)) -> (B, C)` (its spec's
     adaptive.impl); a one-line ValueError where it has none."""
     declared = getattr(method, "adaptive", None)   # its spec's (methods/adaptive_modes.py)
@@ -73,7 +77,7 @@ def crop_box(gen: torch.Generator, size: int, scale: tuple[float, float], ratio:
     return (size - h) // 2, (size - w) // 2, h, w
 
 
-def draw_views(x01: torch.Tensor, n_views: int, recipe, gen: torch.Generator) -> torch.Tensor:
+def draw_views(x01: torch.Tensor, n_views: int, recipe: ViewRecipe, gen: torch.Generator) -> torch.Tensor:
     """(B, 3, S, S) -> (B, n_views, 3, S, S): view 0 the image, the others random resized crops (+ flip) of it."""
     if n_views <= 1:
         return x01.unsqueeze(1)
@@ -99,7 +103,7 @@ def eot_seed(run_seed: int, sample_ids: Sequence[int]) -> int:
                .generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def method_target(method, sample_ids: Sequence[int], run_seed: int, eot: int = 1) -> AttackTarget:
+def method_target(method: Any, sample_ids: Sequence[int], run_seed: int, eot: int = 1) -> AttackTarget:
     """The method's prediction, as it stands now (an online method's state included), as an AttackTarget over the
     attacked base views of `sample_ids`; with random views (a recipe of more than one view), `eot` draws per
     gradient."""

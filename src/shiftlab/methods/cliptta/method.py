@@ -9,17 +9,14 @@ every choice that differs from it: src/shiftlab/methods/cliptta/README.md.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..base import MethodOutput
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTTAMethod, make_optimizer, mean_prediction_entropy
-from ..common.ood_scores import ood_scores
-from ..context import SampleContext
+from ..common.norm_adaptation import make_optimizer, mean_prediction_entropy
+from ..common.ood_scores import OwnOODScoreMethod, ood_scores
 from .spec import CLIPTTAOODSpec, CLIPTTASpec
 
 
@@ -121,7 +118,7 @@ class ConfidentMemory:
         self.generator.set_state(state["generator"])
 
 
-class CLIPTTA(NormTTAMethod):
+class CLIPTTA(OwnOODScoreMethod):
     """CLIPTTA and its OOD-aware variant (`cliptta_ood`); the config says which (spec.py)."""
     spec = CLIPTTASpec
 
@@ -151,13 +148,6 @@ class CLIPTTA(NormTTAMethod):
             self.alpha.copy_(state["alpha"])
         if self.config.memory:
             self.memory.load(state["memory"])
-
-    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        """The shared adaptation, each output carrying the method's own OOD score (its spec's `own_ood_score`)."""
-        outs = super().adapt_batch(ctxs)
-        for out in outs:
-            out.ood_score = out.extras["ood_score"]
-        return outs
 
     def scores(self, cosines: torch.Tensor, kind: str | None = None) -> torch.Tensor:
         return ood_scores(cosines, kind or self.config.score, self.config.ood_logit_scale)

@@ -4,10 +4,15 @@ arrives (BatchNorm with the batch's statistics, as its adaptation sees them), no
 adapts as a clean one would."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from .norm_adaptation import NormTTAMethod
 
-def norm_state_logits(method, views01: torch.Tensor) -> torch.Tensor:
+
+def norm_state_logits(method: NormTTAMethod, views01: torch.Tensor) -> torch.Tensor:
     """(B, N, 3, S, S) in [0, 1] -> (B, C): `NormTTAMethod.logits` of view 0, differentiable in the pixels."""
     with torch.enable_grad():
         return method.logits(method.model.normalize(views01[:, 0]))

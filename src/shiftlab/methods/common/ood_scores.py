@@ -1,9 +1,15 @@
-"""The OOD score CLIPTTA's open-set methods record as their own (its OOD variant, UniEnt, OSTTA): one view's
-cosine logits at a scale of their own, reduced as their `get_scores` does (MarcLafon/cliptta@f4221f4,
+"""The OOD score CLIPTTA's open-set methods record as their own (CLIPTTA and its OOD variant, UniEnt, OSTTA):
+one view's cosine logits at a scale of their own, reduced as their `get_scores` does (MarcLafon/cliptta@f4221f4,
 `ttavlm/methods/abstract_model.py:517-538`). The kinds, torch-free: `norm_config.SCORES`."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from ..context import SampleContext
+from ..prediction import MethodOutput
+from .norm_adaptation import NormTTAMethod
 
 
 def ood_scores(cosines: torch.Tensor, kind: str, scale: float) -> torch.Tensor:
@@ -20,3 +26,21 @@ def ood_scores(cosines: torch.Tensor, kind: str, scale: float) -> torch.Tensor:
         return logits.logsumexp(-1)
     probs = logits.softmax(-1)                              # "entropy": minus the entropy
     return (probs * probs.log()).sum(-1)
+
+
+class OwnOODScoreMethod(NormTTAMethod):
+    """A norm-adaptation method that records its own OOD score (its spec's `own_ood_score`): `adapt` puts it in each
+    image's extras as "ood_score" (`scored_logits`), and every output carries it."""
+
+    def scored_logits(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, 3, S, S) -> the (B, C) logits through the tower as adapted and the (B,) scores of `config.score` at
+        `config.ood_logit_scale`, both without gradients."""
+        with torch.no_grad():
+            cosines = self.encode(pixels) @ self.head.T
+            return self.scale * cosines, ood_scores(cosines, self.config.score, self.config.ood_logit_scale)
+
+    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        outs = super().adapt_batch(ctxs)
+        for out in outs:
+            out.ood_score = out.extras["ood_score"]
+        return outs

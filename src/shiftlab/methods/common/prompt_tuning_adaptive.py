@@ -13,12 +13,16 @@ gradient here is unscaled) and TPT's shared first-step graph (a fresh forward gi
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..common.confidence import select_confident
 from ..common.differentiable import encode_views01
+
+if TYPE_CHECKING:
+    from .prompt_tuning import PromptTuning
 
 BETAS = (0.9, 0.999)   # torch.optim.AdamW's defaults, which PromptTuning.tune (and the authors) keep
 ADAM_EPS = 1e-8
@@ -37,7 +41,7 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     return param - (lr / bias_correction1) * exp_avg / denom, exp_avg, exp_avg_sq
 
 
-def prompt_tuning_logits(method, views01: torch.Tensor) -> torch.Tensor:
+def prompt_tuning_logits(method: PromptTuning, views01: torch.Tensor) -> torch.Tensor:
     cfg = method.config
     feats = encode_views01(method, views01)                                      # (B, N, D)
     b = feats.shape[0]

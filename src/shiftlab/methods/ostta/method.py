@@ -14,17 +14,14 @@ Then the batch's logits through the adapted tower, and its own OOD score (`score
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..base import MethodOutput
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTower, NormTTAMethod, mean_prediction_entropy
-from ..common.ood_scores import ood_scores
-from ..context import SampleContext
+from ..common.norm_adaptation import NormTower, mean_prediction_entropy
+from ..common.ood_scores import OwnOODScoreMethod
 from .spec import OSTTASpec
 
 
@@ -44,7 +41,7 @@ def ostta_loss(logits: torch.Tensor, kept: torch.Tensor, tta_weight: float,
     return tta_weight * h.mean(0) - mean_entropy_weight * mean_prediction_entropy(logits)
 
 
-class OSTTA(NormTTAMethod):
+class OSTTA(OwnOODScoreMethod):
     """OSTTA: entropy minimisation on the images the adapted model is surer of than the source model."""
     spec = OSTTASpec
 
@@ -71,16 +68,7 @@ class OSTTA(NormTTAMethod):
             loss = ostta_loss(logits, kept, cfg.tta_weight, cfg.mean_entropy_weight)
             losses.append(float(loss.detach()))
             self.step(loss)
-        with torch.no_grad():
-            cosines = self.encode(pixels) @ self.head.T
-            scores = ood_scores(cosines, cfg.score, cfg.ood_logit_scale)
+        logits, scores = self.scored_logits(pixels)
         extras = [{"ood_score": float(s), "kept": bool(k), "loss": losses[0], "last_loss": losses[-1]}
                   for s, k in zip(scores, kept)]
-        return self.scale * cosines, extras
-
-    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        """The shared adaptation, each output carrying the method's own OOD score (its spec's `own_ood_score`)."""
-        outs = super().adapt_batch(ctxs)
-        for out in outs:
-            out.ood_score = out.extras["ood_score"]
-        return outs
+        return logits, extras

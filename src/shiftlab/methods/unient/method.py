@@ -14,17 +14,14 @@ Then the batch's logits through the adapted tower, and its own OOD score (`score
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..base import MethodOutput
 from ..common.confidence import entropy
-from ..common.norm_adaptation import NormTTAMethod, mean_prediction_entropy
-from ..common.ood_scores import ood_scores
-from ..context import SampleContext
+from ..common.norm_adaptation import mean_prediction_entropy
+from ..common.ood_scores import OwnOODScoreMethod
 from .spec import UniEntSpec
 
 
@@ -78,7 +75,7 @@ def _set_rng_state(rng: np.random.RandomState, state: dict[str, Any]) -> None:
                    float(state["gauss"])))
 
 
-class UniEnt(NormTTAMethod):
+class UniEnt(OwnOODScoreMethod):
     """UniEnt: entropy minimisation weighted by a Gaussian mixture's ID posterior of each image."""
     spec = UniEntSpec
 
@@ -104,16 +101,7 @@ class UniEnt(NormTTAMethod):
             loss = unient_loss(logits, id_weights, cfg.tta_weight, cfg.mean_entropy_weight, ood_weight)
             losses.append(float(loss.detach()))
             self.step(loss)
-        with torch.no_grad():
-            cosines = self.encode(pixels) @ self.head.T
-            scores = ood_scores(cosines, cfg.score, cfg.ood_logit_scale)
+        logits, scores = self.scored_logits(pixels)
         extras = [{"ood_score": float(s), "id_weight": float(w), "loss": losses[0], "last_loss": losses[-1]}
                   for s, w in zip(scores, id_weights)]
-        return self.scale * cosines, extras
-
-    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        """The shared adaptation, each output carrying the method's own OOD score (its spec's `own_ood_score`)."""
-        outs = super().adapt_batch(ctxs)
-        for out in outs:
-            out.ood_score = out.extras["ood_score"]
-        return outs
+        return logits, extras

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..common.differentiable import encode_views01
 
+if TYPE_CHECKING:
+    from .method import PromptEnsemble, ViewEnsemble, ZeroShot
 
-def zeroshot_logits(method, views01: torch.Tensor) -> torch.Tensor:
+
+def zeroshot_logits(method: ZeroShot, views01: torch.Tensor) -> torch.Tensor:
     return method.model.logit_scale * encode_views01(method, views01[:, :1])[:, 0] @ method.heads.zeroshot.T
 
 
-def prompt_ensemble_logits(method, views01: torch.Tensor) -> torch.Tensor:
+def prompt_ensemble_logits(method: PromptEnsemble, views01: torch.Tensor) -> torch.Tensor:
     return method.model.logit_scale * encode_views01(method, views01[:, :1])[:, 0] @ method.heads.ensemble.T
 
 
-def view_ensemble_logits(method, views01: torch.Tensor) -> torch.Tensor:
+def view_ensemble_logits(method: ViewEnsemble, views01: torch.Tensor) -> torch.Tensor:
     view_logits = method.model.logit_scale * encode_views01(method, views01) @ method.heads.zeroshot.T   # (B, N, C)
     if method.config.average == "logits":
         return view_logits.mean(1)
