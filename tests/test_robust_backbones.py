@@ -81,7 +81,7 @@ def test_an_image_tower_without_a_base_is_refused_in_one_line(weights):
         assert "\n" not in str(err.value) and "base_pretrained" in str(err.value)
     with pytest.raises(ModelLoadError, match="does not exist") as err:   # a base that is not there
         shiftlab.load_model("shiftlab-tiny", str(weights["shiftlab-tiny/fare"]), base_pretrained="no/such/base.pt")
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "the base CLIP of" in str(err.value)
 
 
 def test_an_image_tower_of_another_architecture_is_refused_in_one_line(weights):

@@ -221,7 +221,10 @@ def _load_image_tower(name: str, path: Path, sd: dict[str, torch.Tensor], base_p
             f"{path} holds only an image tower ({len(sd)} tensors, as FARE and TeCoA publish them); name the CLIP "
             f"whose text tower completes it with {say('base_pretrained')} (e.g. openai, as R-TPT and RobustVLM do)")
     check_finite(path, sd)
-    model = base()
+    try:
+        model = base()
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"the base CLIP of {path} ({say('base_pretrained')}{base_pretrained}): {exc}") from exc
     visual = model.clip.visual
     _check_fits(visual, sd, f"{model.name}'s image tower", path)
     visual.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=False)
