@@ -135,6 +135,10 @@ def test_run_json_holds_the_towers_and_the_bases_digests(weights, tmp_path, caps
     assert shared["pretrained"] == str(tower) and shared["checkpoint_sha256"] == _sha(tower)
     assert shared["base_pretrained"] == str(base) and shared["base_checkpoint_sha256"] == _sha(base)
     capsys.readouterr()
+    # resuming over another base is refused, naming the field that differs
+    torch.save(_state("shiftlab-tiny", 4), other := tmp_path / "other-base.pt")
+    assert cli_main([*argv, "--base-pretrained", str(other), "--resume"]) != 0
+    assert "base_checkpoint_sha256" in capsys.readouterr().err
     # without the base: refused in one line naming the flag
     assert cli_main([*argv[:-1], str(tmp_path / "run2")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
