@@ -29,6 +29,7 @@ OPTIONS: dict[str, Option] = {
     "trust_checkpoint": Option("trust_checkpoint=True", "--trust-checkpoint"),
     "pretrained_file": Option("pretrained='/path/to/checkpoint'", "--pretrained /path/to/checkpoint"),
     "pretrained": Option("pretrained=", "--pretrained"),
+    "base_pretrained": Option("base_pretrained=TAG|FILE", "--base-pretrained TAG|FILE"),
     "classnames": Option("classnames=[...]", "--classnames FILE"),
     "resume": Option("resume=True", "--resume"),
     "out": Option("another out=", "another --out"),

@@ -34,6 +34,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrained", default="openai",
                    help="a pretrained tag open_clip lists for --model (e.g. openai), a checkpoint file (file:PATH "
                         "to be explicit), hf-hub:ORG/REPO, or 'none' for random weights (README: Getting the weights)")
+    p.add_argument("--base-pretrained", default=None, metavar="TAG|FILE",
+                   help="for a --pretrained file holding only an image tower (FARE's and TeCoA's robust checkpoints): "
+                        "the CLIP of --model whose text tower completes it, read as --pretrained is (e.g. openai; "
+                        "docs/ROBUSTNESS.md: Robust backbones)")
     p.add_argument("--methods", type=checks.method_names, default=["all"],
                    help="comma-separated method names, or 'all' (see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.run_override, action="append", default=[],
@@ -174,6 +178,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     from ..datasets.specs import DATASETS
     dataset = DATASETS.canonical(args.dataset) if args.dataset in DATASETS else args.dataset  # R -> imagenet-r
     return RunConfig(dataset=dataset, data=str(args.data), model=args.model, pretrained=pretrained,
+                     base_pretrained=getattr(args, "base_pretrained", None),
                      methods=list(methods), method_config=checks.method_config(args.method_config),
                      views=args.views, augmix=args.augmix, protocol=args.protocol, seed=args.seed,
                      model_seed=getattr(args, "model_seed", None),

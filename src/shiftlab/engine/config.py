@@ -28,6 +28,8 @@ class RunConfig:
     data: str = ""
     model: str = "RN50"
     pretrained: str | None = "openai"
+    # the CLIP whose text tower completes a checkpoint holding only an image tower (FARE, TeCoA; models.load_model)
+    base_pretrained: str | None = None
     cache_dir: str | None = None     # weights cache, download and trust: see models.load_model
     download: bool = False
     trust_checkpoint: bool = False

@@ -146,9 +146,15 @@ def _read_pickle(path: Path, trust_checkpoint: bool) -> object:
                              f"({type(exc).__name__}: {_first_line(exc)})") from exc
 
 
+# Wrappers a checkpoint's tensors are published in: open_clip's training script (`state_dict`) and the
+# TeCoA image towers that R-TPT's rtpt.py and RobustVLM's CLIP_benchmark read (`vision_encoder_state_dict`).
+STATE_DICT_WRAPPERS = ("state_dict", "vision_encoder_state_dict")
+
+
 def _strip_prefix(sd: dict) -> dict:
-    if "state_dict" in sd and isinstance(sd["state_dict"], dict):
-        sd = sd["state_dict"]
+    wrapper = next((w for w in STATE_DICT_WRAPPERS if isinstance(sd.get(w), dict)), None)
+    if wrapper is not None:
+        sd = sd[wrapper]
     if sd and all(isinstance(k, str) and k.startswith("module.") for k in sd):
         sd = {k[len("module."):]: v for k, v in sd.items()}
     return sd
@@ -158,8 +164,9 @@ def read_checkpoint(path: Path, trust_checkpoint: bool = False) -> tuple[dict[st
     """Read a checkpoint file -> (state dict of tensors, is an OpenAI TorchScript release).
 
     Formats: `.safetensors`; OpenAI TorchScript archives; plain or open_clip-trained state
-    dicts (`{"state_dict": ...}`, `module.` prefixes). Pickles holding Python objects other
-    than tensors are refused unless `trust_checkpoint`.
+    dicts (`{"state_dict": ...}`, `module.` prefixes); image towers alone (FARE's .pt, TeCoA's
+    `{"vision_encoder_state_dict": ...}`), which the loader completes with a base CLIP. Pickles
+    holding Python objects other than tensors are refused unless `trust_checkpoint`.
     """
     if not path.is_file():
         raise ModelLoadError(f"checkpoint file {path} does not exist")

@@ -32,7 +32,12 @@ class ClipModel(nn.Module):
       None for a checkpoint (its SHA-256 pins it).
     - `weights_source`: where that file verifiably came from ("openai-url", "hf-hub:ORG/REPO" or None;
       `shiftlab.models.checkpoints.weights_source`), what published numbers are shown by.
+    - `base_pretrained`, `base_checkpoint_sha256`: for a checkpoint holding only an image tower (FARE, TeCoA),
+      the CLIP its text tower came from and that file's SHA-256 (shiftlab.models.loader); None otherwise.
     """
+
+    base_pretrained: str | None = None
+    base_checkpoint_sha256: str | None = None
 
     def __init__(self, clip: nn.Module, name: str, pretrained: str | None, preprocess: Preprocess,
                  checkpoint_sha256: str | None = None, weights_source: str | None = None,
@@ -75,6 +80,7 @@ class ClipModel(nn.Module):
             half = ClipModel(clip, self.name, self.pretrained, self.preprocess, self.checkpoint_sha256,
                              self.weights_source, self.weights_seed, self.weights_sha256)   # the float32 weights
             half.input_dtype = dtype
+            half.base_pretrained, half.base_checkpoint_sha256 = self.base_pretrained, self.base_checkpoint_sha256
             copies[dtype] = half
         return copies[dtype]
 

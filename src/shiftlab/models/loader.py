@@ -21,6 +21,13 @@ Where weights come from (`pretrained`), decided by these rules and nothing else:
   neither a tag of the model nor a file.
 The architecture is always the one named: a checkpoint whose tensors do not fit it is
 refused, naming both.
+
+A checkpoint holding only an image tower (FARE's and TeCoA's published .pt files, R-TPT's TeCoA RN50
+`{"vision_encoder_state_dict": ...}`: the keys of `clip.visual`, no `visual.` prefix) replaces the image
+tower of the base CLIP `base_pretrained` names (read by the same rules; its text tower, logit scale and
+preprocessing are kept), as R-TPT and RobustVLM load them over OpenAI's CLIP. Without `base_pretrained`
+such a file is refused in one line. `ClipModel.checkpoint_sha256` is then the image tower file's digest and
+`ClipModel.base_checkpoint_sha256` the base's.
 """
 from __future__ import annotations
 
@@ -147,13 +154,16 @@ def _hf_hub_files(repo: str, cache_dir: str | None, allow_download: bool) -> tup
 
 def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device: str | torch.device = "cpu",
                cache_dir: str | None = None, allow_download: bool = True, trust_checkpoint: bool = False,
-               model_config: dict | str | Path | None = None, seed: int = 0) -> ClipModel:
+               model_config: dict | str | Path | None = None, seed: int = 0,
+               base_pretrained: str | None = None) -> ClipModel:
     """Load a frozen CLIP model in eval mode with normalisation inside (rules: module docstring).
 
     `model_config` registers a custom architecture under `name` first (`register_architecture`).
     A checkpoint in OpenAI's key layout builds the QuickGELU variant of `name`, as OpenAI trained.
     `seed` decides random weights (`pretrained=None`, "none" or "random") and nothing else. Weights not in
     the cache are downloaded unless `allow_download=False` (the command line's default: --download asks).
+    `base_pretrained`: the CLIP whose text tower completes a checkpoint holding only an image tower (module
+    docstring); ignored for a checkpoint that holds a whole CLIP.
     """
     import open_clip
     _register_builtin()
@@ -186,12 +196,48 @@ def load_model(name: str = "RN50", pretrained: str | None = "openai", *, device:
         from open_clip.transform import PreprocessCfg, merge_preprocess_dict
         return _load_file(name, weights, trust_checkpoint, merge_preprocess_dict(PreprocessCfg(), pp),
                           str(pretrained), device)
-    return _load_file(name, Path(value).expanduser(), trust_checkpoint, None, str(pretrained), device)
+    path = Path(value).expanduser()
+    sd, openai_release = read_checkpoint(path, trust_checkpoint)
+    if _is_image_tower(sd):
+        def base() -> ClipModel:
+            return load_model(name, base_pretrained, cache_dir=cache_dir, allow_download=allow_download,
+                              trust_checkpoint=trust_checkpoint)
+        return _load_image_tower(name, path, sd, base_pretrained, base, str(pretrained), device)
+    return _load_file(name, path, trust_checkpoint, None, str(pretrained), device, (sd, openai_release))
+
+
+def _is_image_tower(sd: dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict is `clip.visual`'s alone: the stem every CLIP image tower (ViT, ModifiedResNet)
+    starts with at its top level, and none of the text tower's own keys (a ViT tower has a `transformer` too)."""
+    return "conv1.weight" in sd and not any(
+        k.startswith(("visual.", "token_embedding.", "ln_final.")) or k in ("text_projection", "logit_scale")
+        for k in sd)
+
+
+def _load_image_tower(name: str, path: Path, sd: dict[str, torch.Tensor], base_pretrained: str | None, base,
+                      label: str, device: str | torch.device) -> ClipModel:
+    if base_pretrained is None or is_random_weights(base_pretrained):
+        raise ModelLoadError(
+            f"{path} holds only an image tower ({len(sd)} tensors, as FARE and TeCoA publish them); name the CLIP "
+            f"whose text tower completes it with {say('base_pretrained')} (e.g. openai, as R-TPT and RobustVLM do)")
+    check_finite(path, sd)
+    try:
+        model = base()
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"the base CLIP of {path} ({say('base_pretrained')}{base_pretrained}): {exc}") from exc
+    visual = model.clip.visual
+    _check_fits(visual, sd, f"{model.name}'s image tower", path)
+    visual.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=False)
+    sha = sha256_file(path)
+    model.pretrained = label
+    model.base_pretrained, model.base_checkpoint_sha256 = str(base_pretrained), model.checkpoint_sha256
+    model.checkpoint_sha256, model.weights_source = sha, weights_source(path, sha)
+    return model.to(device)
 
 
 def _load_file(name: str, path: Path, trust_checkpoint: bool, preprocess: dict[str, Any] | None, label: str,
-               device: str | torch.device) -> ClipModel:
-    sd, openai_release = read_checkpoint(path, trust_checkpoint)
+               device: str | torch.device, read: tuple[dict, bool] | None = None) -> ClipModel:
+    sd, openai_release = read or read_checkpoint(path, trust_checkpoint)
     check_finite(path, sd)
     _known_model(name, (path, sd))
     openai_layout = _is_openai_state_dict(sd)
@@ -257,7 +303,9 @@ def run_model_seed(config: Any) -> int:
 
 def load_run_model(config: Any, device: str | torch.device) -> ClipModel:
     """The model of a run (CLI and `engine.run(model=None)`): reads `config.model`, `.pretrained`,
-    `.cache_dir`, `.download`, `.trust_checkpoint` and, for random weights, `run_model_seed(config)`."""
+    `.cache_dir`, `.download`, `.trust_checkpoint`, `.base_pretrained` and, for random weights,
+    `run_model_seed(config)`."""
     return load_model(config.model, config.pretrained, device=device, cache_dir=getattr(config, "cache_dir", None),
                       allow_download=getattr(config, "download", False),
-                      trust_checkpoint=getattr(config, "trust_checkpoint", False), seed=run_model_seed(config))
+                      trust_checkpoint=getattr(config, "trust_checkpoint", False), seed=run_model_seed(config),
+                      base_pretrained=getattr(config, "base_pretrained", None))

@@ -171,6 +171,9 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
         "domains": jsonable(getattr(dataset, "domain_info", None)),
         "open_set": jsonable(getattr(dataset, "open_set_info", None)),
     }
+    base = getattr(model, "base_pretrained", None)
+    if base is not None:   # an image tower alone (FARE, TeCoA) over a base CLIP: the base's digest too
+        shared.update(base_pretrained=base, base_checkpoint_sha256=getattr(model, "base_checkpoint_sha256", None))
     target = getattr(config, "attack_target", "transfer")
     if target != "transfer":   # a transfer run's identity is what it was before adaptive attacks existed
         shared.update(attack_target=target, eot=int(config.eot))
@@ -189,7 +192,9 @@ SHARED_TYPES: dict[str, tuple] = {
     "domains": (dict, None),
 }
 # the fields only some runs write: an attack through the methods' adaptation (`--attack-target adaptive|both`)
-OPTIONAL_SHARED_TYPES: dict[str, tuple] = {"attack_target": (str,), "eot": (int,)}
+# and a checkpoint holding only an image tower completed by a base CLIP (`--base-pretrained`)
+OPTIONAL_SHARED_TYPES: dict[str, tuple] = {"attack_target": (str,), "eot": (int,), "base_pretrained": (str,),
+                                           "base_checkpoint_sha256": (str, None)}
 _JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
                bool: "true or false", None: "null"}
 
