@@ -309,6 +309,28 @@ def test_apgd_ce_attacks_through_a_method_at_each_budget_of_an_eps_list(tmp_path
         in (tmp_path / "run" / "summary.md").read_text()
 
 
+def test_autoattack_runs_every_part_through_a_method(tmp_path, tiny_checkpoint):
+    """AutoAttack is adaptive as a whole: each part attacks the method's own prediction (`attack_through`). Zero-shot
+    is its own transfer target, so its adaptive images and verdicts are its transfer ones; TPT's carry its mode."""
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=2, size=(64, 64))
+    argv = _argv(data, tmp_path / "run", tiny_checkpoint, "both", "zeroshot,tpt")
+    argv[argv.index("pgd")] = "autoattack"
+    argv.remove("--steps")
+    argv.remove("1")
+    small = ["attack.steps=2", "attack.queries=4", "attack.targets=2", "attack.attack_misclassified=True"]
+    assert cli_main(argv + [a for item in small for a in ("--set", item)]) == 0
+    records = json_lines(tmp_path / "run" / "records.jsonl")
+    assert {r["setting"] for r in records} == {"autoattack", "autoattack-adaptive"} and len(records) == 16
+    by = {(r["id"], r["method"], r["setting"]): r for r in records}
+    for (i, m, s), r in by.items():
+        assert r["attack"]["linf_255"] <= 4 and "broken_by" in r["attack"]
+        if s == "autoattack-adaptive":
+            assert r["attack"]["mode"] == ("full" if m == "zeroshot" else "full+bpda+eot")
+            if m == "zeroshot":
+                transfer = by[(i, m, "autoattack")]
+                assert (r["pred"], r["attack"]["broken_by"]) == (transfer["pred"], transfer["attack"]["broken_by"])
+
+
 def test_apgd_ce_attacks_a_batch_method_s_batch_together(tmp_path, tiny_checkpoint):
     data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=2, size=(64, 64))
     argv = _argv(data, tmp_path / "run", tiny_checkpoint, "adaptive", "tent")

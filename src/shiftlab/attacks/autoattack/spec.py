@@ -47,3 +47,7 @@ class AutoAttackSpec(AttackSpec):
                "its record names the part that broke it")
     label_format = LABEL_FORMAT
     details_format = "parts={parts} steps={steps}"
+    # attack_through: every part on a method's own prediction (`--attack-target adaptive`, attacks/adaptive.py):
+    # APGD-CE, APGD-T and FAB-T follow its gradient (one draw of its random views per call: bpda/eot as the method
+    # declares), Square queries it; a batch method's batch together
+    adaptive = True
