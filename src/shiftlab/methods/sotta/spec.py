@@ -73,5 +73,5 @@ class SoTTASpec(MethodSpec):
     fidelity = ("golden (CLIPTTA's SoTTA class on the tiny ViT: 3 continual batches of 8 with a memory of 6, "
                 "admission at ood_logit_scale 100, 2 Adam steps, with and without SAM; every batch's logits, "
                 "scores and norm parameters)")
-    # the registry-wide tests: their defaults but an admission score at logit scale 100, so the memory fills
+    # the registry-wide tests: their defaults but a memory of 4 admitting every image, so that it fills and evicts
     test_config = {"steps": 1, "ood_logit_scale": 100.0, "confidence_threshold": 0.0, "capacity": 4}
