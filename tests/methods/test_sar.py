@@ -18,8 +18,8 @@ import torch
 
 import shiftlab
 from _golden import GRAD_RTOL, LOSS, NORM_PARAMS, TUNED_LOGITS, assert_close, stream_views
+from shiftlab.methods.common.sam import sam_perturb
 from shiftlab.methods.context import SampleContext
-from shiftlab.methods.sar.method import sam_perturb
 from shiftlab.synthetic import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("one_thread")

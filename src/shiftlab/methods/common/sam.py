@@ -1,0 +1,20 @@
+"""Sharpness-aware minimisation's first step, as the SAM optimiser CLIPTTA's toolkit wraps (github.com/MarcLafon/
+cliptta at f4221f4, `ttavlm/optimizers/sam.py`, from davda54/sam), shared by SAR and SoTTA."""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def sam_perturb(params: list[torch.nn.Parameter], rho: float, adaptive: bool) -> list[torch.Tensor]:
+    """SAM's first step (sam.py:34-52): w <- w + rho x (w^2 if adaptive) g / ||(|w| if adaptive) g||; returns the
+    weights before the move. Parameters without a gradient stay."""
+    grads = [(p.abs() if adaptive else 1.0) * p.grad for p in params if p.grad is not None]
+    norm = torch.norm(torch.stack([g.norm(p=2) for g in grads]), p=2) if grads else torch.tensor(0.0)
+    scale = rho / (norm + 1e-12)
+    olds = []
+    for p in params:
+        olds.append(p.detach().clone())
+        if p.grad is not None:
+            p.add_((torch.pow(p, 2) if adaptive else 1.0) * p.grad * scale.to(p))
+    return olds

@@ -1,0 +1,1 @@
+"""SoTTA on CLIP, as CLIPTTA's toolkit runs it."""

@@ -1,0 +1,77 @@
+"""SoTTA (Gong, Kim, Lee, Chottananurak & Lee, NeurIPS 2023, "SoTTA: Robust Test-Time Adaptation on Noisy Data
+Streams"), on CLIP as CLIPTTA's toolkit runs it.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import SCORES, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+# what the adaptation step's loss covers: "all", the mean entropy of every image in the memory; "first", the
+# entropy of the memory's first image alone (their `_forward_and_adapt` hands the memory to get_features as a list
+# of one-image views and keeps `logits[0]`, sotta.py:37-39)
+MEMORY_LOSSES = ("all", "first")
+
+
+@dataclass
+class SoTTAConfig(NormTTAConfig):
+    """CLIPTTA's SoTTA (`methods/sotta.py`, built by `methods/__init__.py:243-247`); no script of theirs runs it,
+    so its settings are their argparse defaults (the shared fields in `common/norm_config.py`)."""
+    capacity: int = param(64, ge=1)                          # --capacity 64 (configuration.py:263), HUS's size
+    # an image enters the memory when its max_prob (at ood_logit_scale) is at least this (--high_threshold 0.5,
+    # configuration.py:274; memory/hus.py:78). At their ood_logit_scale 1 a CLIP's cosines give a max_prob near
+    # 1 / C, so with their defaults no image ever enters and SoTTA never adapts (README.md)
+    confidence_threshold: float = param(0.5, ge=0, le=1)
+    # SAM's two-step update (--use_sam, off by default: configuration.py:176; abstract_model.py:662-679) at SAM's
+    # default radius (rho 0.05, optimizers/sam.py:21; their setup_optimizer passes none)
+    sam: bool = False
+    rho: float = param(0.05, ge=0)
+    memory_loss: str = param("all", choices=MEMORY_LOSSES)
+    # the seed of the memory's replacements (their Python `random.choice` / `randrange` on the global generator,
+    # memory/hus.py:106-120; here a generator of the method's own, in its state)
+    memory_seed: int = param(0, ge=0)
+    # the OOD score recorded with each image after the batch: --score_type, max_prob (configuration.py:145-147)
+    # at --ood_logit_scale 1.0 (configuration.py:175), of the adapted tower's cosines (sotta.py:83-87); the
+    # memory's admission score is max_prob at the same scale whatever `score` (sotta.py:61)
+    score: str = param("max_prob", choices=SCORES)
+    ood_logit_scale: float = param(1.0, gt=0)
+
+
+class SoTTASpec(MethodSpec):
+    name = "sotta"
+    bibtex = r"""@inproceedings{gong2023sotta,
+  title = {SoTTA: Robust Test-Time Adaptation on Noisy Data Streams},
+  author = {Gong, Taesik and Kim, Yewon and Lee, Taeckyung and Chottananurak, Sorn and Lee, Sung-Ju},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2023}
+}"""
+    impl = "shiftlab.methods.sotta.method:SoTTA"
+    # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it"
+                        " holds when the batch arrives (batch statistics, state); the batch then enters the"
+                        " memory and adapts as a clean one would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
+    config_class = SoTTAConfig
+    summary = ("SoTTA: entropy minimisation (optionally sharpness-aware) on a class-balanced memory of confident "
+               "test images (norm parameters, continual); records its own ood_score")
+    label = "SoTTA"
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
+    own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
+                     "get_scores)")
+    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
+    # (configuration.py:86), continual
+    protocols = {"paper": {"logit_scale": 100.0}}
+    # CLIPTTA's README has no table; SoTTA's own repository is not on CLIP
+    published = ()
+    fidelity = ("golden (CLIPTTA's SoTTA class on the tiny ViT: 3 continual batches of 8 with a memory of 6, "
+                "admission at ood_logit_scale 100, 2 Adam steps, with and without SAM; every batch's logits, "
+                "scores and norm parameters)")
+    # the registry-wide tests: their defaults but a memory of 4 admitting every image, so that it fills and evicts
+    test_config = {"steps": 1, "ood_logit_scale": 100.0, "confidence_threshold": 0.0, "capacity": 4}

@@ -1,0 +1,1 @@
+"""STAMP on CLIP, as CLIPTTA's toolkit runs it."""
