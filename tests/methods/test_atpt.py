@@ -17,22 +17,16 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import (
-    FEATURES,
     FIXTURES,
-    GRAD_RTOL,
     LOGITS,
     LOSS,
     OTPT_LOSS_REL,
-    PARAMS,
     OptimizerStepRecorder,
-    assert_close,
-    assert_selection_margin,
-    entropy_tolerance,
 )
 from _imports import lazy_module
+from _prompt_tuning_golden import key_failures, run_variants
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.atpt.method import min_angles
-from shiftlab.methods.common.confidence import entropy
 
 open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 
@@ -139,6 +133,7 @@ VARIANTS = {"ds": {"lambda_angular": 10.0, "objective": "maximize"},
             "fg": {"lambda_angular": 80.0, "objective": "minimize"},
             "fg_steps2": {"lambda_angular": 80.0, "objective": "minimize", "steps": 2}}
 SAMPLES = range(4)
+SCALARS = ("loss", "entropy_loss")   # the extras their code saved per sample
 
 
 @pytest.fixture(scope="module")
@@ -146,23 +141,7 @@ def golden(golden_dir, golden_model, one_thread_module):
     expected = torch.load(FIXTURES / "atpt" / "atpt.pt", weights_only=True)
     model, classnames = golden_model
     inputs = torch.load(golden_dir / "inputs.pt", weights_only=True)["views_unit"]
-    heads = ClassHeads(model, classnames)
-    got: dict[str, torch.Tensor] = {}
-    for variant, config in VARIANTS.items():
-        method = shiftlab.create_method("atpt", model, classnames, heads=heads, **config)
-        for i in SAMPLES:
-            ctx = SampleContext(model, heads, model.normalize(inputs[i]))
-            with OptimizerStepRecorder() as rec:
-                out = method.predict_context(ctx)
-            p = f"{variant}/{i}/"
-            got[p + "selected"] = torch.tensor(out.extras["selected"])
-            got[p + "loss"] = torch.tensor(out.extras["loss"])
-            got[p + "entropy_loss"] = torch.tensor(out.extras["entropy_loss"])
-            got[p + "logits"] = out.logits
-            got[p + "view_logits"] = ctx.zeroshot_view_logits
-            for s, (g, c) in enumerate(zip(rec.grad, rec.param)):
-                got[p + f"s{s}/ctx_grad"], got[p + f"s{s}/ctx"] = g[0], c[0]
-        got[f"{variant}/text_features"] = heads.zeroshot
+    got = run_variants("atpt", model, classnames, inputs, VARIANTS, SAMPLES, SCALARS)
     return {"expected": expected, "got": got}
 
 
@@ -170,36 +149,9 @@ def golden(golden_dir, golden_model, one_thread_module):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_golden_key(golden, variant):
-    expected, got = golden["expected"], golden["got"]
-    keys = sorted(k for k in expected if k.startswith(variant + "/"))
-    steps = VARIANTS[variant].get("steps", 1)
-    assert len(keys) == 1 + len(SAMPLES) * (4 + 2 * steps), keys
-    failures = []
-    for key in keys:
-        name = key.rsplit("/", 1)[-1]
-        want = expected[key]
-        try:
-            assert key in got, f"{key}: not computed"
-            have = got[key].detach().float()
-            assert have.shape == want.shape, f"{key}: shape {tuple(have.shape)} != {tuple(want.shape)}"
-            if name == "selected":
-                view_logits = got[key.rsplit("/", 1)[0] + "/view_logits"]
-                assert_selection_margin(entropy(view_logits), len(want), entropy_tolerance(view_logits, LOGITS), key)
-                assert sorted(have.tolist()) == sorted(want.tolist()), f"{key}: {have.tolist()} != {want.tolist()}"
-            elif name == "ctx_grad":
-                err, scale = float((have - want).abs().max()), float(want.abs().max())
-                assert err <= GRAD_RTOL * scale, f"{key}: max error {err:.3g} vs max|want| {scale:.3g}"
-            elif name == "ctx":
-                assert_close(have, want, PARAMS, key)
-            elif name in ("loss", "entropy_loss"):
-                assert_close(have, want, max(LOSS, OTPT_LOSS_REL * float(want.abs())), key)
-            elif name == "text_features":
-                assert_close(have, want, FEATURES, key)
-            else:
-                assert name == "logits", key
-                assert_close(have, want, LOGITS, key)
-        except AssertionError as exc:
-            failures.append(str(exc).splitlines()[0] if str(exc) else key)
+    failures = key_failures(golden["expected"], golden["got"], variant, n_samples=len(SAMPLES),
+                            steps=VARIANTS[variant].get("steps", 1), scalars=SCALARS,
+                            scalar_tol=lambda want: max(LOSS, OTPT_LOSS_REL * float(want.abs())), logits_tol=LOGITS)
     assert not failures, "\n".join(failures)
 
 

@@ -16,22 +16,16 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import (
-    FEATURES,
     FIXTURES,
-    GRAD_RTOL,
     LOGITS,
     LOSS,
     OTPT_LOSS_REL,
-    PARAMS,
     OptimizerStepRecorder,
-    assert_close,
-    assert_selection_margin,
-    entropy_tolerance,
 )
 from _imports import lazy_module
+from _prompt_tuning_golden import key_failures, run_variants
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
-from shiftlab.methods.common.confidence import entropy
 from shiftlab.methods.tpt.method import orthogonality_penalty
 
 open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
@@ -194,6 +188,7 @@ def test_config_and_facts():
 VARIANTS = {"otpt_ds": {"lambda_ortho": 2.0}, "otpt_fg": {"lambda_ortho": 18.0},
             "otpt_steps2": {"lambda_ortho": 18.0, "steps": 2}}
 SAMPLES = range(4)
+SCALARS = ("loss", "entropy_loss")   # the extras their code saved per sample
 
 
 @pytest.fixture(scope="module")
@@ -202,23 +197,7 @@ def golden(golden_dir, one_thread_module):
     info = json.loads((golden_dir / "golden.json").read_text())
     inputs = torch.load(golden_dir / "inputs.pt", weights_only=True)["views_unit"]
     model = shiftlab.load_model("shiftlab-tiny", str(golden_dir / "tiny_clip_openai.pt"))
-    heads = ClassHeads(model, info["classnames"])
-    got: dict[str, torch.Tensor] = {}
-    for variant, config in VARIANTS.items():
-        method = shiftlab.create_method("otpt", model, info["classnames"], heads=heads, **config)
-        for i in SAMPLES:
-            ctx = SampleContext(model, heads, model.normalize(inputs[i]))
-            with OptimizerStepRecorder() as rec:
-                out = method.predict_context(ctx)
-            p = f"{variant}/{i}/"
-            got[p + "selected"] = torch.tensor(out.extras["selected"])
-            got[p + "loss"] = torch.tensor(out.extras["loss"])
-            got[p + "entropy_loss"] = torch.tensor(out.extras["entropy_loss"])
-            got[p + "logits"] = out.logits
-            got[p + "view_logits"] = ctx.zeroshot_view_logits
-            for s, (g, c) in enumerate(zip(rec.grad, rec.param)):
-                got[p + f"s{s}/ctx_grad"], got[p + f"s{s}/ctx"] = g[0], c[0]
-        got[f"{variant}/text_features"] = heads.zeroshot
+    got = run_variants("otpt", model, info["classnames"], inputs, VARIANTS, SAMPLES, SCALARS)
     return {"expected": expected, "got": got}
 
 
@@ -226,34 +205,7 @@ def golden(golden_dir, one_thread_module):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_golden_key(golden, variant):
-    expected, got = golden["expected"], golden["got"]
-    keys = sorted(k for k in expected if k.startswith(variant + "/"))
-    steps = VARIANTS[variant].get("steps", 1)
-    assert len(keys) == 1 + len(SAMPLES) * (4 + 2 * steps), keys
-    failures = []
-    for key in keys:
-        name = key.rsplit("/", 1)[-1]
-        want = expected[key]
-        try:
-            assert key in got, f"{key}: not computed"
-            have = got[key].detach().float()
-            assert have.shape == want.shape, f"{key}: shape {tuple(have.shape)} != {tuple(want.shape)}"
-            if name == "selected":
-                view_logits = got[key.rsplit("/", 1)[0] + "/view_logits"]
-                assert_selection_margin(entropy(view_logits), len(want), entropy_tolerance(view_logits, LOGITS), key)
-                assert sorted(have.tolist()) == sorted(want.tolist()), f"{key}: {have.tolist()} != {want.tolist()}"
-            elif name == "ctx_grad":
-                err, scale = float((have - want).abs().max()), float(want.abs().max())
-                assert err <= GRAD_RTOL * scale, f"{key}: max error {err:.3g} vs max|want| {scale:.3g}"
-            elif name == "ctx":
-                assert_close(have, want, PARAMS, key)
-            elif name in ("loss", "entropy_loss"):
-                assert_close(have, want, max(LOSS, OTPT_LOSS_REL * float(want.abs())), key)
-            elif name == "text_features":
-                assert_close(have, want, FEATURES, key)
-            else:
-                assert name == "logits", key
-                assert_close(have, want, LOGITS, key)
-        except AssertionError as exc:
-            failures.append(str(exc).splitlines()[0] if str(exc) else key)
+    failures = key_failures(golden["expected"], golden["got"], variant, n_samples=len(SAMPLES),
+                            steps=VARIANTS[variant].get("steps", 1), scalars=SCALARS,
+                            scalar_tol=lambda want: max(LOSS, OTPT_LOSS_REL * float(want.abs())), logits_tol=LOGITS)
     assert not failures, "\n".join(failures)
