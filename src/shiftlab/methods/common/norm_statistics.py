@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
-from .norm_adaptation import _check_batch_statistics
+from ..base import Method
+from .norm_adaptation import BatchStatisticsError, _check_batch_statistics
 
 STATISTICS = ("batch", "alpha", "ema", "source")
 
@@ -122,3 +123,29 @@ class StatsTower(nn.Module):
                 for w in self.wrappers:
                     w.updating = False
         return self.visual(x)
+
+
+class StatsTowerMethod(Method):
+    """A method on a `StatsTower` (`self.tower`, built by the subclass): its class head (`text_head`), its logit
+    scale (`logit_scale`, else the model's) and the tower's logits, a batch too small for its statistics refused in
+    one line (norm_stats, TTAug, MEMO)."""
+    tower: StatsTower
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
+
+    @property
+    def scale(self) -> float:
+        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
+
+    def tower_logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) normalised pixels, one batch through the tower (its statistics) -> (B, C) float logits."""
+        if self.model.channels_last:
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        try:
+            with self.precision.autocast():
+                features = self.tower(pixels)
+        except BatchStatisticsError as exc:
+            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
+        return self.scale * F.normalize(features.float(), dim=-1) @ self.head.T

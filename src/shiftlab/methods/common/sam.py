@@ -1,6 +1,8 @@
 """Sharpness-aware minimisation's first step, as the SAM optimiser CLIPTTA's toolkit wraps (github.com/MarcLafon/
-cliptta at f4221f4, `ttavlm/optimizers/sam.py`, from davda54/sam), shared by SAR and SoTTA."""
+cliptta at f4221f4, `ttavlm/optimizers/sam.py`, from davda54/sam), shared by SAR, SoTTA and STAMP."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -18,3 +20,20 @@ def sam_perturb(params: list[torch.nn.Parameter], rho: float, adaptive: bool) ->
         if p.grad is not None:
             p.add_((torch.pow(p, 2) if adaptive else 1.0) * p.grad * scale.to(p))
     return olds
+
+
+def memory_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], loss: torch.Tensor,
+                again: Callable[[], torch.Tensor], rho: float, sam: bool) -> None:
+    """One optimiser step on `loss`; with `sam`, on SAM's gradient instead: `again()` (the same loss) taken at the
+    weights `sam_perturb` moved them to, the weights put back before the step (SoTTA's and STAMP's `--use_sam`).
+    The gradients are cleared after the step."""
+    loss.backward()
+    if sam:
+        olds = sam_perturb(params, rho, adaptive=False)
+        optimizer.zero_grad(set_to_none=True)
+        again().backward()
+        with torch.no_grad():
+            for p, old in zip(params, olds):
+                p.copy_(old)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

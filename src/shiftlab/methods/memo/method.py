@@ -19,11 +19,9 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
-from ..common.norm_adaptation import BatchStatisticsError
-from ..common.norm_statistics import StatsTower
+from ..base import MethodOutput
+from ..common.norm_statistics import StatsTower, StatsTowerMethod
 from ..context import SampleContext
 from .spec import MEMOSpec
 
@@ -50,7 +48,7 @@ def own_weights(module: nn.Module) -> list[tuple[str, nn.Parameter, torch.Tensor
     return out
 
 
-class MEMO(Method):
+class MEMO(StatsTowerMethod):
     """MEMO: marginal entropy over an image's augmented views, through every weight of the image tower."""
     spec = MEMOSpec
 
@@ -69,14 +67,6 @@ class MEMO(Method):
             cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
             self.optimizer = cls(params, lr=cfg.lr, betas=(cfg.adam_beta, 0.999), weight_decay=cfg.weight_decay)
 
-    @property
-    def head(self) -> torch.Tensor:
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
-
     @torch.no_grad()
     def reset(self) -> None:
         for _, p, source in self.weights:
@@ -85,14 +75,7 @@ class MEMO(Method):
         self.optimizer.zero_grad(set_to_none=True)
 
     def logits(self, pixels: torch.Tensor) -> torch.Tensor:
-        if self.model.channels_last:
-            pixels = pixels.contiguous(memory_format=torch.channels_last)
-        try:
-            with self.precision.autocast():
-                features = self.tower(pixels)
-        except BatchStatisticsError as exc:
-            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
-        return self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
+        return self.tower_logits(pixels)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         if ctx.views is None:

@@ -10,17 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
-from ..common.norm_adaptation import BatchStatisticsError
-from ..common.norm_statistics import StatsTower
+from ..base import MethodOutput
+from ..common.norm_statistics import StatsTower, StatsTowerMethod
 from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
 from .spec import NormStatsSpec
 
 
-class NormStats(Method):
+class NormStats(StatsTowerMethod):
     """Test-time normalisation: BatchNorm with the test batch's statistics."""
     spec = NormStatsSpec
 
@@ -29,14 +27,6 @@ class NormStats(Method):
         cfg = self.config
         self.tower = StatsTower(self.model.clip, cfg.statistics, cfg.alpha, cfg.momentum)
         self.seen = 0           # images normalised since the initial state
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
 
     def reset(self) -> None:
         self.tower.reset()
@@ -59,15 +49,8 @@ class NormStats(Method):
             raise ValueError(f"{self.name} normalises the image tower with the batch's statistics and needs the "
                              "images' pixels, not stored features")
         pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
-        if self.model.channels_last:
-            pixels = pixels.contiguous(memory_format=torch.channels_last)
-        try:
-            with self.precision.autocast():
-                features = self.tower(pixels)
-        except BatchStatisticsError as exc:
-            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
+        logits = self.tower_logits(pixels)
         self.seen += len(ctxs)
-        logits = self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
         return [MethodOutput(row.float()) for row in logits]
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:

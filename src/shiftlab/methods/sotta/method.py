@@ -21,7 +21,7 @@ import torch
 
 from ..common.confidence import entropy
 from ..common.ood_scores import OwnOODScoreMethod, ood_scores
-from ..common.sam import sam_perturb
+from ..common.sam import memory_step
 from .spec import SoTTASpec
 
 
@@ -121,16 +121,8 @@ class SoTTA(OwnOODScoreMethod):
                 continue
             loss = self.memory_loss(images)
             losses.append(float(loss.detach()))
-            loss.backward()
-            if cfg.sam:
-                olds = sam_perturb(params, cfg.rho, adaptive=False)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.memory_loss(images).backward()
-                with torch.no_grad():
-                    for p, old in zip(params, olds):
-                        p.copy_(old)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            memory_step(self.optimizer, params, loss, lambda images=images: self.memory_loss(images), cfg.rho,
+                        cfg.sam)
         logits, scores = self.scored_logits(pixels)
         first, last = (losses[0], losses[-1]) if losses else (None, None)
         extras = [{"ood_score": float(s), "admitted": a, "memory": len(self.memory), "loss": first,

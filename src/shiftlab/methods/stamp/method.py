@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..common.confidence import entropy
 from ..common.norm_adaptation import NormTower
 from ..common.ood_scores import OwnOODScoreMethod
-from ..common.sam import sam_perturb
+from ..common.sam import memory_step
 from .spec import STAMPSpec
 
 
@@ -136,16 +136,8 @@ class STAMP(OwnOODScoreMethod):
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.memory_loss(images)
             losses.append(float(loss.detach()))
-            loss.backward()
-            if cfg.sam:
-                olds = sam_perturb(params, cfg.rho, adaptive=False)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.memory_loss(images).backward()
-                with torch.no_grad():
-                    for p, old in zip(params, olds):
-                        p.copy_(old)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            memory_step(self.optimizer, params, loss, lambda images=images: self.memory_loss(images), cfg.rho,
+                        cfg.sam)
         logits, scores = self.scored_logits(pixels)
         first, last = (losses[0], losses[-1]) if losses else (None, None)
         extras = [{"ood_score": float(s), "reliable": bool(r), "memory": len(self.memory), "loss": first,

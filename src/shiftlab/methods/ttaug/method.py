@@ -8,16 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
-from ..common.norm_adaptation import BatchStatisticsError
-from ..common.norm_statistics import StatsTower
+from ..base import MethodOutput
+from ..common.norm_statistics import StatsTower, StatsTowerMethod
 from ..context import SampleContext
 from .spec import TTAugSpec
 
 
-class TTAug(Method):
+class TTAug(StatsTowerMethod):
     """TTAug: the mean of the views' logits."""
     spec = TTAugSpec
 
@@ -25,25 +23,10 @@ class TTAug(Method):
         super().__init__(*args, **kwargs)
         self.tower = StatsTower(self.model.clip, self.config.statistics, self.config.alpha)
 
-    @property
-    def head(self) -> torch.Tensor:
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
-
     @torch.no_grad()
     def view_logits(self, views: torch.Tensor) -> torch.Tensor:
         """(V, 3, S, S) normalised views, one batch -> (V, C) logits."""
-        if self.model.channels_last:
-            views = views.contiguous(memory_format=torch.channels_last)
-        try:
-            with self.precision.autocast():
-                features = self.tower(views)
-        except BatchStatisticsError as exc:
-            raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
-        return self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
+        return self.tower_logits(views)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         if ctx.views is None:
