@@ -28,7 +28,7 @@ REL_TOL = 1e-4
 def small_config(name: str) -> dict[str, Any]:
     """What a registry-wide test runs `name` with: its spec's `offline_config` (nothing to download) and its small
     `test_config` (the fewest views, steps and buffer slots that still exercise its state)."""
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     return {**spec(name).offline_config, **spec(name).test_config}
 
 
@@ -39,7 +39,7 @@ def records_run(tmp: Path, methods: list[str] | None = None) -> dict[str, list[d
     import shiftlab
     from shiftlab.engine.config import RunConfig
     from shiftlab.engine.loop import run
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     from shiftlab.rundir import record_files
     from shiftlab.synthetic import make_imagenet_r, tiny_clip
 

@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 from shiftlab.methods import base as method_base
-from shiftlab.methods import specs as method_specs
+from shiftlab.methods.catalogue import declarations as method_specs
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ def tiny_vit_model() -> shiftlab.ClipModel:
 def model_for_method(request: pytest.FixtureRequest, tiny_model: shiftlab.ClipModel) -> shiftlab.ClipModel:
     """The tiny CLIP a registry-wide test runs its `name` parameter's method on: the tiny ResNet, or the tiny ViT
     for a method whose spec's `towers` exclude ResNets (TCA)."""
-    from shiftlab.methods.specs import spec, spec_names
+    from shiftlab.methods.catalogue.declarations import spec, spec_names
     name = getattr(getattr(request.node, "callspec", None), "params", {}).get("name")
     if name in spec_names() and "resnet" not in spec(name).towers:
         return request.getfixturevalue("tiny_vit_model")

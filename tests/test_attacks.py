@@ -335,7 +335,7 @@ def clean_and_robust_runs(tmp_path_factory, one_thread_module) -> dict[str, tupl
     tiny ViT."""
     import shiftlab
     from _records import small_config
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     root = tmp_path_factory.mktemp("robust")
     data = make_imagenet_r(root / "data", classes=[3, 50, 120], per_class=1, size=(72, 64))
     vit_only = [n for n in EPISODIC if "resnet" not in spec(n).towers]

@@ -140,7 +140,7 @@ def test_every_single_image_method_gives_the_same_records_inside_batches(data, t
     # the registered batch methods see whole batches by design; every other method is checked
     methods = [n for n in list_methods() if not method_base.get_method_class(n).adapts_on_batches]
     # the batch methods are those whose spec declares batches (a new one joins by declaring it: no list to edit here)
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     batch = set(list_methods()) - set(methods)
     assert batch == {n for n in list_methods() if spec(n).capabilities.batches}
     assert {"stata", "oga_batch", "tent", "lame", "clipartt"} <= batch   # the kinds of batch method so far

@@ -1,5 +1,6 @@
-"""The method catalogue (shiftlab.catalogue): read from the methods' specs, so that `shiftlab methods`, the
-methods table and the CLI's flag checks answer without importing torch, and answer as the classes do."""
+"""The method catalogue (shiftlab.methods.catalogue.listing): read from the methods' specs, so that
+`shiftlab methods`, the methods table and the CLI's flag checks answer without importing torch, and answer as the
+classes do."""
 from __future__ import annotations
 
 import argparse
@@ -11,12 +12,13 @@ import pytest
 
 import shiftlab
 from _registered import registered
-from shiftlab import catalogue, params
+from shiftlab import params
 from shiftlab.attacks import catalogue as attack_catalogue
 from shiftlab.cli import main as cli_main
 from shiftlab.commands.checks import method_names, method_override
 from shiftlab.methods.base import Method, ViewMethodConfig, get_method_class
-from shiftlab.methods.specs import MethodSpec
+from shiftlab.methods.catalogue import listing as catalogue
+from shiftlab.methods.catalogue.declarations import MethodSpec
 from shiftlab.params import param
 from test_registry import CLASSNAMES, _numeric_fields, _outside
 
@@ -58,7 +60,7 @@ def test_the_methods_table_is_read_from_the_specs():
 
 
 def test_the_protocols_and_published_numbers_are_the_methods():
-    from shiftlab.methods import protocols
+    from shiftlab.methods.catalogue import protocols
     assert catalogue.protocols() == protocols.PROTOCOLS
     assert catalogue.default_protocol() == protocols.DEFAULT_PROTOCOL
     assert catalogue.unrecorded_protocol() == protocols.UNRECORDED_PROTOCOL

@@ -14,11 +14,11 @@ import pytest
 from _gate import GatedRun
 from _runs import comparable, json_lines
 from _synthetic import make_imagenet_r
-from shiftlab import catalogue
 from shiftlab.cli import main as cli_main
-from shiftlab.methods import facts
+from shiftlab.methods.catalogue import cards as facts
+from shiftlab.methods.catalogue import listing as catalogue
+from shiftlab.methods.catalogue.declarations import MethodSpec, spec, spec_names
 from shiftlab.methods.common.norm_config import NormTTAConfig
-from shiftlab.methods.specs import MethodSpec, spec, spec_names
 from shiftlab.report.build import build_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")

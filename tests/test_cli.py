@@ -17,8 +17,8 @@ import torch
 
 import shiftlab
 from _synthetic import make_imagenet_r
-from shiftlab import catalogue
 from shiftlab.cli import main as cli_main
+from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.rundir import record_files
 
 

@@ -245,9 +245,9 @@ def test_a_suite_reads_each_datasets_cupl_file_from_the_directory(tmp_path, monk
     from shiftlab.datasets import build_dataset, suites
     from shiftlab.engine import suite as suite_runs
     from shiftlab.engine.config import RunConfig
+    from shiftlab.methods.catalogue.protocols import dataset_overrides
     from shiftlab.methods.context import ClassHeads
     from shiftlab.methods.dmn_zs.method import DMNZeroShot
-    from shiftlab.methods.protocols import dataset_overrides
     from shiftlab.synthetic import tiny_clip
 
     root = tmp_path / "data"

@@ -12,7 +12,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.datasets.classes import load_templates
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
-from shiftlab.methods.protocols import dataset_overrides
+from shiftlab.methods.catalogue.protocols import dataset_overrides
 from shiftlab.methods.tda.method import TDA
 from shiftlab.models.text import TIP_TEMPLATES
 from shiftlab.synthetic import tiny_clip

@@ -15,7 +15,7 @@ from shiftlab.datasets import build_dataset
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.base import get_method_class, list_methods
-from shiftlab.methods.specs import spec
+from shiftlab.methods.catalogue.declarations import spec
 from shiftlab.rundir import record_files
 from shiftlab.rundir.feature_store import FeatureStore, feature_key, key_digest
 from shiftlab.rundir.lock import RunLockedError

@@ -185,7 +185,7 @@ def test_a_circle_is_found():
 def method_folder(module: str) -> str | None:
     """The method folder a module lies in (shiftlab.methods.tpt.method -> tpt); None outside one (the methods
     package's own modules, its shared folders such as methods/common/, the other packages)."""
-    from shiftlab.methods.specs import SHARED_FOLDERS
+    from shiftlab.methods.catalogue.declarations import SHARED_FOLDERS
     parts = module.split(".")
     if len(parts) < 4 or parts[:2] != ["shiftlab", "methods"] or parts[2] in SHARED_FOLDERS:
         return None
@@ -214,7 +214,7 @@ def test_an_import_between_method_folders_is_found():
     edges = {"shiftlab.methods.tipple.method": [("shiftlab.methods.tpt.method", 22),
                                                 ("shiftlab.methods.common.prompt_tuning", 23),
                                                 ("shiftlab.methods.tipple.spec", 24), ("shiftlab.methods.base", 25)],
-             "shiftlab.methods.base": [("shiftlab.methods.specs", 1)],
+             "shiftlab.methods.base": [("shiftlab.methods.catalogue.declarations", 1)],
              "shiftlab.methods.common.tda_cache": [("shiftlab.methods.base", 3)]}
     assert imports_between_method_folders(edges) == [
         "shiftlab.methods.tipple.method imports shiftlab.methods.tpt.method at line 22: move what tipple and tpt "

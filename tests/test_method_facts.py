@@ -1,4 +1,4 @@
-"""What each method declares about itself in its own module (shiftlab.methods.facts): its recipe per protocol,
+"""What each method declares about itself in its own module (shiftlab.methods.catalogue.cards): its recipe per protocol,
 its published numbers, its per-dataset values, its text head. Parametrised over the registry, so a new
 method that leaves one out fails here the moment it registers."""
 from __future__ import annotations
@@ -14,9 +14,10 @@ import shiftlab
 from shiftlab import params
 from shiftlab.datasets import DATASETS
 from shiftlab.datasets.classes import load_templates
-from shiftlab.methods import facts, heads
+from shiftlab.methods import heads
 from shiftlab.methods.base import get_method_class, make_config
-from shiftlab.methods.protocols import DEFAULT_PROTOCOL, PAPER, PROTOCOLS, dataset_overrides, method_overrides
+from shiftlab.methods.catalogue import cards as facts
+from shiftlab.methods.catalogue.protocols import DEFAULT_PROTOCOL, PAPER, PROTOCOLS, dataset_overrides, method_overrides
 from shiftlab.results.published import canonical_method
 
 METHODS = shiftlab.list_methods()
@@ -30,7 +31,7 @@ def _paper(method: str, dataset: str) -> dict:
 def test_every_method_declares_its_facts_in_its_own_class(name):
     cls = get_method_class(name)
     missing = [fact for fact in facts.REQUIRED if fact not in vars(cls)]
-    assert not missing, f"{name} ({cls.__module__}) declares no {missing} (shiftlab.methods.facts)"
+    assert not missing, f"{name} ({cls.__module__}) declares no {missing} (shiftlab.methods.catalogue.cards)"
     assert cls.summary and isinstance(facts.declared(cls, "fidelity"), str)
     assert set(facts.declared(cls, "protocols")) <= set(PROTOCOLS) - {DEFAULT_PROTOCOL}, \
         f"{name}: {DEFAULT_PROTOCOL} is the config's defaults, it takes no overrides"
@@ -98,7 +99,7 @@ def test_aliases_name_one_method_each():
 
 
 def test_the_papers_suite_tables_name_methods_by_registry_names_and_agree_with_them():
-    from shiftlab import catalogue
+    from shiftlab.methods.catalogue import listing as catalogue
     from shiftlab.results.published_suites import _data
     entries = {e["name"]: e for e in catalogue.entries()}
     for row in _data()["rows"]:

@@ -20,10 +20,10 @@ from shiftlab.datasets import build_dataset
 from shiftlab.datasets.imageio import decode_image
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import RunHooks, run
+from shiftlab.methods.catalogue.declarations import spec
 from shiftlab.methods.common.dmn_memory import DynamicMemory, memory_logits
 from shiftlab.methods.common.tda_cache import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.specs import spec
 from shiftlab.rundir import record_files
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip

@@ -14,7 +14,7 @@ from _synthetic import make_imagenet_r, random_image
 from shiftlab.cli import main as cli_main
 from shiftlab.datasets import DatasetError, build_dataset
 from shiftlab.datasets.openset import OpenSetDataset
-from shiftlab.methods.specs import spec
+from shiftlab.methods.catalogue.declarations import spec
 from shiftlab.results.ood import aupr_in, auroc, fpr_at_tpr, ood_metrics
 from shiftlab.rundir import record_files
 from shiftlab.rundir.records import check_record

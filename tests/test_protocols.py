@@ -1,4 +1,5 @@
-"""Protocols (shiftlab.methods.protocols): each method's effective config, view recipe and precision per protocol."""
+"""Protocols (shiftlab.methods.catalogue.protocols): each method's effective config, view recipe and precision per
+protocol."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +10,7 @@ import torch
 
 import shiftlab
 from shiftlab.methods.base import get_method_class
-from shiftlab.methods.protocols import PROTOCOLS, method_overrides
+from shiftlab.methods.catalogue.protocols import PROTOCOLS, method_overrides
 from shiftlab.views.recipe import ViewRecipe
 
 NAMES = ["cat", "dog", "hen"]

@@ -19,9 +19,11 @@ from shiftlab.commands.checks import method_override
 from shiftlab.datasets import DATASETS
 from shiftlab.datasets.classes import classnames_for_wnids, imagenet_r_wnids
 from shiftlab.methods.base import effective_config, get_method_class, make_config
+from shiftlab.methods.catalogue.declarations import (
+    spec,  # torch-free: choosing the parametrised methods imports no method module
+)
+from shiftlab.methods.catalogue.protocols import PROTOCOLS
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.protocols import PROTOCOLS
-from shiftlab.methods.specs import spec  # torch-free: choosing the parametrised methods imports no method module
 from shiftlab.params import check_config
 
 CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
@@ -312,7 +314,7 @@ def test_a_config_handed_to_the_class_is_checked_too(tiny_model):
 
 
 def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     monkeypatch.setattr(spec("tpt"), "protocols", {"paper": {"selection_ratio": 2.0}})   # the spec's recipe
     with pytest.raises(ValueError, match=r"^tpt\.selection_ratio: 2\.0 is out of range"):
         shiftlab.create_method("tpt", tiny_model, CLASSNAMES, protocol="paper")

@@ -137,7 +137,7 @@ def test_suite_partial_columns_footnote_and_missing_datasets_reach_the_page(tmp_
 
 
 def test_transductive_methods_are_a_caveat(tmp_path, monkeypatch):
-    from shiftlab.methods.specs import Capabilities, spec
+    from shiftlab.methods.catalogue.declarations import Capabilities, spec
     run = write_run(tmp_path / "run", limit=None, n_samples=4)
     html = build_report([run], tmp_path / "out0", n_resamples=10).read_text()
     assert not any("Transductive" in n for n in caveat_notes(html))

@@ -13,7 +13,7 @@ import pytest
 
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.run_plan import PlanError, recipe_key, resolve_plan
-from shiftlab.methods.specs import spec
+from shiftlab.methods.catalogue.declarations import spec
 from shiftlab.views.recipe import ViewRecipe
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "shiftlab"

@@ -13,14 +13,14 @@ import torch
 from _registered import registered
 from _runs import Crash, comparable, crash_before_step, json_lines
 from _synthetic import make_image_folder
-from shiftlab import catalogue
 from shiftlab.datasets import suites
 from shiftlab.datasets.build import build_dataset
 from shiftlab.engine import suite as suite_runs
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
 from shiftlab.methods.base import Method, MethodOutput
-from shiftlab.methods.specs import Capabilities, MethodSpec
+from shiftlab.methods.catalogue import listing as catalogue
+from shiftlab.methods.catalogue.declarations import Capabilities, MethodSpec
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
 

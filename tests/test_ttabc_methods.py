@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from shiftlab.methods.specs import spec_names
+from shiftlab.methods.catalogue.declarations import spec_names
 
 TTABC = "github.com/walawalagoose/TTABC ttabc/model_selection/ (atpt.py, panda.py @ a6f4bf5f608f36fd)"
 

@@ -19,8 +19,8 @@ from shiftlab.attacks.adaptive import crop_box, method_target
 from shiftlab.cli import main as cli_main
 from shiftlab.methods.adaptive_modes import ADAPTIVE_MODES, Adaptive, adaptive_problem
 from shiftlab.methods.base import create_method
+from shiftlab.methods.catalogue.declarations import MethodSpec, spec, spec_names
 from shiftlab.methods.common import prompt_tuning_adaptive as tpt_adaptive
-from shiftlab.methods.specs import MethodSpec, spec, spec_names
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
 

@@ -118,7 +118,7 @@ def test_config_and_facts(tiny_model):
         shiftlab.create_method("atpt", tiny_model, NAMES, objective="both")
     with pytest.raises(ValueError, match="tau"):
         shiftlab.create_method("atpt", tiny_model, NAMES, tau=1.5)
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     s = spec("atpt")
     assert s.dataset_values["imagenet-r"] == {"lambda_angular": 10.0, "objective": "maximize",
                                               "views": {"augmix": True}}

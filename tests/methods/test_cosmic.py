@@ -177,7 +177,7 @@ def test_the_dino_checkpoint_digest_is_in_the_run_identity(model, tmp_path):
 
 def test_the_frozen_encoder_declaration_is_checked_at_registration():
     from shiftlab.methods.base import Method
-    from shiftlab.methods.specs import FROZEN_ENCODER, FROZEN_FEATURES, OWN_TOWER, Capabilities
+    from shiftlab.methods.catalogue.declarations import FROZEN_ENCODER, FROZEN_FEATURES, OWN_TOWER, Capabilities
     for reads in ((FROZEN_ENCODER,), (FROZEN_FEATURES, OWN_TOWER, FROZEN_ENCODER)):
         with pytest.raises(ValueError, match="'frozen_encoder' is read beside 'frozen_features' and never with"):
             Capabilities(reads=reads)

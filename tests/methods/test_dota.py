@@ -161,7 +161,7 @@ def test_bad_config_is_refused_in_one_line(tiny_model, heads, field, value):
 
 
 def test_paper_protocol_reads_the_dataset_configs():
-    from shiftlab.methods.protocols import method_overrides
+    from shiftlab.methods.catalogue.protocols import method_overrides
     r = method_overrides("paper", DOTA, dataset="imagenet-r")
     assert (r["rho"], r["eta"], r["epsilon"], r["sigma"]) == (0.0025, 0.3, 0.0001, 0.002)
     assert r["views"] == {"n_views": 64, "augmix": True} and r["precision"] == "fp16-pure"

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import shiftlab
 from _golden import FEATURES, LOGITS, LOSS, online_fixture, stream_views
 from _golden import assert_close as _close
+from shiftlab.methods.catalogue.protocols import method_overrides
 from shiftlab.methods.common.tda_cache import CacheEntry, update_cache
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.dpe.method import (
@@ -38,7 +39,6 @@ from shiftlab.methods.dpe.method import (
     info_nce,
     prediction_entropy,
 )
-from shiftlab.methods.protocols import method_overrides
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 

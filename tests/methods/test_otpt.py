@@ -176,7 +176,7 @@ def test_batched_tuning_equals_one_at_a_time(model, heads):
 def test_config_and_facts():
     with pytest.raises(ValueError, match="lambda_ortho"):
         shiftlab.create_method("otpt", make_tiny_model(seed=0), NAMES, lambda_ortho=-1.0)
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     s = spec("otpt")
     assert s.dataset_values["imagenet-r"]["lambda_ortho"] == 2.0
     assert s.dataset_values["dtd"]["lambda_ortho"] == 18.0

@@ -47,8 +47,8 @@ from _golden import (
 from _synthetic import make_imagenet_r
 from shiftlab.cli import main as cli_main
 from shiftlab.methods.base import effective_config, get_method_class
+from shiftlab.methods.catalogue.protocols import protocol_overrides
 from shiftlab.methods.common.confidence import entropy, n_selected
-from shiftlab.methods.protocols import protocol_overrides
 from shiftlab.methods.rlcf.method import RLCF, reward_baseline
 from shiftlab.models import ClipModel, ModelLoadError, Preprocess, register_architecture
 from shiftlab.synthetic import tiny_clip

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 import shiftlab
 from _golden import FEATURES, LOSS, assert_close, assert_top1_margin, stream_views
+from shiftlab.methods.catalogue.declarations import make_config
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.specs import make_config
 from shiftlab.methods.stata import method as S
 from shiftlab.methods.stata.spec import StatASpec
 

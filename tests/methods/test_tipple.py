@@ -271,7 +271,7 @@ def test_the_bench_shows_it_the_bench_images_first(capsys):
 
 
 def test_facts_and_config():
-    from shiftlab.methods.specs import spec
+    from shiftlab.methods.catalogue.declarations import spec
     s = spec("tipple")
     assert s.capabilities.reads_ahead == "test_set" and s.episodic
     assert {(p["backbone"], p["value"]) for p in s.published} == {("RN50", 64.17), ("ViT-B/16", 80.37)}

@@ -44,7 +44,7 @@ from ..engine.phases import PhaseTimer
 from ..engine.run_plan import RunPlan, resolve_plan
 from ..engine.step import BatchItem, Evaluator, Runner, StepContext, ViewDataset, recipe_key, view_generators
 from ..methods.base import MethodOutput, list_methods
-from ..methods.specs import TEST_SET
+from ..methods.catalogue.declarations import TEST_SET
 from ..models import ClipModel
 from ..views.generator import ViewGenerator
 from .baseline import BASELINES, BaselineMethod, BaselineUnsupported, create_baseline

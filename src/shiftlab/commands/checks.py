@@ -18,9 +18,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from .. import catalogue
 from ..attacks import catalogue as attack_catalogue
 from ..attacks.base import NO_ATTACK
+from ..methods.catalogue import listing as catalogue
 
 MAX_VIEWS = 1024  # 64 is the protocol; far above it a run only ends in an out-of-memory error
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 
-from .. import catalogue
+from ..methods.catalogue import listing as catalogue
 
 
 def bibtex(name: str) -> str:
     """Method `name`'s citation (one or more BibTeX entries), '' when its spec declares none."""
-    from ..methods.specs import spec
+    from ..methods.catalogue.declarations import spec
     return str(vars(spec(name)).get("bibtex", "") or "")   # its own, never a family's inherited one
 
 

@@ -1,12 +1,13 @@
 """`shiftlab methods`: the registered methods, their defaults, and what each protocol runs.
 
-It reads the method catalogue (shiftlab.catalogue: every method folder's spec.py), so it imports no torch."""
+It reads the method catalogue (shiftlab.methods.catalogue.listing: every method folder's spec.py and card),
+so it imports no torch."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from .. import catalogue
+from ..methods.catalogue import listing as catalogue
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

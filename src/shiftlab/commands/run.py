@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import catalogue
 from ..attacks.budgets import L2_MAX
+from ..methods.catalogue import listing as catalogue
 from . import checks, config_file, data_checks, pretrained_check, tracking
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
         --dataset imagenet-r --data DIR --out runs/sweep
 
 A point of a method is a method of its own in ONE run directory OUT: `tda@pos_alpha=2.0,neg_alpha=0.2`
-(shiftlab.methods.effective.VARIANT), with its own records, summary row and, for an online method, its own
+(shiftlab.methods.catalogue.method_config.VARIANT), with its own records, summary row and, for an online method, its own
 state along the one stream. Each sample's features are read from the store once (encoded into it the
 first time) and shared by every point; the run is resumable, and a later sweep with more grid values adds
 its new points to the same directory. OUT/sweep.md, sweep.csv and sweep.json give top-1, ECE and n per
@@ -60,7 +60,7 @@ def point_label(point: dict[str, dict[str, Any]]) -> str:
 
 def variant_name(method: str, fields: dict[str, Any]) -> str:
     """The run's name of `method` under one point's values: 'tda@pos_alpha=2.0,neg_alpha=0.2'."""
-    from ..methods.effective import VARIANT
+    from ..methods.catalogue.method_config import VARIANT
     return method + VARIANT + ",".join(f"{f}={v}" for f, v in fields.items())
 
 

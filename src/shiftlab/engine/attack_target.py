@@ -19,7 +19,7 @@ def adaptive_problem(config: Any, names: Sequence[str]) -> str | None:
                                              f"{say('attack_target', 'adaptive')}")
     from ..attacks import specs as attack_specs
     from ..methods.adaptive_modes import adaptive_problem as method_problem
-    from ..methods.effective import method_spec
+    from ..methods.catalogue.method_config import method_spec
     name = (config.attack or {}).get("name", "none")
     if name == "none":
         return f"{say('attack_target', config.attack_target)}: choose an attack with {say('attack')}"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import catalogue
+from ..methods.catalogue import listing as catalogue
 from ..options import say, say_set
 from ..params import check_config, param
 
@@ -37,7 +37,7 @@ class RunConfig:
     model_seed: int | None = param(None, ge=0, le=2 ** 64 - 1)
     methods: list[str] = field(default_factory=lambda: ["zeroshot"])
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # each method's views, text head and precision (shiftlab.methods.protocols; DEFAULT_PROTOCOL)
+    # each method's views, text head and precision (shiftlab.methods.catalogue.protocols; DEFAULT_PROTOCOL)
     protocol: str = field(default_factory=catalogue.default_protocol)
     views: int | None = param(None, ge=1)   # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
@@ -271,7 +271,7 @@ def expand_methods(names: Sequence[str], model: str | None = None) -> list[str]:
     "all" leaves out the methods bound to another tower (their spec's `towers`), saying so in one logged line;
     a method named explicitly stays (and is refused in one line: `settings_problem`)."""
     from ..methods.base import get_method_class, list_methods
-    from ..methods.specs import spec, tower_of_name
+    from ..methods.catalogue.declarations import spec, tower_of_name
     tower = tower_of_name(model) if model else None
     every = list_methods()
     fitting = [n for n in every if tower is None or tower in spec(n).towers]

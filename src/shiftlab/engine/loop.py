@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from ..attacks import attack_config, build_attack, split_budgets
 from ..datasets.objects import as_dataset, is_run_dataset
 from ..methods.base import get_method_class
-from ..methods.specs import TEST_SET
+from ..methods.catalogue.declarations import TEST_SET
 from ..models import ClipModel
 from ..results import orders as results_orders
 from ..results import summary as run_summary

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..methods.specs import MethodConfig
+    from ..methods.catalogue.declarations import MethodConfig
     from ..views.recipe import ViewRecipe
 
 
@@ -145,8 +145,8 @@ class RunPlan:
 def expand_names(config: Any) -> list[str]:
     """The run's method names with "all" expanded from the specs (no torch): every registered method whose image
     towers include the one `config.model`'s name tells, in registry order, each once (as `expand_methods`)."""
-    from ..methods.effective import method_spec
-    from ..methods.specs import spec_names, tower_of_name
+    from ..methods.catalogue.declarations import spec_names, tower_of_name
+    from ..methods.catalogue.method_config import method_spec
     tower = tower_of_name(config.model)
     every = [n for n in spec_names() if tower is None or tower in method_spec(n).towers]
     return list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
@@ -160,8 +160,8 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     e.g. MTA under 4 views. Reads the specs and catalogues only: no torch."""
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.effective import effective_config, method_spec
-    from ..methods.specs import tower_of_name, tower_problem
+    from ..methods.catalogue.declarations import tower_of_name, tower_problem
+    from ..methods.catalogue.method_config import effective_config, method_spec
     from ..rundir.stream import stream_problem
     from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem

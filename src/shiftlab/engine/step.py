@@ -24,8 +24,8 @@ from torch.utils.data import Dataset
 
 from ..datasets.imageio import ImageDecodeError
 from ..methods.base import Method, MethodOutput, build_method, create_method
+from ..methods.catalogue.protocols import DEFAULT_PROTOCOL
 from ..methods.context import ClassHeads, SampleContext
-from ..methods.protocols import DEFAULT_PROTOCOL
 from ..models import ClipModel
 from ..models.precision import Precision
 from ..models.precision import resolve as resolve_precision

@@ -1,6 +1,7 @@
-"""The test-time methods: one folder each (`methods/<name>/`: spec.py, method.py, settings.json,
-README.md), found by scanning (`shiftlab.methods.specs`); the shared machinery in `common/`, the
-contract in `base.py`, `context.py`, `heads.py`, `protocols.py`, `facts.py`.
+"""The test-time methods: one folder each (`methods/<name>/`: spec.py, method.py, card.toml, README.md), found
+by scanning; what is known about them without torch in `catalogue/` (their declarations, cards, protocols,
+run configs and the listing); the shared machinery in `common/`, the contract in `base.py`, `context.py`,
+`heads.py`.
 
 Importing this package loads no torch: the public names load on first use (PEP 562), and a method's
 class is imported the first time it is built."""
@@ -12,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import predict
     from .base import Method, create_method, get_method_class, list_methods, register_method
+    from .catalogue.declarations import MethodConfig
     from .prediction import MethodOutput
-    from .specs import MethodConfig
 
 # public name -> the module that defines it
 _EXPORTS = {"predict": ".api", "Method": ".base", "MethodOutput": ".prediction", "create_method": ".base",
             "get_method_class": ".base", "list_methods": ".base", "register_method": ".base",
-            "MethodConfig": ".specs"}
+            "MethodConfig": ".catalogue.declarations"}
 
 __all__ = ["Method", "MethodConfig", "MethodOutput", "create_method", "get_method_class", "list_methods",
            "predict", "register_method"]

@@ -13,8 +13,8 @@ from typing import Any
 from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
 from .base import check_model, create_method
+from .catalogue.protocols import DEFAULT_PROTOCOL
 from .prediction import Prediction
-from .protocols import DEFAULT_PROTOCOL
 
 
 def resolve_classes(classes: str | Sequence[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 A method turns one sample's `SampleContext` into class scores. A method is a folder,
 `shiftlab/methods/<name>/` (CONTRIBUTING.md): its `spec.py` declares the config, the capabilities
-and the facts without torch (`shiftlab.methods.specs.MethodSpec`), its `method.py` holds a `Method`
+and the facts without torch (`shiftlab.methods.catalogue.declarations.MethodSpec`), its `method.py` holds a `Method`
 subclass naming that spec (`spec = MTASpec`). The registry finds the specs by scanning the folders
 and imports a method's class the first time it is built (`get_method_class`); tests are parametrised
 over the registry. A script or test registers a class of its own with `register_method("name")`.
@@ -26,13 +26,8 @@ from ..models.precision import resolve as resolve_precision
 from ..registry import Registry
 from ..views.generator import ViewConfig, ViewGenerator
 from ..views.recipe import ViewRecipe
-from . import specs as method_specs
-from .context import ClassHeads, SampleContext
-from .effective import effective_config, registered_name
-from .frozen_encoder import FrozenEncoder
-from .prediction import MethodOutput, Prediction, load_image, make_prediction
-from .protocols import DEFAULT_PROTOCOL, protocol_overrides
-from .specs import (
+from .catalogue import declarations as method_specs
+from .catalogue.declarations import (
     EPISODIC,
     FROZEN_ENCODER,
     FROZEN_FEATURES,
@@ -47,6 +42,11 @@ from .specs import (
     check_method_config,
     make_config,
 )
+from .catalogue.method_config import effective_config, registered_name
+from .catalogue.protocols import DEFAULT_PROTOCOL, protocol_overrides
+from .context import ClassHeads, SampleContext
+from .frozen_encoder import FrozenEncoder
+from .prediction import MethodOutput, Prediction, load_image, make_prediction
 
 __all__ = ["ExtraModel", "Method", "MethodConfig", "MethodOutput", "ViewMethodConfig", "check_method_config",
            "create_method", "effective_config", "get_method_class", "list_methods", "make_config", "register_method"]
@@ -78,7 +78,8 @@ class Method:
     class gets its name, config class, summary, text head, minimum views, offline configs, facts and
     capabilities when it is defined; the attributes below are those a class registered without a
     folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`,
-    `adapts_on_batches` and `reads_ahead` are read from the capabilities (`shiftlab.methods.specs.Capabilities`)."""
+    `adapts_on_batches` and `reads_ahead` are read from the capabilities
+    (`shiftlab.methods.catalogue.declarations.Capabilities`)."""
     spec: ClassVar[type[MethodSpec] | None] = None
     name: str = ""
     config_class: type = MethodConfig
@@ -430,7 +431,7 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
                   run_precision: str = "auto", protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
                   run_views: dict[str, Any] | None = None, allow_duplicate_names: bool = False,
                   **config: Any) -> Method:
-    """Build a registered method as `protocol` runs it (shiftlab.methods.protocols: "leaderboard", the
+    """Build a registered method as `protocol` runs it (shiftlab.methods.catalogue.protocols: "leaderboard", the
     defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
     overridden by `config` (`effective_config`); `run_precision` is the run's precision setting,
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names

@@ -7,7 +7,7 @@ of report.html, before the navigation, in the page's warning style.
 """
 from __future__ import annotations
 
-from shiftlab import catalogue
+from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.report.data import ReportData
 from shiftlab.report.load import Run
 from shiftlab.results import sanity, suite_table
@@ -24,8 +24,8 @@ def base_method(key: str) -> str:
 def transductive(method: str) -> bool:
     """Whether `method` reads more than the current sample and its past (a batch's other samples, the
     whole test set): its spec's `Capabilities.reads_ahead` ("batch" for every batch method, "test_set"),
-    i.e. it is not in the single-image block of the tables (shiftlab.catalogue.block); False for an unknown
-    name. Read from the torch-free specs, so the report imports no torch."""
+    i.e. it is not in the single-image block of the tables (shiftlab.methods.catalogue.listing.block); False for
+    an unknown name. Read from the torch-free specs, so the report imports no torch."""
     return catalogue.block(base_method(method)) != catalogue.SINGLE_IMAGE
 
 

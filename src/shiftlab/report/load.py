@@ -220,7 +220,7 @@ def _to_series(run: Run, method: str, setting: str, attack: dict | None, by_id: 
 def _attach_ood_scores(run: Run, groups: dict, ood_groups: dict) -> None:
     """Each series' OOD scores of an open-set run: its ID records' and the OOD records' of the same method (and the
     own-score column where a method of the run has a score of its own)."""
-    from ..catalogue import own_ood_score
+    from ..methods.catalogue.listing import own_ood_score
     from ..results.ood import score_own
     with_own = any(isinstance(r.get("own_ood_score"), (int, float))
                    for g in (groups, ood_groups) for recs in g.values() for r in recs.values())
@@ -286,8 +286,8 @@ def assign_keys(runs: list[Run]) -> None:
 def block_mark(method: str, reads_ahead: str | None = "") -> str:
     """' (batch-transductive)' or ' (transductive)' for a method that reads other test images, '' for a
     single-image one: from what the run recorded (`reads_ahead`: None or a value), else from the method's
-    spec ("": not recorded; shiftlab.catalogue.block)."""
-    from .. import catalogue
+    spec ("": not recorded; shiftlab.methods.catalogue.listing.block)."""
+    from ..methods.catalogue import listing as catalogue
     if reads_ahead == "":
         block = catalogue.block(method)
     else:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shiftlab import catalogue, writes
+from shiftlab import writes
+from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.report import plots
 from shiftlab.report.data import ReportData, is_zeroshot, zeroshot_baseline
 from shiftlab.report.html import REPORT_ADVICE, Cell, esc, fmt, fmt_p, image, num, signed, table, warnings_box

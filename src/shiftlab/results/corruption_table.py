@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .. import catalogue
 from ..datasets.suites import parse_corruption_entry
+from ..methods.catalogue import listing as catalogue
 
 __all__ = ["REFERENCE", "corruption_columns", "mean_corruption_error", "corruption_markdown"]
 

@@ -1,8 +1,8 @@
 """When a run is comparable with published numbers, and the numbers it is compared with.
 
-The numbers are declared by each method in its own module (`Method.published`, shiftlab.methods.facts),
-and read here through the method catalogue (shiftlab.catalogue: the registry, or its generated copy, so the
-report imports no torch). This module keeps the rule: only CLIP RN50 with OpenAI's weights on ImageNet-R,
+The numbers are declared by each method in its own module (`Method.published`, shiftlab.methods.catalogue.cards),
+and read here through the method catalogue (shiftlab.methods.catalogue.listing: the registry, or its generated
+copy, so the report imports no torch). This module keeps the rule: only CLIP RN50 with OpenAI's weights on ImageNet-R,
 each number beside runs of the protocol it was published with. They mean nothing for another backbone,
 other weights, another dataset or another protocol, which is why the only way to get them is
 `published_rows(dataset, model, weights_sha256=..., protocol=...)` (or `published_for_run(summary)`),
@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import catalogue
+from ..methods.catalogue import listing as catalogue
 
 _COLUMNS = ("seed_leaderboard", "paper", "paper_ece", "paper_ece_top1")
 # The protocol each column was published with: the seed table ran every method on the same

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from .. import catalogue
+from ..methods.catalogue import listing as catalogue
 from .published import RN50_MODELS, is_openai_weights
 
 # backbone as the papers name it -> (open_clip model names, open_clip model holding the OpenAI file)

@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import catalogue, writes
+from .. import writes
 from ..datasets.specs import DATASETS
 from ..datasets.suites import Suite, SuiteError
+from ..methods.catalogue import listing as catalogue
 
 SUITE_FILE = "suite.json"
 SUITE_MD = "suite.md"
@@ -190,7 +191,7 @@ def table_markdown(table: dict) -> str:
              "Top-1 accuracy (%), clean images; beside it ECE (%, 15 bins) and n (samples scored).", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * len(columns)]
     # the methods that read other test images (their batch, the whole test set) in blocks of their own, each
-    # under its label (shiftlab.catalogue.BLOCKS), never in the single-image rows
+    # under its label (shiftlab.methods.catalogue.listing.BLOCKS), never in the single-image rows
     for k, (block, methods) in enumerate(catalogue.by_block(table["methods"])):
         if k or block != catalogue.SINGLE_IMAGE:
             lines += ["", f"**{catalogue.BLOCKS[block]}**", "", "| " + " | ".join(head) + " |",

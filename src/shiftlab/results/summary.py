@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import catalogue, writes
+from .. import writes
 from ..attacks import split_budgets
+from ..methods.catalogue import listing as catalogue
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
@@ -188,7 +189,7 @@ def summarize(records: list[dict], config: dict, timings: dict[str, float] | Non
         if detection is not None:
             scored["ood"] = detection
             if with_own_scores:   # a method of the run has a score of its own: a column for every method
-                from ..catalogue import own_ood_score  # here: the specs are read only for such a run
+                from ..methods.catalogue.listing import own_ood_score  # here: the specs are read only for such a run
                 scored["ood_own"] = score_own(recs, own_ood_score(name))
         seconds = sum(r.get("seconds", 0.0) for r in recs) / max(len(recs), 1)
         if setting == "clean":
@@ -332,8 +333,8 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
             row += [str(own.get("score", "")), _fmt(own.get("auroc")), _fmt(own.get("fpr95")),
                     _fmt(own.get("aupr"))]
         rows[name] = row
-    # the blocks (shiftlab.catalogue.BLOCKS): single-image methods never share a table with those that read
-    # other test images (their batch, the whole test set), as in suite.md and the report
+    # the blocks (shiftlab.methods.catalogue.listing.BLOCKS): single-image methods never share a table with those
+    # that read other test images (their batch, the whole test set), as in suite.md and the report
     blocks = _blocks({n: m.get("reads_ahead") for n, m in summary["methods"].items()})
     lines = []
     for block, names in blocks:

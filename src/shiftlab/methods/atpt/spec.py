@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from ...datasets.suites import SUITES
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
 REPO = "github.com/MB-Shihab-Aaqil-Ahamed/A-TPT"
 README_VIT = (f"{REPO} README.md@d76ecf6, 'Comparison on Natural Distribution Shift Datasets', CLIP ViT-B/16 table "

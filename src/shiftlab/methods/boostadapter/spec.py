@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..common.tda_cache_config import TDAConfig
-from ..facts import settings_file
-from ..specs import (
+from ..catalogue.cards import settings_file
+from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
     Capabilities,
     MethodSpec,
 )
+from ..common.tda_cache_config import TDAConfig
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 SOURCE = "ZiyuGuo99/CALIP"
 COMMIT = "83e21b6b985934dce6e8414c26300671b4825841"

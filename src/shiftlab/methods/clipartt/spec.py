@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
 # their target_method 1..4 (models/tent.py:96-111): the softmax of the mean of the image-image and caption-caption
 # similarities, of the image one alone, of the caption one alone (each halved), or the identity

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..specs import MethodConfig
+from ..catalogue.declarations import MethodConfig
 
 # the OOD scores CLIPTTA's get_scores computes from one view (abstract_model.py:517-538): CLIPTTA's OOD variant,
 # UniEnt and OSTTA record one as their own (`common/ood_scores.py`)

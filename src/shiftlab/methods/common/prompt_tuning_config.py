@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
-from ..specs import MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import MethodSpec, ViewMethodConfig
 
 IMAGENET_SETS = SUITES["natural-shift"].datasets     # TPT's one-letter set ids I/A/V/R/K
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..specs import ViewMethodConfig
+from ..catalogue.declarations import ViewMethodConfig
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from ..facts import cupl_file_names
-from ..specs import (
+from ..catalogue.cards import cupl_file_names
+from ..catalogue.declarations import (
     FROZEN_ENCODER,
     FROZEN_FEATURES,
     ONLINE,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..facts import settings_file
-from ..specs import (
+from ..catalogue.cards import settings_file
+from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
     Capabilities,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..facts import cupl_file_names, settings_file
-from ..specs import (
+from ..catalogue.cards import cupl_file_names, settings_file
+from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
     Capabilities,

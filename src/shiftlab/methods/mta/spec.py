@@ -9,8 +9,8 @@ from typing import Any
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..facts import R_TPT_TABLE
-from ..specs import (
+from ..catalogue.cards import R_TPT_TABLE
+from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
     Capabilities,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 from ..common.norm_config import TEXT_HEADS
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 # the statistics a BatchNorm layer normalises with (common/norm_statistics.py): the batch's own ("batch": their

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
 
 @dataclass

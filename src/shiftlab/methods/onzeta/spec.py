@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import (
+from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
     Capabilities,

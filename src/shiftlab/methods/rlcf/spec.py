@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
-from ..specs import (
+from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
     OWN_TOWER,
     Capabilities,
 )
+from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 BASELINES = ("view", "batch", "none")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
 SAR = "mr-eggplant/SAR@20f6e24b17525f34503510afccedc0629b67b7c4"

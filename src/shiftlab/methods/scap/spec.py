@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..heads import register_head
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
 SCAP = "zhoujiahuan1991/CVPR2025-SCAP@5057c963f378af759ad1dab1f68012a7f087d90b"
 # scripts/R.sh `--ctx_init`: 78 templates, "_" read as " " (my_clip_CSTP.py:260); "CLS" is the class name. The

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 # what the adaptation step's loss covers: "all", the mean entropy of every image in the memory; "first", the
 # entropy of the memory's first image alone (their `_forward_and_adapt` hands the memory to get_features as a list

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 SOURCE = "Jo-wang/TCA"
 COMMIT = "0f846d6"

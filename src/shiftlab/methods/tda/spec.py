@@ -4,14 +4,14 @@ Its spec: config, capabilities and facts, without torch (the code: method.py).""
 from __future__ import annotations
 
 from ..adaptive_modes import Adaptive
-from ..common.tda_cache_config import TDAConfig
-from ..facts import settings_file
-from ..specs import (
+from ..catalogue.cards import settings_file
+from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
     Capabilities,
     MethodSpec,
 )
+from ..common.tda_cache_config import TDAConfig
 
 
 class TDASpec(MethodSpec):

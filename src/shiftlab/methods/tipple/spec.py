@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities
 
 # github.com/zhiheLu/TIPPLE at fe1747e: scripts/test.sh produced the published numbers and overrides main.py's
 # argparse defaults (main.py:416-426); the values below cite the script's lines

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
-from ..facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
-from ..specs import (
+from ..catalogue.cards import C_TPT_TABLE, R_TPT_TABLE, TPT_README
+from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
     Capabilities,
 )
+from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
 
 SELF_MASKS = ("index", "threshold")
 

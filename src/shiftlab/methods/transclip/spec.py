@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 # github.com/MaxZanella/transduction-for-vlms at 6a9e8f3: TransCLIP_solver/TransCLIP.py, TransCLIP_utils.py
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..common.norm_config import TEXT_HEADS
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
 TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 # the statistics the tower's BatchNorm layers normalise the views with (common/norm_statistics.py; "ema" carries

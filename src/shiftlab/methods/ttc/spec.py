@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 SOURCE = "Sxing2/CLIP-Test-time-Counterattacks"
 COMMIT = "793fbff69cd7b63881e761e9a73a38e76b3ce5bf"

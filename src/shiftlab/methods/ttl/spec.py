@@ -9,7 +9,7 @@ from typing import Any
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import (
+from ..catalogue.declarations import (
     EPISODIC,
     OWN_TOWER,
     Capabilities,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ...datasets.suites import SUITES
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..specs import (
+from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
     Capabilities,

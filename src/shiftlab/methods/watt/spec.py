@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 
 # templates.yaml: the eight templates of the paper
 TEMPLATES = ("a photo of a {}", "itap of a {}", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",

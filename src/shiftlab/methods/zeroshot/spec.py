@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..facts import C_TPT_TABLE, R_TPT_TABLE, TPT_README
-from ..specs import (
+from ..catalogue.cards import C_TPT_TABLE, R_TPT_TABLE, TPT_README
+from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
     Capabilities,

@@ -1,7 +1,7 @@
 """Evaluation protocols: which views, text head and precision each method runs with.
 
 A protocol is data that each method declares in its own module (`Method.protocols`, read through
-`shiftlab.methods.facts`): config overrides on top of the method's defaults. The defaults ARE the
+`shiftlab.methods.catalogue.cards`): config overrides on top of the method's defaults. The defaults ARE the
 `leaderboard` protocol; `paper` adds what each method's own code does for ImageNet-R. Layers, later wins:
 
     method defaults  <-  protocol overrides  <-  --set
@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .facts import declared
+from .cards import declared
 
 LEADERBOARD, PAPER = PROTOCOLS = ("leaderboard", "paper")
 DEFAULT_PROTOCOL = LEADERBOARD
@@ -52,7 +52,7 @@ def protocol_overrides(protocol: str, cls: type) -> dict[str, Any]:
 def merge_views(lower: Any, upper: Any) -> Any:
     """Two layers of `views` overrides: dicts merge field by field, a view count sets n_views,
     anything else (a ViewRecipe) replaces."""
-    from ..views.recipe import ViewRecipe
+    from ...views.recipe import ViewRecipe
     if isinstance(upper, int) and not isinstance(upper, bool):
         upper = {"n_views": upper}
     if isinstance(lower, int) and not isinstance(lower, bool):
@@ -72,14 +72,14 @@ def dataset_overrides(protocol: str, cls: type, dataset: str | None) -> dict[str
     runs the dataset's CoOp template (shiftlab.datasets.classes.dataset_templates)."""
     if check_protocol(protocol) != PAPER or dataset is None:
         return {}
-    from ..datasets.specs import DATASETS
+    from ...datasets.specs import DATASETS
     if dataset not in DATASETS:
         return {}
     name = DATASETS.canonical(dataset)
     table = declared(cls, "dataset_values")
     out = copy.deepcopy(dict(table.get(name, {})))
     if name not in table and "templates" in {f.name for f in dataclasses.fields(cls.config_class)}:
-        from ..datasets.classes import dataset_templates
+        from ...datasets.classes import dataset_templates
         out["templates"] = tuple(dataset_templates(name))
     return out
 
@@ -105,7 +105,7 @@ def _dataset_cupl_file(cls: type, out: dict[str, Any], dataset: str | None) -> d
     head reads it, so a suite runs each dataset with its own descriptions and the run records the file."""
     if dataset is None or not out.get("cupl_file"):
         return out
-    from .heads import TIP_CUPL, dataset_cupl_file
+    from ..heads import TIP_CUPL, dataset_cupl_file
     if out.get("text_head", getattr(cls.config_class, "text_head", None)) == TIP_CUPL:
         out["cupl_file"] = dataset_cupl_file(out["cupl_file"], dataset, declared(cls, "cupl_files"),
                                              f"{cls.name}.cupl_file")

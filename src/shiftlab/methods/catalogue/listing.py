@@ -1,5 +1,5 @@
 """The method catalogue: what `shiftlab methods` prints, what the CLI's flag checks read and the methods
-table, read from the methods' specs (`shiftlab.methods.specs`: every `methods/<name>/spec.py`, found by
+table, read from the methods' specs (`shiftlab.methods.catalogue.declarations`: every `methods/<name>/spec.py`, found by
 scanning the package), so that listing the methods, refusing a bad `--methods` or `--set` and reading the
 published numbers import no torch. Nothing is generated or committed: a new method folder is listed,
 checked and tabled as soon as it exists. A value is checked by `params.FieldSpec.check`, the check
@@ -8,7 +8,7 @@ checked and tabled as soon as it exists. A value is checked by `params.FieldSpec
 One entry per method: name, label, aliases, episodic, uses_views, summary, defaults, accepts (what
 `--set` takes, in words), min_views, protocols ({protocol: views, views_text, precision, text_head,
 sets}), paper_datasets (the datasets the method's code sets values for under `paper`), published
-(shiftlab.methods.facts), fidelity, kind ("episodic" or "online"), reads (its capabilities), reads_ahead
+(shiftlab.methods.catalogue.cards), fidelity, kind ("episodic" or "online"), reads (its capabilities), reads_ahead
 (None, "batch" or "test_set"), block (the table block it is shown in, `BLOCKS`), family (the group it declares
 itself part of, `facts.FAMILIES`, or "") and fields ({field: params.FieldSpec.to_json(): type and declared range}).
 
@@ -18,7 +18,7 @@ before it) apart from the methods that read other test images: those that read t
 `--batch-size` images ("batch-transductive") and those that read the whole test set ("transductive"), each
 block under its own label, so that their numbers never sit in one column with the single-image ones.
 
-    python -m shiftlab.catalogue        # the methods table (markdown), as `shiftlab methods --table` prints it
+    python -m shiftlab.methods.catalogue.listing   # the methods table, as `shiftlab methods --table` prints it
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ import json
 import sys
 from typing import Any
 
-from . import params
-from .methods import facts, heads
-from .methods import protocols as method_protocols
-from .methods.specs import make_config, spec, spec_names
-from .views.recipe import ViewRecipe
+from ... import params
+from ...views.recipe import ViewRecipe
+from .. import heads
+from . import cards as facts
+from . import protocols as method_protocols
+from .declarations import make_config, spec, spec_names
 
 COMMAND = "shiftlab methods --table"   # prints `readme_table`
 
@@ -96,17 +97,17 @@ def family_members(family: str) -> list[str]:
 
 
 def protocols() -> tuple[str, ...]:
-    """The protocol names (shiftlab.methods.protocols.PROTOCOLS: leaderboard, paper)."""
+    """The protocol names (shiftlab.methods.catalogue.protocols.PROTOCOLS: leaderboard, paper)."""
     return tuple(method_protocols.PROTOCOLS)
 
 
 def default_protocol() -> str:
-    """The protocol a run gets without `--protocol` (shiftlab.methods.protocols.DEFAULT_PROTOCOL)."""
+    """The protocol a run gets without `--protocol` (shiftlab.methods.catalogue.protocols.DEFAULT_PROTOCOL)."""
     return method_protocols.DEFAULT_PROTOCOL
 
 
 def unrecorded_protocol() -> str:
-    """The protocol of a run that recorded none (shiftlab.methods.protocols.UNRECORDED_PROTOCOL)."""
+    """The protocol of a run that recorded none (shiftlab.methods.catalogue.protocols.UNRECORDED_PROTOCOL)."""
     return method_protocols.UNRECORDED_PROTOCOL
 
 
@@ -263,7 +264,8 @@ def readme_link(name: str, base: str = "src/shiftlab/methods") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shiftlab.catalogue", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m shiftlab.methods.catalogue.listing",
+                                     description=__doc__.split("\n\n")[0])
     parser.parse_args(argv)
     print(readme_table(entries()))
     return 0

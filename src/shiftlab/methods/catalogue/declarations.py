@@ -29,13 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..models.precision import PRECISIONS, PURE_FP16
-from ..options import say, say_set
-from ..params import check_config, param
-from ..registry import Registry, scan_folders
-from ..views.recipe import ViewRecipe
-from .adaptive_modes import Adaptive
-from .facts import FAMILIES
+from ...models.precision import PRECISIONS, PURE_FP16
+from ...options import say, say_set
+from ...params import check_config, param
+from ...registry import Registry, scan_folders
+from ...views.recipe import ViewRecipe
+from ..adaptive_modes import Adaptive
+from .cards import FAMILIES
 
 __all__ = ["BATCH", "EPISODIC", "FROZEN_ENCODER", "FROZEN_FEATURES",
            "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
@@ -166,7 +166,7 @@ class Capabilities:
 
 # -- the spec ----------------------------------------------------------------------------------------------
 
-# facts read from a spec's own body, never inherited (shiftlab.methods.facts), and their defaults
+# facts read from a spec's own body, never inherited (shiftlab.methods.catalogue.cards), and their defaults
 FACTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {}, "label": "",
                          "aliases": (), "cupl_files": {}, "family": ""}
 # what a spec declares (inherited defaults) and the method class carries over
@@ -204,7 +204,7 @@ class MethodSpec:
     """A method's declaration: subclass it in `methods/<folder>/spec.py` (one class per registered name).
 
     Besides the attributes below, a spec's own body may declare the facts (`FACTS`: protocols,
-    published, fidelity, dataset_values, label, aliases, cupl_files, family; shiftlab.methods.facts says what
+    published, fidelity, dataset_values, label, aliases, cupl_files, family; shiftlab.methods.catalogue.cards says what
     each holds). `episodic`, `needs_views`, `needs_pixels`, `reads_features`, `adapts_on_batches` and `reads_ahead` are
     derived (from the capabilities and the config class), never declared."""
     name: ClassVar[str] = ""
@@ -259,7 +259,7 @@ class MethodSpec:
         family = cls.__dict__.get("family", "")
         if family and family not in FAMILIES:
             raise TypeError(f"{cls.__qualname__}: family {family!r} is none of {', '.join(FAMILIES)} "
-                            "(shiftlab.methods.facts.FAMILIES)")
+                            "(shiftlab.methods.catalogue.cards.FAMILIES)")
         derived = [k for k in DERIVED if k in cls.__dict__]
         if derived:
             raise TypeError(f"{cls.__qualname__}: {', '.join(derived)} are derived from `capabilities` and the "
@@ -333,8 +333,8 @@ def make_config(cls: Any, **overrides: Any) -> Any:
 # -- discovery -------------------------------------------------------------------------------------------
 
 SPECS: Registry[type[MethodSpec]] = Registry("method")
-_PACKAGE = __name__.rpartition(".")[0]     # shiftlab.methods
-SHARED_FOLDERS = ("common",)               # folders of shared machinery, not methods
+_PACKAGE = __name__.rsplit(".", 2)[0]     # shiftlab.methods
+SHARED_FOLDERS = ("common", "catalogue")   # folders of shared machinery, not methods
 
 
 def specs_of(module: Any) -> list[type[MethodSpec]]:

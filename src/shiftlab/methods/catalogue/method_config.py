@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import specs as method_specs
+from . import declarations as method_specs
+from .declarations import MethodConfig, make_config
 from .protocols import DEFAULT_PROTOCOL, merge_views, method_overrides
-from .specs import MethodConfig, make_config
 
 # A run's method name may carry a variant: "tda@pos_alpha=2.0" is TDA under its own config, a method of
 # its own in the run (its records, summary row and online state), as `shiftlab sweep` runs a grid point.
