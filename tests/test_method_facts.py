@@ -4,8 +4,8 @@ method that leaves one out fails here the moment it registers."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
+import tomllib
 from importlib import resources
 
 import pytest
@@ -151,21 +151,24 @@ def test_cupl_file_names_follow_dmns_table():
     assert facts.declared(get_method_class("dpe"), "cupl_files") == files
 
 
-SETTINGS_FILES = sorted(f"{p.name}/settings.json" for p in resources.files("shiftlab").joinpath("methods").iterdir()
-                        if p.joinpath("settings.json").is_file())
+def _card(folder):
+    return tomllib.loads(resources.files("shiftlab").joinpath("methods", folder, "card.toml").read_text())
 
 
-def test_the_settings_files_are_found():
-    assert SETTINGS_FILES == [f"{m}/settings.json" for m in ("boostadapter", "dmn_zs", "dota", "dpe", "tda")]
+SETTINGS = sorted(p.name for p in resources.files("shiftlab").joinpath("methods").iterdir()
+                  if p.joinpath("card.toml").is_file() and "settings" in _card(p.name).get(p.name, {}))
 
 
-@pytest.mark.parametrize("path", SETTINGS_FILES)
-def test_every_settings_file_entry_cites_its_source(path):
-    data = json.loads(resources.files("shiftlab").joinpath("methods", path).read_text())
-    method = path.split("/")[0]
-    assert method in METHODS and set(data) <= {"about", "datasets", "templates", "cupl_files"}
+def test_the_settings_tables_are_found():
+    assert SETTINGS == ["boostadapter", "dmn_zs", "dota", "dpe", "tda"]
+
+
+@pytest.mark.parametrize("method", SETTINGS)
+def test_every_settings_entry_cites_its_source(method):
+    data = _card(method)[method]["settings"]
+    assert method in METHODS and set(data) <= {"about", "datasets", "templates", "cupl_files", "templates_of"}
     for section in ("datasets", "templates", "cupl_files"):
         for dataset, entry in data.get(section, {}).items():
-            assert dataset in DATASETS.names() and entry["source"].startswith("github.com/"), (path, dataset)
+            assert dataset in DATASETS.names() and entry["source"].startswith("github.com/"), (method, dataset)
     for entry in data.get("cupl_files", {}).values():
         assert re.fullmatch(r"CuPL_prompts_[a-z0-9]+\.json", entry["file"]) and "YBZh/DMN" in entry["source"]

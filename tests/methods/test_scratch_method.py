@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 
 @dataclass
@@ -33,11 +33,12 @@ class ScratchSpec(MethodSpec):
     name = "scratch"
     impl = "shiftlab.methods.scratch.method:Scratch"
     config_class = ScratchConfig
-    summary = "scratch: zero-shot logits times a scale"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    protocols = {}
-    published = ()
-    fidelity = ""
+'''
+CARD = '''[scratch]
+summary = "scratch: zero-shot logits times a scale"
+protocols = {}
+fidelity = ""
 '''
 METHOD = '''"""Scratch: zero-shot CLIP with its logits scaled (a test's method)."""
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Scratch(Method):
     def predict_context(self, ctx):
         return MethodOutput(self.config.scale * ctx.zeroshot_logits)
 '''
-FOLDER = {"__init__.py": '"""The scratch method folder."""\n', "spec.py": SPEC, "method.py": METHOD,
+FOLDER = {"__init__.py": '"""The scratch method folder."""\n', "spec.py": SPEC, "card.toml": CARD, "method.py": METHOD,
           "README.md": "# Scratch (`scratch`)\n\nZero-shot CLIP with its logits scaled: a test's method.\n"}
 TEST = "def test_nothing():\n    pass\n"
 

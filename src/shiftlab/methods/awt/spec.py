@@ -1,7 +1,7 @@
 """AWT (Zhu et al., NeurIPS 2024), zero-shot: augmented views and LLM class descriptions, weighted by their
 prediction entropy and aligned by optimal transport; training-free.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,13 +52,6 @@ class AWTConfig(ViewMethodConfig):
 
 class AWTSpec(MethodSpec):
     name = "awt"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' BibTeX, their README)
-    bibtex = r"""@inproceedings{zhu2024awt,
-  title = {AWT: Transferring Vision-Language Models via Augmentation, Weighting, and Transportation},
-  author = {Zhu, Yuhan and Ji, Yuyang and Zhao, Zhiyu and Wu, Gangshan and Wang, Limin},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.awt.method:AWT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     adaptive = Adaptive(("full", "eot"),
@@ -67,13 +60,4 @@ class AWTSpec(MethodSpec):
                         " drawn (eot)")
     config_class = AWTConfig
     text_head = "awt_descriptions"
-    summary = ("AWT: views x class descriptions, weighted by prediction entropy, aligned per class by optimal "
-               "transport (Sinkhorn)")
-    label = "AWT"
-    # evaluate.py: the float32 model (clip_model.float()), the logits under autocast; pre_extract.py encodes the
-    # views under autocast
-    protocols = {"paper": {"precision": "fp16", "n_descriptions": 50}}
-    dataset_values = {name: {"template": template} for name, template in TEMPLATES.items()}
-    published = ()      # their README states no number in text
-    fidelity = "golden (AWT_zero_shot/evaluate.py on the tiny CLIP, 3 descriptions of a format-true stand-in file)"
     test_config = {"n_descriptions": 0}

@@ -1,13 +1,12 @@
 """BoostAdapter (Zhang et al., NeurIPS 2024, "BoostAdapter: Improving Vision-Language Test-Time
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import settings_file
 from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
@@ -23,7 +22,7 @@ class BoostAdapterConfig(TDAConfig):
     (line numbers below), the read-out from `runner.py` (`run_test_tda`, mode "boostadapter", lines
     128-160) and `utils.py` (`get_clip_logits`, `select_confident_samples`); the classifier is
     `clip_classifier` (utils.py:54-71) over `datasets/imagenet_r.py`'s template list (CLIP's 80; the
-    other sets' lists equal TDA's, methods/tda/settings.json). Their model is `clip.load` on
+    other sets' lists equal TDA's, methods/tda/card.toml). Their model is `clip.load` on
     CUDA, half precision, with the literal logit scale 100 (utils.py:84): the `paper` protocol's
     `precision="fp16-pure"`, `logit_scale=100`. Their views: the original (Resize 224 bicubic +
     CenterCrop) and 63 RandomResizedCrop(224) + flip, no AugMix (utils.py:122 `augmix=False`), which
@@ -57,13 +56,6 @@ class BoostAdapterConfig(TDAConfig):
 
 class BoostAdapterSpec(MethodSpec):
     name = "boostadapter"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@article{zhang2024boostadapter,
-  title = {BoostAdapter: Improving Test-Time Adaptation via Regional Bootstrapping},
-  author = {Zhang, Taolin and Wang, Jinpeng and Guo, Hang and Dai, Tao and Chen, Bin and Xia, Shu-Tao},
-  journal = {arXiv preprint arXiv:2410.15430},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "bpda", "eot"),
@@ -71,16 +63,6 @@ class BoostAdapterSpec(MethodSpec):
                         " writes and the boosting views' selection; random crops drawn afresh (eot)")
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)
     config_class = BoostAdapterConfig
-    summary = "BoostAdapter: TDA's caches plus the sample's confident views as boosting entries (training-free)"
-    label = "BoostAdapter"
-    # taolinzhang/BoostAdapter runner.py, utils.py: TDA's half model with the literal scale 100, the dataset's
-    # templates (CLIP's 80 for R); views as leaderboard (utils.py:122, augmix=False)
-    protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "logit_scale": 100.0}}
-    # configs/<set>.yaml and runner.py per dataset; its datasets/*.py template lists are TDA's, list for list
-    dataset_values = settings_file("boostadapter", templates_of="tda")
-    published = ()     # its README prints no table
-    fidelity = ("golden (24-sample stream, historical and boosted caches after every sample; "
-                "`logit_scale=100`)")
     # TDA's, and 2 boosting views of 8
     test_config = {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0, "view_ratio": 0.25,
                    "delta": 1}

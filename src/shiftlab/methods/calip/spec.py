@@ -1,6 +1,6 @@
 """CALIP (Guo et al., AAAI 2023, "CALIP: Zero-Shot Enhancement of CLIP with Parameter-free Attention").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,8 +9,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
-SOURCE = "ZiyuGuo99/CALIP"
-COMMIT = "83e21b6b985934dce6e8414c26300671b4825841"
 # class_template.py:167-175@83e21b6: their ImageNet templates (Tip-Adapter's 7), in their order
 CALIP_TEMPLATES = ("itap of a {}.", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
                    "a {} in a video game.", "art of the {}.", "a photo of the small {}.")
@@ -38,14 +36,6 @@ class CALIPConfig(MethodConfig):
 
 class CALIPSpec(MethodSpec):
     name = "calip"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX, README.md)
-    bibtex = r"""@article{guo2022calip,
-  title = {CALIP: Zero-Shot Enhancement of CLIP with Parameter-free Attention},
-  author = {Guo, Ziyu and Zhang, Renrui and Qiu, Longtian and Ma, Xianzheng and Miao, Xupeng and He, Xuming and
-      Cui, Bin},
-  journal = {arXiv preprint arXiv:2209.14169},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.calip.method:CALIP"
     # the image tower's spatial tokens are not in the frozen (pooled) features: it runs the tower on view 0's pixels
     # itself, once, and reads the global feature from the same pass
@@ -54,14 +44,4 @@ class CALIPSpec(MethodSpec):
                         "the image tower's spatial tokens and the parameter-free attention on view 0 (nothing"
                         " adapts)")
     config_class = CALIPConfig
-    summary = "CALIP: parameter-free attention between the image tower's spatial tokens and the class features (view 0)"
-    label = "CALIP"
-    # ZiyuGuo99/CALIP run_imagenet.py@83e21b6: one centre crop per image (clip.load's preprocess, line 30), the 7
-    # templates (utils.text_encode over TEMPLATE['imagenet']), logits x 100 (lines 68, 86-87); the model is
-    # `clip.load`'s half model on CUDA (their features are float16; shiftlab's autocast is `fp16`)
-    protocols = {"paper": {"text_head": "ensemble", "logit_scale": 100.0, "precision": "fp16"}}
-    # their README has no table (and their paper's numbers use betas searched on the test labels)
-    published = ()
-    fidelity = ("golden (24 images on the tiny ResNet and the tiny ViT: every token, the class head, both attention "
-                "logits and the zero-shot logits of their run_imagenet.main; `logit_scale=100`)")
     test_config = {}

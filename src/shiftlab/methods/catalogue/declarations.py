@@ -3,13 +3,13 @@
 Every method lives in a folder `shiftlab/methods/<name>/` (CONTRIBUTING.md):
 
     spec.py      the config dataclass (cited defaults, declared ranges), a `MethodSpec` subclass: the
-                 method's name, summary, capabilities, facts (protocols, published numbers, fidelity,
-                 per-dataset values, label, aliases), a small `test_config`, and `impl`, where its class
+                 method's name, capabilities, a small `test_config`, and `impl`, where its class
                  lives ("shiftlab.methods.mta.method:MTA"); imports only the standard library and
                  shiftlab's torch-free modules (tests/methods/test_specs.py imports each in a fresh
                  interpreter and checks)
     method.py    the torch code: a `Method` subclass naming its spec (`spec = MTASpec`)
-    settings.json  per-dataset values its authors' code sets (optional; `facts.settings_file`)
+    card.toml    its facts as data (summary, paper, protocols, published numbers, fidelity, per-dataset
+                 values, label, aliases, cost rows; `cards`), set on its spec class when the class is defined
     README.md    what it is, its paper and code, every choice that differs, its published numbers
 
 A folder may hold a family (one spec class per registered name, e.g. tpt/: tpt, ctpt, rtpt). The
@@ -35,7 +35,7 @@ from ...params import check_config, param
 from ...registry import Registry, scan_folders
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from .cards import FAMILIES
+from .cards import FAMILIES, card_facts
 
 __all__ = ["BATCH", "EPISODIC", "FROZEN_ENCODER", "FROZEN_FEATURES",
            "ONLINE", "OWN_TOWER", "READS", "READS_AHEAD", "STATES", "TEST_SET",
@@ -250,6 +250,12 @@ class MethodSpec:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):   # its facts: the card beside its spec module (methods/<folder>/card.toml)
+            for fact, value in card_facts(cls.__module__, cls.__dict__["name"]).items():
+                if fact in cls.__dict__:
+                    raise TypeError(f"{cls.__qualname__}: {fact} is declared in its spec and in its card.toml; "
+                                    "keep the card's")
+                setattr(cls, fact, value)
         if "transductive" in cls.__dict__:   # one declaration: what it reads ahead is a capability
             raise TypeError(f"{cls.__qualname__}: declare `capabilities = Capabilities(..., reads_ahead=...)` "
                             f"({' or '.join(map(repr, READS_AHEAD))}) instead of `transductive`")

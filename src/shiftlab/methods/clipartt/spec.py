@@ -1,7 +1,7 @@
 """CLIPArTT (Hakim, Osowiechi, Noori, Cheraghalikhani, Bahri, Pedersoli, Ben Ayed & Desrosiers, WACV 2025,
 "CLIPArTT: Adaptation of CLIP to New Domains at Test Time").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
 `file:line` of github.com/dosowiechi/CLIPArTT at 6f439ba; CLIPTTA's toolkit's version
 (github.com/MarcLafon/cliptta, `ttavlm/methods/clipartt.py` at f4221f4) where it differs, in README.md."""
 from __future__ import annotations
@@ -44,13 +44,6 @@ class CLIPArTTConfig(NormTTAConfig):
 
 class CLIPArTTSpec(MethodSpec):
     name = "clipartt"
-    bibtex = r"""@inproceedings{hakim2025clipartt,
-  title = {{CLIPArTT}: Adaptation of {CLIP} to New Domains at Test Time},
-  author = {Hakim, Gustavo Adolfo Vargas and Osowiechi, David and Noori, Mehrdad and Cheraghalikhani, Milad and
-      Bahri, Ali and Pedersoli, Marco and Ben Ayed, Ismail and Desrosiers, Christian},
-  booktitle = {Proceedings of the IEEE/CVF Winter Conference on Applications of Computer Vision (WACV)},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.clipartt.method:CLIPArTT"
     # the image tower's normalisation layers adapt on whole batches, reset before every batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
@@ -58,14 +51,4 @@ class CLIPArTTSpec(MethodSpec):
                         "its batch attacked jointly through every norm-parameter step (create_graph) and the"
                         " prediction after")
     config_class = CLIPArTTConfig
-    summary = ("CLIPArTT: the image tower's norm parameters, soft targets from a batch's image and top-3 caption "
-               "similarities (episodic per batch)")
-    label = "CLIPArTT"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    # adapt.py: batches of 128 (configuration.py:29: `--batch-size 128`), the output softmax(100 x cosine) (adapt.py:93)
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # the README has no table
-    published = ()
-    fidelity = ("golden (their adapt.py's setup_tent and models/tent.py on the tiny ViT: 3 batches of 8, every "
-                "step's loss, every batch's probabilities and LayerNorm parameters)")
     test_config = {"steps": 1, "top_k": 2}

@@ -1,7 +1,7 @@
 """CLIPTTA (Lafon, Ramzi, Rambour, Audebert & Thome, NeurIPS 2025, "CLIPTTA: Robust Contrastive Vision-Language
 Test-Time Adaptation") and its OOD-aware variant.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
 `file:line` of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
 
-CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
 # the batch's contrastive targets: "soft", each image's own softmax over the batch's pseudo-captions (its entropy,
 # --use_softmax_entropy, in every script); "hard", the identity (CLIP's pre-training loss, the class's default)
 TARGETS = ("soft", "hard")
@@ -59,19 +58,12 @@ class CLIPTTAOODConfig(CLIPTTAConfig):
     score: str = param("max_log_prob", choices=SCORES)     # --score_type max_log_prob (open_set/*/cliptta.sh)
 
 
-_BIBTEX = r"""@inproceedings{lafon2025cliptta,
-  title = {{CLIPTTA}: Robust Contrastive Vision-Language Test-Time Adaptation},
-  author = {Lafon, Marc and Ramzi, Elias and Rambour, Cl{\'e}ment and Audebert, Nicolas and Thome, Nicolas},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2025}
-}"""
 # their figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model
 _PAPER = {"logit_scale": 100.0}
 
 
 class CLIPTTASpec(MethodSpec):
     name = "cliptta"
-    bibtex = _BIBTEX
     impl = "shiftlab.methods.cliptta.method:CLIPTTA"
     # the image tower's normalisation layers adapt on whole batches, the state (and the memory) carried along
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -79,21 +71,9 @@ class CLIPTTASpec(MethodSpec):
                         "attacked against the state it holds when the sample arrives (state) (its batch jointly,"
                         " through its pseudo-captions' head); bpda: the pseudo-caption choice and the memory write")
     config_class = CLIPTTAConfig
-    summary = ("CLIPTTA: soft contrastive loss between a batch's images and their pseudo-captions, with a "
-               "confident-image memory, on the image tower's norm parameters (continual)")
-    label = "CLIPTTA"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with
     own_ood_score = "CLIPTTA's score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py get_scores)"
-    # their scripts: batches of 128 (configuration.py:86; 256 in the ImageNet scripts: `--batch-size 256`),
-    # 10 Adam steps per batch, continual within a dataset (main.py:77 resets between corruptions only)
-    protocols = {"paper": dict(_PAPER)}
-    # the README has no table (the numbers are in the paper only)
-    published = ()
-    fidelity = ("golden (their CLIPTTA class on the tiny ViT: 3 continual batches of 8, soft targets with the "
-                "memory and hard targets without; every step's loss, every batch's logits, scores, norm "
-                "parameters and memory; `logit_scale=100`)")
     # the registry-wide tests: one step, a one-image memory sampled whole
     test_config = {"steps": 1, "num_shots": 1, "sample_size": 1}
 
@@ -102,17 +82,8 @@ class CLIPTTAOODSpec(CLIPTTASpec):
     """CLIPTTA's OOD-aware variant (OCE in the paper): its own OOD score, thresholded by Otsu on each batch, the
     threshold learnt with an ID/OOD separation loss, and only the images above it adapting."""
     name = "cliptta_ood"
-    bibtex = _BIBTEX
     impl = "shiftlab.methods.cliptta.method:CLIPTTAOOD"
     config_class = CLIPTTAOODConfig
-    summary = ("CLIPTTA, OOD-aware: an Otsu threshold on its OOD score learnt with the batch, only the images "
-               "above it adapt; records its own ood_score")
-    label = "CLIPTTA (OOD-aware)"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("CLIPTTA's OOD-aware score (`score`: max_log_prob at logit scale 1, thresholded by Otsu; "
                      "ttavlm/methods/abstract_model.py get_scores)")
-    protocols = {"paper": dict(_PAPER)}
-    published = ()
-    fidelity = ("golden (their CLIPTTA class with the open-set scripts' flags on the tiny ViT: 3 continual "
-                "batches of 8; `logit_scale=100`)")
     test_config = {"steps": 1, "num_shots": 1, "sample_size": 1}

@@ -1,6 +1,6 @@
 """COSMIC (Huang et al., CVPR 2025): Clique-Oriented Semantic Multi-space Integration, training-free and online.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import cupl_file_names
 from ..catalogue.declarations import (
     FROZEN_ENCODER,
     FROZEN_FEATURES,
@@ -59,14 +58,6 @@ class COSMICConfig(ViewMethodConfig):
 
 class COSMICSpec(MethodSpec):
     name = "cosmic"
-    bibtex = r"""@inproceedings{huang2025cosmic,
-  title = {COSMIC: Clique-Oriented Semantic Multi-space Integration for Robust CLIP Test-Time Adaptation},
-  author = {Huang, Fanding and Jiang, Jingyan and Jiang, Qinting and Li, Hebei and Khan, Faisal Nadeem
-      and Wang, Zhi},
-  booktitle = {Proceedings of the Computer Vision and Pattern Recognition Conference (CVPR)},
-  pages = {9772--9781},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.cosmic.method:COSMIC"
     # the CLIP view features, and view 0 through DINOv2: a frozen encoding the engine computes once per sample and a
     # feature store holds beside the CLIP features (`COSMIC.frozen_encoder`; none with dino_model=None)
@@ -75,17 +66,8 @@ class COSMICSpec(MethodSpec):
                         "attacked against the state it holds when the sample arrives (state); bpda: the cache"
                         " writes and the graph's hypergraph clustering; random crops drawn afresh (eot)")
     config_class = COSMICConfig
-    summary = ("COSMIC: DMN memory of CLIP features + a DINOv2 cache of view 0, class centres joined by "
-               "maximal cliques of similarity graphs, training-free online")
-    label = "COSMIC"
-    # cosmic_ood.sh: ViT-B/16, 8 views, tip_cupl head (cupl files not shipped: --set cosmic.text_head=...),
-    # fp16 autocast (cosmic_main.py:313)
-    protocols = {"paper": {"precision": "fp16", "views": {"n_views": 8}}}
-    # the CuPL file per dataset for text_head="tip_cupl": their data/imagnet_prompts.py:121 is DMN's table
-    cupl_files = cupl_file_names("dmn_zs")
     # their README and repository hold no result table or image: nothing published to cite
     published: tuple = ()
-    fidelity = "golden (24-sample stream, tiny CLIP + their random DINOv2 ViT-S/14's features, replayed)"
     offline_config = {"dino_pretrained": "none", "dino_model": "vit_small_patch14_reg4_dinov2"}
     random_weights_config = {"dino_pretrained": "none"}
     test_config = {"clip_shots": 2, "dino_shots": 2, "dino_model": None}

@@ -1,7 +1,7 @@
 """DeYO (Lee, Jung, Lee, Park, Shin, Hwang & Yoon, ICLR 2024, "Entropy is not Enough for Test-Time Adaptation: From
 the Perspective of Disentangled Factors"), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/deyo.py`,
 `cfgs/imagenet_others/deyo.yaml`) and of Jhyun17/DeYO at 3d7d289 (`config.py`, `main.py`, `methods/deyo.py`)."""
 from __future__ import annotations
@@ -13,8 +13,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
-DEYO = "Jhyun17/DeYO@3d7d2897d864907571ef75edf31f0028d53f1432"
 # how an image is disrupted to measure its pseudo-label's probability drop (PLPD): its patches shuffled, its pixels
 # shuffled, or a square occluded by the image's mean colour (--aug_type, config.py:47; DEYO.AUG_TYPE, conf.py:240)
 AUGMENTATIONS = ("patch", "pixel", "occ")
@@ -77,13 +75,6 @@ class DeYOConfig(NormTTAConfig):
 
 class DeYOSpec(MethodSpec):
     name = "deyo"
-    bibtex = r"""@inproceedings{lee2024deyo,
-  title = {Entropy is not Enough for Test-Time Adaptation: From the Perspective of Disentangled Factors},
-  author = {Lee, Jonghyun and Jung, Dahuin and Lee, Saehyung and Park, Junsung and Shin, Juhyeon and Hwang, Uiwon
-      and Yoon, Sungroh},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.deyo.method:DeYO"
     # the image tower's normalisation layers adapt on whole batches; the state (parameters, momentum, the shuffles'
     # generator) carried from batch to batch
@@ -94,19 +85,6 @@ class DeYOSpec(MethodSpec):
                         " would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = DeYOConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("DeYO: entropy minimisation on images whose pseudo-label's probability drops when their patches are "
-               "shuffled (PLPD), weighted by entropy and PLPD (norm parameters)")
-    label = "DeYO"
-    # Jhyun17/DeYO main.py on ViT-B/16 in its "wild" settings (exp_deyo.sh: --plpd_threshold 0.2, --deyo_margin 0.5,
-    # --deyo_margin_e0 0.4, batch 64): SGD with momentum 0.9 without Nesterov (main.py:588), lr 0.001 x B / 64
-    # (main.py:352: 0.001 at its batch of 64, config.py:21), 1 step, no reset within a domain
-    protocols = {"paper": {"optimizer": "sgd", "lr": 0.001, "momentum": 0.9, "nesterov": False}}
-    # neither README gives a CLIP number (DeYO's reports ImageNet-C on ImageNet-trained models in its paper only)
-    published = ()
-    fidelity = ("golden (mariodoebler's DeYO on CLIP and Jhyun17/DeYO's forward_and_adapt_deyo on the tiny ViT: "
-                "3 batches of 8, patch / pixel / occlusion; logits, PLPD, norm parameters and SGD's momentum "
-                "after every batch)")
     # one step; the tiny random CLIP's entropies are near ln C and its PLPDs near 0: both filters opened so that the
     # state moves
     test_config = {"steps": 1, "entropy_margin": 10.0, "plpd_threshold": -1.0}

@@ -1,6 +1,6 @@
 """DMN-ZS (Zhang et al., CVPR 2024, "Dual Memory Networks"), zero-shot variant.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import cupl_file_names, settings_file
 from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
@@ -39,41 +38,17 @@ class DMNConfig(ViewMethodConfig):
     cupl_file: str | None = None       # CuPL-format JSON (class name -> sentences) for text_head="tip_cupl", or a
     #                                    directory of CuPL's per-dataset files: the run's dataset picks its own
     # the head's templates; None: CLIP's 80 ("ensemble"), Tip-Adapter's 7 ("tip_cupl"). `--protocol paper`
-    # sets the dataset's (methods/dmn_zs/settings.json: DMN's `ID_to_prompts` on the fine-grained sets)
+    # sets the dataset's (methods/dmn_zs/card.toml: DMN's `ID_to_prompts` on the fine-grained sets)
     templates: tuple[str, ...] | None = None
 
 
 class DMNZeroShotSpec(MethodSpec):
     name = "dmn_zs"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{zhang2024dmn,
-  title = {Dual Memory Networks: A Versatile Adaptation Approach for Vision-Language Models},
-  author = {Zhang, Yabin and Zhu, Wenjie and Tang, Hui and Ma, Zhiyuan and Zhou, Kaiyang and Zhang, Lei},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.dmn_zs.method:DMNZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "bpda", "eot"),
                         "attacked against the state it holds when the sample arrives (state); bpda: the memory"
                         " write and the confident-view selection; random crops drawn afresh (eot)")
     config_class = DMNConfig
-    summary = "DMN-ZS: online per-class memory of test features, attention readout (training-free)"
-    label = "DMN-ZS"
-    aliases = ("dmn",)
-    # YBZh/DMN scripts/run.sh, data/datautils.py: 32 views of RandomResizedCrop(224, scale=(0.5, 1)) + flip,
-    # float32, memory 50, beta 5.5, --text_prompt tip_cupl (7 Tip-Adapter templates + CuPL descriptions). The
-    # descriptions are not shipped (no licence): the run refuses until the user passes
-    # --set dmn_zs.cupl_file=PATH (or picks another head with --set).
-    protocols = {"paper": {"precision": "fp32", "views": {"n_views": 32, "scale": (0.5, 1.0)},
-                           "memory_size": 50, "beta": 5.5, "text_head": "tip_cupl"}}
-    # the mixing weight of its logs and the templates of data/imagnet_prompts.py, per dataset
-    dataset_values = settings_file("dmn_zs")
-    cupl_files = cupl_file_names("dmn_zs")     # data/imagnet_prompts.py ID_to_gptprompts_path
-    published = (
-        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=61.44,
-             source="github.com/YBZh/DMN README.md@c6c218c, 'Out-of-Distribution Generalization' table (CLIP RN50)"),
-    )
-    fidelity = "golden (24-sample stream, memory after every sample; `tip_cupl`, memory 50 and 2)"
     # the memory fills on a short stream
     test_config = {"memory_size": 2}

@@ -1,13 +1,12 @@
 """DOTA (Han et al., NeurIPS 2025, "DOTA: Distributional Test-Time Adaptation of Vision-Language Models").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import settings_file
 from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
@@ -46,14 +45,6 @@ class DOTAConfig(ViewMethodConfig):
 
 class DOTASpec(MethodSpec):
     name = "dota"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@article{han2024dota,
-  title = {DOTA: Distributional Test-Time Adaptation of Vision-Language Models},
-  author = {Han, Zongbo and Yang, Jialong and Wang, Guangyu and Li, Junfan and Xu, Qianli and Shou, Mike Zheng
-      and Zhang, Changqing},
-  journal = {arXiv preprint arXiv:2409.19375},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "bpda", "eot"),
@@ -61,17 +52,5 @@ class DOTASpec(MethodSpec):
                         " confident-view selection; random crops drawn afresh (eot)")
     config_class = DOTAConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA), as TDA's
-    summary = "DOTA: online per-class Gaussian estimates of the test features mixed with zero-shot (training-free)"
-    label = "DOTA"
-    # skylineeeeen/DOTA dota.py, utils.py: TDA's pipeline: 63 AugMix views + the original on A/V/R/S
-    # (get_ood_preprocess), the half model of `clip.load`, logit scale 100, the dataset's templates;
-    # configs/vit/imagenet_r.yaml (the defaults). ImageNet and the cross-domain sets: one view (per dataset).
-    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "ensemble",
-                           "logit_scale": 100.0}}
-    # configs/vit/<set>.yaml and the views utils.py gives each set; its datasets/*.py hold TDA's templates
-    # (checked file by file, bc67d44)
-    dataset_values = settings_file("dota", templates_of="tda")
-    published = ()     # its README prints no table (docs/SUITES.md)
-    fidelity = "golden (24-sample stream, estimates after every sample; `logit_scale=100`; rho 0.0025 and 3)"
     # a fusion weight that matters on a short stream
     test_config = {"text_head": "zeroshot", "rho": 1.0}

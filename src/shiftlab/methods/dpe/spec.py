@@ -1,13 +1,12 @@
 """DPE (Zhang et al., NeurIPS 2024, "Dual Prototype Evolving for Test-Time Generalization of VLMs").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import cupl_file_names, settings_file
 from ..catalogue.declarations import (
     FROZEN_FEATURES,
     ONLINE,
@@ -20,7 +19,7 @@ from ..catalogue.declarations import (
 @dataclass
 class DPEConfig(ViewMethodConfig):
     """DPE's ImageNet-R settings (`configs/imagenet_r.yaml` and `main_dpe.py` of zhangce01/DPE-CLIP;
-    other datasets: methods/dpe/settings.json under `--protocol paper`)."""
+    other datasets: methods/dpe/card.toml under `--protocol paper`)."""
     pos_capacity: int = param(3, ge=1)              # configs/imagenet_r.yaml:6 positive.shot_capacity
     pos_alpha: float = param(3.0, ge=0)             # configs/imagenet_r.yaml:7 (cache logits weight)
     pos_beta: float = param(8.0, ge=0)              # configs/imagenet_r.yaml:8 (affinity sharpness)
@@ -50,13 +49,6 @@ class DPEConfig(ViewMethodConfig):
 
 class DPESpec(MethodSpec):
     name = "dpe"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@article{zhang2024dpe,
-  title = {Dual Prototype Evolving for Test-Time Generalization of Vision-Language Models},
-  author = {Zhang, Ce and Stepputtis, Simon and Sycara, Katia and Xie, Yaqi},
-  journal = {arXiv preprint arXiv:2410.12790},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "full", "bpda", "eot"),
@@ -65,18 +57,5 @@ class DPESpec(MethodSpec):
     config_class = DPEConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
     cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7
-    summary = "DPE: evolving textual and visual prototypes with per-sample residuals (one AdamW step)"
-    label = "DPE"
-    # zhangce01/DPE-CLIP utils.py get_preprocess, clip_classifier, get_clip_logits: 63 AugMix views + the original,
-    # the half model of `clip.load` on CUDA under autocast, logit scale 100, CLIP's 80 templates + CuPL
-    # descriptions (not shipped: refused until --set dpe.cupl_file=PATH, or another head with --set)
-    protocols = {"paper": {"precision": "fp16-pure", "views": {"n_views": 64, "augmix": True}, "text_head": "tip_cupl",
-                           "logit_scale": 100.0}}
-    # configs/<set>.yaml, the views utils.py gives each set and the templates of datasets/<set>.py
-    dataset_values = settings_file("dpe")
-    cupl_files = cupl_file_names("dmn_zs")    # a directory of CuPL files is searched by DMN's names
-    published = ()
-    fidelity = ("golden (24-sample stream: logits, cache, prototypes, residuals, text head after every sample; "
-                "ImageNet-R and ImageNet-A configs)")
     # the cache fills on a short stream
     test_config = {"pos_capacity": 2}

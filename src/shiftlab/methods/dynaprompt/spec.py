@@ -1,6 +1,6 @@
 """DynaPrompt (Xiao et al., ICLR 2025, "DynaPrompt: Dynamic Test-Time Prompt Tuning"): online prompt tuning
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,38 +46,18 @@ class DynaPromptConfig(ViewMethodConfig):
 
 class DynaPromptSpec(MethodSpec):
     name = "dynaprompt"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{xiao2025dynaprompt,
-  title = {DynaPrompt: Dynamic Test-Time Prompt Tuning},
-  author = {Xiao, Zehao and Yan, Shilin and Hong, Jack and Cai, Jiayin and Jiang, Xiaolong and Hu, Yao and Shen,
-      Jiayi and Wang, Qi and Snoek, Cees G. M.},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.dynaprompt.method:DynaPrompt"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "full", "bpda", "eot"),
                         "attacked against the state it holds when the sample arrives (state); full: through the"
                         " selected prompts' step; bpda: the prompt selection; random crops drawn afresh (eot)")
     config_class = DynaPromptConfig
-    summary = "DynaPrompt: a buffer of 12 prompts tuned online; per sample the selected ones take TPT's step"
     min_views = 2
     min_views_why = "its probability-difference statistic compares view 0 with the other views (one view: NaN)"
     # --protocol paper (ImageNet-R): TPT's fp16 autocast with GradScaler(init_scale=1000)
     # (dynap_classification.py:102, 230, 419) and torch.topk's order of equal statistics (:119, 123)
     text_head = "prompt"      # its prompts over the text tower (methods.heads)
-    protocols = {"paper": {"precision": "fp16", "ties": "topk"}}
-    # the repository prints no results (README.md; _site/ is TPT's project page), and holds no logs
-    published = ()
-    fidelity = ("golden (24-sample stream, buffer, order and counts after every sample, from the authors' state "
-                'and along the whole stream; `ties=topk`; 12 and 3 prompts)')
     # no refresh: from the fourth sample on every chosen prompt was tuned before, so each output depends on the
     # stream (a refreshed prompt alone is the initial context); the refresh across a state round trip is its own
     # test's
     test_config = {"n_prompts": 3, "refresh": False}
-    # dynap_classification.py:252-253 AugMixAugmenter(..., augmix=len(set_id) > 1): AugMix on the fine-grained sets
-    dataset_values = {**{name: {"views": {"augmix": False}} for name in
-                           ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")},
-                        **{name: {"views": {"augmix": True}} for name in
-                           ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101",
-                            "sun397", "fgvc-aircraft", "eurosat")}}

@@ -1,7 +1,7 @@
 """EATA (Niu, Wu, Zhang, Chen, Zheng, Zhao & Tan, ICML 2022, "Efficient Test-Time Model Adaptation without
 Forgetting"), on CLIP as CLIPTTA's toolkit runs it (its `ETA`).
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,9 +10,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
-
-CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
-EATA = "mr-eggplant/EATA@f739b3668cc7617e9b9f1979c1a358497a3472c3"
 
 
 @dataclass
@@ -48,14 +45,6 @@ class EATAConfig(NormTTAConfig):
 
 class EATASpec(MethodSpec):
     name = "eata"
-    bibtex = r"""@inproceedings{niu2022eata,
-  title = {Efficient Test-Time Model Adaptation without Forgetting},
-  author = {Niu, Shuaicheng and Wu, Jiaxiang and Zhang, Yifan and Chen, Yaofo and Zheng, Shijian and Zhao, Peilin
-      and Tan, Mingkui},
-  booktitle = {International Conference on Machine Learning (ICML)},
-  pages = {16888--16905},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.eata.method:EATA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
     adaptive = Adaptive(("state",),
@@ -64,15 +53,4 @@ class EATASpec(MethodSpec):
                         " would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = EATAConfig
-    summary = "EATA: entropy-weighted TENT on reliable, non-redundant images of each batch (norm parameters)"
-    label = "EATA"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    # mr-eggplant/EATA main.py: SGD lr 0.00025 momentum 0.9 (main.py:139, 175), batches of 64 (main.py:70,
-    # `--batch-size 64` here), 1 step, continual, no mean-entropy term, the step skipped without a selected image,
-    # the redundancy filter on the classifier's outputs; the Fisher term needs source images (README.md)
-    protocols = {"paper": {"optimizer": "sgd", "lr": 0.00025, "momentum": 0.9, "mean_entropy_weight": 0.0,
-                           "skip_empty_step": True, "redundancy_on_scaled_logits": True}}
-    published = ()
-    fidelity = ("golden (CLIPTTA's ETA on the tiny ViT: 3 batches of 8, continual; logits, norm parameters and the "
-                "moving average after every batch)")
     test_config = {"steps": 1}

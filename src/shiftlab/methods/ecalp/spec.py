@@ -1,6 +1,6 @@
 """ECALP (Li et al., ICLR 2025, "Efficient and Context-Aware Label Propagation for Zero-/Few-Shot
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,28 +40,11 @@ class ECALPConfig(MethodConfig):
 
 class ECALPSpec(MethodSpec):
     name = "ecalp"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{li2025ecalp,
-  title = {Efficient and Context-Aware Label Propagation for Zero-/Few-Shot Training-Free Adaptation of
-      Vision-Language Model},
-  author = {Li, Yushu and Su, Yongyi and Goodge, Adam and Jia, Kui and Xu, Xun},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2025},
-  url = {https://openreview.net/forum?id=D10yarGQNk}
-}"""
     impl = "shiftlab.methods.ecalp.method:ECALP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "bpda"),
                         "attacked against the state it holds when the sample arrives (state); bpda: the kNN"
                         " graph's neighbour choice")
     config_class = ECALPConfig
-    summary = "ECALP: label propagation on a kNN graph of text + all test features so far (training-free)"
-    label = "ECALP"
-    # Yushu-Li/ECALP main.py: DMN's float32 features, one per image; neighbour ties in torch.topk's order, as
-    # their code leaves them
-    protocols = {"paper": {"precision": "fp32", "ties": "topk"}}
-    published = ()
-    fidelity = ("golden (24-sample stream, neighbour lists and carried labels after every sample; `ties=topk`; "
-                "k_image 8 and 3)")
     # neighbours exist on a short stream
     test_config = {"k_image": 3}

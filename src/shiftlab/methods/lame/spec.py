@@ -1,6 +1,6 @@
 """LAME (Boudiaf, Mueller, Ben Ayed & Bertinetto, CVPR 2022, "Parameter-free Online Test-time Adaptation").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py; what differs: README.md)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py; what differs: README.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,13 +43,6 @@ class LAMEConfig(MethodConfig):
 
 class LAMESpec(MethodSpec):
     name = "lame"
-    bibtex = r"""@inproceedings{boudiaf2022lame,
-  title = {Parameter-free Online Test-time Adaptation},
-  author = {Boudiaf, Malik and Mueller, Romain and Ben Ayed, Ismail and Bertinetto, Luca},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  pages = {8344--8353},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.lame.method:LAME"
     # one frozen feature per image (view 0), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
@@ -57,18 +50,6 @@ class LAMESpec(MethodSpec):
                         "its batch attacked jointly through the zero-shot probabilities and the Laplacian fixed"
                         " point")
     config_class = LAMEConfig
-    summary = "LAME: per batch, Laplacian-regularised adjustment of the zero-shot probabilities (output only)"
-    label = "LAME"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    # fiveai/LAME: src/config/defaults.py:65-68 (LAME_KNN 5, LAME_AFFINITY 'rbf', no symmetry), its classifier's
-    # probabilities (the model's logit scale); batches of 16 (defaults.py:51 ADAPTATION.BATCH_SIZE, `--batch-size 16`
-    # here); CLIPTTA runs batches of 128 (configuration.py:86)
-    protocols = {"paper": {"affinity": "rbf", "logit_scale": None}}
-    # neither repository's README prints a CLIP figure (fiveai's are ImageNet ResNets, as plots)
-    published = ()
-    fidelity = ("golden (CLIPTTA's Lame, knn/rbf/linear kernels, and fiveai's LAME.run_step, rbf/kNN, on the "
-                "24-sample golden stream of the tiny ViT in batches of 8 and 24: features, probabilities, kernel, "
-                "iterations and output)")
     test_config = {"max_steps": 20}
     # recorded on open-set runs beside MCM (Lame.forward_and_adapt returns get_scores(Y), lame.py:47)
     own_ood_score = ("CLIPTTA's score of LAME (`ood_logit_scale`: max_prob of its assignments Y at scale 1; "

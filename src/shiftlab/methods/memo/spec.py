@@ -1,7 +1,7 @@
 """MEMO (Zhang, Levine & Finn, NeurIPS 2022, "MEMO: Test Time Robustness via Adaptation and Augmentation"), on CLIP as
 mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/memo.py`, `methods/base.py`,
 `cfgs/imagenet_others/memo.yaml`, `datasets/data_loading.py`, `augmentations/transforms_augmix.py`) and of
 zhangmarvin/memo (the method's own code, which theirs builds on)."""
@@ -15,7 +15,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..common.norm_config import OPTIMIZERS, TEXT_HEADS
 
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 # the statistics the tower's BatchNorm layers normalise with (common/norm_statistics.py)
 STATISTICS = ("alpha", "batch", "source")
 
@@ -47,12 +46,6 @@ class MEMOConfig(ViewMethodConfig):
 
 class MEMOSpec(MethodSpec):
     name = "memo"
-    bibtex = r"""@inproceedings{zhang2022memo,
-  title = {{MEMO}: Test Time Robustness via Adaptation and Augmentation},
-  author = {Zhang, Marvin and Levine, Sergey and Finn, Chelsea},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.memo.method:MEMO"
     # each image alone (MODEL.EPISODIC True, memo.yaml): every weight and bias of its own tower adapts on the
     # image's augmented views, then predicts the original; reset before the next image
@@ -65,14 +58,4 @@ class MEMOSpec(MethodSpec):
     # the loss reads the augmented views (at least one beside the original)
     min_views = 2
     min_views_why = "the marginal entropy is over the augmented views, view 0 is predicted"
-    summary = ("MEMO: every weight of the image tower, one SGD step on the marginal entropy of its augmented views, "
-               "then the original predicted (episodic)")
-    label = "MEMO"
-    # their views (the leaderboard protocol runs the shared 64); MEMO's own ImageNet runs (zhangmarvin/memo)
-    # differ in the model only
-    protocols = {"paper": {"views": {"n_views": 65, "augmix": True}}}
-    # benchmark.md has no MEMO column; their README reports none
-    published = ()
-    fidelity = ("golden (mariodoebler's MEMO on ZeroShotCLIP over the golden tiny ResNet CLIP: 3 images of 8 views, "
-                "episodic; the augmented views' logits, the adapted weights and the prediction; 1 and 2 steps)")
     test_config = {"views": ViewRecipe(n_views=3, augmix=True)}

@@ -1,6 +1,6 @@
 """MTA: MeanShift for Test-time Augmentation (Zanella & Ben Ayed, CVPR 2024), training-free.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,6 @@ from typing import Any
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..catalogue.cards import R_TPT_TABLE
 from ..catalogue.declarations import (
     EPISODIC,
     FROZEN_FEATURES,
@@ -32,14 +31,6 @@ class MTAConfig(ViewMethodConfig):
 
 class MTASpec(MethodSpec):
     name = "mta"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{zanella2024mta,
-  title = {On the Test-Time Zero-Shot Generalization of Vision-Language Models: Do We Really Need Prompt
-      Learning?},
-  author = {Zanella, Maxime and Ben Ayed, Ismail},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.mta.method:MTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     adaptive = Adaptive(("full", "bpda", "eot"),
@@ -48,14 +39,6 @@ class MTASpec(MethodSpec):
                         " (eot)",
                         impl="shiftlab.methods.mta.adaptive:mta_logits")
     config_class = MTAConfig
-    summary = "MTA: training-free mean-shift mode of the view features with inlierness weights"
-    label = "MTA"
-    protocols = {"paper": {"precision": "fp16"}}   # MaxZanella/MTA mta.py solve_mta: the features under fp16 autocast
-    published = (
-        dict(dataset="imagenet-r", backbone="RN50", protocol="leaderboard", metric="top1", value=58.4,
-             source=R_TPT_TABLE),
-    )
-    fidelity = "golden"
     min_views_why = "each view's bandwidth needs k = int(neighbour_ratio * (N - 1)) >= 1 nearest neighbours"
     @classmethod
     def needed_views(cls, config: Any) -> int:

@@ -1,7 +1,7 @@
 """Test-time normalisation (Schneider et al., NeurIPS 2020, "Improving robustness against common corruptions by
 covariate shift adaptation"; Nado et al. 2020), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/norm.py`, `methods/bn.py`,
 `cfgs/imagenet_others/norm_*.yaml`)."""
 from __future__ import annotations
@@ -13,7 +13,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 from ..common.norm_config import TEXT_HEADS
 
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 # the statistics a BatchNorm layer normalises with (common/norm_statistics.py): the batch's own ("batch": their
 # BNTest, norm.py:8-20, cfgs/*/norm_test.yaml), source and batch mixed ("alpha": BNAlpha, norm.py:23-32 on
 # AlphaBatchNorm, cfgs/*/norm_alpha.yaml), running statistics updated by every batch ("ema": BNEMA, norm.py:35-43 on
@@ -39,13 +38,6 @@ class NormStatsConfig(MethodConfig):
 
 class NormStatsSpec(MethodSpec):
     name = "norm_stats"
-    bibtex = r"""@inproceedings{schneider2020improving,
-  title = {Improving robustness against common corruptions by covariate shift adaptation},
-  author = {Schneider, Steffen and Rusak, Evgenia and Eck, Luisa and Bringmann, Oliver and Brendel, Wieland and
-      Bethge, Matthias},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2020}
-}"""
     impl = "shiftlab.methods.norm_stats.method:NormStats"
     # the image tower's BatchNorm layers normalise with the batch's statistics; "ema" carries running statistics
     # from batch to batch (the others carry nothing: their state is empty)
@@ -56,15 +48,4 @@ class NormStatsSpec(MethodSpec):
                         " written: a forward that leaves the held statistics untouched (the tower's forward"
                         " updates them)")
     config_class = NormStatsConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("Test-time normalisation: the image tower's BatchNorm layers normalise with the test batch's "
-               "statistics (a ViT's LayerNorms: unchanged, zero-shot)")
-    label = "BN-1"
-    aliases = ("norm_test", "bn")
-    # their own recipe is the default (no other code: bethgelab's robusta is the AlphaBatchNorm they build on)
-    protocols = {"paper": {}}
-    # benchmark.md reports ImageNet-trained backbones only (no CLIP row): quoted in the README, none here
-    published = ()
-    fidelity = ("golden (mariodoebler's BNTest, BNAlpha and BNEMA on ZeroShotCLIP over the golden tiny ResNet CLIP: "
-                "3 batches of 8; every batch's logits, and the EMA running statistics after every batch)")
     test_config = {"statistics": "ema"}

@@ -1,7 +1,7 @@
 """N-TPT, as TTABC runs it (walawalagoose/TTABC `ttabc/model_selection/ntpt.py`, the only code found): TPT plus a
 penalty pulling the class text features' pairwise cosines to the regular simplex's 1 / (1 - K).
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,15 +21,6 @@ class NTPTConfig(PromptTuningConfig):
 
 class NTPTSpec(PromptTuningSpec):
     name = "ntpt"
-    # no paper is named by the code; the collection that ships it, as its README names it (the year: its README's
-    # own citation, arXiv 2506.02671, 2025)
-    bibtex = r"""@misc{ttabc,
-  title = {TTABC: Test-Time Adaptation Benchmark of CLIP},
-  author = {Huang, Jiazhen and Chen, Xiao and Jiang, Xu},
-  howpublished = {\url{https://github.com/walawalagoose/TTABC}},
-  note = {ttabc/model_selection/ntpt.py},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.ntpt.method:NTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     adaptive = Adaptive(("full", "bpda", "eot"),
@@ -39,10 +30,3 @@ class NTPTSpec(PromptTuningSpec):
                         " drawn afresh (eot)",
                         impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = NTPTConfig
-    summary = ("N-TPT: TPT loss + lambda x mean squared gap of the class features' pairwise cosines to the "
-               "simplex's 1/(1-K)")
-    label = "N-TPT"
-    # TTABC's ntpt.py: torch.amp.autocast('cuda') + GradScaler(init_scale=1000) (base_method.py)
-    protocols = {"paper": {"precision": "fp16"}}
-    published = ()      # TTABC's README points to an external spreadsheet; its repository holds no numbers
-    fidelity = "golden (TTABC's ntpt.py as the code index stores it at abb828a; λ 10, 2 steps)"

@@ -1,6 +1,6 @@
 """OGA (Fuchs, Zanella & De Vleeschouwer, 2025, "Online Gaussian Adaptation of Vision-Language Models").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,15 +45,6 @@ class OGAConfig(MethodConfig):
 
 class OGASpec(MethodSpec):
     name = "oga"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{fuchs2025oga,
-  title = {Online Gaussian Test-Time Adaptation of Vision-Language Models},
-  author = {Fuchs, Cl{\'e}ment and Zanella, Maxime and De Vleeschouwer, Christophe},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)
-      Workshops},
-  pages = {128--137},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.oga.method:OGA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state", "bpda"),
@@ -61,15 +52,6 @@ class OGASpec(MethodSpec):
                         " confident-feature memory write")
     config_class = OGAConfig
     supports_pure_fp16 = True
-    summary = "OGA: online Gaussian class models over a confident-feature memory, MAP with the zero-shot prior"
-    label = "OGA"
-    # cfuchs2023/OGA compute_features.py + runner.py: one feature per image with `clip.load`'s half model on CUDA,
-    # the logit scale the literal 100 (runner.py:138); main.py's defaults for the rest
-    protocols = {"paper": {"precision": "fp16-pure", "logit_scale": 100.0}}
-    # its README's tables are averages over 11 datasets (no ImageNet-R): README.md here quotes them
-    published = ()
-    fidelity = ("golden (24-sample stream, memory, means and inverse covariance after every sample; main.py's "
-                "defaults, 3 shots with the pseudo-inverse, tau 1 with the ridge estimator; `logit_scale=100`)")
     # classes fill up: slots replaced, the covariance estimated
     test_config = {"shot_capacity": 3}
 
@@ -79,17 +61,10 @@ class OGABatchSpec(OGASpec):
     order, the class means and the covariance are re-estimated once, then the batch is predicted
     (runner.py:199-258 with main.py:17's batch_size 32). The state carries from batch to batch."""
     name = "oga_batch"
-    bibtex = OGASpec.bibtex
     impl = "shiftlab.methods.oga.method:OGABatch"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
     adaptive = Adaptive(("state", "bpda"),
                         "attacked against the state it holds when the sample arrives (state) (its batch attacked"
                         " jointly); bpda: the memory write")
-    summary = "OGA on batches: the memory takes a batch, the Gaussian models are re-estimated, the batch predicted"
-    label = "OGA (batches)"
-    # as oga's; their default batch of 32 images (main.py:17) is the run's `--batch-size 32`
-    protocols = {"paper": {"precision": "fp16-pure", "logit_scale": 100.0}}
-    published = ()
-    fidelity = "golden (24-sample stream in batches of 8 through their runner; `logit_scale=100`)"
     # one image per batch in the registry-wide tests (its batches: tests/test_oga.py)
     test_config = {"shot_capacity": 3}

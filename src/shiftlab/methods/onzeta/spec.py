@@ -1,6 +1,6 @@
 """OnZeta (Qian & Hu, ECCV 2024, "Online Zero-Shot Classification with CLIP").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,13 +53,6 @@ class OnZetaConfig(MethodConfig):
 
 class OnZetaSpec(MethodSpec):
     name = "onzeta"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{qian2024onzeta,
-  title = {Online Zero-Shot Classification with CLIP},
-  author = {Qian, Qi and Hu, Juhua},
-  booktitle = {European Conference on Computer Vision (ECCV)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.onzeta.method:OnZeta"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     adaptive = Adaptive(("state",),
@@ -67,12 +60,5 @@ class OnZetaSpec(MethodSpec):
                         " learning and vision proxy as they stand)")
     config_class = OnZetaConfig
     supports_pure_fp16 = True
-    summary = "OnZeta: online label learning + vision proxies on view 0 (training-free)"
-    label = "OnZeta"
-    # idstcv/OnZeta main_online.py:218-242: one centre-cropped image per sample, the half model of `clip.load`
-    # on CUDA, its 7 templates; the arithmetic after the encoders float32 (their .float())
-    protocols = {"paper": {"precision": "fp16-pure"}}
-    published = ()
-    fidelity = "golden (24-sample stream, rho and proxies after every sample; `stream_length=24`)"
     # the proxy's weight ramps over the tests' 24-sample stream
     test_config = {"stream_length": 24}

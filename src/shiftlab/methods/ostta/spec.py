@@ -1,7 +1,7 @@
 """OSTTA (Lee, Das, Choo & Choi, ICCV 2023, "Towards Open-Set Test-Time Adaptation Utilizing the Wisdom of Crowds
 in Entropy Minimization"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
-
-CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
 
 
 @dataclass
@@ -33,12 +31,6 @@ class OSTTAConfig(NormTTAConfig):
 
 class OSTTASpec(MethodSpec):
     name = "ostta"
-    bibtex = r"""@inproceedings{lee2023ostta,
-  title = {Towards Open-Set Test-Time Adaptation Utilizing the Wisdom of Crowds in Entropy Minimization},
-  author = {Lee, Jungsoo and Das, Debasmit and Choo, Jaegul and Choi, Sungha},
-  booktitle = {Proceedings of the IEEE/CVF International Conference on Computer Vision (ICCV)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.ostta.method:OSTTA"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -48,21 +40,9 @@ class OSTTASpec(MethodSpec):
                         " clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = OSTTAConfig
-    summary = ("OSTTA: entropy minimisation on the images whose predicted class the adapted model is surer of "
-               "than the source model (norm parameters, continual); records its own ood_score")
-    label = "OSTTA"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (ostta.py:66-70)
     own_ood_score = ("OSTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
-    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
-    # (configuration.py:86), continual
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # CLIPTTA's README has no table; OSTTA's own repository is not on CLIP
-    published = ()
-    fidelity = ("golden (CLIPTTA's OSTTA class on the tiny ViT: 3 continual batches of 8 with their defaults but "
-                "3 steps, lr 3e-3, margin 0.01 and logit scale 10, and 3 episodic SGD batches at scale 100; every "
-                "batch's logits, scores and norm parameters)")
     # the registry-wide tests: their defaults (one step)
     test_config = {"steps": 1}

@@ -1,6 +1,6 @@
 """RLCF (Zhao et al., ICLR 2024): test-time prompt tuning with a CLIP reward.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +16,6 @@ from ..catalogue.declarations import (
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 BASELINES = ("view", "batch", "none")
-
-
-_FINE_GRAINED = ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101", "sun397",
-                 "fgvc-aircraft", "eurosat")
 
 
 @dataclass
@@ -44,32 +40,13 @@ class RLCFConfig(PromptTuningConfig):
 
 class RLCFSpec(PromptTuningSpec):
     name = "rlcf"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{zhao2024rlcf,
-  title = {Test-Time Adaptation with CLIP Reward for Zero-Shot Generalization in Vision-Language Models},
-  author = {Zhao, Shuai and Wang, Xiaohan and Zhu, Linchao and Yang, Yi},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.rlcf.method:RLCF"
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
     adaptive = Adaptive(("full", "bpda", "eot"),
                         "as TPT, through its REINFORCE step; bpda: the confident-view selection and the sampled"
                         " captions (constant on the backward pass); random crops drawn afresh (eot)")
     config_class = RLCFConfig
-    summary = ("RLCF: tune 4 context tokens on the 10% most confident views by REINFORCE with a larger CLIP's "
-               "reward for their top-3 classes (3 steps), predict view 0")
-    # what their code runs ImageNet-R with beyond the defaults: fp16 autocast and GradScaler(init_scale=1000)
-    # (tpt_cls_rl.py:52,127; clip/model.py:435 leaves the weights float32)
-    protocols = {"paper": {"precision": "fp16"}}
     # no number in their repository (README.md, assets/, no logs)
     published: tuple = ()
-    fidelity = ('golden (student: the tiny CLIP, reward: a 96 px tiny ViT; view baseline, top-3, 3 steps; batch '
-                'baseline / std, top-5, 2 steps)')
     offline_config = {"reward_model": "shiftlab-tiny", "reward_pretrained": "none", "reward_seed": 1}
     random_weights_config = {"reward_pretrained": "none"}
-    # per dataset (scripts/rlcf-prompt-fine.sh:39 tta_steps=5; AugMix on the fine-grained sets only:
-    # tpt_cls_rl.py:150 augmix=len(set_id)>1 and args.augmix, params.py:48 default 1)
-    dataset_values = {**{d: {"views": {"augmix": False}} for d in
-                           ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")},
-                        **{d: {"steps": 5, "views": {"augmix": True}} for d in _FINE_GRAINED}}

@@ -1,7 +1,7 @@
 """RPL: robust pseudo-labelling (Rusak, Schneider, Pachitariu, Eck, Gehler, Bringmann, Brendel & Bethge, TMLR 2022,
 "If your data distribution shifts, use self-learning"), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/rpl.py`, `methods/base.py`,
 `utils/losses.py`, `cfgs/imagenet_others/rpl.yaml`)."""
 from __future__ import annotations
@@ -12,8 +12,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
-
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 
 
 @dataclass
@@ -36,13 +34,6 @@ class RPLConfig(NormTTAConfig):
 
 class RPLSpec(MethodSpec):
     name = "rpl"
-    bibtex = r"""@article{rusak2022if,
-  title = {If your data distribution shifts, use self-learning},
-  author = {Rusak, Evgenia and Schneider, Steffen and Pachitariu, George and Eck, Luisa and Gehler, Peter and
-      Bringmann, Oliver and Brendel, Wieland and Bethge, Matthias},
-  journal = {Transactions on Machine Learning Research (TMLR)},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.rpl.method:RPL"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -52,14 +43,4 @@ class RPLSpec(MethodSpec):
                         " clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = RPLConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("RPL: generalised cross-entropy (q 0.8) on the batch's own hard pseudo-labels, through the image "
-               "tower's norm parameters (continual)")
-    label = "RPL"
-    # their code is the CLIP recipe (the method's own, oripress/CCC's rpl.py, is what theirs builds on)
-    protocols = {"paper": {}}
-    # benchmark.md has no RPL column; their README reports none
-    published = ()
-    fidelity = ("golden (mariodoebler's RPL on ZeroShotCLIP over the golden tiny ViT and tiny ResNet: 3 batches of 8, "
-                "continual and episodic; logits, norm parameters and SGD's momentum after every batch)")
     test_config = {"lr": 0.01}

@@ -1,7 +1,7 @@
 """SAR (Niu, Wu, Zhang, Wen, Chen, Zhao & Tan, ICLR 2023, "Towards Stable Test-Time Adaptation in Dynamic Wild
 World"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,9 +10,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
-
-CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
-SAR = "mr-eggplant/SAR@20f6e24b17525f34503510afccedc0629b67b7c4"
 
 
 @dataclass
@@ -43,13 +40,6 @@ class SARConfig(NormTTAConfig):
 
 class SARSpec(MethodSpec):
     name = "sar"
-    bibtex = r"""@inproceedings{niu2023sar,
-  title = {Towards Stable Test-Time Adaptation in Dynamic Wild World},
-  author = {Niu, Shuaicheng and Wu, Jiaxiang and Zhang, Yifan and Wen, Zhiquan and Chen, Yaofo and Zhao, Peilin
-      and Tan, Mingkui},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.sar.method:SAR"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
     adaptive = Adaptive(("state",),
@@ -58,18 +48,5 @@ class SARSpec(MethodSpec):
                         " would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SARConfig
-    summary = "SAR: sharpness-aware entropy minimisation on reliable images, with model recovery (norm parameters)"
-    label = "SAR"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    # mr-eggplant/SAR main.py on ViT-B/16: SAM over SGD, momentum 0.9, lr 0.001 x B / 64 (main.py:193, 291: 0.001 at
-    # `--batch-size 64`, its default, main.py:88), 1 step, continual, the outputs of the first forward, the
-    # recovery forgetting the moving average, the top layers' norms frozen (sar.py:117-130)
-    protocols = {"paper": {"optimizer": "sgd", "lr": 0.001, "momentum": 0.9, "predict_after_update": False,
-                           "recovery_resets_ema": True, "skip_top_layers": "top"}}
-    published = ()
-    fidelity = ("golden (CLIPTTA's SAR with SAM on the tiny ViT: 3 batches of 8, continual, with and without a "
-                "model recovery, and with CLIPTTA's top-layer skip; logits, norm parameters, the moving average and "
-                "Adam's moments after every batch; the top-layer selections of SAR's and CLIPTTA's collect_params on "
-                "a 12-block ViT and a ResNet)")
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
     test_config = {"steps": 1, "entropy_margin": 10.0}

@@ -1,7 +1,7 @@
 """SCAP (Zhang, Xu, Liu, Peng & Zhou, CVPR 2025, "SCAP: Transductive Test-Time Adaptation via Supportive
 Clique-based Attribute Prompting").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 github.com/zhoujiahuan1991/CVPR2025-SCAP at 5057c96 (the run behind their ImageNet-R number: scripts/R.sh)."""
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..heads import register_head
 
-SCAP = "zhoujiahuan1991/CVPR2025-SCAP@5057c963f378af759ad1dab1f68012a7f087d90b"
 # scripts/R.sh `--ctx_init`: 78 templates, "_" read as " " (my_clip_CSTP.py:260); "CLS" is the class name. The
 # first is the learnable one (its words before CLS are the class's own context tokens, my_clip_CSTP.py:277-283),
 # the others are averaged, unnormalised, into the fixed ensemble feature (my_clip_CSTP.py:284-293)
@@ -39,7 +38,6 @@ R_TEMPLATES = (
     'itap of a CLS', 'graffiti of the CLS', 'a toy CLS', 'itap of my CLS', 'a photo of a cool CLS',
     'a photo of a small CLS', 'a tattoo of the CLS',
 )
-
 
 
 def _describe_head(cls: type, fields: dict) -> str:
@@ -95,20 +93,8 @@ class SCAPConfig(ViewMethodConfig):
     w_pow: float = param(1.0, ge=0)                        # main.py:697 --w_pow
 
 
-# the table names no backbone: main.py:601's default `-a ViT-B/16`, which R.sh keeps
-_RESULTS = ("github.com/zhoujiahuan1991/CVPR2025-SCAP figs/results_1.png@5057c96 (readme.md 'Results'), SCAP row; "
-            "ViT-B/16: main.py:601's default arch, which scripts/R.sh keeps")
-
-
 class SCAPSpec(MethodSpec):
     name = "scap"
-    # the authors' own BibTeX (readme.md)
-    bibtex = r"""@article{zhang2025scap,
-  title = {{SCAP}: Transductive Test-Time Adaptation via Supportive Clique-based Attribute Prompting},
-  author = {Zhang, Chenyu and Xu, Kunlun and Liu, Zichen and Peng, Yuxin and Zhou, Jiahuan},
-  journal = {arXiv preprint arXiv:2503.12866},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.scap.method:SCAP"
     # image prompts inside the ViT's attention and per-class text prompts, tuned on each batch's cliques and on
     # each image's views; the prompts, their EMAs, the cliques' retention prompts and AdamW's moments carry on
@@ -121,26 +107,6 @@ class SCAPSpec(MethodSpec):
     # my_clip_CSTP.py:516-594: the prompt is a key/value prefix of a ViT block's attention
     towers = ("vit",)
     towers_why = "its image prompt is a key/value prefix inside the ViT's attention (their my_clip_CSTP.py offers ViTs)"
-    summary = ("SCAP: per batch, prompts tuned on cliques of similar images (retained per class), then each image's "
-               "prompts tuned on its views (batch-transductive)")
-    label = "SCAP"
-    # R.sh: batches of 64 (`--batch-size 64` here), 64 views (Resize 235 + RandomCrop 224 + flip: the nearest
-    # recipe here is a fixed 0.91-area square crop), fp16 autocast (main.py:111)
-    protocols = {"paper": {"precision": "fp16", "views": {"n_views": 64, "scale": [0.9086, 0.9086],
-                                                            "ratio": [1.0, 1.0]}}}
-    published = (
-        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="top1", value=81.68,
-             source=_RESULTS),
-        dict(dataset="imagenet-a", backbone="ViT-B/16", protocol="paper", metric="top1", value=64.52,
-             source=_RESULTS),
-        dict(dataset="imagenet-sketch", backbone="ViT-B/16", protocol="paper", metric="top1", value=51.65,
-             source=_RESULTS),
-        dict(dataset="imagenet-v2", backbone="ViT-B/16", protocol="paper", metric="top1", value=64.65,
-             source=_RESULTS),
-    )
-    fidelity = ("golden (their main.py with R.sh's flags on the golden tiny ViT: 3 batches of 8, 20 views, 6 classes, "
-                "clique threshold 0.97, logit scale 25 and 100; cliques, the clique phase's text EMA, retention, "
-                "prompts, EMAs and every image's logits)")
     # four views (one confident), one template of each kind: every part runs on a short stream
     test_config = {"views": ViewRecipe(n_views=4), "selection_p": 0.25,
                    "templates": ("a photo of a CLS", "a drawing of a CLS")}

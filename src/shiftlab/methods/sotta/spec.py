@@ -1,7 +1,7 @@
 """SoTTA (Gong, Kim, Lee, Chottananurak & Lee, NeurIPS 2023, "SoTTA: Robust Test-Time Adaptation on Noisy Data
 Streams"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
@@ -44,12 +44,6 @@ class SoTTAConfig(NormTTAConfig):
 
 class SoTTASpec(MethodSpec):
     name = "sotta"
-    bibtex = r"""@inproceedings{gong2023sotta,
-  title = {SoTTA: Robust Test-Time Adaptation on Noisy Data Streams},
-  author = {Gong, Taesik and Kim, Yewon and Lee, Taeckyung and Chottananurak, Sorn and Lee, Sung-Ju},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.sotta.method:SoTTA"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -59,19 +53,7 @@ class SoTTASpec(MethodSpec):
                         " memory and adapts as a clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SoTTAConfig
-    summary = ("SoTTA: entropy minimisation (optionally sharpness-aware) on a class-balanced memory of confident "
-               "test images (norm parameters, continual); records its own ood_score")
-    label = "SoTTA"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
-    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
-    # (configuration.py:86), continual
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # CLIPTTA's README has no table; SoTTA's own repository is not on CLIP
-    published = ()
-    fidelity = ("golden (CLIPTTA's SoTTA class on the tiny ViT: 3 continual batches of 8 with a memory of 6, "
-                "admission at ood_logit_scale 100, 2 Adam steps, with and without SAM; every batch's logits, "
-                "scores and norm parameters)")
     # the registry-wide tests: their defaults but a memory of 4 admitting every image, so that it fills and evicts
     test_config = {"steps": 1, "ood_logit_scale": 100.0, "confidence_threshold": 0.0, "capacity": 4}

@@ -1,7 +1,7 @@
 """STAMP (Yu, Sheng, He & Liang, ECCV 2024, "STAMP: Outlier-Aware Test-Time Adaptation with Stable Memory
 Replay"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
@@ -41,12 +41,6 @@ class STAMPConfig(NormTTAConfig):
 
 class STAMPSpec(MethodSpec):
     name = "stamp"
-    bibtex = r"""@inproceedings{yu2024stamp,
-  title = {STAMP: Outlier-Aware Test-Time Adaptation with Stable Memory Replay},
-  author = {Yu, Yongcan and Sheng, Lijun and He, Ran and Liang, Jian},
-  booktitle = {European Conference on Computer Vision (ECCV)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.stamp.method:STAMP"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -56,20 +50,8 @@ class STAMPSpec(MethodSpec):
                         " memory and adapts as a clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = STAMPConfig
-    summary = ("STAMP: entropy-weighted entropy minimisation on a class-balanced memory of low-entropy test images "
-               "(norm parameters, continual); records its own ood_score")
-    label = "STAMP"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("STAMP's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
-    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
-    # (configuration.py:86), continual
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # CLIPTTA's README has no table; STAMP's own repository is not on CLIP
-    published = ()
-    fidelity = ("golden (CLIPTTA's STAMP class on the tiny ViT: 3 continual batches of 8 with a memory of 6 and 2 "
-                "Adam steps, with consistency filtering and SAM, and without; every batch's memory, logits, scores "
-                "and norm parameters)")
     # the registry-wide tests: their defaults but a small memory admitting every image (the tiny model's entropies
     # are near ln C)
     test_config = {"steps": 1, "memory_length": 4, "entropy_margin": 1.0}

@@ -1,7 +1,7 @@
 """StatA (Zanella, Fuchs, De Vleeschouwer & Ben Ayed, CVPR 2025, "Realistic Test-Time Adaptation of
 Vision-Language Models").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,14 +34,6 @@ class StatAConfig(MethodConfig):
 
 class StatASpec(MethodSpec):
     name = "stata"
-    # its paper, as `shiftlab methods --bibtex` prints it (the CVPR version of the authors' README's arXiv entry)
-    bibtex = r"""@inproceedings{zanella2025stata,
-  title = {Realistic Test-Time Adaptation of Vision-Language Models},
-  author = {Zanella, Maxime and Fuchs, Cl{\'e}ment and De Vleeschouwer, Christophe and Ben Ayed, Ismail},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  pages = {25103--25112},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
@@ -50,12 +42,3 @@ class StatASpec(MethodSpec):
                         " neighbour choice")
     config_class = StatAConfig
     supports_pure_fp16 = True
-    summary = "StatA: per batch, Gaussian class models anchored to zero-shot, with a kNN Laplacian (training-free)"
-    label = "StatA"
-    # MaxZanella/StatA main.py: `clip.load`'s half model on CUDA, features cast to float32 by the solver, the literal
-    # 100 (StatA.py:9); batches of 64 (main.py:27, `--batch-size 64` here)
-    protocols = {"paper": {"precision": "fp16-pure", "logit_scale": 100.0}}
-    # its README's tables average 11 datasets (no ImageNet-R): README.md here quotes them
-    published = ()
-    fidelity = ("golden (24-sample stream in 3 batches of 8 with main.py's defaults and one batch of 24 with "
-                "soft beta and alpha 3; every outer iteration's z and beta, means and covariances)")

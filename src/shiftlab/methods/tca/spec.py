@@ -1,6 +1,6 @@
 """TCA (Wang et al., ICCV 2025, "Is Less More? Exploring Token Condensation as Training-free Test-time Adaptation").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +8,6 @@ from dataclasses import dataclass
 from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
-
-SOURCE = "Jo-wang/TCA"
-COMMIT = "0f846d6"
 
 
 @dataclass
@@ -44,13 +41,6 @@ class TCAConfig(MethodConfig):
 
 class TCASpec(MethodSpec):
     name = "tca"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX, README.md)
-    bibtex = r"""@article{wang2024less,
-  title = {Is Less More? Exploring Token Condensation as Training-free Test-time Adaptation},
-  author = {Wang, Zixin and Gong, Dong and Wang, Sen and Huang, Zi and Luo, Yadan},
-  journal = {arXiv preprint arXiv:2410.14729},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.tca.method:TCA"
     # the class tokens of every block and the condensed token sequence live inside the image tower: it runs the
     # tower on view 0's pixels itself, once per image
@@ -62,14 +52,5 @@ class TCASpec(MethodSpec):
     # runner.py:24 `--backbone choices=['ViT-B/16']`: the condensation prunes and merges a ViT's tokens
     towers = ("vit",)
     towers_why = "it condenses the ViT's patch tokens inside its blocks (their runner.py offers ViT-B/16 only)"
-    summary = "TCA: token condensation in the ViT tower guided by a class-token reservoir, plus its cache logits"
-    label = "TCA"
-    # runner.py main(): batch size 1, one centre crop (clip.load's preprocess), clip.load's half model on CUDA,
-    # logits x 100 (utils.get_clip_logits)
-    protocols = {"paper": {"text_head": "ensemble", "logit_scale": 100.0, "precision": "fp16"}}
-    # their README's results are an image (asset/result_vit-b-16.jpg), not transcribed here
-    published = ()
-    fidelity = ("golden (24 images, a 12-block tiny ViT: features, class tokens, cache, reservoir logits and final "
-                "logits of their runner.run_test_tca, first centres injected)")
     # the tiny ViT's 4 blocks condense at 1, 2, 3; a reservoir of 2 per class fills up (and replaces) on a short stream
     test_config = {"reservoir_size": 2}

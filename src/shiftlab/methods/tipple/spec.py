@@ -2,7 +2,7 @@
 Test Time"): a task-level prompt learned over the whole unlabelled test set (stage I), then TPT from it per image
 (stage II). The first method of the transductive track that reads the whole test set (docs/PROTOCOLS.md).
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,12 +11,7 @@ from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
-from ..common.prompt_tuning_config import FINE_GRAINED, IMAGENET_SETS, PromptTuningConfig, PromptTuningSpec
-
-# github.com/zhiheLu/TIPPLE at fe1747e: scripts/test.sh produced the published numbers and overrides main.py's
-# argparse defaults (main.py:416-426); the values below cite the script's lines
-TIPPLE_TABLE = ("github.com/zhiheLu/TIPPLE docs/table_2.png@fe1747e ('Comparison on the OOD datasets', "
-                "ImageNet-R column, TIPPLE (Ours) rows)")
+from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 
 def weak_recipe(epochs: int) -> ViewRecipe:
@@ -51,34 +46,11 @@ class TIPPLEConfig(PromptTuningConfig):
 
 class TIPPLESpec(PromptTuningSpec):
     name = "tipple"
-    bibtex = r"""@article{lu2025task,
-  title = {Task-to-Instance Prompt Learning for Vision-Language Models at Test Time},
-  author = {Lu, Zhihe and Bai, Jiawang and Li, Xin and Xiao, Zeyu and Wang, Xinchao},
-  journal = {IEEE Transactions on Image Processing},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.tipple.method:TIPPLE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
     adaptive = Adaptive(("full", "bpda", "eot"),
                         "as TPT from the task prompt the test-set pass learnt; bpda: the confident-view"
                         " selection; random crops drawn afresh (eot)")
     config_class = TIPPLEConfig
-    summary = ("TIPPLE: a task prompt learned on the whole unlabelled test set (weak/strong pseudo-labels, "
-               "diversity), then TPT from it per image")
-    label = "TIPPLE"
-    # main.py:90, :208, :331: fp16 autocast + GradScaler(init_scale=1000) in both stages, as TPT's code
-    protocols = {"paper": {"precision": "fp16"}}
-    # scripts/test.sh:16 (0.1 for the OOD sets: the ImageNet variants of docs/table_2.png); stage II's views as
-    # TPT's: AugMix only where len(set_id) > 1 (main.py:174)
-    dataset_values = {**{name: {"task_diversity": 0.1, "views": {"augmix": False}} for name in IMAGENET_SETS},
-                      **{name: {"task_diversity": 0.2, "views": {"augmix": True}} for name in FINE_GRAINED}}
-    published = (
-        dict(dataset="imagenet-r", backbone="RN50", protocol="paper", metric="top1", value=64.17,
-             source=TIPPLE_TABLE),
-        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="top1", value=80.37,
-             source=TIPPLE_TABLE),
-    )
-    fidelity = ("golden (both stages over a 24-image test set: 3 epochs of 3 batches, the task prompt after every "
-                "step, then stage II per image; thresholds 0.7 and 0.99)")
     # the registry-wide tests: one epoch over the tiny set in batches of 4 (stage II: one step, as the default)
     test_config = {"task_epochs": 1, "task_batch_size": 4}

@@ -1,6 +1,6 @@
 """TPS: test-time prototype shifting (Sui, Wang & Yeung-Levy 2024, "Just Shift It: Test-Time Prototype
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,10 +34,6 @@ register_head("ensemble_descriptors",
 SHIFTS = ("per_class", "shared")
 
 
-_FINE_GRAINED = ("flowers102", "dtd", "oxford-pets", "stanford-cars", "ucf101", "caltech101", "food101",
-                 "sun397", "fgvc-aircraft", "eurosat")
-
-
 @dataclass
 class TPSConfig(ViewMethodConfig):
     """TPS's ImageNet-R settings (shift_classification.py, args.py, scripts/shift/*.sh at 556db0f)."""
@@ -56,29 +52,10 @@ class TPSConfig(ViewMethodConfig):
 
 class TPSSpec(MethodSpec):
     name = "tps"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@inproceedings{sui2025tps,
-  title = {Just Shift It: Test-Time Prototype Shifting for Zero-Shot Generalization with Vision-Language
-      Models},
-  author = {Sui, Elaine and Wang, Xiaohan and Yeung-Levy, Serena},
-  booktitle = {Proceedings of the IEEE/CVF Winter Conference on Applications of Computer Vision (WACV)},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.tps.method:TPS"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     adaptive = Adaptive(("full", "bpda", "eot"),
                         "through the prototype shift's AdamW step; bpda: the confident-view selection; random"
                         " crops drawn afresh (eot)")
     config_class = TPSConfig
-    summary = "TPS: shift the class prototypes per image (one AdamW step, 10% most confident views), predict view 0"
-    # --protocol paper on ImageNet-R (README.md:48 runs scripts/shift/shift_text_per_class_mean_init_template_and_
-    # gpt4_micro.sh): fp16 autocast + GradScaler(1e3) (shift_classification.py:54,185,254) on the float32 model of
-    # their clip (model/model.py:434 leaves convert_weights commented out), 63 views + the original without AugMix
-    # for a one-letter set id (shift_classification.py:98-99), the templates + GPT-4 descriptors head (script lines
-    # 15-17). Their descriptors are not shipped: the run refuses until --set tps.descriptors_file=PATH.
-    protocols = {"paper": {"precision": "fp16", "text_head": "ensemble_descriptors"}}
     published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log
-    fidelity = ('golden (24-sample stream: prototypes, first-step gradients, kept views, losses, shifts, logits; '
-                'templates + stand-in descriptors, 1 step; templates, 3 steps)')
-    # shift_classification.py:98-99: AugMix on for every set id longer than one letter (the fine-grained sets)
-    dataset_values = {name: {"views": {"augmix": True}} for name in _FINE_GRAINED}

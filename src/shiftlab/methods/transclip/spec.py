@@ -1,6 +1,6 @@
 """TransCLIP (Zanella, Gérin & Ben Ayed, NeurIPS 2024), zero-shot: transductive over the whole test set.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,13 +27,6 @@ class TransCLIPConfig(MethodConfig):
 
 class TransCLIPSpec(MethodSpec):
     name = "transclip"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' BibTeX, their README)
-    bibtex = r"""@inproceedings{zanella2024boosting,
-  title = {Boosting Vision-Language Models with Transduction},
-  author = {Zanella, Maxime and G{\'e}rin, Beno{\^\i}t and Ben Ayed, Ismail},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.transclip.method:TransCLIP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
     adaptive = Adaptive(("full",),
@@ -41,11 +34,5 @@ class TransCLIPSpec(MethodSpec):
                         " whole test set (the other samples' features fixed); not written: the solver"
                         " differentiated")
     config_class = TransCLIPConfig
-    summary = ("TransCLIP: Gaussian mixture + k-NN Laplacian + KL to the zero-shot predictions, fitted on the whole "
-               "test set's features (transductive)")
-    label = "TransCLIP-ZS"
     supports_pure_fp16 = True   # their main.py: clip.load(backbone) on CUDA, the half model
-    protocols = {"paper": {"precision": "fp16-pure"}}
-    published = ()      # their README gives no number in text (its results are figures)
-    fidelity = "golden (TransCLIP_solver, zero-shot, on the golden stream's features)"
     test_config = {"iterations": 2}

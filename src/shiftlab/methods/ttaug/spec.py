@@ -1,7 +1,7 @@
 """Test-time augmentation (TTAug): the prediction averaged over augmented views of the image, on CLIP as
 mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/ttaug.py`, `methods/bn.py`,
 `datasets/data_loading.py`, `augmentations/transforms_augmix.py`)."""
 from __future__ import annotations
@@ -14,7 +14,6 @@ from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..common.norm_config import TEXT_HEADS
 
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 # the statistics the tower's BatchNorm layers normalise the views with (common/norm_statistics.py; "ema" carries
 # state, which this per-image method has none of)
 STATISTICS = ("alpha", "batch", "source")
@@ -39,12 +38,6 @@ class TTAugConfig(ViewMethodConfig):
 
 class TTAugSpec(MethodSpec):
     name = "ttaug"
-    bibtex = r"""@inproceedings{krizhevsky2012imagenet,
-  title = {ImageNet Classification with Deep Convolutional Neural Networks},
-  author = {Krizhevsky, Alex and Sutskever, Ilya and Hinton, Geoffrey E.},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2012}
-}"""
     impl = "shiftlab.methods.ttaug.method:TTAug"
     # each image alone: its views through the tower whose BatchNorm layers mix in the views' statistics
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
@@ -52,13 +45,4 @@ class TTAugSpec(MethodSpec):
                         "the original view and its AugMix views through the image tower, BatchNorm mixing in"
                         " the views' statistics; not written: AugMix drawn differentiably (eot)")
     config_class = TTAugConfig
-    summary = ("TTAug: the logits averaged over the original and its augmented views, BatchNorm mixing in the views' "
-               "statistics (alpha 0.1)")
-    label = "TTAug"
-    # their views (the leaderboard protocol runs the shared 64); their code is the method's own recipe
-    protocols = {"paper": {"views": {"n_views": 33, "augmix": True}}}
-    # neither benchmark.md nor the README reports TTAug
-    published = ()
-    fidelity = ("golden (mariodoebler's TTAug on ZeroShotCLIP over the golden tiny ResNet CLIP: 3 images of 8 views "
-                "each; the logits, alpha 0.1 and 0.5)")
     test_config = {"views": ViewRecipe(n_views=4, augmix=True)}

@@ -1,7 +1,7 @@
 """TTC (Xing, Zhao & Sebe, CVPR 2025, "CLIP is Strong Enough to Fight Back: Test-time Counterattacks towards
 Zero-shot Adversarial Robustness of CLIP"), training-free.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,11 +9,6 @@ from dataclasses import dataclass
 from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
-
-SOURCE = "Sxing2/CLIP-Test-time-Counterattacks"
-COMMIT = "793fbff69cd7b63881e761e9a73a38e76b3ce5bf"
-# get_text_prompts_val's default template (code/utils.py:264), the one their validate uses
-THEIR_TEMPLATE = "This is a photo of a {}."
 
 
 @dataclass
@@ -38,16 +33,6 @@ class TTCConfig(MethodConfig):
 
 class TTCSpec(MethodSpec):
     name = "ttc"
-    # its paper (the authors' BibTeX, README.md "Reference"; entry type in lower case)
-    bibtex = r"""@inproceedings{Xing_2025_CVPR,
-  author = {Xing, Songlong and Zhao, Zhengyu and Sebe, Nicu},
-  title = {CLIP is Strong Enough to Fight Back: Test-time Counterattacks towards Zero-shot Adversarial Robustness
-      of CLIP},
-  booktitle = {Proceedings of the Computer Vision and Pattern Recognition Conference (CVPR)},
-  month = {June},
-  year = {2025},
-  pages = {15172-15182}
-}"""
     impl = "shiftlab.methods.ttc.method:TTC"
     # it perturbs view 0's pixels and runs the frozen tower on them (with gradient): no stored feature serves it
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
@@ -56,13 +41,4 @@ class TTCSpec(MethodSpec):
                         " (its sign steps and tau test) as the identity on the backward pass; its random start"
                         " drawn afresh (eot); not written")
     config_class = TTCConfig
-    summary = "TTC: counterattack view 0 (PGD away from its own embedding), weighted by a tau-threshold test"
-    label = "TTC"
-    # their validate: "This is a photo of a {}." (utils.py:264), fp16 autocast on CUDA (test_time_counterattack.py:210)
-    protocols = {"paper": {"template": THEIR_TEMPLATE, "precision": "fp16"}}
-    # their README has no table and their figures (figures/teaser.png, figures/fig2b.png) no numbers; the poster
-    # (poster_CVPR_XING.png) is missing from the snapshot read
-    published = ()
-    fidelity = ("golden (their validate on the tiny ViT: the counterattack of clean and PGD-attacked images, "
-                "both tau branches, and the four logits)")
     test_config = {"steps": 1}

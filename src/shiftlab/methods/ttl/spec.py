@@ -1,6 +1,6 @@
 """TTL: test-time low-rank adaptation (Imam et al. 2024, arXiv 2407.15913), episodic.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 import math
@@ -16,12 +16,6 @@ from ..catalogue.declarations import (
     MethodSpec,
     ViewMethodConfig,
 )
-
-SOURCE = "Razaimam45/TTL-Test-Time-Low-Rank-Adaptation"
-
-
-COMMIT = "cc754dfdfeee0c85d0364b89112271714e43ce49"
-
 
 INITS = ("xavier", "gaussian", "kaiming")
 
@@ -47,35 +41,11 @@ class TTLConfig(ViewMethodConfig):
 
 class TTLSpec(MethodSpec):
     name = "ttl"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' own BibTeX where their README has one)
-    bibtex = r"""@misc{imam2024ttl,
-  title = {Test-Time Low Rank Adaptation via Confidence Maximization for Zero-Shot Generalization of
-      Vision-Language Models},
-  author = {Imam, Raza and Gani, Hanan and Huzaifa, Muhammad and Nandakumar, Karthik},
-  year = {2024},
-  eprint = {2407.15913},
-  archivePrefix = {arXiv},
-  primaryClass = {cs.CV}
-}"""
     impl = "shiftlab.methods.ttl.method:TTL"
     capabilities = Capabilities(reads=(OWN_TOWER), state=EPISODIC)
     adaptive = Adaptive(("full", "bpda", "eot"),
                         "through the LoRA tower's AdamW step (create_graph); bpda: the confident-view selection;"
                         " random crops drawn afresh (eot)")
     config_class = TTLConfig
-    summary = "TTL: LoRA (rank 16) on the image tower's last 3 attention layers, 1 AdamW step on weighted entropy"
-    # Razaimam45/TTL-Test-Time-Low-Rank-Adaptation @ cc754df: fp16 autocast around the step and the readout
-    # (ttl.py:79, 351) with GradScaler(init_scale=1000) (ttl.py:222); views as leaderboard (63
-    # RandomResizedCrop(224) + flip and the original: AugMixAugmenter's aug_list is empty on every set,
-    # data/datautils.py:135-138); "a photo of a {}." (CTX_INIT, scripts/test_ttl.sh:9)
-    protocols = {"paper": {"precision": "fp16"}}
-    # their README table (README.md:101), CLIP ViT-B/16, top-1 %
-    published = tuple(
-        dict(dataset=dataset, backbone="ViT-B/16", protocol="paper", metric="top1", value=value,
-             source=f"{SOURCE} README.md@{COMMIT}")
-        for dataset, value in (("imagenet", 70.23), ("imagenet-a", 60.51), ("imagenet-v2", 64.55),
-                               ("imagenet-r", 77.54), ("imagenet-sketch", 48.61)))
-    fidelity = ('golden (tiny ViT: 1 step on 4 samples, 4 steps on 2; view logits, losses, LoRA gradients and '
-                'weights, final logits)')
     # nothing per dataset: ttl.py:255-271 sets only the class names, the same recipe for every set
     dataset_values: dict[str, dict[str, Any]] = {}

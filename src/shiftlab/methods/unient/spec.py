@@ -1,7 +1,7 @@
 """UniEnt (Gao, Zhang & Liu, CVPR 2024, "Unified Entropy Optimization for Open-Set Test-Time Adaptation"), on
 CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from ...params import param
 from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
-
-CLIPTTA = "MarcLafon/cliptta@f4221f4f2b3bfbd220f8836411bbd3774758933d"
 
 
 @dataclass
@@ -40,12 +38,6 @@ class UniEntConfig(NormTTAConfig):
 
 class UniEntSpec(MethodSpec):
     name = "unient"
-    bibtex = r"""@inproceedings{gao2024unient,
-  title = {Unified Entropy Optimization for Open-Set Test-Time Adaptation},
-  author = {Gao, Zhengqing and Zhang, Xu-Yao and Liu, Cheng-Lin},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.unient.method:UniEnt"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
@@ -55,21 +47,9 @@ class UniEntSpec(MethodSpec):
                         " clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = UniEntConfig
-    summary = ("UniEnt: entropy minimisation weighted by a two-Gaussian mixture's ID posterior of each image's "
-               "OOD score (norm parameters, continual); records its own ood_score")
-    label = "UniEnt"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (unient.py:147-151)
     own_ood_score = ("UniEnt's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
-    # CLIPTTA's figures assume CLIP's logit scale 100 (configuration.py:174) whatever the model; batches of 128
-    # (configuration.py:86), 10 Adam steps (unient.sh), continual
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # CLIPTTA's README has no table (its numbers are in the paper only); UniEnt's own repository is not on CLIP
-    published = ()
-    fidelity = ("golden (CLIPTTA's UniEnt class with scikit-learn's GaussianMixture on the tiny ViT: 3 continual "
-                "batches of 8 with the open-set script's flags, and 3 episodic SGD batches with the OOD term; every "
-                "step's mixture posteriors, every batch's logits, scores and norm parameters; `logit_scale=100`)")
     # the registry-wide tests: one step
     test_config = {"steps": 1}

@@ -1,7 +1,7 @@
 """VTE, the vision-text-space ensemble (Döbler et al. 2024, "A Lost Opportunity for Vision-Language Models"),
 training-free.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +18,6 @@ from ..catalogue.declarations import (
 )
 
 TTA_REPO = "github.com/mariodoebler/test-time-adaptation"
-TUTORIAL = (f"{TTA_REPO} classification/tutorials/tutorial_clip.md@8b2ed63, the VTE paragraph ('error rate of "
-            "19.6% on ImageNet-R', cfgs/imagenet_others/vte.yaml with MODEL.ARCH ViT-B-16 MODEL.WEIGHTS openai)")
 # conf.py:459 `generalization_dataset_names`: AugMix on the fine-grained sets' views, not on the ImageNet variants
 # (datasets/data_loading.py:44-48)
 FINE_GRAINED = SUITES["cross-dataset"].datasets
@@ -36,14 +34,6 @@ class VTEConfig(ViewMethodConfig):
 
 class VTESpec(MethodSpec):
     name = "vte"
-    # its paper, as `shiftlab methods --bibtex` prints it (the authors' BibTeX, their README)
-    bibtex = r"""@article{dobler2024lost,
-  title = {A Lost Opportunity for Vision-Language Models: A Comparative Study of Online Test-time Adaptation for
-      Vision-Language Models},
-  author = {D{\"o}bler, Mario and Marsden, Robert A and Raichle, Tobias and Yang, Bin},
-  journal = {arXiv preprint arXiv:2405.14977},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.vte.method:VTE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     adaptive = Adaptive(("bpda", "eot"),
@@ -51,18 +41,7 @@ class VTESpec(MethodSpec):
                         " bpda: the confident-view selection; not written: its views drawn differentiably"
                         " (eot)")
     config_class = VTEConfig
-    summary = ("VTE: mean feature of the 10% lowest-entropy views against the 80-template prompt ensemble "
-               "(an ensemble in image and text space)")
-    label = "VTE"
     # cfgs/imagenet_others/vte.yaml: 64 views (TEST.N_AUGMENTATIONS), the ensemble head; conf.py:286
     # CLIP.PRECISION fp16: open_clip's weights in half precision (models/model.py get_model)
     supports_pure_fp16 = True   # --set vte.precision=fp16-pure: their half model (on CUDA)
-    protocols = {"paper": {"precision": "fp16-pure", "text_head": "ensemble", "views": {"n_views": 64}}}
-    dataset_values = {**{name: {"views": {"augmix": False}} for name in IMAGENET_SETS},
-                      **{name: {"views": {"augmix": True}} for name in FINE_GRAINED}}
-    published = (
-        # "error rate of 19.6%": top-1 100 - 19.6
-        dict(dataset="imagenet-r", backbone="ViT-B/16", protocol="paper", metric="top1", value=80.4, source=TUTORIAL),
-    )
-    fidelity = "golden (mariodoebler's VTE on its ZeroShotCLIP, ensemble and single-template heads)"
     test_config = {"text_head": "zeroshot"}

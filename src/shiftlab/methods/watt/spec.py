@@ -1,7 +1,7 @@
 """WATT (Osowiechi, Noori, Hakim, Yazdanpanah, Bahri, Cheraghalikhani, Dastani, Beizaee, Ben Ayed & Desrosiers,
 NeurIPS 2024, "WATT: Weight Average Test-Time Adaptation of CLIP").
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as
+Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
 `file:line` of github.com/Mehrdad-Noori/WATT at 40e3fae; CLIPTTA's toolkit's version in README.md."""
 from __future__ import annotations
 
@@ -39,29 +39,11 @@ class WATTConfig(NormTTAConfig):
 
 class WATTSpec(MethodSpec):
     name = "watt"
-    bibtex = r"""@inproceedings{osowiechi2024watt,
-  title = {{WATT}: Weight Average Test-Time Adaptation of {CLIP}},
-  author = {Osowiechi, David and Noori, Mehrdad and Hakim, Gustavo Adolfo Vargas and Yazdanpanah, Moslem and
-      Bahri, Ali and Cheraghalikhani, Milad and Dastani, Sahar and Beizaee, Farzad and Ben Ayed, Ismail and
-      Desrosiers, Christian},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.watt.method:WATT"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
     adaptive = Adaptive(("full",),
                         "its batch attacked jointly through every template's norm-parameter steps and the weight"
                         " averaging")
     config_class = WATTConfig
-    summary = ("WATT: the image tower's norm parameters adapted under each text template (CLIPArTT's loss), "
-               "averaged, repeated (episodic per batch)")
-    label = "WATT"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    # their scripts: batches of 128 (`--batch-size 128`), the output softmax(100 x cosine) (adapt/watt.py:100)
-    protocols = {"paper": {"logit_scale": 100.0}}
-    # README.md's table is CIFAR-100-C with ViT-B/32, not a dataset and corruption generated here comparably
-    published = ()
-    fidelity = ("golden (their WATT class on the tiny ViT, WATT-S and WATT-P: 3 batches of 8, l = 2, m = 2, three "
-                "templates; every step's loss, every batch's probabilities and LayerNorm parameters)")
     # one template: the registry-wide tests run one step per batch (the averaging: tests/methods/test_watt.py)
     test_config = {"steps_per_template": 1, "repetitions": 1, "templates": ("a photo of a {}",)}
