@@ -20,7 +20,7 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "spec_facts_to_toml.py"
 
 
 def test_every_folder_has_a_card_and_its_spec_declares_no_fact():
-    facts = set(cards.DEFAULTS) | {"bibtex", "summary"}
+    facts = set(cards.DEFAULTS) | {"bibtex", "summary", "adaptive"}
     for folder in FOLDERS:
         tables = tomllib.loads((METHODS / folder / cards.CARD).read_text())
         names = {n for n, s in specs().items() if s.__module__ == f"shiftlab.methods.{folder}.spec"}
@@ -40,6 +40,7 @@ def test_the_card_is_what_the_spec_carries():
                                 "Out-of-Distribution Generalization' table (CLIP RN50)"}
     assert isinstance(tpt.published, tuple) and spec("ctpt").aliases == ("ctpt20",)   # arrays read as tuples
     assert spec("lame").protocols["paper"]["logit_scale"] is None                        # "None": the override None
+    assert spec("tpt").adaptive.modes == ("full", "bpda", "eot") and spec("tda").adaptive.impl   # an Adaptive
     # a variant: the base's keys, its own replacing them (prompt_ensemble extends zeroshot)
     assert spec("prompt_ensemble").bibtex == spec("zeroshot").bibtex and spec("prompt_ensemble").bibtex
     assert spec("prompt_ensemble").label != spec("zeroshot").label

@@ -5,8 +5,9 @@
     PYTHONPATH=src python tools/spec_facts_to_toml.py --check FOLDER        # print the card, change nothing
 
 For each spec class of `methods/<FOLDER>/spec.py` (definition order) it writes a `[name]` table with the
-facts the class body assigns (`FACTS`): the values as Python evaluates them (comprehensions, `dict(...)`
-tuples and module-level source strings resolved; tuples become arrays, read back as tuples), the comments
+facts the class body assigns (`FACTS`, `adaptive` included): the values as Python evaluates them
+(comprehensions, `dict(...)` tuples and module-level source strings resolved; tuples become arrays, read
+back as tuples), the comments
 above and beside each assignment carried over as TOML comments. `dataset_values = settings_file(...)`
 becomes the table's `settings` (the folder's settings.json, which is then deleted) and a `cupl_files`
 equal to the folder's own settings is left to the card's reader. A later class that shares two or more
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import io
 import json
@@ -31,14 +33,21 @@ from pathlib import Path
 from typing import Any
 
 METHODS = Path(__file__).resolve().parents[1] / "src" / "shiftlab" / "methods"
-FACTS = ("label", "aliases", "summary", "family", "fidelity", "bibtex", "protocols", "cupl_files", "dataset_values",
-         "published")
+FACTS = ("label", "aliases", "summary", "family", "fidelity", "bibtex", "protocols", "cupl_files", "adaptive",
+         "dataset_values", "published")
 EMPTY = {"label": "", "aliases": (), "summary": "", "family": "", "fidelity": "", "bibtex": "", "protocols": {},
          "cupl_files": {}, "dataset_values": {}, "published": ()}
+# the shared source strings the old facts module held (shiftlab.methods.facts before the cards)
+LEGACY_SOURCES = {
+    "R_TPT_TABLE": "R-TPT paper (Sheng et al., CVPR 2025), its CLIP RN50 ImageNet-R table (the project's seed "
+                   "leaderboard), as the project's protocol notes give it",
+    "TPT_README": "github.com/azshue/TPT README.md@63ecbac, 'Main Results / Out-of-Distribution Generalization' "
+                  "table (CLIP RN50)",
+    "C_TPT_TABLE": "C-TPT paper (Yoon et al., ICLR 2024), CLIP RN50 ImageNet-R top-1 and ECE (20 bins), as the "
+                   "project's protocol notes give them"}
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 INLINE_WIDTH = 100
 IMPORTS = {"from ..specs import": "from ..catalogue.declarations import",
-           "from ..facts import": "from ..catalogue.cards import",
            "from ..protocols import": "from ..catalogue.protocols import",
            "from ..effective import": "from ..catalogue.method_config import"}
 
@@ -145,9 +154,29 @@ def _settings(folder: str, call: ast.Call) -> dict[str, Any]:
     return data
 
 
+def modernise_imports(path: Path) -> None:
+    """Point a spec.py of the older shape at today's modules (`IMPORTS`), the shared source strings it imported
+    from the old facts module (`LEGACY_SOURCES`) written out in it, so that it imports; written back only where
+    something changed."""
+    text = path.read_text(encoding="utf-8")
+
+    def sources(m: re.Match) -> str:
+        names = [n.strip() for n in m.group(1).strip("()").replace("\n", " ").split(",") if n.strip()]
+        kept = [n for n in names if n not in LEGACY_SOURCES]
+        lines = [f"from ..catalogue.cards import {', '.join(kept)}"] if kept else []
+        return "\n".join(lines + [f"{n} = {LEGACY_SOURCES[n]!r}" for n in names if n in LEGACY_SOURCES])
+
+    new = re.sub(r"^from \.\.facts import (\([^)]*\)|[\w, ]+)$", sources, text, flags=re.M)
+    for old, replacement in IMPORTS.items():
+        new = new.replace(old, replacement)
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+
+
 def convert(folder: str) -> tuple[str, str]:
     """(card.toml's text, spec.py's new text) for methods/<folder>/."""
     path = METHODS / folder / "spec.py"
+    modernise_imports(path)
     source = path.read_text(encoding="utf-8")
     lines = source.split("\n")
     tree = ast.parse(source)
@@ -177,6 +206,8 @@ def convert(folder: str) -> tuple[str, str]:
                 notes["settings"] = notes.pop(fact)
             elif _call_name(stmt.value) == "cupl_file_names" and ast.literal_eval(stmt.value.args[0]) == folder:
                 notes.setdefault("settings", []).extend(notes.pop(fact))   # read from the settings' cupl_files
+            elif fact == "adaptive":   # an Adaptive: its fields, `impl` where it has one
+                facts[fact] = {k: v for k, v in dataclasses.asdict(vars(cls)[fact]).items() if v != ""}
             else:
                 facts[fact] = vars(cls)[fact]
         cards.append((name, facts, notes))
@@ -189,7 +220,7 @@ def convert(folder: str) -> tuple[str, str]:
     for name, facts, notes in cards:
         if name != base_name:
             shared = [f for f in FACTS if f in base and f in facts and facts[f] == base[f]]
-            if len(shared) >= 2:
+            if len(shared) >= 2 and ("adaptive" in facts or "adaptive" not in base):   # None has no TOML
                 facts = {"extends": base_name, **{f: v for f, v in facts.items() if f not in shared},
                          **{f: EMPTY[f] for f in base if f not in facts and f in EMPTY}}
         ordered = {k: facts[k] for k in ("extends", *FACTS, "settings") if k in facts}
@@ -204,8 +235,13 @@ def _strip(source: str, lines: list[str], drop: list[tuple[int, int]]) -> str:
     text = "\n".join(kept)
     for old, new in IMPORTS.items():
         text = text.replace(old, new)
-    text = text.replace("Its spec: config, capabilities and facts, without torch (the code: method.py",
-                        "Its spec: config and capabilities, no torch (facts: card.toml; code: method.py")
+    # the old shape's boilerplate sentence ("Its spec: config, capabilities and facts, ..."): card.toml says it now
+    old = r"\n\nIts spec: config, capabilities and facts, without torch \(the code: method.py\)\."
+    text = re.sub(old + r"(?=\"\"\")", "", re.sub(old + " ", "\n\n", text))
+    def one_line(m: re.Match) -> str:   # `from x import (\n    A,\n    B,\n)` on one line where it fits
+        line = m.group(1) + ", ".join(n.strip() for n in m.group(2).split(",") if n.strip())
+        return line if len(line) <= 120 else m.group(0)
+    text = re.sub(r"^(from [\w.]+ import )\(\n((?:    \w+,\n)+)\)", one_line, text, flags=re.M)
     # module-level string constants (sources) no longer read anywhere in the module
     tree = ast.parse(text)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}

@@ -1,4 +1,4 @@
-"""How a method is attacked through its adaptation (`--attack-target adaptive`), declared in its spec, without torch.
+"""How a method is attacked through its adaptation (`--attack-target adaptive`), declared in its card, without torch.
 
 Every method's spec says which of these its adaptive attack uses (Athalye et al., ICML 2018; Croce et al., ICML
 2022) and names, for a `bpda` mode, the non-differentiable step the backward pass replaces:

@@ -1,17 +1,13 @@
-"""A-TPT (Ahamed et al., ICLR 2026): TPT plus an angular-diversity term on the class text features.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""A-TPT (Ahamed et al., ICLR 2026): TPT plus an angular-diversity term on the class text features."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
-REPO = "github.com/MB-Shihab-Aaqil-Ahamed/A-TPT"
 IMAGENET_SETS = SUITES["natural-shift"].datasets
 FINE_GRAINED = SUITES["cross-dataset"].datasets
 OBJECTIVES = ("maximize", "minimize")
@@ -34,10 +30,4 @@ class ATPTSpec(PromptTuningSpec):
     name = "atpt"
     impl = "shiftlab.methods.atpt.method:ATPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text"
-                        " tower) and the readout with the angular-diversity term in the loss; bpda: the"
-                        " confident-view selection (its indices constant on the backward pass); random crops"
-                        " drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = ATPTConfig

@@ -1,14 +1,11 @@
 """AWT (Zhu et al., NeurIPS 2024), zero-shot: augmented views and LLM class descriptions, weighted by their
-prediction entropy and aligned by optimal transport; training-free.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+prediction entropy and aligned by optimal transport; training-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 from ..heads import register_head
 
@@ -54,10 +51,6 @@ class AWTSpec(MethodSpec):
     name = "awt"
     impl = "shiftlab.methods.awt.method:AWT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "eot"),
-                        "the views x class descriptions, their entropy weights and each class's optimal"
-                        " transport differentiated; not written: the transport plan's gradient and the views"
-                        " drawn (eot)")
     config_class = AWTConfig
     text_head = "awt_descriptions"
     test_config = {"n_descriptions": 0}

@@ -1,18 +1,10 @@
-"""BoostAdapter (Zhang et al., NeurIPS 2024, "BoostAdapter: Improving Vision-Language Test-Time
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""BoostAdapter (Zhang et al., NeurIPS 2024, "BoostAdapter: Improving Vision-Language Test-Time"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec
 from ..common.tda_cache_config import TDAConfig
 
 
@@ -58,9 +50,6 @@ class BoostAdapterSpec(MethodSpec):
     name = "boostadapter"
     impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the cache"
-                        " writes and the boosting views' selection; random crops drawn afresh (eot)")
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)
     config_class = BoostAdapterConfig
     # TDA's, and 2 boosting views of 8

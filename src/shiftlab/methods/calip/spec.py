@@ -1,12 +1,9 @@
-"""CALIP (Guo et al., AAAI 2023, "CALIP: Zero-Shot Enhancement of CLIP with Parameter-free Attention").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""CALIP (Guo et al., AAAI 2023, "CALIP: Zero-Shot Enhancement of CLIP with Parameter-free Attention")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 # class_template.py:167-175@83e21b6: their ImageNet templates (Tip-Adapter's 7), in their order
@@ -40,8 +37,5 @@ class CALIPSpec(MethodSpec):
     # the image tower's spatial tokens are not in the frozen (pooled) features: it runs the tower on view 0's pixels
     # itself, once, and reads the global feature from the same pass
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    adaptive = Adaptive(("full",),
-                        "the image tower's spatial tokens and the parameter-free attention on view 0 (nothing"
-                        " adapts)")
     config_class = CALIPConfig
     test_config = {}

@@ -18,6 +18,8 @@ a class attribute, and its `Method` class gets them from the spec:
   file the method's code reads there), `family` (a key of `FAMILIES`: the group of methods it belongs to,
   which tests and tables select by it instead of a list of names), `cost` (its rows of docs/BENCHMARKS.md,
   tools/benchmark_rows.py).
+- `adaptive = {modes, how, impl}`: how `--attack-target adaptive` attacks it (methods/adaptive_modes.py), the
+  row of docs/ROBUSTNESS.md's table.
 - `extends = "tpt"`: a variant is its base's table (same card) with its own keys replacing the base's.
 
 TOML arrays are read back as tuples. A spec in a folder without a card declares its facts in its own body
@@ -35,6 +37,8 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from ..adaptive_modes import Adaptive
 
 # fact -> its value where a method declares none
 DEFAULTS: dict[str, Any] = {"protocols": {}, "published": (), "fidelity": "", "dataset_values": {},
@@ -87,7 +91,7 @@ def check_published(entry: Mapping[str, Any], protocols: tuple[str, ...]) -> str
 CARD = "card.toml"
 # what a card's table may hold besides the facts (`DEFAULTS`): its paper, its line in the tables, its base, the
 # folded per-dataset values, its rows of docs/BENCHMARKS.md
-CARD_KEYS = ("bibtex", "summary", "extends", "settings", "cost")
+CARD_KEYS = ("bibtex", "summary", "adaptive", "extends", "settings", "cost")
 
 
 @functools.cache
@@ -154,6 +158,11 @@ def card_facts(module: str, name: str) -> dict[str, Any]:
         if fact in out:
             out[fact] = {k: {f: None if v == "None" else v for f, v in fields.items()}
                          for k, fields in out[fact].items()}
+    if "adaptive" in out:   # how `--attack-target adaptive` attacks it: {modes, how, impl}
+        try:
+            out["adaptive"] = Adaptive(**out["adaptive"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: [{name}.adaptive] {exc}") from None
     if settings is not None:
         out.setdefault("dataset_values", settings_values(settings, settings.get("templates_of")))
         if "cupl_files" in settings:

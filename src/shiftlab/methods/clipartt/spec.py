@@ -1,7 +1,7 @@
 """CLIPArTT (Hakim, Osowiechi, Noori, Cheraghalikhani, Bahri, Pedersoli, Ben Ayed & Desrosiers, WACV 2025,
 "CLIPArTT: Adaptation of CLIP to New Domains at Test Time").
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
+Sources are cited as
 `file:line` of github.com/dosowiechi/CLIPArTT at 6f439ba; CLIPTTA's toolkit's version
 (github.com/MarcLafon/cliptta, `ttavlm/methods/clipartt.py` at f4221f4) where it differs, in README.md."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
 
@@ -47,8 +46,5 @@ class CLIPArTTSpec(MethodSpec):
     impl = "shiftlab.methods.clipartt.method:CLIPArTT"
     # the image tower's normalisation layers adapt on whole batches, reset before every batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
-    adaptive = Adaptive(("full",),
-                        "its batch attacked jointly through every norm-parameter step (create_graph) and the"
-                        " prediction after")
     config_class = CLIPArTTConfig
     test_config = {"steps": 1, "top_k": 2}

@@ -1,14 +1,13 @@
 """CLIPTTA (Lafon, Ramzi, Rambour, Audebert & Thome, NeurIPS 2025, "CLIPTTA: Robust Contrastive Vision-Language
 Test-Time Adaptation") and its OOD-aware variant.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
+Sources are cited as
 `file:line` of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
 
@@ -67,9 +66,6 @@ class CLIPTTASpec(MethodSpec):
     impl = "shiftlab.methods.cliptta.method:CLIPTTA"
     # the image tower's normalisation layers adapt on whole batches, the state (and the memory) carried along
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state) (its batch jointly,"
-                        " through its pseudo-captions' head); bpda: the pseudo-caption choice and the memory write")
     config_class = CLIPTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with

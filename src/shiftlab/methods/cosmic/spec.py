@@ -1,21 +1,11 @@
-"""COSMIC (Huang et al., CVPR 2025): Clique-Oriented Semantic Multi-space Integration, training-free and online.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""COSMIC (Huang et al., CVPR 2025): Clique-Oriented Semantic Multi-space Integration, training-free and online."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_ENCODER,
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import FROZEN_ENCODER, FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 # hf618/COSMIC@34fde07: scripts/cosmic_ood.sh (the natural-shift run), cosmic_main.py, utils/utils_cosmic.py,
 # utils/DualMems.py, configs_l/imagenet_r.yaml
@@ -62,9 +52,6 @@ class COSMICSpec(MethodSpec):
     # the CLIP view features, and view 0 through DINOv2: a frozen encoding the engine computes once per sample and a
     # feature store holds beside the CLIP features (`COSMIC.frozen_encoder`; none with dino_model=None)
     capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the cache"
-                        " writes and the graph's hypergraph clustering; random crops drawn afresh (eot)")
     config_class = COSMICConfig
     # their README and repository hold no result table or image: nothing published to cite
     published: tuple = ()

@@ -1,7 +1,7 @@
 """DeYO (Lee, Jung, Lee, Park, Shin, Hwang & Yoon, ICLR 2024, "Entropy is not Enough for Test-Time Adaptation: From
 the Perspective of Disentangled Factors"), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/deyo.py`,
 `cfgs/imagenet_others/deyo.yaml`) and of Jhyun17/DeYO at 3d7d289 (`config.py`, `main.py`, `methods/deyo.py`)."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 
@@ -79,11 +78,6 @@ class DeYOSpec(MethodSpec):
     # the image tower's normalisation layers adapt on whole batches; the state (parameters, momentum, the shuffles'
     # generator) carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds"
-                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
-                        " would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = DeYOConfig
     # one step; the tiny random CLIP's entropies are near ln C and its PLPDs near 0: both filters opened so that the
     # state moves

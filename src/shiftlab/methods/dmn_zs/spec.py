@@ -1,20 +1,11 @@
-"""DMN-ZS (Zhang et al., CVPR 2024, "Dual Memory Networks"), zero-shot variant.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""DMN-ZS (Zhang et al., CVPR 2024, "Dual Memory Networks"), zero-shot variant."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 
 @dataclass
@@ -46,9 +37,6 @@ class DMNZeroShotSpec(MethodSpec):
     name = "dmn_zs"
     impl = "shiftlab.methods.dmn_zs.method:DMNZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the memory"
-                        " write and the confident-view selection; random crops drawn afresh (eot)")
     config_class = DMNConfig
     # the memory fills on a short stream
     test_config = {"memory_size": 2}

@@ -1,19 +1,10 @@
-"""DOTA (Han et al., NeurIPS 2025, "DOTA: Distributional Test-Time Adaptation of Vision-Language Models").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""DOTA (Han et al., NeurIPS 2025, "DOTA: Distributional Test-Time Adaptation of Vision-Language Models")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 
 @dataclass
@@ -47,9 +38,6 @@ class DOTASpec(MethodSpec):
     name = "dota"
     impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the"
-                        " confident-view selection; random crops drawn afresh (eot)")
     config_class = DOTAConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA), as TDA's
     # a fusion weight that matters on a short stream

@@ -1,19 +1,10 @@
-"""DPE (Zhang et al., NeurIPS 2024, "Dual Prototype Evolving for Test-Time Generalization of VLMs").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""DPE (Zhang et al., NeurIPS 2024, "Dual Prototype Evolving for Test-Time Generalization of VLMs")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 
 @dataclass
@@ -51,9 +42,6 @@ class DPESpec(MethodSpec):
     name = "dpe"
     impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "full", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); full: through the"
-                        " residuals' AdamW step; bpda: the prototype queue writes; random crops drawn afresh (eot)")
     config_class = DPEConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
     cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7

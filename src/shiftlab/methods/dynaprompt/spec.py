@@ -1,19 +1,10 @@
-"""DynaPrompt (Xiao et al., ICLR 2025, "DynaPrompt: Dynamic Test-Time Prompt Tuning"): online prompt tuning
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""DynaPrompt (Xiao et al., ICLR 2025, "DynaPrompt: Dynamic Test-Time Prompt Tuning"): online prompt tuning"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 TIES = ("stable", "topk")
 
@@ -48,9 +39,6 @@ class DynaPromptSpec(MethodSpec):
     name = "dynaprompt"
     impl = "shiftlab.methods.dynaprompt.method:DynaPrompt"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "full", "bpda", "eot"),
-                        "attacked against the state it holds when the sample arrives (state); full: through the"
-                        " selected prompts' step; bpda: the prompt selection; random crops drawn afresh (eot)")
     config_class = DynaPromptConfig
     min_views = 2
     min_views_why = "its probability-difference statistic compares view 0 with the other views (one view: NaN)"

@@ -1,13 +1,10 @@
 """EATA (Niu, Wu, Zhang, Chen, Zheng, Zhao & Tan, ICML 2022, "Efficient Test-Time Model Adaptation without
-Forgetting"), on CLIP as CLIPTTA's toolkit runs it (its `ETA`).
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+Forgetting"), on CLIP as CLIPTTA's toolkit runs it (its `ETA`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
 
@@ -47,10 +44,5 @@ class EATASpec(MethodSpec):
     name = "eata"
     impl = "shiftlab.methods.eata.method:EATA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds"
-                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
-                        " would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = EATAConfig
     test_config = {"steps": 1}

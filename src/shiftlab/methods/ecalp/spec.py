@@ -1,19 +1,10 @@
-"""ECALP (Li et al., ICLR 2025, "Efficient and Context-Aware Label Propagation for Zero-/Few-Shot
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""ECALP (Li et al., ICLR 2025, "Efficient and Context-Aware Label Propagation for Zero-/Few-Shot"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodConfig,
-    MethodSpec,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodConfig, MethodSpec
 
 
 @dataclass
@@ -42,9 +33,6 @@ class ECALPSpec(MethodSpec):
     name = "ecalp"
     impl = "shiftlab.methods.ecalp.method:ECALP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the kNN"
-                        " graph's neighbour choice")
     config_class = ECALPConfig
     # neighbours exist on a short stream
     test_config = {"k_image": 3}

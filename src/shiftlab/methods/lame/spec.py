@@ -1,12 +1,11 @@
 """LAME (Boudiaf, Mueller, Ben Ayed & Bertinetto, CVPR 2022, "Parameter-free Online Test-time Adaptation").
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py; what differs: README.md)."""
+What differs from the authors' code: README.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 AFFINITIES = ("knn", "rbf", "linear")
@@ -46,9 +45,6 @@ class LAMESpec(MethodSpec):
     impl = "shiftlab.methods.lame.method:LAME"
     # one frozen feature per image (view 0), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
-    adaptive = Adaptive(("full",),
-                        "its batch attacked jointly through the zero-shot probabilities and the Laplacian fixed"
-                        " point")
     config_class = LAMEConfig
     test_config = {"max_steps": 20}
     # recorded on open-set runs beside MCM (Lame.forward_and_adapt returns get_scores(Y), lame.py:47)

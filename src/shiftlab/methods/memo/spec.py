@@ -1,7 +1,7 @@
 """MEMO (Zhang, Levine & Finn, NeurIPS 2022, "MEMO: Test Time Robustness via Adaptation and Augmentation"), on CLIP as
 mariodoebler/test-time-adaptation runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/memo.py`, `methods/base.py`,
 `cfgs/imagenet_others/memo.yaml`, `datasets/data_loading.py`, `augmentations/transforms_augmix.py`) and of
 zhangmarvin/memo (the method's own code, which theirs builds on)."""
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..common.norm_config import OPTIMIZERS, TEXT_HEADS
 
@@ -50,10 +49,6 @@ class MEMOSpec(MethodSpec):
     # each image alone (MODEL.EPISODIC True, memo.yaml): every weight and bias of its own tower adapts on the
     # image's augmented views, then predicts the original; reset before the next image
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    adaptive = Adaptive(("full", "eot"),
-                        "every weight of the image tower through its optimiser step on the marginal entropy"
-                        " of the AugMix views (create_graph), then the prediction; not written: AugMix drawn"
-                        " differentiably (eot)")
     config_class = MEMOConfig
     # the loss reads the augmented views (at least one beside the original)
     min_views = 2

@@ -1,6 +1,4 @@
-"""MTA: MeanShift for Test-time Augmentation (Zanella & Ben Ayed, CVPR 2024), training-free.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""MTA: MeanShift for Test-time Augmentation (Zanella & Ben Ayed, CVPR 2024), training-free."""
 from __future__ import annotations
 
 import math
@@ -8,14 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
 
 @dataclass
@@ -33,11 +24,6 @@ class MTASpec(MethodSpec):
     name = "mta"
     impl = "shiftlab.methods.mta.method:MTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, the bandwidths and every inlierness and mean-shift iteration; bpda: the"
-                        " inner loops' early stops (constant on the backward pass); random crops drawn afresh"
-                        " (eot)",
-                        impl="shiftlab.methods.mta.adaptive:mta_logits")
     config_class = MTAConfig
     min_views_why = "each view's bandwidth needs k = int(neighbour_ratio * (N - 1)) >= 1 nearest neighbours"
     @classmethod

@@ -1,7 +1,7 @@
 """Test-time normalisation (Schneider et al., NeurIPS 2020, "Improving robustness against common corruptions by
 covariate shift adaptation"; Nado et al. 2020), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/norm.py`, `methods/bn.py`,
 `cfgs/imagenet_others/norm_*.yaml`)."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 from ..common.norm_config import TEXT_HEADS
 
@@ -42,10 +41,5 @@ class NormStatsSpec(MethodSpec):
     # the image tower's BatchNorm layers normalise with the batch's statistics; "ema" carries running statistics
     # from batch to batch (the others carry nothing: their state is empty)
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower normalised with the batch's"
-                        " statistics blended with those it holds when the batch arrives (state); not"
-                        " written: a forward that leaves the held statistics untouched (the tower's forward"
-                        " updates them)")
     config_class = NormStatsConfig
     test_config = {"statistics": "ema"}

@@ -1,13 +1,10 @@
 """N-TPT, as TTABC runs it (walawalagoose/TTABC `ttabc/model_selection/ntpt.py`, the only code found): TPT plus a
-penalty pulling the class text features' pairwise cosines to the regular simplex's 1 / (1 - K).
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+penalty pulling the class text features' pairwise cosines to the regular simplex's 1 / (1 - K)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
@@ -23,10 +20,4 @@ class NTPTSpec(PromptTuningSpec):
     name = "ntpt"
     impl = "shiftlab.methods.ntpt.method:NTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text"
-                        " tower) and the readout with the simplex penalty in the loss; bpda: the"
-                        " confident-view selection (its indices constant on the backward pass); random crops"
-                        " drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = NTPTConfig

@@ -1,19 +1,10 @@
-"""OGA (Fuchs, Zanella & De Vleeschouwer, 2025, "Online Gaussian Adaptation of Vision-Language Models").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""OGA (Fuchs, Zanella & De Vleeschouwer, 2025, "Online Gaussian Adaptation of Vision-Language Models")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodConfig,
-    MethodSpec,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodConfig, MethodSpec
 
 # OGA_core.py:5-8 sig_type: 'RidgeMoorePenrose' (the recommended one), 'Ridge', 'MoorePenrose'
 ESTIMATORS = ("ridge-moore-penrose", "ridge", "moore-penrose")
@@ -47,9 +38,6 @@ class OGASpec(MethodSpec):
     name = "oga"
     impl = "shiftlab.methods.oga.method:OGA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the"
-                        " confident-feature memory write")
     config_class = OGAConfig
     supports_pure_fp16 = True
     # classes fill up: slots replaced, the covariance estimated
@@ -63,8 +51,5 @@ class OGABatchSpec(OGASpec):
     name = "oga_batch"
     impl = "shiftlab.methods.oga.method:OGABatch"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state) (its batch attacked"
-                        " jointly); bpda: the memory write")
     # one image per batch in the registry-wide tests (its batches: tests/test_oga.py)
     test_config = {"shot_capacity": 3}

@@ -1,19 +1,10 @@
-"""OnZeta (Qian & Hu, ECCV 2024, "Online Zero-Shot Classification with CLIP").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""OnZeta (Qian & Hu, ECCV 2024, "Online Zero-Shot Classification with CLIP")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    FROZEN_FEATURES,
-    ONLINE,
-    Capabilities,
-    MethodConfig,
-    MethodSpec,
-)
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodConfig, MethodSpec
 
 # Tip-Adapter's 7 ImageNet templates in OnZeta's order (main_online.py:204-212, `imagenet_7_templates`)
 ONZETA_TEMPLATES = ("itap of a {}.", "a origami {}.", "a bad photo of the {}.", "a photo of the large {}.",
@@ -55,9 +46,6 @@ class OnZetaSpec(MethodSpec):
     name = "onzeta"
     impl = "shiftlab.methods.onzeta.method:OnZeta"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("state",),
-                        "attacked against the state it holds when the sample arrives (state) (view 0: its label"
-                        " learning and vision proxy as they stand)")
     config_class = OnZetaConfig
     supports_pure_fp16 = True
     # the proxy's weight ramps over the tests' 24-sample stream

@@ -1,14 +1,13 @@
 """OSTTA (Lee, Das, Choo & Choi, ICCV 2023, "Towards Open-Set Test-Time Adaptation Utilizing the Wisdom of Crowds
 in Entropy Minimization"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
+Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
 
@@ -34,11 +33,6 @@ class OSTTASpec(MethodSpec):
     impl = "shiftlab.methods.ostta.method:OSTTA"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it"
-                        " holds when the batch arrives (batch statistics, state); the batch then adapts as a"
-                        " clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = OSTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (ostta.py:66-70)

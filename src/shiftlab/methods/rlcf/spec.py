@@ -1,18 +1,10 @@
-"""RLCF (Zhao et al., ICLR 2024): test-time prompt tuning with a CLIP reward.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""RLCF (Zhao et al., ICLR 2024): test-time prompt tuning with a CLIP reward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    OWN_TOWER,
-    Capabilities,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, OWN_TOWER, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 BASELINES = ("view", "batch", "none")
@@ -42,9 +34,6 @@ class RLCFSpec(PromptTuningSpec):
     name = "rlcf"
     impl = "shiftlab.methods.rlcf.method:RLCF"
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "as TPT, through its REINFORCE step; bpda: the confident-view selection and the sampled"
-                        " captions (constant on the backward pass); random crops drawn afresh (eot)")
     config_class = RLCFConfig
     # no number in their repository (README.md, assets/, no logs)
     published: tuple = ()

@@ -1,7 +1,7 @@
 """RPL: robust pseudo-labelling (Rusak, Schneider, Pachitariu, Eck, Gehler, Bringmann, Brendel & Bethge, TMLR 2022,
 "If your data distribution shifts, use self-learning"), on CLIP as mariodoebler/test-time-adaptation runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/rpl.py`, `methods/base.py`,
 `utils/losses.py`, `cfgs/imagenet_others/rpl.yaml`)."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
 
@@ -37,10 +36,5 @@ class RPLSpec(MethodSpec):
     impl = "shiftlab.methods.rpl.method:RPL"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it"
-                        " holds when the batch arrives (batch statistics, state); the batch then adapts as a"
-                        " clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = RPLConfig
     test_config = {"lr": 0.01}

@@ -1,13 +1,10 @@
 """SAR (Niu, Wu, Zhang, Wen, Chen, Zhao & Tan, ICLR 2023, "Towards Stable Test-Time Adaptation in Dynamic Wild
-World"), on CLIP as CLIPTTA's toolkit runs it.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+World"), on CLIP as CLIPTTA's toolkit runs it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
 
@@ -42,11 +39,6 @@ class SARSpec(MethodSpec):
     name = "sar"
     impl = "shiftlab.methods.sar.method:SAR"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds"
-                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
-                        " would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SARConfig
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
     test_config = {"steps": 1, "entropy_margin": 10.0}

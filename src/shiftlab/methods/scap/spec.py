@@ -1,7 +1,7 @@
 """SCAP (Zhang, Xu, Liu, Peng & Zhou, CVPR 2025, "SCAP: Transductive Test-Time Adaptation via Supportive
 Clique-based Attribute Prompting").
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 github.com/zhoujiahuan1991/CVPR2025-SCAP at 5057c96 (the run behind their ImageNet-R number: scripts/R.sh)."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..heads import register_head
 
@@ -99,9 +98,6 @@ class SCAPSpec(MethodSpec):
     # image prompts inside the ViT's attention and per-class text prompts, tuned on each batch's cliques and on
     # each image's views; the prompts, their EMAs, the cliques' retention prompts and AdamW's moments carry on
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state", "full", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state); full: the batch's"
-                        " prompt tuning; bpda: the clique assignment")
     config_class = SCAPConfig
     text_head = "scap_templates"
     # my_clip_CSTP.py:516-594: the prompt is a key/value prefix of a ViT block's attention

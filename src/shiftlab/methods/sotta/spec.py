@@ -1,14 +1,13 @@
 """SoTTA (Gong, Kim, Lee, Chottananurak & Lee, NeurIPS 2023, "SoTTA: Robust Test-Time Adaptation on Noisy Data
 Streams"), on CLIP as CLIPTTA's toolkit runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line`
+Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
 
@@ -47,11 +46,6 @@ class SoTTASpec(MethodSpec):
     impl = "shiftlab.methods.sotta.method:SoTTA"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it"
-                        " holds when the batch arrives (batch statistics, state); the batch then enters the"
-                        " memory and adapts as a clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SoTTAConfig
     own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")

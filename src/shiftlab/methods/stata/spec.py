@@ -1,13 +1,10 @@
 """StatA (Zanella, Fuchs, De Vleeschouwer & Ben Ayed, CVPR 2025, "Realistic Test-Time Adaptation of
-Vision-Language Models").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+Vision-Language Models")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 
@@ -37,8 +34,5 @@ class StatASpec(MethodSpec):
     impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
-    adaptive = Adaptive(("full", "bpda"),
-                        "its batch attacked jointly through the Gaussian class models; bpda: the kNN graph's"
-                        " neighbour choice")
     config_class = StatAConfig
     supports_pure_fp16 = True

@@ -1,12 +1,9 @@
-"""TCA (Wang et al., ICCV 2025, "Is Less More? Exploring Token Condensation as Training-free Test-time Adaptation").
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""TCA (Wang et al., ICCV 2025, "Is Less More? Exploring Token Condensation as Training-free Test-time Adaptation")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 
@@ -45,9 +42,6 @@ class TCASpec(MethodSpec):
     # the class tokens of every block and the condensed token sequence live inside the image tower: it runs the
     # tower on view 0's pixels itself, once per image
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE)
-    adaptive = Adaptive(("state", "bpda"),
-                        "attacked against the state it holds when the sample arrives (state); bpda: the token"
-                        " condensation's top-k choice and the reservoir write")
     config_class = TCAConfig
     # runner.py:24 `--backbone choices=['ViT-B/16']`: the condensation prunes and merges a ViT's tokens
     towers = ("vit",)

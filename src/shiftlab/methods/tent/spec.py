@@ -1,13 +1,10 @@
 """TENT (Wang, Shelhamer, Liu, Olshausen & Darrell, ICLR 2021, "Tent: Fully Test-Time Adaptation by Entropy
-Minimization"), on CLIP as CLIPTTA's toolkit runs it.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+Minimization"), on CLIP as CLIPTTA's toolkit runs it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
 
@@ -30,11 +27,6 @@ class TentSpec(MethodSpec):
     impl = "shiftlab.methods.tent.method:Tent"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds"
-                        " when the batch arrives (batch statistics, state); the batch then adapts as a clean one"
-                        " would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = TentConfig
     # a small config for the registry-wide tests: one step
     test_config = {"steps": 1}

@@ -1,15 +1,12 @@
 """TIPPLE (Lu, Bai, Li, Xiao & Wang, TIP 2025, "Task-to-Instance Prompt Learning for Vision-Language Models at
 Test Time"): a task-level prompt learned over the whole unlabelled test set (stage I), then TPT from it per image
-(stage II). The first method of the transductive track that reads the whole test set (docs/PROTOCOLS.md).
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+(stage II). The first method of the transductive track that reads the whole test set (docs/PROTOCOLS.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
@@ -48,9 +45,6 @@ class TIPPLESpec(PromptTuningSpec):
     name = "tipple"
     impl = "shiftlab.methods.tipple.method:TIPPLE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "as TPT from the task prompt the test-set pass learnt; bpda: the confident-view"
-                        " selection; random crops drawn afresh (eot)")
     config_class = TIPPLEConfig
     # the registry-wide tests: one epoch over the tiny set in batches of 4 (stage II: one step, as the default)
     test_config = {"task_epochs": 1, "task_batch_size": 4}

@@ -1,19 +1,10 @@
-"""TPS: test-time prototype shifting (Sui, Wang & Yeung-Levy 2024, "Just Shift It: Test-Time Prototype
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""TPS: test-time prototype shifting (Sui, Wang & Yeung-Levy 2024, "Just Shift It: Test-Time Prototype"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 from ..heads import register_head
 
 # "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
@@ -54,8 +45,5 @@ class TPSSpec(MethodSpec):
     name = "tps"
     impl = "shiftlab.methods.tps.method:TPS"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "through the prototype shift's AdamW step; bpda: the confident-view selection; random"
-                        " crops drawn afresh (eot)")
     config_class = TPSConfig
     published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log

@@ -1,17 +1,10 @@
-"""Episodic test-time prompt tuning: TPT, C-TPT, O-TPT and R-TPT (RLCF's student too: methods/rlcf/).
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""Episodic test-time prompt tuning: TPT, C-TPT, O-TPT and R-TPT (RLCF's student too: methods/rlcf/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    Capabilities,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 SELF_MASKS = ("index", "threshold")
@@ -40,22 +33,12 @@ class TPTSpec(PromptTuningSpec):
     name = "tpt"
     impl = "shiftlab.methods.tpt.method:TPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
-                        " and the readout; bpda: the confident-view selection (its indices constant on the"
-                        " backward pass); random crops drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
 
 
 class CTPTSpec(PromptTuningSpec):
     name = "ctpt"
     impl = "shiftlab.methods.tpt.method:CTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
-                        " and the readout; bpda: the confident-view selection (its indices constant on the"
-                        " backward pass); random crops drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = CTPTConfig
 
 
@@ -63,11 +46,6 @@ class OTPTSpec(PromptTuningSpec):
     name = "otpt"
     impl = "shiftlab.methods.tpt.method:OTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
-                        " and the readout; bpda: the confident-view selection (its indices constant on the"
-                        " backward pass); random crops drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = OTPTConfig
 
 
@@ -75,11 +53,6 @@ class RTPTSpec(PromptTuningSpec):
     name = "rtpt"
     impl = "shiftlab.methods.tpt.method:RTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower, every AdamW step of the prompt (create_graph through the text tower)"
-                        " and the reliability-weighted readout; bpda: the confident-view selection (its indices"
-                        " constant on the backward pass); random crops drawn afresh (eot)",
-                        impl="shiftlab.methods.common.prompt_tuning_adaptive:prompt_tuning_logits")
     config_class = RTPTConfig
     min_views = 2
     min_views_why = "its reliability weights rank each view's neighbours (one view has none: NaN weights)"

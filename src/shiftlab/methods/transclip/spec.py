@@ -1,12 +1,9 @@
-"""TransCLIP (Zanella, Gérin & Ben Ayed, NeurIPS 2024), zero-shot: transductive over the whole test set.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""TransCLIP (Zanella, Gérin & Ben Ayed, NeurIPS 2024), zero-shot: transductive over the whole test set."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodConfig, MethodSpec
 
 # github.com/MaxZanella/transduction-for-vlms at 6a9e8f3: TransCLIP_solver/TransCLIP.py, TransCLIP_utils.py
@@ -29,10 +26,6 @@ class TransCLIPSpec(MethodSpec):
     name = "transclip"
     impl = "shiftlab.methods.transclip.method:TransCLIP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
-    adaptive = Adaptive(("full",),
-                        "the attacked sample's feature through the transductive solver's iterations over the"
-                        " whole test set (the other samples' features fixed); not written: the solver"
-                        " differentiated")
     config_class = TransCLIPConfig
     supports_pure_fp16 = True   # their main.py: clip.load(backbone) on CUDA, the half model
     test_config = {"iterations": 2}

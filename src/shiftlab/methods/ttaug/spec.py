@@ -1,7 +1,7 @@
 """Test-time augmentation (TTAug): the prediction averaged over augmented views of the image, on CLIP as
 mariodoebler/test-time-adaptation runs it.
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/ttaug.py`, `methods/bn.py`,
 `datasets/data_loading.py`, `augmentations/transforms_augmix.py`)."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from ...params import param
 from ...views.recipe import ViewRecipe
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 from ..common.norm_config import TEXT_HEADS
 
@@ -41,8 +40,5 @@ class TTAugSpec(MethodSpec):
     impl = "shiftlab.methods.ttaug.method:TTAug"
     # each image alone: its views through the tower whose BatchNorm layers mix in the views' statistics
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    adaptive = Adaptive(("full", "eot"),
-                        "the original view and its AugMix views through the image tower, BatchNorm mixing in"
-                        " the views' statistics; not written: AugMix drawn differentiably (eot)")
     config_class = TTAugConfig
     test_config = {"views": ViewRecipe(n_views=4, augmix=True)}

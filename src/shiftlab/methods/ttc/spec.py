@@ -1,13 +1,10 @@
 """TTC (Xing, Zhao & Sebe, CVPR 2025, "CLIP is Strong Enough to Fight Back: Test-time Counterattacks towards
-Zero-shot Adversarial Robustness of CLIP"), training-free.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+Zero-shot Adversarial Robustness of CLIP"), training-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 
@@ -36,9 +33,5 @@ class TTCSpec(MethodSpec):
     impl = "shiftlab.methods.ttc.method:TTC"
     # it perturbs view 0's pixels and runs the frozen tower on them (with gradient): no stored feature serves it
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    adaptive = Adaptive(("bpda", "eot"),
-                        "the counterattacked image through the image tower and the head; bpda: the counterattack"
-                        " (its sign steps and tau test) as the identity on the backward pass; its random start"
-                        " drawn afresh (eot); not written")
     config_class = TTCConfig
     test_config = {"steps": 1}

@@ -1,6 +1,4 @@
-"""TTL: test-time low-rank adaptation (Imam et al. 2024, arXiv 2407.15913), episodic.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""TTL: test-time low-rank adaptation (Imam et al. 2024, arXiv 2407.15913), episodic."""
 from __future__ import annotations
 
 import math
@@ -8,14 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    OWN_TOWER,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
 INITS = ("xavier", "gaussian", "kaiming")
 
@@ -43,9 +34,6 @@ class TTLSpec(MethodSpec):
     name = "ttl"
     impl = "shiftlab.methods.ttl.method:TTL"
     capabilities = Capabilities(reads=(OWN_TOWER), state=EPISODIC)
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "through the LoRA tower's AdamW step (create_graph); bpda: the confident-view selection;"
-                        " random crops drawn afresh (eot)")
     config_class = TTLConfig
     # nothing per dataset: ttl.py:255-271 sets only the class names, the same recipe for every set
     dataset_values: dict[str, dict[str, Any]] = {}

@@ -1,23 +1,13 @@
 """VTE, the vision-text-space ensemble (Döbler et al. 2024, "A Lost Opportunity for Vision-Language Models"),
-training-free.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+training-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
-TTA_REPO = "github.com/mariodoebler/test-time-adaptation"
 # conf.py:459 `generalization_dataset_names`: AugMix on the fine-grained sets' views, not on the ImageNet variants
 # (datasets/data_loading.py:44-48)
 FINE_GRAINED = SUITES["cross-dataset"].datasets
@@ -36,10 +26,6 @@ class VTESpec(MethodSpec):
     name = "vte"
     impl = "shiftlab.methods.vte.method:VTE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("bpda", "eot"),
-                        "the mean feature of the most confident views against the template-ensemble head;"
-                        " bpda: the confident-view selection; not written: its views drawn differentiably"
-                        " (eot)")
     config_class = VTEConfig
     # cfgs/imagenet_others/vte.yaml: 64 views (TEST.N_AUGMENTATIONS), the ensemble head; conf.py:286
     # CLIP.PRECISION fp16: open_clip's weights in half precision (models/model.py get_model)

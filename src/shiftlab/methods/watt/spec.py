@@ -1,14 +1,13 @@
 """WATT (Osowiechi, Noori, Hakim, Yazdanpanah, Bahri, Cheraghalikhani, Dastani, Beizaee, Ben Ayed & Desrosiers,
 NeurIPS 2024, "WATT: Weight Average Test-Time Adaptation of CLIP").
 
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py). Sources are cited as
+Sources are cited as
 `file:line` of github.com/Mehrdad-Noori/WATT at 40e3fae; CLIPTTA's toolkit's version in README.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
 from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import NormTTAConfig
 
@@ -41,9 +40,6 @@ class WATTSpec(MethodSpec):
     name = "watt"
     impl = "shiftlab.methods.watt.method:WATT"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
-    adaptive = Adaptive(("full",),
-                        "its batch attacked jointly through every template's norm-parameter steps and the weight"
-                        " averaging")
     config_class = WATTConfig
     # one template: the registry-wide tests run one step per batch (the averaging: tests/methods/test_watt.py)
     test_config = {"steps_per_template": 1, "repetitions": 1, "templates": ("a photo of a {}",)}

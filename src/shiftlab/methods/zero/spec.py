@@ -1,19 +1,10 @@
-"""ZERO (Farina et al. 2025, "Frustratingly Easy Test-Time Adaptation of VLMs"), training-free.
-
-Its spec: config and capabilities, no torch (facts: card.toml; code: method.py)."""
+"""ZERO (Farina et al. 2025, "Frustratingly Easy Test-Time Adaptation of VLMs"), training-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..catalogue.declarations import (
-    EPISODIC,
-    FROZEN_FEATURES,
-    Capabilities,
-    MethodSpec,
-    ViewMethodConfig,
-)
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
 VOTE_RULES = ("soft", "authors")
 
@@ -31,7 +22,4 @@ class ZeroSpec(MethodSpec):
     name = "zero"
     impl = "shiftlab.methods.zero.method:Zero"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    adaptive = Adaptive(("bpda", "eot"),
-                        "bpda: the zero-temperature vote of the confident views replaced by their mean"
-                        " probability on the backward pass; random crops drawn afresh (eot)")
     config_class = ZeroConfig
