@@ -4,9 +4,9 @@ The names below load their module (and torch / open_clip) on first use, so that 
 and `shiftlab --help` stay fast."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .lazy import lazy_names
 from .version import __version__
 
 # public name -> the module that defines it
@@ -54,14 +54,4 @@ if TYPE_CHECKING:
     from .views.recipe import ViewRecipe
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shiftlab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..lazy import lazy_names
 from . import specs
 from .base import ATTACKS, NO_ATTACK, Attack, AttackConfig
 from .specs import register_attack
@@ -110,14 +111,4 @@ def build_attack(spec: Mapping[str, Any], model: ClipModel, zeroshot_head: torch
     return cls(cls.make_config(**fields), model, zeroshot_head, target=target)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

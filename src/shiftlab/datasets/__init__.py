@@ -5,8 +5,9 @@ The names below load their module on first use, so that the CLI's checks (`shift
 `specs`) do not import the image libraries and the download machinery."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 # public name -> the module of this package that defines it
 _EXPORTS = {
@@ -51,14 +52,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

@@ -7,8 +7,9 @@ Importing this package loads no torch: the public names load on first use (PEP 5
 class is imported the first time it is built."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:
     from .api import predict
@@ -25,14 +26,4 @@ __all__ = ["Method", "MethodConfig", "MethodOutput", "create_method", "get_metho
            "predict", "register_method"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

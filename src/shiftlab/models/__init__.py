@@ -7,8 +7,9 @@ submodule (`models.precision`'s names, read by every method's spec) without load
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:
     from ..views.preprocess import OPENAI_MEAN, OPENAI_STD, Preprocess
@@ -28,14 +29,4 @@ __all__ = ["ClipModel", "ModelLoadError", "Preprocess", "load_model", "load_run_
            "model_preprocess", "state_dict_sha256", "OPENAI_MEAN", "OPENAI_STD"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())
