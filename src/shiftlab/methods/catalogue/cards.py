@@ -53,6 +53,7 @@ PUBLISHED_FIELDS = ("dataset", "backbone", "protocol", "metric", "value", "sourc
 METRICS = {"top1": "top-1 accuracy %", "ece20": "expected calibration error %, 20 equal-width bins"}
 BACKBONES = ("RN50", "ViT-B/16")     # as the papers name them (results.published_suites.BACKBONES)
 
+
 def declared(cls: type, fact: str) -> Any:
     """The value of `fact` in `cls`'s own body, or its default (`DEFAULTS`)."""
     return cls.__dict__.get(fact, DEFAULTS[fact])
