@@ -32,7 +32,7 @@ WRITTEN_TEXT = {
     "results/summary.py": "summary.md's notes",
     "results/corruption_table.py": "the corruption table's notes",
     "bench/": "the bench's printed report (only `shiftlab bench` runs it)",
-    "catalogue.py": "the README's generated methods table and its command",
+    "methods/catalogue/listing.py": "the README's generated methods table and its command",
 }
 
 
