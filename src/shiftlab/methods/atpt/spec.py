@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
-from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 IMAGENET_SETS = SUITES["natural-shift"].datasets
@@ -29,5 +28,4 @@ class ATPTConfig(PromptTuningConfig):
 class ATPTSpec(PromptTuningSpec):
     name = "atpt"
     impl = "shiftlab.methods.atpt.method:ATPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = ATPTConfig

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
 
 # the batch's contrastive targets: "soft", each image's own softmax over the batch's pseudo-captions (its entropy,
 # --use_softmax_entropy, in every script); "hard", the identity (CLIP's pre-training loss, the class's default)
@@ -65,7 +65,7 @@ class CLIPTTASpec(MethodSpec):
     name = "cliptta"
     impl = "shiftlab.methods.cliptta.method:CLIPTTA"
     # the image tower's normalisation layers adapt on whole batches, the state (and the memory) carried along
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = CLIPTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with

@@ -1,5 +1,6 @@
 """The torch-free half of the classic batch TTA methods on CLIP (TENT, EATA, SAR, ...): the config fields
-they share. Their torch half is `norm_adaptation.py` (docs/PROTOCOLS.md, "Classic TTA on CLIP").
+and the capabilities (`NORM_TTA`) they share. Their torch half is `norm_adaptation.py` (docs/PROTOCOLS.md,
+"Classic TTA on CLIP").
 
 The defaults here are CLIPTTA's toolkit's (github.com/MarcLafon/cliptta, `ttavlm/configuration.py` and
 `ttavlm/methods/abstract_model.py` at f4221f4), the CLIP version of these methods that issue #32 follows:
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import MethodConfig
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig
 
 # the OOD scores CLIPTTA's get_scores computes from one view (abstract_model.py:517-538): CLIPTTA's OOD variant,
 # UniEnt and OSTTA record one as their own (`common/ood_scores.py`)
@@ -28,6 +29,9 @@ TEXT_HEADS = ("zeroshot", "ensemble")
 # the final norm ln_post); "sar_names", SAR's own name tests (mr-eggplant/SAR sar.py:117-130) read literally, which
 # on CLIP's towers keep ln_post (SAR's final norm is timm's `norm`)
 TOP_LAYER_RULES = ("none", "top", "sar_names")
+# what they read and carry: the image tower's normalisation layers adapt on whole batches, the state carried
+# from batch to batch (a spec's `capabilities`)
+NORM_TTA = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...datasets.suites import SUITES
 from ...params import param
-from ..catalogue.declarations import MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
 IMAGENET_SETS = SUITES["natural-shift"].datasets     # TPT's one-letter set ids I/A/V/R/K
 
@@ -33,6 +33,8 @@ class PromptTuningConfig(ViewMethodConfig):
 
 
 class PromptTuningSpec(MethodSpec):
-    """What the prompt tuners share (TPT, C-TPT, R-TPT, RLCF): TPT's config and a tuned prompt as class head."""
+    """What the prompt tuners share (TPT, C-TPT, R-TPT, RLCF): TPT's config, a tuned prompt as class head, and
+    what they read (episodic, on the frozen view features; RLCF and TIPPLE declare their own)."""
     config_class = PromptTuningConfig
     text_head = "prompt"
+    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)

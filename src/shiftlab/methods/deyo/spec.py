@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, TOP_LAYER_RULES, NormTTAConfig
 
 # how an image is disrupted to measure its pseudo-label's probability drop (PLPD): its patches shuffled, its pixels
 # shuffled, or a square occluded by the image's mean colour (--aug_type, config.py:47; DEYO.AUG_TYPE, conf.py:240)
@@ -77,7 +77,7 @@ class DeYOSpec(MethodSpec):
     impl = "shiftlab.methods.deyo.method:DeYO"
     # the image tower's normalisation layers adapt on whole batches; the state (parameters, momentum, the shuffles'
     # generator) carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = DeYOConfig
     # one step; the tiny random CLIP's entropies are near ln C and its PLPDs near 0: both filters opened so that the
     # state moves

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, NormTTAConfig
 
 
 @dataclass
@@ -43,6 +43,6 @@ class EATAConfig(NormTTAConfig):
 class EATASpec(MethodSpec):
     name = "eata"
     impl = "shiftlab.methods.eata.method:EATA"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = EATAConfig
     test_config = {"steps": 1}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
-from ..common.norm_config import TEXT_HEADS
+from ..catalogue.declarations import MethodConfig, MethodSpec
+from ..common.norm_config import NORM_TTA, TEXT_HEADS
 
 # the statistics a BatchNorm layer normalises with (common/norm_statistics.py): the batch's own ("batch": their
 # BNTest, norm.py:8-20, cfgs/*/norm_test.yaml), source and batch mixed ("alpha": BNAlpha, norm.py:23-32 on
@@ -40,6 +40,6 @@ class NormStatsSpec(MethodSpec):
     impl = "shiftlab.methods.norm_stats.method:NormStats"
     # the image tower's BatchNorm layers normalise with the batch's statistics; "ema" carries running statistics
     # from batch to batch (the others carry nothing: their state is empty)
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = NormStatsConfig
     test_config = {"statistics": "ema"}

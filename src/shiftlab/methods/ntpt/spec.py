@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 
@@ -19,5 +18,4 @@ class NTPTConfig(PromptTuningConfig):
 class NTPTSpec(PromptTuningSpec):
     name = "ntpt"
     impl = "shiftlab.methods.ntpt.method:NTPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = NTPTConfig

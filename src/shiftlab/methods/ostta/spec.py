@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
 
 
 @dataclass
@@ -31,8 +31,7 @@ class OSTTAConfig(NormTTAConfig):
 class OSTTASpec(MethodSpec):
     name = "ostta"
     impl = "shiftlab.methods.ostta.method:OSTTA"
-    # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = OSTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (ostta.py:66-70)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
 
 
 @dataclass
@@ -34,7 +34,6 @@ class RPLConfig(NormTTAConfig):
 class RPLSpec(MethodSpec):
     name = "rpl"
     impl = "shiftlab.methods.rpl.method:RPL"
-    # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = RPLConfig
     test_config = {"lr": 0.01}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, TOP_LAYER_RULES, NormTTAConfig
 
 
 @dataclass
@@ -38,7 +38,7 @@ class SARConfig(NormTTAConfig):
 class SARSpec(MethodSpec):
     name = "sar"
     impl = "shiftlab.methods.sar.method:SAR"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = SARConfig
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
     test_config = {"steps": 1, "entropy_margin": 10.0}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
 
 # what the adaptation step's loss covers: "all", the mean entropy of every image in the memory; "first", the
 # entropy of the memory's first image alone (their `_forward_and_adapt` hands the memory to get_features as a list
@@ -45,7 +45,7 @@ class SoTTASpec(MethodSpec):
     name = "sotta"
     impl = "shiftlab.methods.sotta.method:SoTTA"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = SoTTAConfig
     own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
 
 
 @dataclass
@@ -42,7 +42,7 @@ class STAMPSpec(MethodSpec):
     name = "stamp"
     impl = "shiftlab.methods.stamp.method:STAMP"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = STAMPConfig
     own_ood_score = ("STAMP's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, NormTTAConfig
 
 
 @dataclass
@@ -25,8 +25,7 @@ class TentConfig(NormTTAConfig):
 class TentSpec(MethodSpec):
     name = "tent"
     impl = "shiftlab.methods.tent.method:Tent"
-    # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = TentConfig
     # a small config for the registry-wide tests: one step
     test_config = {"steps": 1}

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
 
 SELF_MASKS = ("index", "threshold")
@@ -32,27 +31,23 @@ class RTPTConfig(PromptTuningConfig):
 class TPTSpec(PromptTuningSpec):
     name = "tpt"
     impl = "shiftlab.methods.tpt.method:TPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
 
 
 class CTPTSpec(PromptTuningSpec):
     name = "ctpt"
     impl = "shiftlab.methods.tpt.method:CTPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = CTPTConfig
 
 
 class OTPTSpec(PromptTuningSpec):
     name = "otpt"
     impl = "shiftlab.methods.tpt.method:OTPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = OTPTConfig
 
 
 class RTPTSpec(PromptTuningSpec):
     name = "rtpt"
     impl = "shiftlab.methods.tpt.method:RTPT"
-    capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     config_class = RTPTConfig
     min_views = 2
     min_views_why = "its reliability weights rank each view's neighbours (one view has none: NaN weights)"

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
 
 
 @dataclass
@@ -38,8 +38,7 @@ class UniEntConfig(NormTTAConfig):
 class UniEntSpec(MethodSpec):
     name = "unient"
     impl = "shiftlab.methods.unient.method:UniEnt"
-    # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    capabilities = NORM_TTA
     config_class = UniEntConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (unient.py:147-151)
