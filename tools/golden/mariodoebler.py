@@ -35,7 +35,7 @@ def their_clip(checkout: Path, golden: Path, model: str, model_file: str, yaml: 
     "tokens"} (`tokens`: the prompts' token tensors, for the driver's token check)."""
     import torch
     import torchvision.transforms as T
-    from drivers import MEAN, STD, stub_modules
+    from harness import MEAN, STD, stub_modules
 
     import shiftlab
     torch.set_num_threads(1)
@@ -81,7 +81,7 @@ def their_method(name: str, module: str, cfg, base, num_classes: int):
 def stream_images(golden: Path):
     """The golden stream's 24 images, view 0 (centre 64x64 crop) in [0, 1]: (24, 3, 64, 64)."""
     import torch
-    from drivers import unit_views
+    from harness import unit_views
     return torch.cat([unit_views(b, 1)[0][None] for b in torch.load(golden / "online" / "stream.pt",
                                                                     weights_only=True)["base_u8"]])
 
