@@ -274,65 +274,39 @@ of the inputs reaches the parameters through the sign and size of gradients that
 after 30 Adam steps (lr 1e-3, eps 1e-6), 1.2e-7 after SGD steps, between CLIPTTA's code and shiftlab."""
 
 
-OTPT_LOSS_REL = 4e-7
-"""O-TPT's loss with lambda 18 is ~106 (the orthogonality penalty of the tiny CLIP's 200 nearly parallel
-class features, x 18): one float32 step there is 7.6e-6, so LOSS is ~1 ulp; relative 4e-7 allows ~5 ulps
-(measured: 1 ulp)."""
+TOLERANCES_FILE = "tolerances.json"
+"""A method's own golden tolerances live beside its fixture, ``<fixture folder>/tolerances.json``:
+``{"<key>": {"value": <positive number>, "why": "<what it bounds, and what was measured>"}}``; the constants above
+are the ones that several methods share. tests/test_golden_tolerances.py checks every such file."""
 
 
-# -- CLIPTTA, CLIPArTT, WATT (tests/methods/test_cliptta.py, test_clipartt.py, test_watt.py): their norm
-# parameters are held to NORM_PARAMS (measured: 9e-6 after CLIPTTA's 30 Adam steps, the Otsu threshold 3.3e-6)
+def tolerance_file_problems(entries: object) -> list[str]:
+    """What is wrong with a tolerances.json's contents (empty when nothing)."""
+    if not isinstance(entries, dict) or not entries:
+        return ["not a non-empty JSON object"]
+    problems = []
+    for key, entry in entries.items():
+        if not key.isidentifier() or key != key.lower():
+            problems.append(f"{key!r}: the key is not a lower-case identifier")
+        elif not isinstance(entry, dict) or set(entry) != {"value", "why"}:
+            problems.append(f"{key!r}: needs exactly 'value' and 'why'")
+        elif isinstance(entry["value"], bool) or not isinstance(entry["value"], (int, float)) \
+                or not 0 < entry["value"] < math.inf:
+            problems.append(f"{key!r}: value {entry['value']!r} is not a positive finite number")
+        elif not isinstance(entry["why"], str) or len(entry["why"].split()) < 8:
+            problems.append(f"{key!r}: 'why' does not say why (a sentence of 8 words or more)")
+    return problems
 
-CLIPTTA_LOSS = 1e-4
-"""A step's loss (entropies and the Otsu term, of order 1, through parameters adapted by earlier steps)."""
 
-
-LAME_PROBS = 1e-5
-"""LAME's output Y (probabilities, tests/methods/test_lame.py) through shiftlab's encoder: its unary is
--log softmax(scale x cosine), so FEATURES-sized noise enters as up to scale x FEATURES on the logits (the tiny
-ViT's scale 25; 1 for CLIPTTA's raw cosine) and the probabilities move by a fraction of that: measured 4.8e-7
-(fiveai, scale 25) and 5.6e-9 (CLIPTTA) on the machine that made the fixtures."""
-
-TCA_CACHE = 1e-5
-"""TCA's class-token cache: means of float32 class tokens (values ~1) through up to 12 ViT blocks, each carrying
-FEATURES-sized kernel noise (measured 9.5e-7 against their code on the machine that made the fixture)."""
-
-TIPPLE_TASK_CTX = 1e-5
-"""TIPPLE's task prompt (context values ~1e-2) after stage I's 9 AdamW steps over the golden test set (3 epochs
-at lr 1e-3, 1e-4, 1e-5), and each image's stage-II context from it: every step moves an entry by about
-lr x m / (sqrt(v) + eps), so the LOGITS-size noise of the inputs reaches the context through gradient entries
-that nearly cancel (PARAMS holds for one step from an exact start; measured against their code below)."""
-
-TIPPLE_LOSS = 2 * LOGITS
-"""TIPPLE's losses: stage I's cross-entropy moves by at most 2 max|dz| when every logit moves by dz (first order:
-dCE = dz_y - sum_c p_c dz_c), and its diversity term (x B / selected, 8 with one selected view) by less; stage
-II's entropy through the task prompt (measured: 9.2e-5 in stage I, 2.6e-5 in stage II against their code)."""
-
-TIPPLE_WELL_CONDITIONED = 0.05
-"""Stage II's first-step entropy below which its gradient is within its own noise: the loss carries ~2.6e-5 of
-input noise (measured), GRAD_RTOL x 0.05; such an image's tuned context, gradient and logits are decided by the
-signs of noise-sized gradient entries (AdamW's first step moves each entry by about lr x its sign), so only its
-selected views and loss are compared with the authors' (the others, the majority, are compared in full)."""
-
-TIPPLE_GRAD_RTOL = 2e-3
-"""The context's gradient in TIPPLE's stage II from the strict variant's task prompt, relative to its largest entry:
-that prompt makes some views nearly one-hot, and the entropy gradient of a nearly one-hot probability is a
-difference of nearly equal terms (measured 1.2e-3, 4.0e-4 of a largest entry of 0.333; the tuned context after
-the step still within PARAMS). GRAD_RTOL holds for the paper variant."""
-
-DEYO_LOGITS = 1e-4
-"""DeYO's logits through norm parameters adapted by SGD (tests/methods/test_deyo.py): SGD moves a parameter by lr x
-its gradient (no Adam-style sign amplification), so the FEATURES-sized kernel noise stays of that size through the
-steps: measured 8.1e-6 (the tiny ViT's scale 25) after 3 batches against mariodoebler's and the authors' code on the
-machine that made the fixtures; 1e-4 is ~12x that. The entropy filter's decisions are compared exactly after a
-margin check at this tolerance (`entropy_tolerance`)."""
-
-SCAP_PROMPTS = 2e-5
-"""SCAP's image prompt, its per-class EMA and retention prompts (tests/methods/test_scap.py): values ~1, moved by an
-AdamW step per clique and per image (lr 5e-3) whose direction reads gradients through the ViT's attention, so
-LOGITS-sized noise of earlier passes reaches them; measured 1.8e-6 after 3 batches (27 clique and 24 image steps)
-against their main.py on the machine that made the fixture."""
-
+def fixture_tolerances(name: str, fixtures: Path = FIXTURES) -> dict[str, float]:
+    """The tolerances kept beside the fixture tests/fixtures/golden/<name>/: key -> value."""
+    import json
+    path = fixtures / name / TOLERANCES_FILE
+    entries = json.loads(path.read_text())
+    problems = tolerance_file_problems(entries)
+    if problems:
+        raise ValueError(f"{path}: {'; '.join(problems)}")
+    return {key: float(entry["value"]) for key, entry in entries.items()}
 
 class OptimizerStepRecorder:
     """Within `with`: every optimiser step's gradient (before it) and value (after it) of the first parameter of
@@ -351,9 +325,3 @@ class OptimizerStepRecorder:
         for hook in self.hooks:
             hook.remove()
 
-
-MEMO_LOGITS = 3e-3
-"""Logits (up to 90 on the golden tiny ResNet) through a tower whose every weight took an SGD step on gradients
-that agree with the authors' within GRAD_RTOL: the inputs' FEATURES-sized noise, carried through every layer's
-moved weights (measured: 1.1e-3 after 1 step, 1.9e-3 after 2, on the machine that made the fixtures; Adam, whose
-first step moves each weight by lr x sign(grad) whatever its size, gave 7e-3 and is not compared)."""

@@ -3,21 +3,27 @@ another machine (last-bit noise) passes, a real change fails, and a discrete res
 deciding values are too close fails with "margin too small" instead of flaking."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from _golden import (
     FEATURES,
+    FIXTURES,
     FLOAT32_UNDERFLOW_LOG,
     LOGITS,
+    TOLERANCES_FILE,
     assert_close,
     assert_selection_margin,
     assert_top1_margin,
     assert_underflow_margin,
     check_margin,
     entropy_tolerance,
+    fixture_tolerances,
+    tolerance_file_problems,
 )
 
 pytestmark = [pytest.mark.golden, pytest.mark.usefixtures("one_thread")]
@@ -89,3 +95,34 @@ def test_a_softmax_at_the_edge_of_float32_underflow_is_refused():
     # the check describes what float32 does: below the point exp() is 0, above it is not
     assert float(torch.tensor(FLOAT32_UNDERFLOW_LOG - 1e-3).exp()) == 0.0
     assert float(torch.tensor(FLOAT32_UNDERFLOW_LOG + 1e-3).exp()) > 0.0
+
+
+def _tolerance_files() -> list[Path]:
+    return sorted(FIXTURES.glob(f"*/{TOLERANCES_FILE}"))
+
+
+def test_every_fixtures_tolerances_file_is_well_formed_and_read_by_its_test():
+    """Each tests/fixtures/golden/<name>/tolerances.json parses (positive values, a why each), and a test reads
+    it with fixture_tolerances("<name>") and uses every key."""
+    tests = {p: p.read_text() for p in (FIXTURES.parents[1]).rglob("test_*.py")}
+    assert len(_tolerance_files()) >= 11
+    for path in _tolerance_files():
+        name = path.parent.name
+        assert tolerance_file_problems(json.loads(path.read_text())) == [], path
+        readers = [text for text in tests.values() if f'fixture_tolerances("{name}")' in text]
+        assert readers, f"{path}: no test calls fixture_tolerances({name!r})"
+        unused = [key for key in fixture_tolerances(name) if not any(f'["{key}"]' in text for text in readers)]
+        assert not unused, f"{path}: keys no test reads: {unused}"
+
+
+def test_a_malformed_tolerances_file_is_refused(tmp_path):
+    (tmp_path / "m").mkdir()
+    good = {"logits": {"value": 2e-4, "why": "logit noise of another CPU's kernels, x 100 the feature noise"}}
+    (tmp_path / "m" / TOLERANCES_FILE).write_text(json.dumps(good))
+    assert fixture_tolerances("m", tmp_path) == {"logits": 2e-4}
+    bad = {"Logits": {"value": 2e-4, "why": "x"}, "loss": {"value": -1.0, "why": "a why of eight words is not here"},
+           "ok": {"value": 1e-5}, "nan": {"value": math.nan, "why": "not a number is no bound on any difference"}}
+    assert [p.split(":")[0] for p in tolerance_file_problems(bad)] == ["'Logits'", "'loss'", "'ok'", "'nan'"]
+    (tmp_path / "m" / TOLERANCES_FILE).write_text(json.dumps({"loss": {"value": 1e-5, "why": "too short"}}))
+    with pytest.raises(ValueError, match="'loss': 'why' does not say why"):
+        fixture_tolerances("m", tmp_path)

@@ -3,8 +3,9 @@ authors' own code on the golden tiny CLIP (tests/fixtures/golden/atpt, made by t
 MB-Shihab-Aaqil-Ahamed/A-TPT's `test_time_adapt_eval`, float32 on the CPU: tpt_classification.py with lambda 10
 and atpt_classification.py with lambda 80, one and two steps, 4 samples of 32 views).
 
-Golden tolerances: tests/_golden.py's (the loss of lambda 80 is ~46: LOSS or OTPT_LOSS_REL of its size, whichever
-is larger); the selected views as a set after a margin check, as tests/methods/test_tpt.py.
+Golden tolerances: tests/_golden.py's and the fixture's tolerances.json (the loss of lambda 80 is ~46: LOSS or
+OTPT_LOSS_REL of its size, whichever is larger); the selected views as a set after a margin check, as
+tests/methods/test_tpt.py.
 """
 from __future__ import annotations
 
@@ -16,17 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import (
-    FIXTURES,
-    LOGITS,
-    LOSS,
-    OTPT_LOSS_REL,
-    OptimizerStepRecorder,
-)
+from _golden import FIXTURES, LOGITS, LOSS, OptimizerStepRecorder, fixture_tolerances
 from _imports import lazy_module
 from _prompt_tuning_golden import key_failures, run_variants
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.atpt.method import min_angles
+
+OTPT_LOSS_REL = fixture_tolerances("atpt")["loss_rel"]  # tests/fixtures/golden/atpt/tolerances.json
 
 open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 

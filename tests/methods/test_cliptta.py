@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import CLIPTTA_LOSS, FEATURES, NORM_PARAMS, assert_close, stream_views
+from _golden import FEATURES, NORM_PARAMS, assert_close, fixture_tolerances, stream_views
 from shiftlab.methods.cliptta.method import ConfidentMemory, contrastive_loss, otsu_loss
 from shiftlab.methods.common.ood_scores import ood_scores
 from shiftlab.methods.context import ClassHeads, SampleContext
+
+CLIPTTA_LOSS = fixture_tolerances("cliptta")["loss"]  # tests/fixtures/golden/cliptta/tolerances.json
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 BATCH = 8

@@ -22,18 +22,20 @@ import torch
 
 import shiftlab
 from _golden import (
-    DEYO_LOGITS,
     GRAD_RTOL,
     LOSS,
     NORM_PARAMS,
     assert_close,
     check_margin,
     entropy_tolerance,
+    fixture_tolerances,
     stream_views,
 )
 from _imports import lazy_module
 from shiftlab.methods.context import SampleContext
 from shiftlab.synthetic import tiny_clip, tiny_vit
+
+DEYO_LOGITS = fixture_tolerances("deyo")["logits"]  # tests/fixtures/golden/deyo/tolerances.json
 
 # its method module imports torchvision (torch._dynamo): read when a test first needs it, not at collection
 deyo = lazy_module("shiftlab.methods.deyo.method", optional=False)

@@ -3,12 +3,12 @@ and two authors' codes on the golden stream (tests/fixtures/golden/lame, made by
 CLIPTTA's `Lame` (the CLIP toolkit, the defaults) and fiveai/LAME's `LAME.run_step` (the paper's code, `--protocol
 paper`), on the golden tiny ViT, float32 on the CPU).
 
-Golden checks, two ways. Fed their features and probabilities (`replay`), the kernel, the iteration count and
-the output are bit-identical (measured 0.0: the same float32 operations in the same order), held to REPLAY
-(1e-6) for another CPU. Through shiftlab's own encoder (features within FEATURES of theirs) the unary's
-probabilities move by up to scale x FEATURES: outputs are held to LAME_PROBS (tests/_golden.py). The iteration
-count is held to one step either way: the stopping rule (relative energy change <= 1e-8) reads float32 energies,
-whose spacing (6e-8) is coarser than the threshold, so when it stops is a rounding event once Y has converged.
+Golden checks, two ways. Fed their features and probabilities (`replay`), the kernel, the iteration count and the
+output are bit-identical (measured 0.0: the same float32 operations in the same order), held to REPLAY (1e-6) for
+another CPU. Through shiftlab's own encoder (features within FEATURES of theirs) the unary's probabilities move by
+up to scale x FEATURES: outputs are held to LAME_PROBS (the fixture's tolerances.json). The iteration count is held
+to one step either way: the stopping rule (relative energy change <= 1e-8) reads float32 energies, whose spacing
+(6e-8) is coarser than the threshold, so when it stops is a rounding event once Y has converged.
 """
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import FEATURES, LAME_PROBS, assert_close, stream_views
+from _golden import FEATURES, assert_close, fixture_tolerances, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.lame import method as M
+
+LAME_PROBS = fixture_tolerances("lame")["probs"]  # tests/fixtures/golden/lame/tolerances.json
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "house"]
 REPLAY = 1e-6

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, GRAD_RTOL, LOGITS, MEMO_LOGITS, assert_close, stream_views
+from _golden import FEATURES, GRAD_RTOL, LOGITS, assert_close, fixture_tolerances, stream_views
 from shiftlab.methods.context import SampleContext
 from shiftlab.views.recipe import ViewRecipe
+
+MEMO_LOGITS = fixture_tolerances("memo")["logits"]  # tests/fixtures/golden/memo/tolerances.json
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

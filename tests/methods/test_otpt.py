@@ -3,8 +3,9 @@ step against a plain-torch computation, and the authors' own code on the golden 
 (tests/fixtures/golden/otpt, made by the driver beside it from ashshaksharifdeen/O-TPT's
 `test_time_adapt_eval`, float32 on the CPU: lambda 2 and 18, one and two steps, 4 samples of 32 views).
 
-Golden tolerances: tests/_golden.py's (the loss of lambda 18 is ~106: LOSS or OTPT_LOSS_REL of its size,
-whichever is larger); the selected views as a set after a margin check, as tests/methods/test_tpt.py.
+Golden tolerances: tests/_golden.py's and the fixture's tolerances.json (the loss of lambda 18 is ~106: LOSS or
+OTPT_LOSS_REL of its size, whichever is larger); the selected views as a set after a margin check, as
+tests/methods/test_tpt.py.
 """
 from __future__ import annotations
 
@@ -15,18 +16,14 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import (
-    FIXTURES,
-    LOGITS,
-    LOSS,
-    OTPT_LOSS_REL,
-    OptimizerStepRecorder,
-)
+from _golden import FIXTURES, LOGITS, LOSS, OptimizerStepRecorder, fixture_tolerances
 from _imports import lazy_module
 from _prompt_tuning_golden import key_failures, run_variants
 from conftest import make_tiny_model
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.tpt.method import orthogonality_penalty
+
+OTPT_LOSS_REL = fixture_tolerances("otpt")["loss_rel"]  # tests/fixtures/golden/otpt/tolerances.json
 
 open_clip = lazy_module("open_clip", optional=False)   # imported by the first test that reads it
 

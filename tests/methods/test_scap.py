@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import FIXTURES, LOGITS, PARAMS, SCAP_PROMPTS, assert_close, assert_top1_margin, stream_views
+from _golden import FIXTURES, LOGITS, PARAMS, assert_close, assert_top1_margin, fixture_tolerances, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.methods.scap.method import cliques, negative_weight
 from shiftlab.methods.scap.prompts import prompted_block, prompted_image_features
 from shiftlab.methods.scap.spec import SCAPConfig
+
+SCAP_PROMPTS = fixture_tolerances("scap")["prompts"]  # tests/fixtures/golden/scap/tolerances.json
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat", "bird"]

@@ -4,7 +4,7 @@ the authors' own code on the golden tiny CLIP (tests/fixtures/golden/tipple, mad
 zhiheLu/TIPPLE's `train_stage1_one_epoch` x 3 and `test_time_adapt_eval`, float32 on the CPU: 24 images,
 3 epochs of 3 batches, then stage II per image from their task prompt; thresholds 0.7 and 0.99).
 
-Golden tolerances: tests/_golden.py's; the selected views after a margin check.
+Golden tolerances: tests/_golden.py's and the fixture's tolerances.json; the selected views after a margin check.
 """
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ from _golden import (
     FIXTURES,
     LOGITS,
     PARAMS,
-    TIPPLE_GRAD_RTOL,
-    TIPPLE_LOSS,
-    TIPPLE_TASK_CTX,
-    TIPPLE_WELL_CONDITIONED,
     TUNED_LOGITS,
     OptimizerStepRecorder,
     assert_close,
@@ -30,6 +26,7 @@ from _golden import (
     check_margin,
     crop_views,
     entropy_tolerance,
+    fixture_tolerances,
 )
 from _runs import Crash, comparable, crash_before_step, json_lines
 from _synthetic import make_image_folder
@@ -45,6 +42,12 @@ from shiftlab.methods.tipple.method import (
     task_loss,
 )
 from shiftlab.views.generator import ViewConfig, ViewGenerator
+
+TOLERANCES = fixture_tolerances("tipple")  # tests/fixtures/golden/tipple/tolerances.json
+TIPPLE_GRAD_RTOL = TOLERANCES["grad_rtol"]
+TIPPLE_LOSS = TOLERANCES["loss"]
+TIPPLE_TASK_CTX = TOLERANCES["task_ctx"]
+TIPPLE_WELL_CONDITIONED = TOLERANCES["well_conditioned"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

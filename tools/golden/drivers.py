@@ -8,9 +8,7 @@ its own top-level `clip` package.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import importlib.machinery
 import json
 import os
 import sys
@@ -19,12 +17,19 @@ import types
 from pathlib import Path
 
 import torch
+from harness import (  # the shared part (the older drivers of tests/fixtures/golden import it from here)
+    all_tokens,
+    clip_normalize,
+    cpu_float32,
+    enter,
+    jit_load_reads_state_dicts,
+    record_tokens,
+    stub_modules,
+    unit_views,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-import _golden as G  # noqa: E402
+import _golden as G  # noqa: E402  (tests/ is on sys.path once harness is imported)
 
-MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 N_SAMPLES, BASE_SIZE, N_PROTOTYPES = 24, 80, 5
 VIEWS = {"tda": 64, "dmn": 32, "zero": 64, "rtpt": 32}
 
@@ -43,92 +48,6 @@ def make_stream(seed: int = 2024) -> dict[str, torch.Tensor]:
     base = (img.clamp(0, 1) * 0.92 + 0.08 * fine) * 255
     return {"base_u8": torch.round(base).clamp(0, 255).to(torch.uint8),
             "labels": (torch.arange(N_SAMPLES) * 37) % 200}
-
-
-def unit_views(base_u8: torch.Tensor, n_views: int) -> torch.Tensor:
-    return G.crop_views(base_u8, n_views).float() / 255
-
-
-def clip_normalize(x: torch.Tensor) -> torch.Tensor:
-    import torchvision.transforms as T
-    return T.Normalize(MEAN, STD)(x)
-
-
-# -- patches applied from outside --------------------------------------------------------------
-
-def stub_modules(*names: str) -> None:
-    """Logging-only imports of the authors' code (never used for a number)."""
-    for name in names:
-        mod = types.ModuleType(name)
-        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        mod.log = lambda *a, **k: None
-        mod.init = lambda *a, **k: types.SimpleNamespace(finish=lambda: None)
-        mod.set_trace = lambda *a, **k: None
-        sys.modules[name] = mod
-
-
-def cpu_float32() -> list[str]:
-    import packaging.version
-    sys.modules.setdefault("pkg_resources", types.SimpleNamespace(packaging=packaging))  # their clip.py's import
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.nn.Module.cuda = lambda self, *a, **k: self
-    torch.Tensor.half = lambda self, *a, **k: self.float()
-    torch.cuda.amp.autocast = lambda *a, **k: contextlib.nullcontext()
-    torch.set_num_threads(1)
-    return ["pkg_resources -> a stand-in exposing `packaging` (setuptools is not installed)",
-            "torch.Tensor.cuda / torch.nn.Module.cuda -> identity (CPU)",
-            "torch.Tensor.half -> float32 (the run is float32 throughout)",
-            "torch.cuda.amp.autocast -> nullcontext", "torch.set_num_threads(1)"]
-
-
-class _StateDictArchive:
-    """What the authors' clip.load needs from torch.jit.load (DMN's and R-TPT's accept JIT archives only)."""
-
-    def __init__(self, path, map_location=None):
-        self.state = torch.load(path, map_location="cpu", weights_only=True)
-
-    def eval(self):
-        return self
-
-    def state_dict(self):
-        return self.state
-
-
-def jit_load_reads_state_dicts() -> str:
-    torch.jit.load = _StateDictArchive
-    return ("torch.jit.load -> an object whose state_dict() is the tiny CLIP's state dict (their clip.load "
-            "accepts JIT archives only, then rebuilds the model from model.state_dict())")
-
-
-def record_tokens(clip_module) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-    original = clip_module.tokenize
-
-    def tokenize(*a, **k):
-        out = original(*a, **k)
-        seen.append(out.clone())
-        return out
-    clip_module.tokenize = tokenize
-    return seen
-
-
-def checkout_commit(path: str) -> str | None:
-    """The commit a checkout of the authors' code is at, or None (a `git archive` export: pass --commit)."""
-    import subprocess
-    try:
-        return subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def enter(checkout: Path) -> None:
-    sys.path.insert(0, str(checkout))
-    os.chdir(checkout)
-
-
-def all_tokens(seen: list[torch.Tensor]) -> torch.Tensor:
-    return torch.unique(torch.cat([t.flatten() for t in seen])) if seen else torch.zeros(0, dtype=torch.int64)
 
 
 # -- TDA ----------------------------------------------------------------------------------------

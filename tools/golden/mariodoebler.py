@@ -29,25 +29,32 @@ def package(name: str, path: Path) -> None:
     sys.modules[name] = mod
 
 
+def stub_imports(*more: str) -> None:
+    """Their imports for other models (robustbench, by models/model.py) and for files (iopath, by conf.py), and
+    `more`, as stubs."""
+    from harness import stub_modules
+    stub_modules("robustbench", "robustbench.model_zoo", "robustbench.model_zoo.architectures",
+                 "robustbench.model_zoo.architectures.utils_architectures", "robustbench.model_zoo.enums",
+                 "robustbench.utils", "iopath", "iopath.common", "iopath.common.file_io", *more)
+    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].normalize_model = None
+    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].ImageNormalizer = None
+    sys.modules["robustbench.model_zoo.enums"].ThreatModel = None
+    sys.modules["robustbench.utils"].load_model = None
+    sys.modules["iopath.common.file_io"].g_pathmgr = types.SimpleNamespace(open=open)
+
+
 def their_clip(checkout: Path, golden: Path, model: str, model_file: str, yaml: str, options: list) -> dict:
     """Their ZeroShotCLIP over the golden tiny CLIP `model` (shiftlab's registry name, its file in `golden`) and their
     cfg (conf.py + cfgs/imagenet_others/`yaml` + `options`). Returns {"cfg", "base", "clip", "classnames",
     "tokens"} (`tokens`: the prompts' token tensors, for the driver's token check)."""
     import torch
     import torchvision.transforms as T
-    from drivers import MEAN, STD, stub_modules
+    from harness import MEAN, STD
 
     import shiftlab
     torch.set_num_threads(1)
     tta = checkout / "tta" / "classification"
-    stub_modules("robustbench", "robustbench.model_zoo", "robustbench.model_zoo.architectures",
-                 "robustbench.model_zoo.architectures.utils_architectures", "robustbench.model_zoo.enums",
-                 "robustbench.utils", "iopath", "iopath.common", "iopath.common.file_io", "webdataset")
-    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].normalize_model = None
-    sys.modules["robustbench.model_zoo.architectures.utils_architectures"].ImageNormalizer = None
-    sys.modules["robustbench.model_zoo.enums"].ThreatModel = None
-    sys.modules["robustbench.utils"].load_model = None
-    sys.modules["iopath.common.file_io"].g_pathmgr = types.SimpleNamespace(open=open)
+    stub_imports("webdataset")
     sys.path.insert(0, str(tta))
     package("methods", tta / "methods")
     import models.model as their_model
@@ -81,7 +88,7 @@ def their_method(name: str, module: str, cfg, base, num_classes: int):
 def stream_images(golden: Path):
     """The golden stream's 24 images, view 0 (centre 64x64 crop) in [0, 1]: (24, 3, 64, 64)."""
     import torch
-    from drivers import unit_views
+    from harness import unit_views
     return torch.cat([unit_views(b, 1)[0][None] for b in torch.load(golden / "online" / "stream.pt",
                                                                     weights_only=True)["base_u8"]])
 

@@ -1,0 +1,88 @@
+"""What the golden drivers of TPT-style prompt tuning share (A-TPT, O-TPT, N-TPT): OpenAI's BPE file their `clip/`
+reads, and the record of their `test_time_adapt_eval` per sample, taken by wrapping their functions from outside.
+
+`SampleSteps(variant, out).wrap(their, scaler)` records, per sample i: `V/i/selected` (their
+`select_confident_samples` indices), `V/i/entropy_loss` (their `avg_entropy`, first step), `V/i/loss` (what their
+GradScaler was handed, first step), `V/i/sK/ctx_grad` / `V/i/sK/ctx` (the context's gradient before and its value
+after each optimiser step K) and `V/i/logits` (their final view-0 logits, from their `accuracy`, which ends a sample).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+VOCAB_PATCH = ("clip/bpe_simple_vocab_16e6.txt.gz (not tracked by their repository) -> open_clip's copy of "
+               "OpenAI's BPE vocabulary file")
+
+
+def openai_bpe_vocab(clip_dir: Path) -> bool:
+    """Copy open_clip's copy of OpenAI's BPE vocabulary into their `clip/` (their simple_tokenizer.py reads it; their
+    repository does not track it). True when it was missing."""
+    vocab = clip_dir / "bpe_simple_vocab_16e6.txt.gz"
+    if vocab.is_file():
+        return False
+    import shutil
+
+    import open_clip
+    shutil.copyfile(Path(open_clip.__file__).parent / vocab.name, vocab)
+    return True
+
+
+class SampleSteps:
+    """The per-sample record of one variant's run into `out` (see the module's docstring); `i` the sample, `s` the
+    optimiser step within it."""
+
+    def __init__(self, variant: str, out: dict):
+        self.variant, self.out, self.i, self.s, self.hooks = variant, out, 0, 0, []
+
+    def key(self, name: str) -> str:
+        return f"{self.variant}/{self.i}/{name}"
+
+    def wrap(self, their, scaler, first_entropy: Callable[[], None] | None = None) -> None:
+        """Wrap `their` module's select_confident_samples, avg_entropy (then `first_entropy()` on a first step) and
+        accuracy, `scaler.scale`, and hook every optimiser step until `close()`."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        orig_select, orig_avg, orig_scale = their.select_confident_samples, their.avg_entropy, scaler.scale
+
+        def select_confident_samples(logits, top):
+            res = orig_select(logits, top)
+            self.out[self.key("selected")] = res[1].detach().clone()
+            return res
+
+        def avg_entropy(outputs):
+            res = orig_avg(outputs)
+            if self.s == 0:
+                self.out[self.key("entropy_loss")] = res.detach().clone()
+                if first_entropy is not None:
+                    first_entropy()
+            return res
+
+        def scale(loss):
+            if self.s == 0:
+                self.out[self.key("loss")] = loss.detach().clone()
+            return orig_scale(loss)
+
+        def pre_step(opt, args, kwargs):
+            self.out[self.key(f"s{self.s}/ctx_grad")] = opt.param_groups[0]["params"][0].grad.detach().clone()
+
+        def post_step(opt, args, kwargs):
+            self.out[self.key(f"s{self.s}/ctx")] = opt.param_groups[0]["params"][0].detach().clone()
+            self.s += 1
+
+        def accuracy(output, target, topk=(1,)):
+            self.out[self.key("logits")] = output[0].detach().float().clone()
+            self.i += 1
+            self.s = 0
+            return [torch.zeros(1) for _ in topk]
+
+        their.select_confident_samples, their.avg_entropy, their.accuracy = select_confident_samples, avg_entropy, \
+            accuracy
+        scaler.scale = scale
+        self.hooks = [register_optimizer_step_pre_hook(pre_step), register_optimizer_step_post_hook(post_step)]
+
+    def close(self, n_samples: int) -> None:
+        """Remove the optimiser hooks; every sample must have ended (their `accuracy` called once each)."""
+        for hook in self.hooks:
+            hook.remove()
+        assert self.i == n_samples, (self.i, self.s)
