@@ -58,10 +58,10 @@ def skips_top_layer(name: str, rule: str) -> bool:
     return any(part in name for part in parts) or name in whole
 
 
-def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
+def norm_layers(visual: nn.Module, kinds: tuple[type, ...] = NORM_LAYERS) -> list[tuple[str, nn.Module]]:
+    """(name, module) of `visual`'s normalisation layers of `kinds` with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
-            if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
+            if isinstance(m, kinds) and getattr(m, "weight", None) is not None]
 
 
 class BatchStatisticsError(ValueError):
@@ -99,7 +99,7 @@ class NormTower(nn.Module):
     norm_config.TOP_LAYER_RULES) leaves the top layers' norms out, shared and frozen. Every BatchNorm layer, adapted
     or not, uses the batch's statistics (their running statistics are neither read nor updated)."""
 
-    def __init__(self, clip: nn.Module, skip_top_layers: str = "none"):
+    def __init__(self, clip: nn.Module, skip_top_layers: str = "none", kinds: tuple[type, ...] = NORM_LAYERS):
         super().__init__()
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
@@ -107,10 +107,12 @@ class NormTower(nn.Module):
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 use_batch_statistics(module)     # adapted or not, as their configure_model sets every one
                 module.register_forward_pre_hook(_check_batch_statistics(name))
-        layers = [(name, module) for name, module in layers if not skips_top_layer(name, skip_top_layers)]
+        layers = [(name, module) for name, module in layers
+                  if isinstance(module, kinds) and not skips_top_layer(name, skip_top_layers)]
         if not layers:
-            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
-                             "(LayerNorm, GroupNorm or BatchNorm) to adapt"
+            words = " or ".join(k.__name__ for k in kinds) if kinds != NORM_LAYERS else \
+                "normalisation layer (LayerNorm, GroupNorm or BatchNorm)"
+            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no {words} to adapt"
                              + (f" outside the top layers (skip_top_layers {skip_top_layers!r})"
                                 if skip_top_layers != "none" else ""))
         self.parameter_names: list[str] = []
@@ -178,7 +180,8 @@ class NormTTAMethod(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"))
+            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"),
+                                   self.adapted_layer_kinds())
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -188,6 +191,10 @@ class NormTTAMethod(Method):
         self.reset_extra()
 
     # -- what a subclass may override ---------------------------------------------------------------------
+    def adapted_layer_kinds(self) -> tuple[type, ...]:
+        """The normalisation layer classes whose affine parameters adapt."""
+        return NORM_LAYERS
+
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return make_optimizer(self.config, params)
 
