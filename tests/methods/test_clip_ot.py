@@ -19,7 +19,6 @@ import shiftlab
 from _golden import LOGITS, LOSS, NORM_PARAMS, assert_close, assert_top1_margin, stream_views
 from shiftlab.methods.clip_ot.method import sinkhorn_codes, soft_cross_entropy
 from shiftlab.methods.context import SampleContext
-from shiftlab.synthetic import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,24 +64,22 @@ def test_the_loss_is_the_soft_cross_entropy():
     assert float(soft_cross_entropy(codes, logits)) == pytest.approx(want, abs=1e-6)
 
 
-def test_a_tower_without_layernorms_is_refused_in_one_line_naming_the_setting(tiny_model):
-    with pytest.raises(ValueError) as err:
+def test_a_resnet_is_refused_in_one_line_before_and_at_load(tiny_model):
+    from shiftlab.engine.config import RunConfig, settings_problem
+    with pytest.raises(ValueError, match=r"^clip_ot: runs on a ViT image tower only, and shiftlab-tiny is a ResNet: "):
         shiftlab.create_method("clip_ot", tiny_model, ["a", "b"])
-    msg = str(err.value)
-    assert "\n" not in msg and "no LayerNorm" in msg and "norm_layers='all'" in msg
-    method = shiftlab.create_method("clip_ot", tiny_model, ["a", "b"], norm_layers="all", steps=1)
-    batch_norms = [f"{n}.{w}" for n, m in tiny_model.clip.visual.named_modules()
-                   if isinstance(m, torch.nn.BatchNorm2d) for w in ("weight", "bias")]
-    assert batch_norms and method.tower.parameter_names == batch_norms
+    problem = settings_problem(RunConfig(dataset="imagenet-r", model="RN50", methods=["clip_ot"]))
+    assert problem.startswith("clip_ot: runs on a ViT image tower only, and RN50 is a ResNet: it adapts the "
+                              "tower's LayerNorms") and "\n" not in problem
 
 
-def test_more_steps_than_templates_are_refused(tiny_model):
+def test_more_steps_than_templates_are_refused(tiny_vit_model):
     with pytest.raises(ValueError, match="clip_ot.steps: 3 steps need as many templates, 2 given"):
-        shiftlab.create_method("clip_ot", tiny_vit(0), ["a", "b"], templates=("a {}.", "b {}."), steps=3)
+        shiftlab.create_method("clip_ot", tiny_vit_model, ["a", "b"], templates=("a {}.", "b {}."), steps=3)
 
 
-def test_the_first_batch_adapts_against_template_zero_and_later_ones_against_the_mean():
-    model = tiny_vit(0)
+def test_the_first_batch_adapts_against_template_zero_and_later_ones_against_the_mean(tiny_vit_model):
+    model = tiny_vit_model
     method = shiftlab.create_method("clip_ot", model, ["cat", "dog", "car"], steps=1)
     assert not method.averaged_head
     torch.testing.assert_close(method.adaptation_head(),

@@ -22,8 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.text import encode_texts
-from ...options import say_set
-from ..common.norm_adaptation import NORM_LAYERS, NormTTAMethod
+from ..common.norm_adaptation import NormTTAMethod
 from .spec import ClipOTSpec
 
 
@@ -55,13 +54,7 @@ class ClipOT(NormTTAMethod):
     spec = ClipOTSpec
 
     def __init__(self, *args: Any, **kwargs: Any):
-        try:
-            super().__init__(*args, **kwargs)
-        except ValueError as exc:
-            if self.config.norm_layers != "layernorm" or "no LayerNorm" not in str(exc):
-                raise
-            raise ValueError(f"{exc}; {say_set(self.name, 'norm_layers', 'all')} adapts its other normalisation "
-                             "layers (their code adapts LayerNorms only)") from None
+        super().__init__(*args, **kwargs)
         names = [c.replace("_", " ") for c in self.classnames]
         templates = list(self.config.templates)
         # (C, T, D) each template's unnormalised text features (their get_text_prototypes)
@@ -72,7 +65,7 @@ class ClipOT(NormTTAMethod):
                              f"{len(templates)} given")
 
     def adapted_layer_kinds(self) -> tuple[type, ...]:
-        return (nn.LayerNorm,) if self.config.norm_layers == "layernorm" else NORM_LAYERS
+        return (nn.LayerNorm,)
 
     @property
     def head(self) -> torch.Tensor:

@@ -18,9 +18,6 @@ CLIPOT = "shambhavicodes/CLIPOT@81b8a4e8bb47534d6f8f9c820f4fc53a2d87a4b6"
 # modeling/prompts.py:5-14 IMAGENET_TEMPLATES_SELECT, the templates main.py:96 builds the adapter with
 TEMPLATES = ("itap of a {}.", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
              "a {} in a video game.", "art of the {}.", "a photo of the small {}.", "a photo of {}.")
-# which normalisation layers adapt: "layernorm", nn.LayerNorm only (clipot.py:78-83, 100-107), so a ResNet tower
-# (BatchNorm only) has none; "all", every LayerNorm, GroupNorm and BatchNorm (BatchNorm on the batch's statistics)
-NORM_LAYERS = ("layernorm", "all")
 
 register_head("clip_ot_templates", lambda cls, fields: (
     f"the mean of {len(fields.get('templates') or TEMPLATES)} templates' unnormalised text features; each "
@@ -40,7 +37,6 @@ class ClipOTConfig(NormTTAConfig):
     temperature: float = param(0.01, gt=0)                 # --temperature 0.01 (run.sh, main.py:38)
     epsilon: float = param(0.7, gt=0)                      # --epsilon 0.7, Sinkhorn's entropy weight (main.py:39)
     sinkhorn_iterations: int = param(3, ge=1)              # distributed_sinkhorn(num_iters=3) (clipot.py:40)
-    norm_layers: str = param("layernorm", choices=NORM_LAYERS)
     # Sinkhorn's exp(similarity / epsilon) after subtracting each image's largest similarity: the same codes, but
     # finite where theirs overflows float32 (a cosine above ~0.62 at temperature 0.01, epsilon 0.7: NaN codes)
     stable_sinkhorn: bool = True
@@ -67,6 +63,10 @@ class ClipOTSpec(MethodSpec):
                         " as a clean one would",
                         impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = ClipOTConfig
+    # its code adapts nn.LayerNorm only (clipot.py:78-83, 100-107): a ResNet tower has none, and their AdamW stops on
+    # an empty parameter list
+    towers = ("vit",)
+    towers_why = "it adapts the tower's LayerNorms, which a ResNet has none of (their code stops there too)"
     family = "classic"     # one of the batch TTA methods on CLIP's image tower (facts.FAMILIES)
     summary = ("CLIP-OT: Sinkhorn codes against each template's text features as soft labels, one AdamW step of the "
                "image tower's LayerNorms per template (continual)")
@@ -77,5 +77,4 @@ class ClipOTSpec(MethodSpec):
     published = ()
     fidelity = ("golden (CLIPOT's ClipOTLoss, ClipOTMethod and Adapter on the golden tiny ViT: 3 batches of 8, "
                 "8 templates; logits and LayerNorm parameters after every batch)")
-    # the registry-wide tests run the tiny ResNet CLIP, whose tower has BatchNorms only
-    test_config = {"steps": 2, "lr": 0.01, "norm_layers": "all"}
+    test_config = {"steps": 2, "lr": 0.01}
