@@ -113,8 +113,8 @@ def run_text_tower(clip: nn.Module, embeddings: torch.Tensor, eot: torch.Tensor)
 
 
 @torch.no_grad()
-def encode_texts(model: ClipModel, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-    """Normalised text features (len(texts), D) with the truncated tower."""
+def encode_texts(model: ClipModel, texts: Sequence[str], batch_size: int = 256, normalize: bool = True) -> torch.Tensor:
+    """Text features (len(texts), D) with the truncated tower, normalised unless `normalize` is False."""
     clip = model.clip
     tokens = tokenize(texts, clip.context_length).to(model.device)
     eot = _eot_positions(tokens)
@@ -124,7 +124,7 @@ def encode_texts(model: ClipModel, texts: Sequence[str], batch_size: int = 256) 
         tok = tokens[start:start + batch_size, :length]
         emb = clip.token_embedding(tok)
         out.append(run_text_tower(clip, emb, eot[start:start + batch_size]).float())
-    return F.normalize(torch.cat(out), dim=-1)
+    return F.normalize(torch.cat(out), dim=-1) if normalize else torch.cat(out)
 
 
 def _as_formatter(template: str | Callable[[str], str]) -> Callable[[str], str]:

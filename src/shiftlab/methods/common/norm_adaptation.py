@@ -21,7 +21,7 @@ and may keep state of its own (`extra_state` / `load_extra_state` / `reset_extra
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,10 +58,10 @@ def skips_top_layer(name: str, rule: str) -> bool:
     return any(part in name for part in parts) or name in whole
 
 
-def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
+def norm_layers(visual: nn.Module, kinds: tuple[type, ...] = NORM_LAYERS) -> list[tuple[str, nn.Module]]:
+    """(name, module) of `visual`'s normalisation layers of `kinds` with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
-            if isinstance(m, NORM_LAYERS) and getattr(m, "weight", None) is not None]
+            if isinstance(m, kinds) and getattr(m, "weight", None) is not None]
 
 
 class BatchStatisticsError(ValueError):
@@ -97,20 +97,30 @@ class NormTower(nn.Module):
     `parameter_names` and `adapted_parameters()` list them in module order, weight before bias (the order the
     authors' `collect_params` walks, so an optimiser's state lines up with theirs); `skip_top_layers` (a rule of
     norm_config.TOP_LAYER_RULES) leaves the top layers' norms out, shared and frozen. Every BatchNorm layer, adapted
-    or not, uses the batch's statistics (their running statistics are neither read nor updated)."""
+    or not, uses the batch's statistics (their running statistics are neither read nor updated) unless
+    `batch_statistics` is off (then the shared running statistics, in eval mode); `kinds` and `keep(name)` narrow the
+    adapted layers to those classes and names."""
 
-    def __init__(self, clip: nn.Module, skip_top_layers: str = "none"):
+    def __init__(self, clip: nn.Module, skip_top_layers: str = "none", kinds: tuple[type, ...] = NORM_LAYERS,
+                 keep: Callable[[str], bool] | None = None, batch_statistics: bool = True):
         super().__init__()
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
         for name, module in layers:
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+                continue
+            if batch_statistics:
                 use_batch_statistics(module)     # adapted or not, as their configure_model sets every one
                 module.register_forward_pre_hook(_check_batch_statistics(name))
-        layers = [(name, module) for name, module in layers if not skips_top_layer(name, skip_top_layers)]
+            else:
+                module.eval()                    # the shared running statistics, read and never updated
+        layers = [(name, module) for name, module in layers
+                  if isinstance(module, kinds) and not skips_top_layer(name, skip_top_layers)
+                  and (keep is None or keep(name))]
         if not layers:
-            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
-                             "(LayerNorm, GroupNorm or BatchNorm) to adapt"
+            words = " or ".join(k.__name__ for k in kinds) if kinds != NORM_LAYERS else \
+                "normalisation layer (LayerNorm, GroupNorm or BatchNorm)"
+            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no {words} to adapt"
                              + (f" outside the top layers (skip_top_layers {skip_top_layers!r})"
                                 if skip_top_layers != "none" else ""))
         self.parameter_names: list[str] = []
@@ -178,7 +188,8 @@ class NormTTAMethod(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"))
+            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"),
+                                   self.adapted_layer_kinds(), self.adapts_layer_named, self.batch_statistics)
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -188,6 +199,17 @@ class NormTTAMethod(Method):
         self.reset_extra()
 
     # -- what a subclass may override ---------------------------------------------------------------------
+    # BatchNorm normalises with the batch's statistics (TENT's configure_model); False: the running statistics
+    batch_statistics = True
+
+    def adapted_layer_kinds(self) -> tuple[type, ...]:
+        """The normalisation layer classes whose affine parameters adapt."""
+        return NORM_LAYERS
+
+    def adapts_layer_named(self, name: str) -> bool:
+        """Whether the normalisation layer `name` (a module name inside the image tower) adapts."""
+        return True
+
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return make_optimizer(self.config, params)
 

@@ -1,0 +1,72 @@
+"""BayesTTA (Cui et al., 2025, "BayesTTA: Continual-Temporal Test-Time Adaptation for Vision-Language Models via
+Gaussian Discriminant Analysis"), as its authors' code runs it.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py, discriminant.py). Sources are cited as
+`file:line` of cuishuang99/BayesTTA at 9c98176 (`dis_cttta_runner_cd.py`, the cross-domain runner: one dataset, the
+state from its first batch; `dis_cttta_runner.py`, the temporal one, carries it across a dataset's domains)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import OPTIMIZERS, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+BAYESTTA = "cuishuang99/BayesTTA@9c981767faadc95fddc49968e513c31012e7bb57"
+
+# "test": Box's M test on the first batch picks one shared covariance or one per class (their default:
+# _covariance_homogeneity_test, dis_cttta_runner_cd.py:225-236); "shared", "class": that choice made without it
+COVARIANCES = ("test", "shared", "class")
+
+
+@dataclass
+class BayesTTAConfig(NormTTAConfig):
+    """Their argparse defaults (`get_arguments`, dis_cttta_runner_cd.py:30-58); per-dataset XML files
+    (configs/{rn50,vitb16}/<dataset>.xml) override alpha, the learning rate and the EMA decay."""
+    alpha: float = param(1.0, ge=0)                        # --alpha 1.0: the discriminant's weight in the logits
+    model_ema_beta: float = param(0.99, ge=0, le=1)        # --model-ema-beta 0.99: EMA of the adapted parameters
+    lr: float = param(1e-3, gt=0)                          # --learning-rate 1e-3
+    optimizer: str = param("adam", choices=OPTIMIZERS)     # torch.optim.Adam(params, lr) (main)
+    adam_eps: float = param(1e-8, gt=0)                    # Adam's default eps
+    epsilon: float = param(1e-4, ge=0, le=1)               # --epsilon 1e-4: covariance shrinkage towards sigma^2 I
+    sigma: float = param(0.1, gt=0)                        # --sigma 0.1: the prior covariance's scale
+    covariance: str = param("test", choices=COVARIANCES)
+    # their logits are 100 x cosine whatever the model (dis_cttta_runner_cd.py:259, 343)
+    logit_scale: float | None = param(100.0, gt=0)
+    # BatchNorm on its running statistics (their model.eval()); True: the batch's statistics, as TENT
+    batch_statistics: bool = False
+
+
+class BayesTTASpec(MethodSpec):
+    name = "bayestta"
+    bibtex = r"""@article{cui2025bayestta,
+  title = {BayesTTA: Continual-Temporal Test-Time Adaptation for Vision-Language Models via Gaussian Discriminant
+      Analysis},
+  author = {Cui, Shuang and Xu, Jinglin and Li, Yi and Tang, Xiongxin and Li, Jiangmeng and Zhou, Jiahuan and
+      Xu, Fanjiang and Sun, Fuchun and Xiong, Hui},
+  journal = {arXiv preprint arXiv:2507.08607},
+  year = {2025}
+}"""
+    impl = "shiftlab.methods.bayestta.method:BayesTTA"
+    # class Gaussians updated from every batch, and the image tower's LayerNorms (ViT) or BatchNorms named `bn`
+    # (ResNet) stepped and averaged: the state carried from batch to batch
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters and the class"
+                        " Gaussians it holds when the batch arrives, the batch's own update of the Gaussians"
+                        " differentiated; the batch then adapts as a clean one would",
+                        impl="shiftlab.methods.bayestta.method:bayes_state_logits")
+    config_class = BayesTTAConfig
+    family = "classic"     # a batch TTA method on CLIP's image tower (facts.FAMILIES)
+    summary = ("BayesTTA: class Gaussians updated by the batch's soft labels, zero-shot + Gaussian discriminant "
+               "logits, one Adam step of the norm parameters towards them, EMA (continual)")
+    label = "BayesTTA"
+    # their code is the paper's; batches of 64 in the cross-domain runner (--batch-size 64: dis_cttta_runner_cd.py:44)
+    protocols = {"paper": {}}
+    # the README's results are figures (assets/), no number in text
+    published = ()
+    fidelity = ("golden (their cross-domain runner's functions on the golden tiny ViT and ResNet: 3 batches of 10, "
+                "shared covariances, the covariance test, class covariances; logits, Gaussians and parameters)")
+    # the registry-wide tests' batches are small: the shared covariance without the first batch's test
+    test_config = {"covariance": "shared", "lr": 0.01}
