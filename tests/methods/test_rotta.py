@@ -1,0 +1,114 @@
+"""RoTTA: its category-balanced memory against straightforward expectations, and CLIPTTA's RoTTA
+(github.com/MarcLafon/cliptta `ttavlm/methods/rotta.py`, `memory/cstu.py`) on the golden tiny ViT
+(tests/fixtures/golden/rotta, made by the driver beside the fixtures, float32 on the CPU).
+
+Golden: 24 images in 3 continual batches of 8, Adam at lr 3e-2, a memory of 400, EMA weight 0.2: an update after
+every batch (frequency 8, 1 step) and, with 2 steps and frequency 12, an update when the count reaches 24 (batch 1, first step; batch 2, second step).
+After every batch the memory's images and ages exactly, the logits (TUNED_LOGITS), the recorded OOD scores
+(FEATURES), every adapted normalisation parameter of the student and of the EMA teacher (NORM_PARAMS), the
+predictions exactly.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import shiftlab
+from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, assert_close, assert_top1_margin, stream_views
+from shiftlab.methods.context import SampleContext
+from shiftlab.methods.rotta.memory import CategoryBalancedMemory
+from shiftlab.methods.rotta.method import timeliness
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+COMMON = {"lr": 3e-2, "capacity": 400, "nu": 0.2, "logit_scale": 100.0}   # their output x --logit_scale 100
+# the variants of the driver, as shiftlab configs (their argv: tests/fixtures/golden/rotta/rotta.json)
+VARIANTS = {"rotta": {**COMMON, "update_frequency": 8}, "rotta_f12s2": {**COMMON, "update_frequency": 12, "steps": 2}}
+
+
+def test_memory_balances_classes_and_displaces_the_old_and_uncertain():
+    memory = CategoryBalancedMemory(num_classes=2, capacity=4, lambda_t=1.0, lambda_u=1.0)   # 2 a class
+    image = [torch.full((1,), float(i)) for i in range(8)]
+    assert [memory.add(image[i], 0, 0.1) for i in range(2)] == [True, True]
+    # class 0 holds its share: a newcomer must outscore the stored images' best heuristic (older, so higher)
+    assert not memory.add(image[2], 0, 0.9)          # too uncertain: 0.5 + 0.9 / log 2 > sigmoid(2/4) + 0.1 / log 2
+    assert [item.age for item in memory.items[0]] == [3, 2]
+    assert memory.add(image[3], 0, 0.1)              # the oldest (highest score) gives way
+    assert [float(item.image) for item in memory.items[0]] == [1.0, 3.0]
+    assert memory.add(image[4], 1, 0.5) and memory.add(image[5], 1, 0.5)
+    # full (4) and class 1 holds its share: class 1's oldest makes room
+    assert memory.add(image[6], 1, 0.0) and [float(i.image) for i in memory.items[1]] == [5.0, 6.0]
+    images, ages = memory.contents()
+    assert images.flatten().tolist() == [1.0, 3.0, 5.0, 6.0]
+    assert ages.tolist() == [a / 4 for a in (6, 4, 2, 1)]
+    want = 1 / (1 + math.exp(-6 / 4)) + 0.1 / math.log(2)
+    assert memory.heuristic(6, 0.1) == pytest.approx(want)
+
+
+def test_memory_takes_room_from_the_largest_class_when_full():
+    memory = CategoryBalancedMemory(num_classes=4, capacity=3, lambda_t=1.0, lambda_u=0.0)      # 0.75 a class
+    for i, c in enumerate((0, 0, 1)):
+        memory.per_class = 2                       # let class 0 take two while there is room
+        memory.add(torch.full((1,), float(i)), c, 0.0)
+    memory.per_class = 0.75
+    assert memory.add(torch.full((1,), 3.0), 2, 0.0)           # class 2 empty, memory full: class 0's oldest goes
+    assert [[float(i.image) for i in per] for per in memory.items] == [[1.0], [2.0], [3.0], []]
+
+
+def test_timeliness_weights_halve_at_age_zero_and_decay():
+    w = timeliness(torch.tensor([0.0, 1.0, 5.0]))
+    assert w[0] == 0.5 and w[1] == pytest.approx(math.exp(-1) / (1 + math.exp(-1))) and w[2] < w[1]
+
+
+def test_memory_state_round_trips():
+    memory = CategoryBalancedMemory(num_classes=3, capacity=3, lambda_t=1.0, lambda_u=1.0)
+    for i in range(5):
+        memory.add(torch.full((2,), float(i)), i % 3, 0.1 * i)
+    copy = CategoryBalancedMemory(num_classes=3, capacity=3, lambda_t=1.0, lambda_u=1.0)
+    copy.load(memory.state())
+    for i in range(5, 9):
+        assert memory.add(torch.full((2,), float(i)), i % 2, 0.05) == copy.add(torch.full((2,), float(i)), i % 2, 0.05)
+    assert torch.equal(memory.contents()[0], copy.contents()[0]) and torch.equal(memory.contents()[1],
+                                                                                  copy.contents()[1])
+
+
+def test_bad_values_are_refused_in_one_line(tiny_model):
+    for kw, match in (({"capacity": 0}, "rotta.capacity"), ({"nu": 1.5}, "rotta.nu"),
+                      ({"teacher_target": "probs"}, "rotta.teacher_target"),
+                      ({"update_schedule": "never"}, "rotta.update_schedule")):
+        with pytest.raises(ValueError, match=match):
+            shiftlab.create_method("rotta", tiny_model, ["a", "b"], **kw)
+
+
+@pytest.mark.golden
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rotta_matches_cliptta_batch_by_batch(golden_vit, golden_dir, variant):
+    model, names, heads = golden_vit
+    want = torch.load(golden_dir / "rotta" / f"{variant}.pt", map_location="cpu", weights_only=True)
+    info = json.loads((golden_dir / "rotta" / "rotta.json").read_text())["fixtures"][variant]
+    assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")
+    method = shiftlab.create_method("rotta", model, names, heads=heads, **VARIANTS[variant])
+    assert method.tower.parameter_names == info["adapted"]
+    views = [model.normalize(v) for v in stream_views(golden_dir, 1)]
+    pixels = torch.cat([v[:1] for v in views])
+    updates = []
+    for b in range(info["n_batches"]):
+        outs = method.adapt_batch([SampleContext(model, heads, v) for v in views[8 * b:8 * b + 8]])
+        updates.append(outs[0].extras["updates"])
+        images, ages = method.memory.contents()
+        stored = [int((pixels == im).flatten(1).all(1).nonzero()[0]) for im in images]
+        assert stored == want[f"{b}/memory"].tolist(), f"batch {b} memory"
+        assert [round(a * method.config.capacity) for a in ages.tolist()] == want[f"{b}/ages"].tolist()
+        logits = torch.stack([o.logits for o in outs])
+        assert_close(logits, want[f"{b}/logits"], TUNED_LOGITS, f"batch {b} logits")
+        assert_close(torch.tensor([o.ood_score for o in outs]), want[f"{b}/scores"], FEATURES, f"batch {b} scores")
+        for name, value in method.tower.norm_state().items():
+            assert_close(value, want[f"{b}/norm/{name}"], NORM_PARAMS, f"batch {b} {name}")
+        for name, value in method.teacher.state().items():
+            assert_close(value, want[f"{b}/teacher/{name}"], NORM_PARAMS, f"batch {b} teacher {name}")
+        assert_top1_margin(want[f"{b}/logits"], TUNED_LOGITS, f"batch {b}")
+        assert torch.equal(logits.argmax(1), want[f"{b}/logits"].argmax(1))
+    assert updates == ([1, 1, 1] if variant == "rotta" else [0, 1, 1])
