@@ -18,8 +18,6 @@ import torch
 
 import shiftlab
 from _golden import FEATURES, NORM_PARAMS, TUNED_LOGITS, assert_close, assert_top1_margin, stream_views
-from shiftlab.methods.adacontrast.method import instance_loss, refined_pseudo_labels
-from shiftlab.methods.common.moco_augment import adacontrast_views, resized_crop_box
 from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,6 +29,7 @@ VARIANTS = {"adacontrast": COMMON, "adacontrast_s2": {**COMMON, "steps": 2, "n_n
 
 
 def test_refined_pseudo_labels_average_the_nearest_bank_entries():
+    from shiftlab.methods.adacontrast.method import refined_pseudo_labels     # (imports torchvision: not at collection)
     bank = torch.tensor([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0], [6.0, 5.0]])
     probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.2, 0.8], [0.4, 0.6]])
     labels, refined = refined_pseudo_labels(torch.tensor([[0.2, 0.1], [5.5, 4.0]]), bank, probs, 2, "euclidean")
@@ -39,6 +38,7 @@ def test_refined_pseudo_labels_average_the_nearest_bank_entries():
 
 
 def test_instance_loss_leaves_out_negatives_of_the_same_pseudo_label():
+    from shiftlab.methods.adacontrast.method import instance_loss
     q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.2]]), dim=-1)
     k = torch.nn.functional.normalize(torch.tensor([[0.9, 0.3]]), dim=-1)
     queue = torch.nn.functional.normalize(torch.tensor([[0.0, 1.0], [1.0, 0.0], [-1.0, 0.5]]), dim=-1).T
@@ -49,6 +49,7 @@ def test_instance_loss_leaves_out_negatives_of_the_same_pseudo_label():
 
 
 def test_augmentations_are_drawn_from_the_generator_alone():
+    from shiftlab.methods.common.moco_augment import adacontrast_views, resized_crop_box
     x = torch.randn(3, 3, 32, 32)
     a = adacontrast_views(x, torch.Generator().manual_seed(5))
     b = adacontrast_views(x, torch.Generator().manual_seed(5))

@@ -115,3 +115,35 @@ def test_rotta_matches_cliptta_batch_by_batch(golden_vit, golden_dir, variant):
         assert_top1_margin(want[f"{b}/logits"], TUNED_LOGITS, f"batch {b}")
         assert torch.equal(logits.argmax(1), want[f"{b}/logits"].argmax(1))
     assert updates == ([1, 1, 1] if variant == "rotta" else [0, 1, 1])
+
+
+def test_bit_da_choices_update_per_image_and_predict_with_the_teacher(golden_vit):
+    model = golden_vit[0]
+    method = shiftlab.create_method("rotta", model, [f"class {i}" for i in range(5)], update_frequency=3,
+                                    update_schedule="instance", output="teacher", teacher_target="softmax",
+                                    loss_logit_scale=100.0, capacity=8, nu=0.5, lr=1e-2)
+    views = torch.rand(8, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
+    pixels = model.normalize(views[:, 0])
+    with torch.no_grad():
+        teacher_before = method.cosines(pixels, method.teacher.tower)
+    outs = method.adapt_batch([SampleContext(model, method.heads, model.normalize(v)) for v in views])
+    assert [o.extras["updates"] for o in outs] == [2] * 8                  # after images 3 and 6
+    assert_close(torch.stack([o.logits for o in outs]), method.scale * teacher_before, 1e-5, "teacher's output")
+    assert method.counted == 8 and outs[0].extras["last_loss"] is not None    # the count is never restarted
+    assert any(not torch.equal(a, b) for a, b in zip(method.teacher.state().values(), method.tower.norm_state().values()))
+
+
+def test_softmax_target_loss_is_the_weighted_cross_entropy_to_the_teacher_softmax(golden_vit):
+    model = golden_vit[0]
+    method = shiftlab.create_method("rotta", model, [f"class {i}" for i in range(5)], teacher_target="softmax",
+                                    loss_logit_scale=10.0, capacity=8, update_frequency=100)
+    views = torch.rand(4, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(1))
+    for i, image in enumerate(model.normalize(views)):
+        method.memory.add(image, i % 5, 0.5)
+    images, ages = method.memory.contents()
+    with torch.no_grad():
+        target = (10.0 * method.cosines(images, method.teacher.tower)).softmax(-1)
+        student = 10.0 * method.cosines(images)
+    w = torch.exp(-ages) / (1 + torch.exp(-ages))
+    want = (w * -(target * student.log_softmax(-1)).sum(-1)).mean()
+    assert method.update() == pytest.approx(float(want), rel=1e-5)

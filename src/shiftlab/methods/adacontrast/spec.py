@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..common.moco_augment import AUG_TYPES
 from ..common.norm_config import SCORES, NormTTAConfig
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
+# the strong augmentations their --aug_type offers (configuration.py:278; common/moco_augment.strong_view)
+AUG_TYPES = ("moco-v2", "moco-v1")
 # the neighbours' distance (adacontrast.py:190-207): euclidean (CLIPTTA's, its default argument) or 1 - cosine
 # (DianCh configs/learn/target.yaml dist_type)
 DISTANCES = ("euclidean", "cosine")
@@ -43,7 +44,7 @@ class AdaContrastConfig(NormTTAConfig):
     # the scale of the cosines the losses, pseudo-labels and neighbour probabilities read: their get_logits returns
     # the cosines unscaled and adacontrast.py never multiplies by --logit_scale (adacontrast.py:59-81)
     loss_logit_scale: float = param(1.0, gt=0)
-    # ImageNet's normalisation applied on top of CLIP's as each augmentation's last step (moco_transforms.py:55-57)
+    # ImageNet's normalisation applied on top of CLIP's as each augmentation's last step (moco_transforms.py:53-56)
     renormalize: bool = True
     # the seed of the queue's initial draw and of each batch's augmentations (theirs: torch's global generator)
     seed: int = param(0, ge=0)

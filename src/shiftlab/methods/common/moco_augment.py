@@ -15,8 +15,6 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import ImageFilter
 
-# the strong augmentations their --aug_type offers (configuration.py:278)
-AUG_TYPES = ("moco-v2", "moco-v1")
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
