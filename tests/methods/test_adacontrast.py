@@ -2,12 +2,12 @@
 (github.com/MarcLafon/cliptta `ttavlm/methods/adacontrast.py`) on the golden tiny ViT (tests/fixtures/golden/
 adacontrast, made by the driver beside the fixtures, float32 on the CPU).
 
-Golden: 24 images in 3 continual batches of 8 (199 of the golden classes: see the driver), Adam at lr 1e-2, a queue of 12 keys (it wraps in batch 1), their
-random initial queue loaded into shiftlab's; 1 step with 3 neighbours, and 2 steps with 5. Their augmentations draw
-from torch's and Python's global generators, so both sides run the same fixed views (weak: identity, query: a
-horizontal flip, key: a vertical flip). After every batch the queue's labels exactly, its keys (FEATURES), the logits
-(TUNED_LOGITS), the recorded OOD scores (FEATURES), every adapted and key-encoder normalisation parameter
-(NORM_PARAMS), the predictions exactly.
+Golden: 24 images in 3 continual batches of 8 (199 of the golden classes: see the driver), Adam at lr 1e-2, a
+queue of 12 keys (it wraps in batch 1), their random initial queue loaded into shiftlab's; 1 step with 3
+neighbours, and 2 steps with 5. Their augmentations draw from torch's and Python's global generators, so both sides
+run the same fixed views (weak: identity, query: a horizontal flip, key: a vertical flip). After every batch the
+queue's labels exactly, its keys (FEATURES), the logits (TUNED_LOGITS), the recorded OOD scores (FEATURES), every
+adapted and key-encoder normalisation parameter (NORM_PARAMS), the predictions exactly.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ VARIANTS = {"adacontrast": COMMON, "adacontrast_s2": {**COMMON, "steps": 2, "n_n
 
 
 def test_refined_pseudo_labels_average_the_nearest_bank_entries():
-    from shiftlab.methods.adacontrast.method import refined_pseudo_labels     # (imports torchvision: not at collection)
+    from shiftlab.methods.adacontrast.method import refined_pseudo_labels  # (imports torchvision: not at collection)
     bank = torch.tensor([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0], [6.0, 5.0]])
     probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.2, 0.8], [0.4, 0.6]])
     labels, refined = refined_pseudo_labels(torch.tensor([[0.2, 0.1], [5.5, 4.0]]), bank, probs, 2, "euclidean")
