@@ -148,3 +148,17 @@ def test_softmax_target_loss_is_the_weighted_cross_entropy_to_the_teacher_softma
     w = torch.exp(-ages) / (1 + torch.exp(-ages))
     want = (w * -(target * student.log_softmax(-1)).sum(-1)).mean()
     assert method.update() == pytest.approx(float(want), rel=1e-5)
+
+
+def test_episodic_resets_the_parameters_but_keeps_the_memory_and_teacher(golden_vit):
+    model = golden_vit[0]
+    method = shiftlab.create_method("rotta", model, [f"class {i}" for i in range(5)], episodic=True, capacity=8,
+                                    update_frequency=2, nu=0.5, lr=1e-2)
+    initial = method.tower.norm_state()
+    views = torch.rand(2, 2, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(2))
+    for batch in views:
+        method.adapt_batch([SampleContext(model, method.heads, model.normalize(v)) for v in batch])
+    assert len(method.memory) > 2          # both batches' images: the memory ran on
+    method.episodic_reset()
+    assert all(torch.equal(v, initial[k]) for k, v in method.tower.norm_state().items())
+    assert any(not torch.equal(v, initial[k]) for k, v in method.teacher.state().items())

@@ -77,6 +77,9 @@ class AdaContrast(OwnOODScoreMethod):
         self.queue_pointer = 0
         self.batches = 0          # batches adapted on since the initial state: the augmentations' seed
 
+    def episodic_reset(self) -> None:
+        self.reset_tower()      # their reset: the parameters and the optimiser; the queue and key encoder run on
+
     def extra_state(self) -> dict[str, Any]:
         return {"keys": self.keys.state(), "queue": self.queue, "queue_labels": self.queue_labels,
                 "queue_pointer": self.queue_pointer, "batches": self.batches}

@@ -44,6 +44,9 @@ class RoTTA(OwnOODScoreMethod):
         self.teacher.load(self.tower.norm_state())
         self.counted = 0          # images added since the last update (their current_instance)
 
+    def episodic_reset(self) -> None:
+        self.reset_tower()      # their reset: the parameters and the optimiser; memory, teacher and count run on
+
     def extra_state(self) -> dict[str, Any]:
         return {"memory": self.memory.state(), "teacher": self.teacher.state(), "counted": self.counted}
 
