@@ -1,0 +1,1 @@
+"""AdaContrast on CLIP, as CLIPTTA's toolkit runs it."""

@@ -1,0 +1,1 @@
+"""RoTTA on CLIP, as CLIPTTA's toolkit runs it."""
