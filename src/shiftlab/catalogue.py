@@ -31,7 +31,8 @@ from typing import Any
 from . import params
 from .methods import facts, heads
 from .methods import protocols as method_protocols
-from .methods.specs import make_config, spec, spec_names
+from .methods.specs import make_config, refused_methods, spec, spec_names
+from .methods.specs import refusal as method_refusal
 from .views.recipe import ViewRecipe
 
 COMMAND = "shiftlab methods --table"   # prints `readme_table`
@@ -85,6 +86,16 @@ def published_note(method: str) -> str:
 def names() -> list[str]:
     """The registered method names, sorted."""
     return spec_names()
+
+
+def refused() -> dict[str, str]:
+    """{name: why it cannot run on CLIP here} of the registered methods that are refused (GTTA), sorted."""
+    return refused_methods()
+
+
+def refusal(name: str) -> str | None:
+    """The one line a run naming a refused method gets (`methods.specs.refusal`), or None."""
+    return method_refusal(name)
 
 
 def family_members(family: str) -> list[str]:

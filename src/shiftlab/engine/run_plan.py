@@ -160,13 +160,17 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     e.g. MTA under 4 views. Reads the specs and catalogues only: no torch."""
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.effective import effective_config, method_spec
-    from ..methods.specs import tower_of_name, tower_problem
+    from ..methods.effective import effective_config, method_spec, registered_name
+    from ..methods.specs import refusal, tower_of_name, tower_problem
     from ..rundir.stream import stream_problem
     from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem
 
     names = expand_names(config)
+    for name in names:      # a registered method that cannot run here (GTTA): its reason
+        problem = refusal(registered_name(name)) if isinstance(name, str) else None
+        if problem:
+            raise PlanError(problem)
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         raise PlanError(problem)
