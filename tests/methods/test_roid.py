@@ -94,13 +94,12 @@ def test_roid_matches_their_code_batch_by_batch(golden_vit, golden_model, golden
 
 
 @pytest.mark.parametrize("name", ["roid", "cmf"])
-def test_the_adaptive_attack_target_is_the_batch_prediction_before_its_step(name):
+def test_the_adaptive_attack_target_is_the_batch_prediction_before_its_step(name, tiny_model):
     """`--attack-target adaptive` (mode state) on ROID and CMF: the batch's prior-corrected logits through the norm
     parameters held when it arrives, differentiable in the pixels, leaving the state alone; what the adapting batch
     then outputs (their outputs are the adapting forward's)."""
     from shiftlab.attacks.adaptive import method_target
-    from shiftlab.synthetic import tiny_clip
-    model = tiny_clip(0)
+    model = tiny_model
     names = ["cat", "dog", "car", "tree", "boat"]
     method = shiftlab.create_method(name, model, names, lr=0.01)
     x = torch.rand(3, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
@@ -115,3 +114,15 @@ def test_the_adaptive_attack_target_is_the_batch_prediction_before_its_step(name
     (grad,) = torch.autograd.grad(target(pixels).max(-1).values.sum(), pixels)
     assert grad.abs().sum() > 0
     assert not torch.allclose(logits, method.logits(model.normalize(x[:, 0])))     # not the uncorrected logits
+
+
+def test_a_batch_of_one_image_adapts_without_nan(tiny_model):
+    """Their min-max normalisation divides 0 by 0 on a batch of one (NaN weights, then NaN parameters); here the
+    image keeps weight 1 and the parameters stay finite."""
+    model = tiny_model
+    method = shiftlab.create_method("roid", model, ["cat", "dog", "car"], lr=0.01)
+    x = torch.rand(1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(1))
+    (out,) = method.adapt_batch([SampleContext(model, method.heads, model.normalize(x))])
+    assert out.extras["weight"] == 1.0 and torch.isfinite(out.logits).all()
+    moved = [not torch.equal(v, method._initial_norm[k]) for k, v in method.tower.norm_state().items()]
+    assert all(torch.isfinite(v).all() for v in method.tower.norm_state().values()) and any(moved)
