@@ -325,3 +325,11 @@ class OptimizerStepRecorder:
         for hook in self.hooks:
             hook.remove()
 
+
+
+ROID_RESNET_GRAD_RTOL = 2e-3
+"""SGD's momentum buffers of ROID and CMF on the golden tiny ResNet, relative to the largest entry: their weighted
+soft likelihood ratio backpropagated through BatchNorm with the statistics of 8 images is ill-conditioned on this
+tower (shiftlab against itself: norm parameters moved by 1e-6 change the next batches' gradients by 1.4%, 16% and
+16%), so the FEATURES-sized noise between the two codes grows batch by batch; measured against their code: 1.3e-5,
+6.8e-5 and 6.0e-4 after batches 0, 1, 2 (CMF, lr 0.001), 1.7e-5 at most (ROID, lr 0.001)."""

@@ -49,6 +49,9 @@ def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
         (run + [str(tmp), "--methods", "mta", "--views", "4", "--set", "mta.neighbour_ratio=0.2"], 2,
          ["mta: needs at least 6 views (incl. the original), got 4", "--set mta.views=6"]),
         (run + [str(tmp), "--model", "RN5O"], 1, ["error: model: unknown model 'RN5O'", "did you mean RN50"]),
+        # a registered method that cannot run on CLIP (GTTA: labelled source data), with its reason
+        (run + [str(tmp), "--methods", "tent,gtta"], 2,
+         ["--methods: gtta is registered but cannot run here: it trains on labelled source images"]),
         (run + [missing, "--model", "RN5O"], 1, ["dataset imagenet-r: imagenet-r root does not exist",   # at once
                                                  "model: unknown model 'RN5O'"]),
         (run + [str(tmp), "--limt", "3"], 2, ["unrecognized arguments: --limt (did you mean --limit?)"]),

@@ -148,7 +148,10 @@ def test_unknown_names_read_as_one_plain_line():
     from shiftlab.datasets import DatasetError, build_dataset
     with pytest.raises(KeyError) as info:
         get_method_class("nope")
-    assert str(info.value) == f"unknown method 'nope'; known: {', '.join(shiftlab.list_methods())}"
+    # every registered name, the refused ones (GTTA: registered, not runnable) included
+    from shiftlab.methods.catalogue.declarations import refused_methods
+    known = sorted([*shiftlab.list_methods(), *refused_methods()])
+    assert str(info.value) == f"unknown method 'nope'; known: {', '.join(known)}"
     with pytest.raises(ValueError) as info:
         build_attack({"name": "fgsm"}, model=None, zeroshot_head=None)
     assert str(info.value) == "unknown attack 'fgsm'; known: none, apgd_ce, apgd_t, autoattack, fab_t, pgd, square"

@@ -101,6 +101,9 @@ def method_names(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
         raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(known)}")
+    refused = [catalogue.refusal(n) for n in names if catalogue.refusal(n)]
+    if refused:
+        raise argparse.ArgumentTypeError(refused[0])
     unknown = [n for n in names if n != "all" and n not in known]
     if unknown:
         guesses = [f"{n} (did you mean {' or '.join(close)}?)" if close else n

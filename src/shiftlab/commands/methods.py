@@ -37,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
         if members:
             print(f"\n== {label}" if block != catalogue.SINGLE_IMAGE else f"== {label}")
             _print_rows(members)
+    refused = catalogue.refused()
+    if refused:
+        print("\n== registered, not runnable on CLIP here")
+        for name, reason in refused.items():
+            print(f"{name:<16} {'refused':<9} {reason}")
     print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "
           "'fp16-pure' is the model itself in float16 on CUDA (the authors' clip.load), float32 on CPU.")
     return 0

@@ -177,6 +177,9 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     with clean_and_robust, and a view count below a method's minimum where that minimum is the
     catalogue's (`catalogue_undecided` lists the methods where it is not)."""
     names = _catalogued_names(config)
+    refused = [catalogue.refusal(n) for n in names if catalogue.refusal(n)]
+    if refused:
+        return refused[0]
     entries = {e["name"]: e for e in catalogue.entries() if e["name"] in names}
     online = [n for n in names if n in entries and not entries[n]["episodic"]]
     if online and len(config.settings()) > 1:

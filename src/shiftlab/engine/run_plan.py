@@ -5,7 +5,7 @@
     plan.view_groups()                         # (view-recipe family, precision setting) -> the views encoded
     print(plan.text())                         # what `shiftlab run --dry-run` prints
 
-`resolve_plan` is the one place a run resolves its methods' configs (`methods.effective.effective_config`):
+`resolve_plan` is the one place a run resolves its methods' configs (`methods.catalogue.method_config.effective_config`):
 the CLI's checks (`settings_problem`), `engine.prepare` (the methods' own models), the loop (`Evaluator.for_run`,
 `views_per_group`) and sweeps are handed the plan instead of resolving again. What needs torch or the model
 (each method's extra models, the device's precision groups, the feature-store keys) is asked of the plan by
@@ -160,13 +160,17 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     e.g. MTA under 4 views. Reads the specs and catalogues only: no torch."""
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
-    from ..methods.catalogue.declarations import tower_of_name, tower_problem
-    from ..methods.catalogue.method_config import effective_config, method_spec
+    from ..methods.catalogue.declarations import refusal, tower_of_name, tower_problem
+    from ..methods.catalogue.method_config import effective_config, method_spec, registered_name
     from ..rundir.stream import stream_problem
     from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem
 
     names = expand_names(config)
+    for name in names:      # a registered method that cannot run here (GTTA): its reason
+        problem = refusal(registered_name(name)) if isinstance(name, str) else None
+        if problem:
+            raise PlanError(problem)
     problem = stream_problem(config.order, config.delta, config.orders)
     if problem:
         raise PlanError(problem)

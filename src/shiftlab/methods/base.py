@@ -410,6 +410,9 @@ def get_method_class(name: str) -> type[Method]:
     if not isinstance(name, str):
         raise TypeError(f"method must be a method name (a string), got {type(name).__name__} {name!r}")
     spec = method_specs.spec(registered_name(name))
+    problem = method_specs.refusal(spec.name)
+    if problem:
+        raise ValueError(problem)
     if spec.name in _REGISTRY:
         return _REGISTRY.get(spec.name)
     module, _, qualname = spec.impl.partition(":")

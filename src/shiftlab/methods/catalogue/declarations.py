@@ -236,6 +236,10 @@ class MethodSpec:
     # (higher: more in-distribution, as MCM), recorded on open-set runs beside MCM as `own_ood_score` and scored
     # in a column of its own (docs/PROTOCOLS.md). "": MCM only
     own_ood_score: ClassVar[str] = ""
+    # why it cannot run on CLIP here, in one line (GTTA: it trains on labelled source data): a refused method is
+    # registered and listed (`refused_methods`, `shiftlab methods`) with no `impl`, left out of `spec_names()` (so
+    # `--methods all` and the registry-wide tests pass it by) and refused in one line when named (`refusal`)
+    refused: ClassVar[str] = ""
     # how `--attack-target adaptive` attacks it through its adaptation (methods/adaptive_modes.py); None: it cannot
     # be, and an adaptive run refuses it in one line
     adaptive: ClassVar[Adaptive | None] = None
@@ -364,20 +368,34 @@ def _scanned() -> bool:
 def register_spec(cls: type[MethodSpec], replace: bool = False) -> type[MethodSpec]:
     """Register a spec under its name and aliases (discovery does this for every folder; a script or test
     registers a method of its own with `shiftlab.methods.base.register_method`)."""
-    if not cls.impl or ":" not in cls.impl:
+    if getattr(cls, "refused", "") and cls.impl:
+        raise ValueError(f"{cls.__qualname__}: a refused method has no impl, got {cls.impl!r}")
+    if not getattr(cls, "refused", "") and (not cls.impl or ":" not in cls.impl):
         raise ValueError(f"{cls.__qualname__}.impl must be 'package.module:Class', got {cls.impl!r}")
     # a spec's `aliases` are the spellings of published tables (shiftlab.results.published), not run names
     return SPECS.register(cls.name, cls, replace=replace)
 
 
 def spec_names(kind: str | None = None) -> list[str]:
-    """The registered method names, sorted; `kind` ("episodic" or "online") keeps only those."""
+    """The registered method names that run, sorted (a refused one is not among them: `refused_methods`); `kind`
+    ("episodic" or "online") keeps only those."""
     _scanned()
-    if kind is None:
-        return SPECS.names()
-    if kind not in STATES:
+    if kind is not None and kind not in STATES:
         raise ValueError(f"unknown method kind {kind!r}; known: {', '.join(STATES)}")
-    return SPECS.names(where=lambda cls: cls.capabilities.state == kind)
+    return SPECS.names(where=lambda cls: not getattr(cls, "refused", "") and kind in (None, cls.capabilities.state))
+
+
+def refused_methods() -> dict[str, str]:
+    """{name: why it cannot run on CLIP here} of the registered methods that are refused, sorted."""
+    _scanned()
+    return {name: SPECS.get(name).refused for name in SPECS.names(where=lambda cls: bool(getattr(cls, "refused", "")))}
+
+
+def refusal(name: str) -> str | None:
+    """The one line a run or `create_method` naming a refused method gets, or None where `name` is no refused
+    method."""
+    reason = refused_methods().get(name)
+    return f"{name} is registered but cannot run here: {reason}" if reason else None
 
 
 def spec(name: str) -> type[MethodSpec]:

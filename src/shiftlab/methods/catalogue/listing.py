@@ -33,7 +33,8 @@ from ...views.recipe import ViewRecipe
 from .. import heads
 from . import cards as facts
 from . import protocols as method_protocols
-from .declarations import make_config, spec, spec_names
+from .declarations import make_config, refused_methods, spec, spec_names
+from .declarations import refusal as method_refusal
 
 COMMAND = "shiftlab methods --table"   # prints `readme_table`
 
@@ -86,6 +87,16 @@ def published_note(method: str) -> str:
 def names() -> list[str]:
     """The registered method names, sorted."""
     return spec_names()
+
+
+def refused() -> dict[str, str]:
+    """{name: why it cannot run on CLIP here} of the registered methods that are refused (GTTA), sorted."""
+    return refused_methods()
+
+
+def refusal(name: str) -> str | None:
+    """The one line a run naming a refused method gets (`methods.catalogue.declarations.refusal`), or None."""
+    return method_refusal(name)
 
 
 def family_members(family: str) -> list[str]:

@@ -1,0 +1,1 @@
+"""The roid method folder (spec.py: no torch; method.py: the torch code)."""
