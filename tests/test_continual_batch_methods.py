@@ -15,9 +15,9 @@ import pytest
 from _gate import GatedRun
 from _runs import comparable, json_lines
 from _synthetic import make_imagenet_r
-from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.cli import main as cli_main
 from shiftlab.methods import facts
+from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.methods.catalogue.declarations import spec, spec_names
 from shiftlab.report.build import build_report
 from shiftlab.views.recipe import ViewRecipe

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import shiftlab
-from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.engine.config import RunConfig, settings_problem
+from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.methods.catalogue.declarations import refused_methods, spec, spec_names
 
 REASON = "gtta is registered but cannot run here: it trains on labelled source images at every step"

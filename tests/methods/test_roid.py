@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import shiftlab
+from shiftlab.methods.catalogue import declarations
 from _golden import (
     FEATURES,
     GRAD_RTOL,
@@ -59,7 +60,7 @@ def test_soft_likelihood_ratio_weights_and_prior_against_straightforward_computa
 
 def test_consistency_is_refused_in_one_line_before_torch_work():
     with pytest.raises(ValueError, match=r"^roid.use_consistency: True .* only False is offered$"):
-        shiftlab.methods.catalogue.declarations.make_config(shiftlab.methods.catalogue.declarations.spec("roid"), use_consistency=True)
+        declarations.make_config(declarations.spec("roid"), use_consistency=True)
 
 
 @pytest.mark.golden

@@ -5,7 +5,7 @@
     plan.view_groups()                         # (view-recipe family, precision setting) -> the views encoded
     print(plan.text())                         # what `shiftlab run --dry-run` prints
 
-`resolve_plan` is the one place a run resolves its methods' configs (`methods.catalogue.method_config.effective_config`):
+`resolve_plan` is the one place a run resolves its methods' configs (`catalogue.method_config.effective_config`):
 the CLI's checks (`settings_problem`), `engine.prepare` (the methods' own models), the loop (`Evaluator.for_run`,
 `views_per_group`) and sweeps are handed the plan instead of resolving again. What needs torch or the model
 (each method's extra models, the device's precision groups, the feature-store keys) is asked of the plan by

@@ -1,7 +1,7 @@
 """AdaContrast (Chen, Wang, Darrell & Ebrahimi, CVPR 2022, "Contrastive Test-Time Adaptation"), on CLIP as
 CLIPTTA's toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`); AdaContrast's own code (DianCh/AdaContrast at c3c8b88) as
 `DianCh ...`."""
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 # the strong augmentations their --aug_type offers (configuration.py:278; common/moco_augment.strong_view)
 AUG_TYPES = ("moco-v2", "moco-v1")
@@ -56,37 +55,10 @@ class AdaContrastConfig(NormTTAConfig):
 
 class AdaContrastSpec(MethodSpec):
     name = "adacontrast"
-    bibtex = r"""@inproceedings{chen2022contrastive,
-  title = {Contrastive Test-Time Adaptation},
-  author = {Chen, Dian and Wang, Dequan and Darrell, Trevor and Ebrahimi, Sayna},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.adacontrast.method:AdaContrast"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it"
-                        " holds when the batch arrives (batch statistics, state); the batch then adapts with its"
-                        " augmentations and the queue as a clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = AdaContrastConfig
-    summary = ("AdaContrast: pseudo-labels refined by nearest neighbours train the norm parameters with a "
-               "contrastive key queue and a diversity term on weak/strong augmentations (continual); records its "
-               "own ood_score")
-    label = "AdaContrast"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("AdaContrast's returned score (`score`: max_prob at logit scale 1; "
                      "ttavlm/methods/abstract_model.py get_scores)")
-    # AdaContrast's own code (DianCh configs/learn/target.yaml, configs/model_tta/moco.yaml): the three losses
-    # weighted 1, 10 neighbours by cosine distance, the key encoder's momentum update, a unit-normalised queue, at
-    # CLIP's logit scale (its classifiers' logits)
-    protocols = {"paper": {"beta_ins": 1.0, "beta_div": 1.0, "n_neighbors": 10, "distance": "cosine",
-                           "key_momentum": True, "queue_init": "unit", "loss_logit_scale": 100.0,
-                           "logit_scale": 100.0}}
-    # CLIPTTA's README has no table; AdaContrast's readme reports VisDA-C and DomainNet-126 with its own ResNets
-    published = ()
-    fidelity = ("golden (CLIPTTA's AdaContrast class on the tiny ViT: 3 continual batches of 8, a queue of 12 that "
-                "wraps, their augmentations replaced by fixed ones on both sides; every batch's logits, scores, norm "
-                "parameters, queue features and labels)")
     # the registry-wide tests: a small queue
     test_config = {"queue_size": 16}

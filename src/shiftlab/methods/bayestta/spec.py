@@ -9,11 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-
-BAYESTTA = "cuishuang99/BayesTTA@9c981767faadc95fddc49968e513c31012e7bb57"
 
 # "test": Box's M test on the first batch picks one shared covariance or one per class (their default:
 # _covariance_homogeneity_test, dis_cttta_runner_cd.py:225-236); "shared", "class": that choice made without it
@@ -40,33 +37,10 @@ class BayesTTAConfig(NormTTAConfig):
 
 class BayesTTASpec(MethodSpec):
     name = "bayestta"
-    bibtex = r"""@article{cui2025bayestta,
-  title = {BayesTTA: Continual-Temporal Test-Time Adaptation for Vision-Language Models via Gaussian Discriminant
-      Analysis},
-  author = {Cui, Shuang and Xu, Jinglin and Li, Yi and Tang, Xiongxin and Li, Jiangmeng and Zhou, Jiahuan and
-      Xu, Fanjiang and Sun, Fuchun and Xiong, Hui},
-  journal = {arXiv preprint arXiv:2507.08607},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.bayestta.method:BayesTTA"
     # class Gaussians updated from every batch, and the image tower's LayerNorms (ViT) or BatchNorms named `bn`
     # (ResNet) stepped and averaged: the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters and the class"
-                        " Gaussians it holds when the batch arrives, the batch's own update of the Gaussians"
-                        " differentiated; the batch then adapts as a clean one would",
-                        impl="shiftlab.methods.bayestta.method:bayes_state_logits")
     config_class = BayesTTAConfig
-    family = "classic"     # a batch TTA method on CLIP's image tower (facts.FAMILIES)
-    summary = ("BayesTTA: class Gaussians updated by the batch's soft labels, zero-shot + Gaussian discriminant "
-               "logits, one Adam step of the norm parameters towards them, EMA (continual)")
-    label = "BayesTTA"
-    # their code is the paper's; batches of 64 in the cross-domain runner (--batch-size 64: dis_cttta_runner_cd.py:44)
-    protocols = {"paper": {}}
-    # the README's results are figures (assets/), no number in text
-    published = ()
-    fidelity = ("golden (their cross-domain runner's functions on the golden tiny ViT and ResNet: 3 batches of 10, "
-                "shared covariances, the covariance test, class covariances; logits, Gaussians and parameters)")
     # the registry-wide tests' batches are small: the shared covariance without the first batch's test
     test_config = {"covariance": "shared", "lr": 0.01}

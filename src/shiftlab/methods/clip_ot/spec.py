@@ -1,19 +1,16 @@
 """CLIP-OT (Mishra, Silva-Rodríguez, Ben Ayed, Pedersoli & Dolz, arXiv 2024, "Words Matter: Leveraging Individual
 Text Embeddings for Code Generation in CLIP Test-Time Adaptation"), as its authors' code runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 shambhavicodes/CLIPOT at 81b8a4e (`main.py`, `clipot.py`, `modeling/models.py`, `modeling/prompts.py`, `run.sh`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, NormTTAConfig
 from ..heads import register_head
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-
-CLIPOT = "shambhavicodes/CLIPOT@81b8a4e8bb47534d6f8f9c820f4fc53a2d87a4b6"
 
 # modeling/prompts.py:5-14 IMAGENET_TEMPLATES_SELECT, the templates main.py:96 builds the adapter with
 TEMPLATES = ("itap of a {}.", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
@@ -46,35 +43,13 @@ class ClipOTConfig(NormTTAConfig):
 
 class ClipOTSpec(MethodSpec):
     name = "clip_ot"
-    bibtex = r"""@article{mishra2024words,
-  title = {Words Matter: Leveraging Individual Text Embeddings for Code Generation in CLIP Test-Time Adaptation},
-  author = {Mishra, Shambhavi and Silva-Rodr{\'\i}guez, Julio and Ben Ayed, Ismail and Pedersoli, Marco and
-      Dolz, Jose},
-  journal = {arXiv preprint arXiv:2411.17002},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.clip_ot.method:ClipOT"
     # the image tower's LayerNorms adapt on whole batches, the state carried from batch to batch (main.py never
     # calls ClipOTMethod.reset)
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the LayerNorm parameters it holds"
-                        " when the batch arrives, read out with its averaged-template head; the batch then adapts"
-                        " as a clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = ClipOTConfig
     # its code adapts nn.LayerNorm only (clipot.py:78-83, 100-107): a ResNet tower has none, and their AdamW stops on
     # an empty parameter list
     towers = ("vit",)
     towers_why = "it adapts the tower's LayerNorms, which a ResNet has none of (their code stops there too)"
-    family = "classic"     # one of the batch TTA methods on CLIP's image tower (facts.FAMILIES)
-    summary = ("CLIP-OT: Sinkhorn codes against each template's text features as soft labels, one AdamW step of the "
-               "image tower's LayerNorms per template (continual)")
-    label = "CLIP-OT"
-    # their code is the paper's; run.sh: batches of 128 (--batch-size 128 here), ViT-B/32
-    protocols = {"paper": {}}
-    # the repository's README gives no number
-    published = ()
-    fidelity = ("golden (CLIPOT's ClipOTLoss, ClipOTMethod and Adapter on the golden tiny ViT: 3 batches of 8, "
-                "8 templates; logits and LayerNorm parameters after every batch)")
     test_config = {"steps": 2, "lr": 0.01}

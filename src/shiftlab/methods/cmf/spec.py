@@ -2,7 +2,7 @@
 CLIP as mariodoebler/test-time-adaptation runs it: ROID's loss and weighting, the source ensembling replaced by a
 Kalman-style filter over the weights.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/cmf.py`, `methods/base.py`,
 `utils/misc.py`, `cfgs/imagenet_others/cmf.yaml`)."""
 from __future__ import annotations
@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.roid_config import RoidConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 
 
 @dataclass
@@ -38,30 +35,8 @@ class CMFConfig(RoidConfig):
 
 class CMFSpec(MethodSpec):
     name = "cmf"
-    bibtex = r"""@inproceedings{lee2024continual,
-  title = {Continual Momentum Filtering on Parameter Space for Online Test-time Adaptation},
-  author = {Lee, Jae-Hong and Chang, Joon-Hyuk},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.cmf.method:CMF"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds when"
-                        " the batch arrives (batch statistics, state) and the batch's prior correction; the batch"
-                        " then adapts as a clean one would",
-                        impl="shiftlab.methods.common.roid_training:roid_state_logits")
     config_class = CMFConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("CMF: ROID's weighted soft likelihood ratio through the image tower's norm parameters, the weights "
-               "fused with a Kalman-filtered hidden copy pulled to the source, outputs prior-corrected (continual)")
-    label = "CMF"
-    # their code is the CLIP recipe (cmf.py follows the authors' OpenReview code)
-    protocols = {"paper": {}}
-    # neither their README nor classification/benchmark.md reports CMF
-    published = ()
-    fidelity = ("golden (mariodoebler's CMF on ZeroShotCLIP over the golden tiny ViT and tiny ResNet: 3 batches of 8, "
-                "continual; logits, norm parameters, the hidden parameters, SGD's momentum and the running mean "
-                "prediction after every batch; without the consistency loss, which shiftlab does not offer yet)")
     test_config = {"lr": 0.01}

@@ -5,26 +5,14 @@ so that `shiftlab methods` lists it and a run naming it is refused in one line w
 Its spec, without torch; there is no method.py."""
 from __future__ import annotations
 
-from ..specs import MethodSpec
+from ..catalogue.declarations import MethodSpec
 
 
 class GTTASpec(MethodSpec):
     name = "gtta"
-    bibtex = r"""@article{marsden2022gradual,
-  title = {Gradual Test-Time Adaptation by Self-Training and Style Transfer},
-  author = {Marsden, Robert A. and D{\"o}bler, Mario and Yang, Bin},
-  journal = {arXiv preprint arXiv:2208.07736},
-  year = {2022}
-}"""
-    summary = ("GTTA: self-training on the test batch plus cross-entropy on labelled source images mixed up or "
-               "style-transferred to it (refused here)")
-    label = "GTTA"
     # gtta.py:20-31 and 96-117: every step a labelled source batch from get_source_loader (ImageNet's training set
     # for ImageNet-R/-C with CLIP, data_loading.py:262-263) and, with USE_STYLE_TRANSFER, an AdaIN decoder
     # pretrained on those images (gtta.py:44-50)
     refused = ("it trains on labelled source images at every step (their get_source_loader: ImageNet's training "
                "set for CLIP on ImageNet variants, and an AdaIN decoder pretrained on it), which a test-time run on "
                "CLIP does not have: CLIP's source is its web pretraining data")
-    protocols = {"paper": {}}
-    published = ()
-    fidelity = "refused (needs labelled source data)"

@@ -1,7 +1,7 @@
 """RoTTA (Yuan, Xie & Li, CVPR 2023, "Robust Test-Time Adaptation in Dynamic Scenarios"), on CLIP as CLIPTTA's
 toolkit runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line`
+Sources are cited as `file:line`
 of github.com/MarcLafon/cliptta at f4221f4 (`ttavlm/`); RoTTA's own code (BIT-DA/RoTTA at 67e34c9) as
 `BIT-DA core/...`."""
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import SCORES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 # the student's soft target: "logits", the teacher's cosine logits themselves (CLIPTTA hands them to
 # F.cross_entropy as class probabilities, rotta.py:92); "softmax", their softmax (BIT-DA core/adapter/rotta.py:60
@@ -49,34 +48,10 @@ class RoTTAConfig(NormTTAConfig):
 
 class RoTTASpec(MethodSpec):
     name = "rotta"
-    bibtex = r"""@inproceedings{yuan2023rotta,
-  title = {Robust Test-Time Adaptation in Dynamic Scenarios},
-  author = {Yuan, Longhui and Xie, Binhui and Li, Shuang},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.rotta.method:RoTTA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it"
-                        " holds when the batch arrives (batch statistics, state); the batch then enters the"
-                        " memory and adapts as a clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = RoTTAConfig
-    summary = ("RoTTA: a category-balanced memory (timeliness and uncertainty) trains the norm parameters "
-               "against an EMA teacher, time-reweighted (continual); records its own ood_score")
-    label = "RoTTA"
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
     own_ood_score = ("RoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
-    # RoTTA's own code (BIT-DA/RoTTA): the teacher's softmax as target, updates counted per image, the teacher
-    # predicting, at CLIP's logit scale (its classifiers' logits); batches of 64 (BIT-DA core/configs/defaults.py:72)
-    protocols = {"paper": {"teacher_target": "softmax", "update_schedule": "instance", "output": "teacher",
-                           "loss_logit_scale": 100.0, "logit_scale": 100.0}}
-    # CLIPTTA's README has no table; RoTTA's README reports CIFAR-C with its own ResNets, not CLIP
-    published = ()
-    fidelity = ("golden (CLIPTTA's RoTTA class on the tiny ViT: 3 continual batches of 8, a memory of 6, "
-                "update frequency 8 with 1 step and 12 with 2 steps; every batch's logits, scores, student and "
-                "teacher norm parameters and the memory's images)")
     # the registry-wide tests: a memory of 4 trained after every batch of the tests' streams
     test_config = {"capacity": 4, "update_frequency": 2, "nu": 0.1}
