@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import shiftlab
-from shiftlab.methods.catalogue import declarations
 from _golden import (
     FEATURES,
     GRAD_RTOL,
@@ -25,6 +24,7 @@ from _golden import (
     assert_close,
     stream_views,
 )
+from shiftlab.methods.catalogue import declarations
 from shiftlab.methods.common.roid_training import min_max, prior_corrected, roid_weights, soft_likelihood_ratio
 from shiftlab.methods.context import ClassHeads, SampleContext
 
