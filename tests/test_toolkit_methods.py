@@ -37,6 +37,10 @@ FILES = {
 
 # (toolkit, file) -> the shiftlab method that runs it
 MAPPED = {
+    (CLIPTTA, "adacontrast.py"): "adacontrast",
+    (CLIPTTA, "rotta.py"): "rotta",
+    (MARIODOEBLER, "adacontrast.py"): "adacontrast",
+    (MARIODOEBLER, "rotta.py"): "rotta",
     (CLIPTTA, "calip.py"): "calip",
     (CLIPTTA, "clipartt.py"): "clipartt",
     (CLIPTTA, "cliptta_otsu.py"): "cliptta",        # its CLIPTTA class; the OOD-aware variant is cliptta_ood
@@ -87,12 +91,8 @@ UNOFFERED = {
 
 # (toolkit, file) -> the registry name another branch of issue #43 is adding; NOT registered on this branch
 PENDING = {
-    (CLIPTTA, "adacontrast.py"): "adacontrast",
-    (CLIPTTA, "rotta.py"): "rotta",
-    (MARIODOEBLER, "adacontrast.py"): "adacontrast",
     (MARIODOEBLER, "cotta.py"): "cotta",
     (MARIODOEBLER, "rmt.py"): "rmt",
-    (MARIODOEBLER, "rotta.py"): "rotta",
     (MARIODOEBLER, "santa.py"): "santa",
 }
 
