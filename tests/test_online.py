@@ -400,7 +400,7 @@ def _tower_groups(names: list[str]) -> list[tuple[list[str], dict, shiftlab.Clip
 
 def _fast(name: str) -> dict:
     """SMALL[name] with the one-template head where the method has a text_head field (no 80-template build)."""
-    fields = {f.name for f in dataclasses.fields(shiftlab.methods.get_method_class(name).config_class)}
+    fields = {f.name for f in dataclasses.fields(shiftlab.methods.get_method_class(name).spec.config_class)}
     return {**SMALL[name], **({"text_head": "zeroshot"} if "text_head" in fields else {})}
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from shiftlab.methods import specs
 from shiftlab.methods.base import Method, MethodOutput, get_method_class
+from shiftlab.methods.kinds import EpisodicMethod, OnlineMethod
 from shiftlab.methods.specs import (
     EPISODIC,
     FROZEN_ENCODER,
@@ -118,14 +119,15 @@ def test_an_online_method_without_state_is_refused_when_defined():
     spec = type("StatelessSpec", (MethodSpec,), {
         "name": "stateless", "impl": f"{__name__}:Stateless", "config_class": Config,
         "capabilities": Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE), "__module__": __name__})
-    with pytest.raises(TypeError, match="an online method .* must define state_dict and load_state_dict"):
-        type("Stateless", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Stateless",
+    with pytest.raises(TypeError, match="an online method must define save_state and load_state"):
+        type("Stateless", (OnlineMethod,), {"spec": spec, "__module__": __name__, "__qualname__": "Stateless",
                                       "predict_context": lambda self, ctx: MethodOutput(ctx.zeroshot_logits[0])})
     episodic = type("EpisodicSpec", (MethodSpec,), {
         "name": "episodic_ok", "impl": f"{__name__}:Episodic", "config_class": Config,
         "capabilities": Capabilities(state=EPISODIC), "__module__": __name__})
-    cls = type("Episodic", (Method,), {"spec": episodic, "__module__": __name__, "__qualname__": "Episodic"})
-    assert cls.name == "episodic_ok" and cls.episodic and cls.needs_views
+    cls = type("Episodic", (EpisodicMethod,), {"spec": episodic, "__module__": __name__, "__qualname__": "Episodic"})
+    assert cls.spec is episodic and "episodic" not in vars(cls)   # read from the spec, never copied onto the class
+    assert cls.spec.name == "episodic_ok" and cls.spec.episodic and cls.spec.needs_views
 
 
 def test_a_class_must_be_where_its_spec_says():

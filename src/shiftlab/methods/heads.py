@@ -73,7 +73,7 @@ def describe(cls: type, fields: Mapping[str, Any]) -> str:
 
 def text_head(method: Any) -> torch.Tensor:
     """The (C, D) class head the method names (its config's `text_head`, else its class's)."""
-    kind = getattr(method.config, "text_head", type(method).text_head)
+    kind = getattr(method.config, "text_head", method.spec.text_head)
     found = _KINDS.get(kind)
     if found is None or found.build is None:
         built = ", ".join(repr(k) for k, v in sorted(_KINDS.items()) if v.build is not None)
