@@ -218,7 +218,7 @@ def test_every_online_method_has_a_small_test_config():
 def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, tmp_path):
     ctxs = _stream(tiny_model, heads, 24, pixels=spec(name).needs_pixels)
     whole = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
-    assert whole.episodic is False
+    assert whole.spec.episodic is False
     want = [whole.predict_context(c) for c in ctxs]
 
     first = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])

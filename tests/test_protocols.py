@@ -43,7 +43,7 @@ def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
     for name in shiftlab.list_methods():
         m = _method(tiny_model, name)
         assert m.config.precision == "auto"
-        if not m.needs_views:
+        if not m.spec.needs_views:
             assert m.view_recipe == ViewRecipe(n_views=1), name
         elif name == "dmn_zs":   # the first 32 of the same views (a prefix: nothing extra to encode)
             assert m.view_recipe == LEADERBOARD_VIEWS.with_views(32)

@@ -29,7 +29,8 @@ import sys
 from typing import Any
 
 from . import params
-from .methods import facts, heads
+from .methods import facts
+from .methods import head_kinds as heads
 from .methods import protocols as method_protocols
 from .methods.specs import make_config, spec, spec_names
 from .views.recipe import ViewRecipe

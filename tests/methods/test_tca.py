@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import shiftlab
 from _golden import FEATURES, LOGITS, TCA_CACHE, assert_close, assert_top1_margin, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 from shiftlab.methods.tca.condense import condensed_forward, coreset_merge
 from shiftlab.methods.tca.method import Entry, add_to_reservoir, layer_weights, reservoir_logits
 

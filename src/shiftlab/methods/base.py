@@ -31,7 +31,7 @@ from ..views.recipe import ViewRecipe
 from . import specs as method_specs
 from .context import ClassHeads, SampleContext
 from .effective import effective_config, registered_name
-from .prediction import MethodOutput, Prediction, load_image, make_prediction
+from .outputs import MethodOutput, Prediction, load_image, make_prediction
 from .protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .specs import (
     BATCH,
@@ -55,7 +55,9 @@ __all__ = ["ExtraModel", "Method", "MethodConfig", "MethodOutput", "ViewMethodCo
 
 
 class _ClassRegistry(Registry["type[Method]"]):
-    """The imported method classes; removing one removes its spec too (tests register temporary methods)."""
+    """The imported method classes; removing one removes its spec too (tests register temporary methods). A class's
+    name is its spec's (`Method.name`), never set on it."""
+    names_classes = False
 
     def pop(self, name: str, default: Any = None) -> Any:
         method_specs.SPECS.pop(name)

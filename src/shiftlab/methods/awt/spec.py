@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from ..heads import register_head
+from ..head_kinds import register_head
 from ..specs import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 
 # github.com/MCG-NJU/AWT at b2b49a8, AWT_zero_shot/: evaluate.py, pre_extract.py, data/datautils.py,

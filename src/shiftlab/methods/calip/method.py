@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ...models.tower_tokens import image_tokens, tower_kind
 from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import EpisodicMethod
 from .spec import CALIPSpec
 

@@ -22,8 +22,6 @@ def view_features(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
     return feats if n_views is None else feats[:n_views]
 
 
-first_views = view_features   # the old name, kept while method folders written against it merge
-
 
 def check_state(name: str, state: dict, num_classes: int) -> None:
     """Refuse an online state saved by another version or for another class count."""

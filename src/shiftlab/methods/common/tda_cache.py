@@ -17,7 +17,7 @@ import torch
 
 from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .confidence import marginal_entropy, select_confident
 from .online_common import view_features

@@ -22,7 +22,7 @@ from ..common.dmn_memory import DynamicMemory
 from ..common.online_common import view_features
 from ..context import SampleContext
 from ..frozen_encoder import FrozenEncoder
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
 from ..kinds import OnlineMethod
 from .dino import dino_features
 from .spec import COSMICSpec

@@ -17,7 +17,7 @@ from ..common.confidence import lowest
 from ..common.dmn_memory import DynamicMemory, memory_logits
 from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
 from ..kinds import OnlineMethod
 from .spec import DMNZeroShotSpec
 

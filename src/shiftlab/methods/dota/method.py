@@ -17,7 +17,7 @@ from ..base import MethodOutput
 from ..common.confidence import select_confident
 from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .spec import DOTASpec
 

@@ -19,7 +19,7 @@ from ..base import MethodOutput
 from ..common.confidence import marginal_entropy, select_confident
 from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
 from ..kinds import OnlineMethod
 from .spec import DPESpec
 

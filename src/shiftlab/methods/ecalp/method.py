@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .spec import ECALPSpec
 

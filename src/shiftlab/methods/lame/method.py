@@ -15,7 +15,7 @@ import torch
 
 from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import BatchMethod
 from .spec import LAMEConfig, LAMESpec
 

@@ -17,7 +17,7 @@ import torch
 
 from ..base import Method, MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import BatchMethod, OnlineMethod
 from .spec import OGABatchSpec, OGASpec
 

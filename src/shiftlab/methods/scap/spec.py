@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..adaptive_modes import Adaptive
-from ..heads import register_head
+from ..head_kinds import register_head
 from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
 SCAP = "zhoujiahuan1991/CVPR2025-SCAP@5057c963f378af759ad1dab1f68012a7f087d90b"

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ...models.tower_tokens import tower_kind
 from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .condense import condensed_forward
 from .spec import TCASpec

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..adaptive_modes import Adaptive
-from ..heads import register_head
+from ..head_kinds import register_head
 from ..specs import (
     EPISODIC,
     FROZEN_FEATURES,

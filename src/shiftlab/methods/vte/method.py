@@ -14,7 +14,7 @@ import torch
 from ..base import MethodOutput
 from ..common.confidence import select_confident
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from ..kinds import EpisodicMethod
 from .spec import VTESpec
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
 from .base import check_model, create_method
-from .prediction import Prediction
+from .outputs import Prediction
 from .protocols import DEFAULT_PROTOCOL
 
 

@@ -67,7 +67,7 @@ def describe(cls: type, fields: Mapping[str, Any]) -> str:
     """The class head a method reads under an effective config (`fields`), in words."""
     kind = kind_of(cls, fields)
     if kind not in _KINDS:
-        raise ValueError(f"{cls.name}: text head {kind!r} is not declared (shiftlab.methods.heads.register_head)")
+        raise ValueError(f"{cls.name}: text head {kind!r} is not declared (shiftlab.methods.head_kinds.register_head)")
     return _KINDS[kind].describe(cls, fields)
 
 
