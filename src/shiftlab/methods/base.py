@@ -40,7 +40,6 @@ from .specs import (
     FROZEN_FEATURES,
     ONLINE,
     OWN_TOWER,
-    STATES,
     TEST_SET,
     Capabilities,
     MethodConfig,
@@ -65,7 +64,6 @@ class _ClassRegistry(Registry["type[Method]"]):
 
 
 _REGISTRY: Registry[type[Method]] = _ClassRegistry("method")
-METHOD_KINDS = STATES
 
 
 class ExtraModel(NamedTuple):
@@ -357,11 +355,6 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
             cls.spec = spec
         return _REGISTRY.register(name, cls, replace=True)
     return register
-
-
-def method_kind(cls: type[Method]) -> str:
-    """"episodic" (reset before every sample) or "online" (adapts along the stream): its spec's state."""
-    return cls.spec.capabilities.state
 
 
 def list_methods(kind: str | None = None) -> list[str]:

@@ -111,7 +111,7 @@ def _tip_cupl_words(cls: type, fields: Mapping[str, Any]) -> str:
 
 def _tip_cupl(method: Any) -> torch.Tensor:
     templates = getattr(method.config, "templates", None)
-    if cupl_templates(type(method)) == "clip80":
+    if cupl_templates(method.spec) == "clip80":
         from ..datasets.classes import load_templates
         templates = tuple(templates) if templates else tuple(load_templates())
     return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file", templates)
