@@ -65,7 +65,7 @@ class DynaPromptSpec(MethodSpec):
     min_views_why = "its probability-difference statistic compares view 0 with the other views (one view: NaN)"
     # --protocol paper (ImageNet-R): TPT's fp16 autocast with GradScaler(init_scale=1000)
     # (dynap_classification.py:102, 230, 419) and torch.topk's order of equal statistics (:119, 123)
-    text_head = "prompt"      # its prompts over the text tower (methods.heads)
+    text_head = "prompt"      # its prompts over the text tower (methods.head_kinds)
     protocols = {"paper": {"precision": "fp16", "ties": "topk"}}
     # the repository prints no results (README.md; _site/ is TPT's project page), and holds no logs
     published = ()
