@@ -86,6 +86,10 @@ class _MethodType(type):
 def _deprecated_spec_attribute(cls: Any, attr: str) -> Any:
     klass = cls if isinstance(cls, type) else type(cls)
     spec = type.__getattribute__(klass, "spec")
+    if attr == "in_groups":   # a method of Method's once, a function of this module now
+        warnings.warn("Method.in_groups is deprecated: use shiftlab.methods.base.in_groups", DeprecationWarning,
+                      stacklevel=3)
+        return in_groups
     if attr not in SPEC_ATTRIBUTES or spec is None:
         raise AttributeError(f"{type.__getattribute__(klass, '__name__')!r} object has no attribute {attr!r}")
     warnings.warn(f"Method.{attr} is deprecated: read the method's spec, `.spec.{attr}`", DeprecationWarning,
@@ -297,9 +301,10 @@ def _check_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
     if (module, qualname) != (cls.__module__, cls.__qualname__):
         raise TypeError(f"{cls.__qualname__} names spec {spec.__qualname__}, whose impl is {spec.impl!r}, "
                         f"not '{cls.__module__}:{cls.__qualname__}'")
-    if not getattr(cls, "_kind", ""):
-        raise TypeError(f"{cls.__qualname__}: a method derives the base of its kind (shiftlab.methods.kinds: "
-                        "EpisodicMethod, OnlineMethod, BatchMethod or TestSetMethod)")
+    if not getattr(cls, "_kind", ""):   # today's shape until every folder is converted: driven by its spec's kind
+        warnings.warn(f"{cls.__qualname__}: a method derives the base of its kind (shiftlab.methods.kinds: "
+                      "EpisodicMethod, OnlineMethod, BatchMethod or TestSetMethod); deriving Method itself is "
+                      "deprecated", DeprecationWarning, stacklevel=3)
     if spec.capabilities.reads_frozen_encoder and not callable(cls.__dict__.get("frozen_encoder")
                                                                or getattr(cls, "frozen_encoder", None)):
         raise TypeError(f"{spec.name}: a method reading a frozen encoder of its own (capabilities reads "
