@@ -10,7 +10,7 @@ from shiftlab.methods.context import ClassHeads, SampleContext
 
 def shown_test_set(method, model, heads: ClassHeads | None = None, n_images: int = 4, seed: int = 0):
     """`method` after a test-set pass over `n_images` random images (nothing for any other method)."""
-    if method.reads_ahead != "test_set":
+    if method.spec.reads_ahead != "test_set":
         return method
     heads = heads if heads is not None else method.heads
     gen = torch.Generator().manual_seed(seed)

@@ -138,14 +138,14 @@ def test_episodic_batch_method_is_reset_before_every_batch(batch_method, data, t
 @pytest.mark.slow
 def test_every_single_image_method_gives_the_same_records_inside_batches(data, tiny_model, tmp_path):
     # the registered batch methods see whole batches by design; every other method is checked
-    methods = [n for n in list_methods() if not method_base.get_method_class(n).adapts_on_batches]
+    methods = [n for n in list_methods() if not method_base.get_method_class(n).spec.adapts_on_batches]
     # the batch methods are those whose spec declares batches (a new one joins by declaring it: no list to edit here)
     from shiftlab.methods.catalogue.declarations import spec
     batch = set(list_methods()) - set(methods)
     assert batch == {n for n in list_methods() if spec(n).capabilities.batches}
     assert {"stata", "oga_batch", "tent", "lame", "clipartt"} <= batch   # the kinds of batch method so far
     # the methods bound to ViTs (their spec's `towers`: TCA) run on the tiny ViT, the others on the tiny ResNet
-    vit_only = [n for n in methods if "resnet" not in method_base.get_method_class(n).towers]
+    vit_only = [n for n in methods if "resnet" not in method_base.get_method_class(n).spec.towers]
     groups = [([n for n in methods if n not in vit_only], tiny_model, "shiftlab-tiny"),
               (vit_only, shiftlab.load_model("shiftlab-tiny-vit", None, seed=0), "shiftlab-tiny-vit")]
     for names, model, model_name in groups:

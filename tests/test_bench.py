@@ -57,7 +57,7 @@ def tiny_vit_model():
 def test_baseline_agrees_with_library(tiny_model, tiny_vit_model, name, overrides, which):
     """Same views, same hyper-parameters: the library and the straightforward procedure agree."""
     model = tiny_vit_model if which == "tiny-vit" else tiny_model
-    overrides = {**get_method_class(name).offline_config, **overrides}
+    overrides = {**get_method_class(name).spec.offline_config, **overrides}
     method = shiftlab.create_method(name, model, CLASSNAMES, **overrides)
     method.prepare()
     baseline = create_baseline(name, model, CLASSNAMES, method.config)
@@ -269,7 +269,7 @@ def test_own_models_get_the_bench_models_kind_of_weights():
     random = own_models_config(methods, {"name": "RN50-quickgelu", "pretrained": None}, {})
     assert random == {"rlcf": {"reward_pretrained": "none"}}          # ViT-L/14 kept: the same cost, no download
     tiny = own_models_config(methods, {"name": "shiftlab-tiny", "pretrained": None}, {"tpt": {"steps": 2}})
-    assert tiny == {"tpt": {"steps": 2}, "rlcf": get_method_class("rlcf").offline_config}
+    assert tiny == {"tpt": {"steps": 2}, "rlcf": get_method_class("rlcf").spec.offline_config}
     mine = own_models_config(methods, {"name": "RN50", "pretrained": None}, {"rlcf": {"reward_pretrained": "x.pt"}})
     assert mine["rlcf"] == {"reward_pretrained": "x.pt"}                # what the user sets wins
     assert own_models_config(methods, {"name": "RN50", "pretrained": "openai"}, {}) == {}
@@ -289,4 +289,4 @@ def test_bench_of_the_tuning_methods_end_to_end(capsys):
     for name in ("tps", "dynaprompt"):
         assert rows[name]["baseline_skipped"] == "no baseline transcription for this method"
     assert rows["ttl"]["split_seconds_per_image"]["image_encode"] == 0 and rows["ttl"]["views"] == 16
-    assert result["config"]["method_config"]["rlcf"] == get_method_class("rlcf").offline_config
+    assert result["config"]["method_config"]["rlcf"] == get_method_class("rlcf").spec.offline_config

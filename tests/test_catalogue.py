@@ -84,7 +84,7 @@ def test_the_attack_specs_answer_as_the_classes_do():
 def test_the_specs_list_every_method_with_its_classes_fields():
     assert catalogue.names() == shiftlab.list_methods()
     for name in catalogue.names():
-        assert catalogue.field_specs(name) == params.field_specs(get_method_class(name).config_class), name
+        assert catalogue.field_specs(name) == params.field_specs(get_method_class(name).spec.config_class), name
     assert [e["name"] for e in catalogue.entries()] == shiftlab.list_methods()
 
 
@@ -101,9 +101,9 @@ def test_set_read_from_the_spec_refuses_as_create_method_does(name, tiny_model):
             with pytest.raises(ValueError) as info:
                 shiftlab.create_method(name, tiny_model, CLASSNAMES, **{f.name: value})
             assert _refusal(f"{name}.{f.name}={value!r}") == str(info.value)
-        good = getattr(get_method_class(name).config_class(), f.name)
+        good = getattr(get_method_class(name).spec.config_class(), f.name)
         assert method_override(f"{name}.{f.name}={good!r}") == (name, f.name, good)
-    for f in dataclasses.fields(get_method_class(name).config_class):
+    for f in dataclasses.fields(get_method_class(name).spec.config_class):
         rng = params.field_range(f)
         if rng is not None and rng.choices is not None:
             with pytest.raises(ValueError) as info:

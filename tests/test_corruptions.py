@@ -351,7 +351,7 @@ def test_corruption_suite_of_every_method_from_generated_corruptions(tmp_path, t
     md = (out / "suite.md").read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
     from shiftlab.methods.base import get_method_class
-    resnet = [n for n in shiftlab.list_methods() if "resnet" in get_method_class(n).towers]
+    resnet = [n for n in shiftlab.list_methods() if "resnet" in get_method_class(n).spec.towers]
     assert not set(shiftlab.list_methods()) - set(resnet) & set(rows)   # ViT-only methods (TCA) left out of `all`
     for name in resnet:   # every method that runs on the tiny ResNet
         cells = rows[name].strip("| ").split(" | ")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import shiftlab
 from _imports import lazy_module
 from conftest import make_tiny_model
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 from shiftlab.models.text import TIP_TEMPLATES, tip_cupl_head
 from shiftlab.options import speaking_cli
 

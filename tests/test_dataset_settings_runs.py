@@ -78,7 +78,7 @@ def test_the_dataset_templates_are_the_head_the_method_uses():
     import torch
 
     from shiftlab.methods.base import create_method
-    from shiftlab.methods.heads import text_head
+    from shiftlab.methods.head_kinds import text_head
     from shiftlab.models.text import class_head
     model = tiny_clip(0)
     names = ["banded", "blotchy", "braided"]

@@ -14,7 +14,7 @@ import shiftlab
 from shiftlab import params
 from shiftlab.datasets import DATASETS
 from shiftlab.datasets.classes import load_templates
-from shiftlab.methods import heads
+from shiftlab.methods import head_kinds as heads
 from shiftlab.methods.base import get_method_class, make_config
 from shiftlab.methods.catalogue import cards as facts
 from shiftlab.methods.catalogue.protocols import DEFAULT_PROTOCOL, PAPER, PROTOCOLS, dataset_overrides, method_overrides
@@ -24,12 +24,12 @@ METHODS = shiftlab.list_methods()
 
 
 def _paper(method: str, dataset: str) -> dict:
-    return dataset_overrides(PAPER, get_method_class(method), dataset)
+    return dataset_overrides(PAPER, get_method_class(method).spec, dataset)
 
 
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_declares_its_facts_in_its_own_class(name):
-    cls = get_method_class(name)
+    cls = get_method_class(name).spec
     missing = [fact for fact in facts.REQUIRED if fact not in vars(cls)]
     assert not missing, f"{name} ({cls.__module__}) declares no {missing} (shiftlab.methods.catalogue.cards)"
     assert cls.summary and isinstance(facts.declared(cls, "fidelity"), str)
@@ -44,7 +44,7 @@ def test_every_method_declares_its_facts_in_its_own_class(name):
 
 @pytest.mark.parametrize("name", METHODS)
 def test_dataset_values_name_canonical_datasets_and_known_fields(name):
-    cls = get_method_class(name)
+    cls = get_method_class(name).spec
     fields = {f.name for f in dataclasses.fields(cls.config_class)}
     for dataset, values in facts.declared(cls, "dataset_values").items():
         assert dataset in DATASETS and DATASETS.canonical(dataset) == dataset, (name, dataset)
@@ -56,7 +56,7 @@ def test_dataset_values_name_canonical_datasets_and_known_fields(name):
 
 @pytest.mark.parametrize("name", METHODS)
 def test_every_text_head_a_method_can_name_is_declared_once(name):
-    cls = get_method_class(name)
+    cls = get_method_class(name).spec
     field = next((f for f in dataclasses.fields(cls.config_class) if f.name == "text_head"), None)
     kinds = {cls.text_head} if field is None else set(params.field_range(field).choices)
     assert kinds <= set(heads.head_kinds()), (name, kinds - set(heads.head_kinds()))
@@ -79,10 +79,13 @@ def test_facts_are_not_inherited():
     # BoostAdapter and TDA derive from one cache base (methods/common/tda_cache.py): TDA's number and recipe are
     # TDA's alone, and a registered method's subclass (CLIPTTA's OOD variant) declares its own
     from shiftlab.methods.common.tda_cache import TDACacheMethod
-    tda, boost = get_method_class("tda"), get_method_class("boostadapter")
-    assert issubclass(boost, TDACacheMethod) and issubclass(tda, TDACacheMethod) and facts.declared(tda, "published")
-    ood, cliptta = get_method_class("cliptta_ood"), get_method_class("cliptta")
-    assert issubclass(ood, cliptta) and facts.label(ood) != facts.label(cliptta)
+    tda, boost = get_method_class("tda").spec, get_method_class("boostadapter").spec
+    assert issubclass(get_method_class("boostadapter"), TDACacheMethod) and issubclass(get_method_class("tda"),
+                                                                                      TDACacheMethod)
+    assert facts.declared(tda, "published")
+    ood, cliptta = get_method_class("cliptta_ood").spec, get_method_class("cliptta").spec
+    assert issubclass(get_method_class("cliptta_ood"), get_method_class("cliptta"))
+    assert facts.label(ood) != facts.label(cliptta)
     assert facts.declared(boost, "published") == () and facts.label(boost) == "BoostAdapter"
     assert "views" in method_overrides(PAPER, tda) and "views" not in method_overrides(PAPER, boost)
 
@@ -90,7 +93,7 @@ def test_facts_are_not_inherited():
 def test_aliases_name_one_method_each():
     seen: dict[str, str] = {}
     for name in METHODS:
-        for alias in (name, *facts.declared(get_method_class(name), "aliases")):
+        for alias in (name, *facts.declared(get_method_class(name).spec, "aliases")):
             key = re.sub(r"[^a-z0-9]", "", alias.lower())
             assert seen.setdefault(key, name) == name, f"{alias!r} names {seen[key]} and {name}"
             assert canonical_method(alias) == name
@@ -142,13 +145,13 @@ def test_templates_per_dataset_are_each_methods_code():
 
 
 def test_cupl_file_names_follow_dmns_table():
-    files = facts.declared(get_method_class("dmn_zs"), "cupl_files")
+    files = facts.declared(get_method_class("dmn_zs").spec, "cupl_files")
     assert files["oxford-pets"] == "CuPL_prompts_oxfordpets.json"
     assert files["flowers102"] == "CuPL_prompts_flowers102.json"
     assert files["fgvc-aircraft"] == "CuPL_prompts_fgvcaircraft.json"
     assert files["stanford-cars"] == "CuPL_prompts_stanfordcars.json"
     assert {files[DATASETS.canonical(d)] for d in ("I", "A", "V", "R", "K")} == {"CuPL_prompts_imagenet.json"}
-    assert facts.declared(get_method_class("dpe"), "cupl_files") == files
+    assert facts.declared(get_method_class("dpe").spec, "cupl_files") == files
 
 
 def _card(folder):

@@ -218,7 +218,7 @@ def test_every_online_method_has_a_small_test_config():
 def test_state_round_trips_and_resumes_the_same_stream(name, tiny_model, heads, tmp_path):
     ctxs = _stream(tiny_model, heads, 24, pixels=spec(name).needs_pixels)
     whole = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
-    assert whole.episodic is False
+    assert whole.spec.episodic is False
     want = [whole.predict_context(c) for c in ctxs]
 
     first = shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, **SMALL[name])
@@ -401,7 +401,7 @@ def _tower_groups(names: list[str]) -> list[tuple[list[str], dict, shiftlab.Clip
 def _fast(name: str) -> dict:
     """SMALL[name] with the one-template head where the method has a text_head field (no 80-template build)."""
     from shiftlab.params import field_range
-    fields = {f.name: f for f in dataclasses.fields(shiftlab.methods.get_method_class(name).config_class)}
+    fields = {f.name: f for f in dataclasses.fields(shiftlab.methods.get_method_class(name).spec.config_class)}
     head = field_range(fields["text_head"]) if "text_head" in fields else None
     return {**SMALL[name], **({"text_head": "zeroshot"} if head and "zeroshot" in (head.choices or ()) else {})}
 

@@ -121,8 +121,8 @@ def test_twenty_orders_of_every_online_method_read_later_orders_from_the_store(d
                                                                                monkeypatch, capsys):
     # every online method of the tiny ResNet that a feature store can serve (TCA, bound to ViTs by its spec's
     # `towers`, is not run here; a method reading pixels through its own tower re-encodes by design)
-    online = [n for n in list_methods("online") if "resnet" in get_method_class(n).towers
-              and not get_method_class(n).needs_pixels]
+    online = [n for n in list_methods("online") if "resnet" in get_method_class(n).spec.towers
+              and not get_method_class(n).spec.needs_pixels]
     methods = ["zeroshot", *online]
     offline = {n: small_config(n) for n in methods}   # the specs' small test configs
     calls = []

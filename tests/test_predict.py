@@ -57,7 +57,7 @@ def test_predict_refuses_bad_views_with_one_line(tiny_model, bad, message):
 @pytest.mark.parametrize("name", ["zeroshot", "view_ensemble", "mta", "rlcf"])
 def test_predict_equals_the_engine(tiny_model, name):
     views = [_views(tiny_model, seed=s) for s in range(3)]
-    offline = dict(get_method_class(name).offline_config)   # RLCF: a random-weight reward model, no download
+    offline = dict(get_method_class(name).spec.offline_config)   # RLCF: a random-weight reward model, no download
     evaluator = Evaluator(tiny_model, CLASSES, [name], method_config={name: offline})
     ctxs = evaluator.contexts(views, [0, 1, 2])
     method = evaluator.methods[name]

@@ -25,12 +25,12 @@ def cupl_file(tmp_path_factory) -> str:
 
 
 def _method(tiny_model, name, cupl_file=None, **kw):
-    if hasattr(get_method_class(name).config_class, "cupl_file") and kw.get("protocol") == "paper":
+    if hasattr(get_method_class(name).spec.config_class, "cupl_file") and kw.get("protocol") == "paper":
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
-    if hasattr(get_method_class(name).config_class, "descriptors_file") and kw.get("protocol") == "paper":
+    if hasattr(get_method_class(name).spec.config_class, "descriptors_file") and kw.get("protocol") == "paper":
         kw.setdefault("descriptors_file", cupl_file)   # TPS's descriptor phrases: the same {class: [text]} format
-    kw = {**get_method_class(name).offline_config, **kw}   # RLCF: a random-weight reward model, no download
-    if "resnet" not in get_method_class(name).towers:      # TCA: a ViT only
+    kw = {**get_method_class(name).spec.offline_config, **kw}   # RLCF: a random-weight reward model, no download
+    if "resnet" not in get_method_class(name).spec.towers:      # TCA: a ViT only
         tiny_model = _tiny_vit()
     return shiftlab.create_method(name, tiny_model, NAMES, **kw)
 
@@ -44,7 +44,7 @@ def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
     for name in shiftlab.list_methods():
         m = _method(tiny_model, name)
         assert m.config.precision == "auto"
-        if not m.needs_views:
+        if not m.spec.needs_views:
             assert m.view_recipe == ViewRecipe(n_views=1), name
         elif name == "dmn_zs":   # the first 32 of the same views (a prefix: nothing extra to encode)
             assert m.view_recipe == LEADERBOARD_VIEWS.with_views(32)

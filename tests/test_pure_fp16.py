@@ -18,7 +18,7 @@ import shiftlab
 import shiftlab.methods.base as method_base
 from shiftlab.engine.step import Evaluator
 from shiftlab.methods.context import ClassHeads
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 from shiftlab.models.precision import Precision, resolve
 from shiftlab.models.text import class_head, tokenize
 

@@ -31,7 +31,7 @@ CLASSNAMES = classnames_for_wnids(imagenet_r_wnids()[:20])
 
 def _offline(name: str) -> dict:
     """What the method needs to run with nothing downloaded (RLCF: a random-weight reward model)."""
-    return dict(get_method_class(name).offline_config)
+    return dict(get_method_class(name).spec.offline_config)
 
 
 def _small(name: str) -> dict:
@@ -136,8 +136,8 @@ def test_methods_json_says_what_each_field_accepts(capsys):
 def test_list_methods_by_kind():
     online, episodic = shiftlab.list_methods(kind="online"), shiftlab.list_methods(kind="episodic")
     assert online and episodic and sorted(online + episodic) == shiftlab.list_methods()
-    assert all(not get_method_class(n).episodic for n in online)
-    assert all(get_method_class(n).episodic for n in episodic)
+    assert all(not get_method_class(n).spec.episodic for n in online)
+    assert all(get_method_class(n).spec.episodic for n in episodic)
     assert {"tda", "dmn_zs"} <= set(online) and "tpt" in episodic
     with pytest.raises(ValueError, match="unknown method kind 'batch'; known: episodic, online"):
         shiftlab.list_methods(kind="batch")
@@ -200,7 +200,7 @@ def test_unknown_names_suggest_the_closest_registered_name():
 
 def _numeric_fields(name: str):
     """(field, annotation arm, range) of every int or float field of the method's config."""
-    cls = get_method_class(name).config_class
+    cls = get_method_class(name).spec.config_class
     types_ = params.hints(cls)
     for f in dataclasses.fields(cls):
         arms = [a for a in typing.get_args(types_[f.name]) or (types_[f.name],) if a in (int, float)]
@@ -218,7 +218,7 @@ def test_every_numeric_config_field_declares_its_range(name):
 
 @pytest.mark.parametrize("name", shiftlab.list_methods())
 def test_defaults_satisfy_their_ranges_and_the_minimum_views(name):
-    cls = get_method_class(name)
+    cls = get_method_class(name).spec
     default = cls.config_class()
     assert check_config(name, default) is default      # nothing to convert: the defaults are stored as checked
     assert make_config(cls) == default
@@ -258,7 +258,7 @@ def test_set_and_create_method_refuse_a_value_outside_the_range_with_the_same_li
                 shiftlab.create_method(name, tiny_model, CLASSNAMES, **{f.name: value})
             message = str(info.value)
             assert message.startswith(f"{name}.{f.name}: ") and "\n" not in message
-            assert f"must be {params.describe(params.hints(get_method_class(name).config_class)[f.name], rng)}" \
+            assert f"must be {params.describe(params.hints(get_method_class(name).spec.config_class)[f.name], rng)}" \
                 in message
             if not (isinstance(value, float) and not math.isfinite(value)):   # no literal for inf and nan
                 assert _cli_error(f"{name}.{f.name}={value!r}") == message
@@ -328,7 +328,7 @@ def test_protocol_overrides_go_through_the_same_check(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("name", [n for n in shiftlab.list_methods() if spec(n).needs_views])
 def test_each_method_runs_at_its_declared_minimum_and_is_refused_below_it(name, tiny_model, heads):
-    cls = get_method_class(name)
+    cls = get_method_class(name).spec
     needed = cls.needed_views(cls.config_class())
     method = shown_test_set(shiftlab.create_method(name, tiny_model, CLASSNAMES, heads=heads, views=needed,
                                                    **_offline(name)), tiny_model)
@@ -347,7 +347,7 @@ def test_the_minimum_views_are_where_the_computation_stops_being_defined(tiny_mo
     from shiftlab.methods.mta.method import view_bandwidths
     from shiftlab.methods.mta.spec import MTAConfig
     from shiftlab.methods.tpt.method import reliability_weights
-    mta = get_method_class("mta")
+    mta = get_method_class("mta").spec
     feats = torch.nn.functional.normalize(torch.randn(8, 16, generator=torch.Generator().manual_seed(0)), dim=-1)
     for ratio in (0.3, 0.1, 0.5, 1.0, 1 / 3):
         n = mta.needed_views(MTAConfig(neighbour_ratio=ratio))
@@ -355,7 +355,7 @@ def test_the_minimum_views_are_where_the_computation_stops_being_defined(tiny_mo
         with pytest.raises(ValueError, match="at least one neighbour"):
             view_bandwidths(feats[:n - 1], ratio)
     assert mta.needed_views(MTAConfig()) == 5
-    assert get_method_class("rtpt").needed_views(None) == 2
+    assert get_method_class("rtpt").spec.needed_views(None) == 2
     assert torch.isnan(reliability_weights(feats[:1])).all()           # one view: no neighbour, NaN weights
     assert torch.isfinite(reliability_weights(feats[:2])).all()
 

@@ -18,9 +18,10 @@ from shiftlab.datasets.build import build_dataset
 from shiftlab.engine import suite as suite_runs
 from shiftlab.engine.config import RunConfig
 from shiftlab.engine.loop import run
-from shiftlab.methods.base import Method, MethodOutput
+from shiftlab.methods.base import MethodOutput
 from shiftlab.methods.catalogue import listing as catalogue
 from shiftlab.methods.catalogue.declarations import Capabilities, MethodSpec
+from shiftlab.methods.kinds import TestSetMethod
 from shiftlab.report.build import build_report
 from shiftlab.results import suite_table
 
@@ -29,7 +30,7 @@ TEST_SET_METHOD = "test_set_centre"
 SCALE = 50.0   # the centred logits are small on the random tiny CLIP, whose images look alike
 
 
-class TestSetCentre(Method):
+class TestSetCentre(TestSetMethod):
     __test__ = False   # a method, not a test class
     """Test-only test-set method, online: SCALE x (zero-shot logits minus their mean over the whole test set);
     `extras.seen` counts the stream samples it predicted before this one (its online state)."""
@@ -101,7 +102,7 @@ def test_one_declaration_refused_when_inconsistent():
     spec = type("TSpec", (MethodSpec,), {"name": "t", "impl": f"{__name__}:NoPass",
                                          "capabilities": Capabilities(reads_ahead="test_set")})
     with pytest.raises(TypeError, match="must define observe_test_set"):
-        type("NoPass", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "NoPass"})
+        type("NoPass", (TestSetMethod,), {"spec": spec, "__module__": __name__, "__qualname__": "NoPass"})
 
 
 def test_the_catalogue_blocks_read_the_capabilities(test_set_method):

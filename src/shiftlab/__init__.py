@@ -18,7 +18,7 @@ _EXPORTS = {
     "list_methods": "methods",
     "list_attacks": "attacks",
     "predict": "methods",
-    "Prediction": "methods.prediction",
+    "Prediction": "methods.outputs",
     "classnames": "datasets",
     "build_dataset": "datasets",
     "as_dataset": "datasets.objects",
@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from .datasets.specs import classnames
     from .engine.config import RunConfig
     from .engine.loop import run
-    from .methods.api import predict
     from .methods.base import create_method, list_methods
     from .methods.context import ClassHeads, SampleContext
-    from .methods.prediction import Prediction
+    from .methods.outputs import Prediction
+    from .methods.single_image import predict
     from .models import ClipModel, ModelLoadError, load_model
     from .results.frame import load_results
     from .rundir.feature_store import FeatureStore

@@ -36,6 +36,7 @@ class UnknownNameError(KeyError, ValueError):
 
 class Registry(Generic[T]):
     """Named entries of one kind, with aliases, attribute filters and a one-line unknown-name error."""
+    names_classes = True   # a class entry gets its `name` attribute set to its registered name
 
     def __init__(self, kind: str, *, error: type[Exception] = UnknownNameError,
                  normalize: Callable[[str], str] | None = None, also_known: tuple[str, ...] = ()):
@@ -60,7 +61,7 @@ class Registry(Generic[T]):
             owner = self._aliases.get(key)
             if owner is not None and not replace and self._entries[owner] is not entry:
                 raise ValueError(f"{self.kind} {key!r} is already registered (as {owner!r})")
-        if isinstance(entry, type):
+        if isinstance(entry, type) and self.names_classes:
             entry.name = name  # type: ignore[attr-defined]
         self._entries[name] = entry
         for key in keys:

@@ -18,7 +18,7 @@ import shiftlab
 from _golden import FEATURES, LOGITS, VIT_MODEL_FILE, assert_close, assert_top1_margin, stream_views
 from shiftlab.methods.calip.method import calip_attention_logits
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 from shiftlab.models.tower_tokens import image_tokens, tower_kind
 
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat"]

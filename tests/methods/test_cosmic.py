@@ -176,8 +176,8 @@ def test_the_dino_checkpoint_digest_is_in_the_run_identity(model, tmp_path):
 # -- DINOv2 as a frozen encoding: computed once per sample, held by a feature store ---------------------------
 
 def test_the_frozen_encoder_declaration_is_checked_at_registration():
-    from shiftlab.methods.base import Method
     from shiftlab.methods.catalogue.declarations import FROZEN_ENCODER, FROZEN_FEATURES, OWN_TOWER, Capabilities
+    from shiftlab.methods.kinds import OnlineMethod
     for reads in ((FROZEN_ENCODER,), (FROZEN_FEATURES, OWN_TOWER, FROZEN_ENCODER)):
         with pytest.raises(ValueError, match="'frozen_encoder' is read beside 'frozen_features' and never with"):
             Capabilities(reads=reads)
@@ -186,10 +186,10 @@ def test_the_frozen_encoder_declaration_is_checked_at_registration():
     assert spec.capabilities.reads_frozen_encoder and not spec.needs_pixels and spec.reads_features
     module, qualname = spec.impl.split(":")
     body = {"spec": spec, "__module__": module, "__qualname__": qualname,
-            "state_dict": cosmic.COSMIC.state_dict, "load_state_dict": cosmic.COSMIC.load_state_dict}
+            "save_state": cosmic.COSMIC.save_state, "load_state": cosmic.COSMIC.load_state}
     with pytest.raises(TypeError, match="cosmic: a method reading a frozen encoder of its own .* must define "
                                         "frozen_encoder"):
-        type(qualname, (Method,), body)
+        type(qualname, (OnlineMethod,), body)
 
 
 def test_the_dino_key_is_its_checkpoint_digest_model_and_seed(model, tmp_path):

@@ -119,7 +119,7 @@ def test_its_own_ood_score_is_cliptta_s_max_prob_of_the_assignments(tiny_model):
         y, _ = M.adjust(x, lame.zero_shot(x), lame.config)
         want = [max(torch.exp(scale * row) / torch.exp(scale * row).sum()).item() for row in y]
         assert [o.ood_score for o in outs] == pytest.approx(want, abs=1e-6)
-    assert "max_prob" in M.LAME.own_ood_score
+    assert "max_prob" in M.LAME.spec.own_ood_score
 
 
 def test_cli_runs_lame_on_batches_from_stored_features_as_from_pixels(tmp_path, tiny_checkpoint, capsys):

@@ -96,7 +96,7 @@ def test_default_head_is_onzetas_seven_templates(tiny_model):
     assert oz.config.head_templates == ONZETA_TEMPLATES and len(set(ONZETA_TEMPLATES)) == 7
     assert sorted(ONZETA_TEMPLATES) == sorted(TIP_TEMPLATES)
     torch.testing.assert_close(oz.text(), oz.heads.templated(list(ONZETA_TEMPLATES)))
-    assert oz.needs_views is False and oz.view_recipe.n_views == 1
+    assert oz.spec.needs_views is False and oz.view_recipe.n_views == 1
 
 
 @pytest.mark.parametrize("bad,match", [({"output": "mix"}, "output"), ({"text_head": "cupl"}, "text_head"),

@@ -23,6 +23,7 @@ from shiftlab.methods.catalogue.declarations import (
     MethodSpec,
     ViewMethodConfig,
 )
+from shiftlab.methods.kinds import EpisodicMethod, OnlineMethod
 
 PACKAGE = Path(specs.__file__).parents[1]   # shiftlab/methods
 HEAVY = ("torch", "numpy", "PIL", "open_clip", "torchvision")
@@ -63,9 +64,9 @@ def test_every_folder_is_found_and_names_its_class():
                 get_method_class(name)
             continue
         cls = get_method_class(name)
-        assert cls.spec is spec and cls.name == name and f"{cls.__module__}:{cls.__qualname__}" == spec.impl
-        assert (cls.episodic, cls.needs_views, cls.needs_pixels, cls.reads_features) == (
-            spec.episodic, spec.needs_views, spec.needs_pixels, spec.reads_features), name
+        assert cls.spec is spec and spec.name == name and f"{cls.__module__}:{cls.__qualname__}" == spec.impl
+        # its declarations are read from the spec (`self.spec`), never copied onto the class
+        assert not {"name", "episodic", "needs_views", "needs_pixels", "reads_features"} & set(vars(cls)), name
         assert {"spec.py", "method.py", "README.md"} <= {p.name for p in folder.iterdir()}, folder
 
 
@@ -125,14 +126,15 @@ def test_an_online_method_without_state_is_refused_when_defined():
     spec = type("StatelessSpec", (MethodSpec,), {
         "name": "stateless", "impl": f"{__name__}:Stateless", "config_class": Config,
         "capabilities": Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE), "__module__": __name__})
-    with pytest.raises(TypeError, match="an online method .* must define state_dict and load_state_dict"):
-        type("Stateless", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Stateless",
+    with pytest.raises(TypeError, match="an online method must define save_state and load_state"):
+        type("Stateless", (OnlineMethod,), {"spec": spec, "__module__": __name__, "__qualname__": "Stateless",
                                       "predict_context": lambda self, ctx: MethodOutput(ctx.zeroshot_logits[0])})
     episodic = type("EpisodicSpec", (MethodSpec,), {
         "name": "episodic_ok", "impl": f"{__name__}:Episodic", "config_class": Config,
         "capabilities": Capabilities(state=EPISODIC), "__module__": __name__})
-    cls = type("Episodic", (Method,), {"spec": episodic, "__module__": __name__, "__qualname__": "Episodic"})
-    assert cls.name == "episodic_ok" and cls.episodic and cls.needs_views
+    cls = type("Episodic", (EpisodicMethod,), {"spec": episodic, "__module__": __name__, "__qualname__": "Episodic"})
+    assert cls.spec is episodic and "episodic" not in vars(cls)   # read from the spec, never copied onto the class
+    assert cls.spec.name == "episodic_ok" and cls.spec.episodic and cls.spec.needs_views
 
 
 def test_a_class_must_be_where_its_spec_says():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import shiftlab
 from _golden import FEATURES, LOGITS, assert_close, assert_top1_margin, fixture_tolerances, stream_views
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 from shiftlab.methods.tca.condense import condensed_forward, coreset_merge
 from shiftlab.methods.tca.method import Entry, add_to_reservoir, layer_weights, reservoir_logits
 

@@ -33,7 +33,7 @@ from _golden import (
 )
 from shiftlab.methods.common.confidence import entropy, n_selected
 from shiftlab.methods.context import ClassHeads, SampleContext
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -88,7 +88,7 @@ def test_batch_equals_one_at_a_time(tiny_model, heads):
 
 def test_it_reads_only_view_features(tiny_model, heads):
     """A feature store hands over features without pixels: the same prediction."""
-    assert TPS.needs_pixels is False
+    assert TPS.spec.needs_pixels is False
     tps = _tps(tiny_model, heads)
     views = _views(tiny_model, 6)
     with_pixels = tps.predict_context(SampleContext(tiny_model, heads, views))

@@ -224,9 +224,9 @@ def test_a_ttl_only_step_encodes_nothing_and_keeps_its_records(tmp_path, vit):
 def test_a_method_that_reads_no_features_reads_pixels():
     from shiftlab.methods import get_method_class, list_methods
     for name in list_methods():
-        cls = get_method_class(name)
+        cls = get_method_class(name).spec
         assert cls.reads_features or cls.needs_pixels, name
-    assert not get_method_class("ttl").reads_features
+    assert not get_method_class("ttl").spec.reads_features
 
 
 # -- golden checks: the authors' code --------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class AttackTarget:
 def prediction_function(method: Any) -> Callable:
     """The method's differentiable prediction `fn(method, views01 (B, N, 3, S, S)) -> (B, C)` (its spec's
     adaptive.impl); a one-line ValueError where it has none."""
-    declared = getattr(method, "adaptive", None)   # its spec's (methods/adaptive_modes.py)
+    declared = method.spec.adaptive   # methods/adaptive_modes.py
     if declared is None or not declared.impl:
         raise ValueError(f"{method.name}: no differentiable prediction to attack adaptively "
                          f"({'no mode declared' if declared is None else declared.label + ', not implemented'})")
@@ -109,7 +109,7 @@ def method_target(method: Any, sample_ids: Sequence[int], run_seed: int, eot: in
     gradient."""
     fn = prediction_function(method)
     recipe = method.view_recipe
-    n_views = recipe.n_views if method.needs_views else 1
+    n_views = recipe.n_views if method.spec.needs_views else 1
     gen = torch.Generator().manual_seed(eot_seed(run_seed, sample_ids))
 
     def forward(x01: torch.Tensor) -> torch.Tensor:

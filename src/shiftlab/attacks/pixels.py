@@ -168,7 +168,7 @@ class ImageAttack(Attack):
             unit_ids = [int(ids[i]) for i in unit]
             target = method_target(method, unit_ids, run_seed, eot)
             described = {"name": self.name, **{f: getattr(self.config, f) for f in self.record_fields()},
-                         "target": "adaptive", "mode": method.adaptive.label, "eot": target.eot_iter}
+                         "target": "adaptive", "mode": method.spec.adaptive.label, "eot": target.eot_iter}
             clean = torch.stack([views_list[i][0] for i in unit])
             adv = self.attack_through(target, clean, [labels[i] for i in unit], unit_ids, run_seed)
             for k, i in enumerate(unit):

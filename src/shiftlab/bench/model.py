@@ -93,7 +93,7 @@ def own_models_config(methods: Sequence[str], info: dict, method_config: dict[st
     tiny = info.get("name") == "shiftlab-tiny"
     for name in methods:
         cls = get_method_class(name)
-        defaults = cls.offline_config if tiny else cls.random_weights_config
+        defaults = cls.spec.offline_config if tiny else cls.spec.random_weights_config
         if defaults:
             out[name] = dict(defaults) | out.get(name, {})
     return out

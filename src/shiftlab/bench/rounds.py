@@ -80,7 +80,7 @@ def fill_store(ev: Evaluator, source: Any, items: Sequence[BatchItem], methods: 
     default storage), as the run's view of it (`engine.features.RunFeatures`); None when a method needs pixels."""
     from ..engine.features import RunFeatures
     from ..rundir.feature_store import FeatureStore
-    if any(ev.methods[m].needs_pixels for m in methods):
+    if any(ev.methods[m].spec.needs_pixels for m in methods):
         return None
     model = ev.model
     store = FeatureStore(root, "w", lock=False)
@@ -158,7 +158,7 @@ def measure_rounds(ev: Evaluator, source: Any, items: Sequence[BatchItem], metho
         if features is not None:
             features.close()
     return summarize_rounds(per_image, alone_methods, list(baselines), n, store_methods=methods,
-                            encodes=any(ev.methods[m].reads_features for m in methods))
+                            encodes=any(ev.methods[m].spec.reads_features for m in methods))
 
 
 def summarize_rounds(per_image: Mapping[str, Sequence[float]], methods: Sequence[str], baselines: Sequence[str],

@@ -228,7 +228,7 @@ class Bench:
         at a time: each one's seconds per image (decoding, its pass's views and encoding, `end_test_set`)."""
         from ..engine.loop import test_set_pass
         out: dict[str, float] = {}
-        for name in [m for m in self.methods if self.ev.methods[m].reads_ahead == TEST_SET]:
+        for name in [m for m in self.methods if self.ev.methods[m].spec.reads_ahead == TEST_SET]:
             self.phase(f"{name}: the test-set pass")
             t0 = self.now()
             test_set_pass(self.ev, self.source, self.recipes_of([name]), self.ids, self.config.batch_size,
@@ -435,7 +435,7 @@ class Bench:
                 "peak_memory_mib": alone["peak_memory_mib"],
                 "peak_memory_added_mib": alone["peak_memory_added_mib"],
                 "all_methods_pass_method_seconds_per_image": shared["per_method"][name] / self.n,
-                "views": method.view_recipe.n_views if method.needs_views else 1,
+                "views": method.view_recipe.n_views if method.spec.needs_views else 1,
                 "baseline_seconds_per_image": None, "baseline_split_seconds_per_image": None,
                 "baseline_setup_seconds": None, "baseline_peak_memory_mib": None,
                 "baseline_peak_memory_added_mib": None,
@@ -483,6 +483,6 @@ class Bench:
             "rounds": rounds,
             "projection": projection(rounds, loader["seconds_per_image"], views=config.views,
                                      target_views=config.target_views,
-                                     view_methods=[m for m in self.methods if self.ev.methods[m].needs_views])
+                                     view_methods=[m for m in self.methods if self.ev.methods[m].spec.needs_views])
             if rounds else None,
         }

@@ -90,8 +90,8 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
     for name in methods:
         cls = get_method_class(name)
         steps = {k: v for k, v in cls.spec.test_config.items() if k in STEP_FIELDS}
-        if steps or cls.offline_config:
-            settings[name] = {**steps, **cls.offline_config}
+        if steps or cls.spec.offline_config:
+            settings[name] = {**steps, **cls.spec.offline_config}
     cfg = RunConfig(dataset="imagefolder", data=str(data), model="shiftlab-tiny (random weights)",
                     pretrained=None, methods=methods, method_config=settings, views=args.views,
                     limit=args.images, out=str(out), workers=0, batch_size=4)

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.loop import run as run_engine
     from ..engine.prepare import CannotStart
     from ..methods.base import get_method_class
-    pixels = [m for m in methods if get_method_class(m).needs_pixels]
+    pixels = [m for m in methods if get_method_class(m).spec.needs_pixels]
     if pixels:
         print(f"shiftlab sweep: error: {', '.join(pixels)} need pixels (not only view features), so a grid over "
               "them cannot be read from a feature store; run them with `shiftlab run --set`", file=sys.stderr)

@@ -48,7 +48,7 @@ class RunConfig:
     device: str = "auto"
     workers: int = param(-1, ge=-1)   # DataLoader workers; -1: auto (see resolve_workers)
     # samples per engine step (shared encoding, batched tuning) and, for a method that adapts on batches
-    # (`Method.adapts_on_batches`), the batch B of the episodic-batch protocol (docs/PROTOCOLS.md)
+    # (`MethodSpec.adapts_on_batches`), the batch B of the episodic-batch protocol (docs/PROTOCOLS.md)
     batch_size: int = param(8, ge=1)
     # the stream kind (shiftlab.rundir.stream): "shuffled" (i.i.d., seeded by `seed`; "iid" says the same),
     # "sorted", "class-sorted" or "dirichlet" (label shift of concentration `delta`)

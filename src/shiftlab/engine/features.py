@@ -121,7 +121,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     device = resolve_device(config.device)
     # a copy: the caller's config is not changed; methods that need pixels have nothing to store
     config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods, config.model)
-                                                  if not get_method_class(n).needs_pixels])
+                                                  if not get_method_class(n).spec.needs_pixels])
     if dataset is None or model is None:   # as `shiftlab encode` starts (its methods' own models are not needed)
         given = {config.dataset: dataset} if dataset is not None else None
         prepared = prepare(config, [config.dataset], model=model, given=given, method_models=False)

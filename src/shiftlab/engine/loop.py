@@ -26,6 +26,7 @@ from ..attacks import attack_config, build_attack, split_budgets
 from ..datasets.objects import as_dataset, is_run_dataset
 from ..methods.base import get_method_class
 from ..methods.catalogue.declarations import TEST_SET
+from ..methods.kinds import kind_of
 from ..models import ClipModel
 from ..results import orders as results_orders
 from ..results import summary as run_summary
@@ -148,7 +149,7 @@ def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks, p
     first = dataclasses.replace(config, stream_seed=seeds[0])
     evaluator_views = views_per_group(plan, model.device)
     summary = run(first, model, dataset, hooks, plan=dataclasses.replace(plan, config=first))   # the same plan
-    online = [n for n in config.methods if not get_method_class(n).episodic]
+    online = [n for n in config.methods if not get_method_class(n).spec.episodic]
     episodic = [n for n in config.methods if n not in online]
     if online:
         for k in range(1, config.orders):
@@ -190,8 +191,9 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
         identity.write(run_dir, {**run_identity, run_summary.CONFIG: _config_dict(config, model, dataset,
                                                                                    run_identity, evaluator.methods)})
         earlier = (read_stream(run_dir) or {}).get("online", []) if config.resume else []   # a resume adding methods
-        online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items() if not m.episodic)]))
-        batched = any(m.adapts_on_batches for m in evaluator.methods.values())
+        online_names = list(dict.fromkeys([*earlier, *(n for n, m in evaluator.methods.items()
+                                                       if not m.spec.episodic)]))
+        batched = any(m.spec.adapts_on_batches for m in evaluator.methods.values())
         write_stream(run_dir, order, config.order, config.stream_seed_used(), config.delta, online_names,
                      config.batch_size if batched else None, getattr(dataset, "domains", None),
                      getattr(dataset, "domain_index", None))
@@ -224,7 +226,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     if online:  # the online state must see every sample from where it stands
         wanted = set(order[online_start:]) | set(pending)
         pending = [sid for sid in plan.ids if sid in wanted]
-    if any(m.adapts_on_batches for m in evaluator.methods.values()):
+    if any(m.spec.adapts_on_batches for m in evaluator.methods.values()):
         pending = _whole_batches(plan, pending)
     timer = PhaseTimer()
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
@@ -283,8 +285,8 @@ def unfinished_test_set_methods(evaluator: Evaluator, order: Sequence[int], sett
     """The test-set methods a (resumed) run must show the test set: those with a record left to compute, and
     the online ones while any method of the run has one left (their state runs along the whole stream)."""
     run_left = records_left(list(evaluator.methods), order, settings, done)
-    return [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET
-            and (records_left([n], order, settings, done) or (not m.episodic and run_left))]
+    return [n for n, m in evaluator.methods.items() if kind_of(m.spec) == TEST_SET
+            and (records_left([n], order, settings, done) or (not m.spec.episodic and run_left))]
 
 
 def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequence[int], batch_size: int,
@@ -296,7 +298,7 @@ def test_set_pass(evaluator: Evaluator, dataset: Any, views: dict, order: Sequen
     names in `test_set_views`, each from its own seed stream); then `end_test_set()`. Deterministic (the views
     are seeded by (run seed, sample id), `test_set_seed` is the run seed), so a resumed run recomputes the same
     state. Returns the methods shown the set."""
-    names = [n for n, m in evaluator.methods.items() if m.reads_ahead == TEST_SET and (names is None or n in names)]
+    names = [n for n, m in evaluator.methods.items() if kind_of(m.spec) == TEST_SET and (names is None or n in names)]
     if not names:
         return []
     plain = [n for n in names if evaluator.methods[n].test_set_views is None]
@@ -389,7 +391,7 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     # --allow-partial: said in summary.json, summary.md and the report, never dropped silently
     cfg["dataset_lost"] = list(getattr(dataset, "lost", []))
     # the transductive track (docs/PROTOCOLS.md): what each method reads beyond the current sample and its past
-    cfg["reads_ahead"] = {n: m.reads_ahead for n, m in methods.items() if m.reads_ahead}
+    cfg["reads_ahead"] = {n: m.spec.reads_ahead for n, m in methods.items() if m.spec.reads_ahead}
     cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from

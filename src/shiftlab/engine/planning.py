@@ -77,8 +77,8 @@ class Plan:
 def plan(order: Sequence[int], ctx: DistContext, methods: Mapping[str, Any], block: int = 1) -> Plan:
     """Assign work: episodic methods sharded over all ranks by blocks of `block` stream
     positions (use the batch size), online methods on rank 0 over the whole stream."""
-    episodic = tuple(n for n, m in methods.items() if getattr(m, "episodic", True))
-    online = tuple(n for n, m in methods.items() if not getattr(m, "episodic", True))
+    episodic = tuple(n for n, m in methods.items() if getattr(getattr(m, "spec", m), "episodic", True))
+    online = tuple(n for n, m in methods.items() if not getattr(getattr(m, "spec", m), "episodic", True))
     block = max(1, int(block))
     position = {sid: i for i, sid in enumerate(order)}
     mine = shard(order, ctx, block=block)

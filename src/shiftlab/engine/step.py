@@ -24,8 +24,10 @@ from torch.utils.data import Dataset
 
 from ..datasets.imageio import ImageDecodeError
 from ..methods.base import Method, MethodOutput, build_method, create_method
+from ..methods.catalogue.declarations import BATCH, ONLINE
 from ..methods.catalogue.protocols import DEFAULT_PROTOCOL
 from ..methods.context import ClassHeads, SampleContext
+from ..methods.kinds import kind_of
 from ..models import ClipModel
 from ..models.precision import Precision
 from ..models.precision import resolve as resolve_precision
@@ -140,7 +142,7 @@ class Evaluator:
             self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
                                             protocol=protocol, dataset=dataset, run_views=run_views,
                                             allow_duplicate_names=True, **dict(method_config.get(n, {})))
-        self.needs_views = any(m.needs_views for m in self.methods.values())
+        self.needs_views = any(m.spec.needs_views for m in self.methods.values())
         self._timers = contextlib.ExitStack()
         if text_timer is not None and text_timer.text:
             def sink(seconds: float) -> None:
@@ -180,14 +182,16 @@ class Evaluator:
                 for i, sid in enumerate(ids)]
 
     def predict(self, name: str, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
+        """Method `name` on `ctxs` as its kind is driven (shiftlab.methods.kinds)."""
         method = self.methods[name]
-        if method.adapts_on_batches:   # the episodic-batch protocol: `ctxs` is one whole batch of the stream
-            if method.episodic:
+        kind = kind_of(method.spec)
+        if kind == BATCH:   # the episodic-batch protocol: `ctxs` is one whole batch of the stream
+            if method.spec.episodic:
                 method.reset()
             return method.adapt_batch(list(ctxs))
-        if method.episodic:
-            return method.predict_batch(list(ctxs))
-        return [method.predict_context(c) for c in ctxs]   # online: one sample at a time, in stream order
+        if kind == ONLINE:
+            return [method.predict_context(c) for c in ctxs]   # one sample at a time, in stream order
+        return method.predict_batch(list(ctxs))   # episodic, or test-set after its pass
 
 
 OutputsHook = Callable[[str, str, list[int], list[MethodOutput]], None]
@@ -241,7 +245,8 @@ class Runner:
         self.features = context.features   # a feature_store.RunFeatures, or None
         self.group_views = dict(context.group_views)
         # each method's own frozen encoder of view 0 (COSMIC's DINOv2), computed once per sample and stored
-        self.encoders = {n: e for n in self.methods if (e := self.evaluator.methods[n].frozen_encoder()) is not None}
+        self.encoders = {n: e for n in self.methods if self.evaluator.methods[n].spec.capabilities.reads_frozen_encoder
+                         and (e := self.evaluator.methods[n].frozen_encoder()) is not None}
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (`recipe_key`)."""
@@ -264,7 +269,7 @@ class Runner:
         method that needs pixels; those runs decode every sample)."""
         methods = self.evaluator.methods
         if (self.features is None or self.settings != ["clean"]
-                or any(getattr(methods[n], "needs_pixels", False) for n in self.methods)):
+                or any(methods[n].spec.needs_pixels for n in self.methods)):
             return []
         keys = []
         for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
@@ -347,7 +352,7 @@ class Runner:
                 ids: list[int], recipe: str, features: list[dict]) -> dict[str, list[SampleContext]]:
         """Each method's contexts: one encoding per precision of the family's views (as many as the
         group's longest recipe), each method reading its first n_views of it; none for a group none of
-        whose methods reads the frozen tower's features (`Method.reads_features`: TTL's own tower)."""
+        whose methods reads the frozen tower's features (`MethodSpec.reads_features`: TTL's own tower)."""
         methods = self.evaluator.methods
         out: dict[str, list[SampleContext]] = {}
         clean = self.features is not None and self.settings == ["clean"] and bool(self.store_keys())
@@ -356,7 +361,7 @@ class Runner:
                 continue
             precision = methods[group[0]].precision
             key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
-            reads = any(methods[n].reads_features for n in group)
+            reads = any(methods[n].spec.reads_features for n in group)
             ctxs = self._stored_contexts(views, ids, key if reads else None, n_max, precision, features, reads)
             self._attach_encoded(group, ctxs, ids, features, wanted, store=clean)
             by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
@@ -408,7 +413,7 @@ class Runner:
     def _wanted(self, name: str, sid: int, setting: str) -> bool:
         if self.plan is not None and not self.plan.owns(sid, name):
             return False
-        if not self.evaluator.methods[name].episodic and self.plan is not None:
+        if not self.evaluator.methods[name].spec.episodic and self.plan is not None:
             return self.plan.position[sid] >= self.online_start
         return is_missing(sid, name, setting, self.done)
 
@@ -434,7 +439,7 @@ class Runner:
         names = [n for n in self.methods if self.recipe_of(n) == recipe]
         wanted = {n: [i for i, sid in enumerate(ids) if self._wanted(n, sid, setting)] for n in names}
         for n in names:   # a batch method adapts on the whole batch (the loop drops records already written)
-            if wanted[n] and self.evaluator.methods[n].adapts_on_batches:
+            if wanted[n] and self.evaluator.methods[n].spec.adapts_on_batches:
                 wanted[n] = list(range(len(ids)))
         if not any(wanted.values()):
             return
@@ -469,14 +474,14 @@ class Runner:
         for name in names:
             method = self.evaluator.methods[name]
             todo = wanted[name]
-            units = [todo] if method.episodic or method.adapts_on_batches else [[i] for i in todo]
+            units = [todo] if method.spec.episodic or method.spec.adapts_on_batches else [[i] for i in todo]
             for unit in units:
                 unit_ids = [ids[i] for i in unit]
                 with self.timer.phase("attack"):
                     views, info = self._attacker(setting).perturb_adaptive(
                         method, unit_ids, [good[i].views[recipe] for i in unit],
                         [self.dataset.label(s) for s in unit_ids], self.recipes[recipe], self.context.eot,
-                        together=method.adapts_on_batches)
+                        together=method.spec.adapts_on_batches)
                 ctxs = [self._encode([name], {name: [0]}, [v], [sid], recipe, [{}])[name][0]
                         for v, sid in zip(views, unit_ids)]
                 self._predict(name, setting, unit_ids, list(range(len(unit))), ctxs, info, per_sample)

@@ -160,7 +160,7 @@ def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None 
     on a later dataset stops the suite now with its one-line error, not hours in: an unknown field, DMN-ZS's
     CuPL file missing from a `cupl_file` directory or lacking one of the dataset's classes (when
     `datasets` holds the built dataset)."""
-    from ..methods.heads import check_descriptions
+    from ..methods.head_kinds import check_descriptions
     from .run_plan import resolve_plan
 
     names = (suite.base,) if suite.kind == "corruption" else suite.datasets

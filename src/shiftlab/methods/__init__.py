@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from ..lazy import lazy_names
 
 if TYPE_CHECKING:
-    from .api import predict
     from .base import Method, create_method, get_method_class, list_methods, register_method
     from .catalogue.declarations import MethodConfig
-    from .prediction import MethodOutput
+    from .outputs import MethodOutput
+    from .single_image import predict
 
 # public name -> the module that defines it
-_EXPORTS = {"predict": ".api", "Method": ".base", "MethodOutput": ".prediction", "create_method": ".base",
+_EXPORTS = {"predict": ".single_image", "Method": ".base", "MethodOutput": ".outputs", "create_method": ".base",
             "get_method_class": ".base", "list_methods": ".base", "register_method": ".base",
             "MethodConfig": ".catalogue.declarations"}
 

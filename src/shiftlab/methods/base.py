@@ -2,8 +2,9 @@
 
 A method turns one sample's `SampleContext` into class scores. A method is a folder,
 `shiftlab/methods/<name>/` (CONTRIBUTING.md): its `spec.py` declares the config, the capabilities
-and the facts without torch (`shiftlab.methods.catalogue.declarations.MethodSpec`), its `method.py` holds a `Method`
-subclass naming that spec (`spec = MTASpec`). The registry finds the specs by scanning the folders
+and the facts without torch (`shiftlab.methods.catalogue.declarations.MethodSpec`), its `method.py` holds a class deriving
+the base of its kind (shiftlab.methods.kinds) and naming that spec (`spec = MTASpec`), whose declarations it
+reads there (`self.spec`). The registry finds the specs by scanning the folders
 and imports a method's class the first time it is built (`get_method_class`); tests are parametrised
 over the registry. A script or test registers a class of its own with `register_method("name")`.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -28,12 +30,12 @@ from ..views.generator import ViewConfig, ViewGenerator
 from ..views.recipe import ViewRecipe
 from .catalogue import declarations as method_specs
 from .catalogue.declarations import (
+    BATCH,
     EPISODIC,
     FROZEN_ENCODER,
     FROZEN_FEATURES,
     ONLINE,
     OWN_TOWER,
-    STATES,
     TEST_SET,
     Capabilities,
     MethodConfig,
@@ -45,15 +47,16 @@ from .catalogue.declarations import (
 from .catalogue.method_config import effective_config, registered_name
 from .catalogue.protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .context import ClassHeads, SampleContext
-from .frozen_encoder import FrozenEncoder
-from .prediction import MethodOutput, Prediction, load_image, make_prediction
+from .outputs import MethodOutput, Prediction, load_image, make_prediction
 
 __all__ = ["ExtraModel", "Method", "MethodConfig", "MethodOutput", "ViewMethodConfig", "check_method_config",
            "create_method", "effective_config", "get_method_class", "list_methods", "make_config", "register_method"]
 
 
 class _ClassRegistry(Registry["type[Method]"]):
-    """The imported method classes; removing one removes its spec too (tests register temporary methods)."""
+    """The imported method classes; removing one removes its spec too (tests register temporary methods). A class's
+    name is its spec's (`Method.name`), never set on it."""
+    names_classes = False
 
     def pop(self, name: str, default: Any = None) -> Any:
         method_specs.SPECS.pop(name)
@@ -61,7 +64,6 @@ class _ClassRegistry(Registry["type[Method]"]):
 
 
 _REGISTRY: Registry[type[Method]] = _ClassRegistry("method")
-METHOD_KINDS = STATES
 
 
 class ExtraModel(NamedTuple):
@@ -73,70 +75,60 @@ class ExtraModel(NamedTuple):
     settings: str
 
 
-class Method:
-    """A method's torch code. A method with a folder names its spec (`spec = MTASpec`), from which the
-    class gets its name, config class, summary, text head, minimum views, offline configs, facts and
-    capabilities when it is defined; the attributes below are those a class registered without a
-    folder declares itself (`register_method`). `episodic`, `needs_views`, `needs_pixels`, `reads_features`,
-    `adapts_on_batches` and `reads_ahead` are read from the capabilities
-    (`shiftlab.methods.catalogue.declarations.Capabilities`)."""
+class _MethodType(type):
+    """Reads a method class's old attributes (`episodic`, `summary`, ...) from its spec, with a DeprecationWarning:
+    a method's declarations live in its spec only (`Method.spec`)."""
+
+    def __getattr__(cls, attr: str) -> Any:
+        return _deprecated_spec_attribute(cls, attr)
+
+
+def _deprecated_spec_attribute(cls: Any, attr: str) -> Any:
+    klass = cls if isinstance(cls, type) else type(cls)
+    spec = type.__getattribute__(klass, "spec")
+    if attr == "in_groups":   # a method of Method's once, a function of this module now
+        warnings.warn("Method.in_groups is deprecated: use shiftlab.methods.base.in_groups", DeprecationWarning,
+                      stacklevel=3)
+        return in_groups
+    if attr not in SPEC_ATTRIBUTES or spec is None:
+        raise AttributeError(f"{type.__getattribute__(klass, '__name__')!r} object has no attribute {attr!r}")
+    warnings.warn(f"Method.{attr} is deprecated: read the method's spec, `.spec.{attr}`", DeprecationWarning,
+                  stacklevel=3)
+    return getattr(spec, attr)
+
+
+class Method(metaclass=_MethodType):
+    """What every method is: built for a model and its class names with a checked config, it turns one sample's
+    `SampleContext` into class scores (`predict_context`). A method derives the base of its kind
+    (shiftlab.methods.kinds: `EpisodicMethod`, `OnlineMethod`, `BatchMethod`, `TestSetMethod`), which says how the
+    engine drives it; everything it declares (name, config class, capabilities, facts) it reads from `self.spec`,
+    its `MethodSpec` (methods/<name>/spec.py; a class registered without a folder gets one made from the
+    attributes it declares, `register_method`)."""
     spec: ClassVar[type[MethodSpec] | None] = None
-    name: str = ""
-    config_class: type = MethodConfig
-    episodic: bool = True       # reset to the initial state before every sample
-    needs_views: bool = True    # uses the augmented views (False: view 0 only)
-    # reads pixels, not only view features (tunes the image tower): never served by a feature store
-    needs_pixels: bool = False
-    # reads the frozen image tower's view features (`SampleContext.image_features`); False (a method that encodes
-    # the pixels through a tower of its own, so needs_pixels too): the engine does not encode a sample's views for
-    # a group of methods none of which reads them (a context still encodes on first reading)
-    reads_features: bool = True
-    summary: str = ""           # one line for `shiftlab methods`
-    supports_pure_fp16: bool = False   # accepts precision "fp16-pure" (its image features and text head)
-    # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
-    text_head: str = "zeroshot"
-    # the fewest views (incl. the original) the method's computation is defined for; a method whose
-    # minimum depends on its config overrides `needed_views`, and says why in `min_views_why`
-    min_views: int = 1
-    min_views_why: str = ""
-    own_ood_score: str = ""     # its own OOD score's name and source ("": MCM only; MethodSpec.own_ood_score)
-    # adapts on a batch of test images together (the episodic-batch protocol, docs/PROTOCOLS.md; a spec's
-    # `Capabilities(batches=True)`): the engine hands `adapt_batch` each batch of `--batch-size` consecutive
-    # stream positions whole, after `reset()` when the method is `episodic` (the state kept from batch to
-    # batch otherwise: continual)
-    adapts_on_batches: bool = False
-    # what it reads beyond the current sample and its past (a spec's `Capabilities(reads_ahead=...)`: None, "batch",
-    # "test_set"); a "test_set" method is shown the whole test set before the stream (`observe_test_set`)
-    reads_ahead: str | None = None
-    # how `--attack-target adaptive` attacks it (a spec's `Adaptive`, methods/adaptive_modes.py); None: it cannot be
-    adaptive: Any = None
-    # config overrides that run the method with nothing downloaded, as `shiftlab demo` and the registry tests do
-    # on the tiny random CLIP (RLCF: a random-weight reward model instead of OpenAI's ViT-L/14)
-    offline_config: dict[str, Any] = {}
-    # config overrides that give every model the method loads itself random weights of the same architecture
-    # (same cost, nothing downloaded): what `shiftlab bench` measures it with when the run's model is random too
-    random_weights_config: dict[str, Any] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         spec = cls.__dict__.get("spec")
         if spec is not None:
-            _take_spec(cls, spec)
+            _check_spec(cls, spec)
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
                  allow_duplicate_names: bool = False):
+        if type(self).spec is None:   # a class of a script's that was never registered: its declared attributes
+            type(self).spec = _spec_from_class(type(self).__name__.lower(), type(self))
+        spec = self.spec
         self.model = model
         self.classnames = check_classnames(classnames, allow_duplicate_names)
-        self.config = check_method_config(type(self), config if config is not None else self.config_class())
+        self.config = check_method_config(spec, config if config is not None else spec.config_class())
         # a method bound to some image towers (its spec's `towers`): the loaded tower decides, in one line
-        if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:
+        if tuple(spec.towers) != method_specs.TOWERS:
             from ..models.tower_tokens import tower_kind
             try:
                 tower = tower_kind(model.clip.visual)
             except ValueError as exc:
-                raise ValueError(f"{self.name}: {model.name}: {exc}") from None
-            problem = method_specs.tower_problem(self, tower, model.name)
+                raise ValueError(f"{spec.name}: {model.name}: {exc}") from None
+            problem = method_specs.tower_problem(spec, tower, model.name)
             if problem:
                 raise ValueError(problem)
         self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
@@ -149,10 +141,13 @@ class Method:
             # encodes the views with the same cast copy (ClipModel.cast, by precision key)
             self.heads = ClassHeads(model.cast(self.precision.model_dtype), self.classnames)
 
-    @classmethod
-    def needed_views(cls, config: Any) -> int:
-        """The fewest views (incl. the original) this method can use under `config` (its spec's rule)."""
-        return cls.spec.needed_views(config) if cls.spec is not None else cls.min_views
+    def __getattr__(self, attr: str) -> Any:
+        return _deprecated_spec_attribute(self, attr)
+
+    @property
+    def name(self) -> str:
+        """The registered name (its spec's)."""
+        return self.spec.name if self.spec is not None else ""
 
     @classmethod
     def extra_models(cls, config: Any) -> list[ExtraModel]:
@@ -204,86 +199,46 @@ class Method:
         return make_prediction(out.logits, out.probabilities(), self.classnames)
 
     def _predict_views(self, views: torch.Tensor) -> MethodOutput:
-        if self.reads_ahead == TEST_SET and not self.test_set_seen:
-            named = " (per group {name: contexts} of its test_set_views)" if self.test_set_views is not None else ""
-            raise ValueError(f"{self.name} reads the whole test set before predicting: hand it every test image's "
-                             f"contexts with observe_test_set(...){named} and call finish_test_set() first "
-                             "(shiftlab.run does)")
         check_views(views, self.model)
-        needed = self.needed_views(self.config) if self.needs_views else 1
+        spec = self.spec
+        needed = spec.needed_views(self.config) if spec.needs_views else 1
         if views.shape[0] < needed:
             raise ValueError(f"{self.name}: needs at least {needed} views (incl. the original), got "
-                             f"{views.shape[0]}" + (f": {self.min_views_why}" if self.min_views_why else ""))
+                             f"{views.shape[0]}" + (f": {spec.min_views_why}" if spec.min_views_why else ""))
         views = views[:self.view_recipe.n_views].to(self.model.device)
         ctx = SampleContext(self.model, self.heads, views, precision=self.precision)
         return self.predict_context(ctx)
 
     # -- engine use -------------------------------------------------------------
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
+        """One sample's context -> its output (logits (C,), optional OOD score and extras)."""
         raise NotImplementedError
 
     def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        """Several samples; methods override this to batch work across samples."""
+        """Several samples, each on its own (an episodic or test-set method; methods override this to batch work
+        across samples)."""
         return [self.predict_context(c) for c in ctxs]
-
-    def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        """A batch method (`adapts_on_batches`): adapt on the batch's samples together, then predict each;
-        one output per context, in order. The batch is the unit of its results (and of a resume)."""
-        raise NotImplementedError(f"{self.name}: adapts_on_batches is declared but adapt_batch is not implemented")
-
-    def frozen_encoder(self) -> FrozenEncoder | None:
-        """Its second frozen encoder of view 0 (a spec's FROZEN_ENCODER capability), whose output the engine puts in
-        `SampleContext.encoded[encoder.id]` and a feature store holds; None: none (in this config)."""
-        return None
-
-    def observe_test_set(self, ctxs: Sequence[SampleContext]) -> None:
-        """A test-set method (`reads_ahead == "test_set"`): the engine's pass over the whole test set before the
-        stream hands it every decodable sample once, in sample-id order, in groups (`--batch-size`), clean
-        views of its own recipe; `end_test_set()` follows the last group. Nothing is predicted here."""
-        raise NotImplementedError(f"{self.name}: reads_ahead 'test_set' is declared but observe_test_set is not "
-                                  "implemented")
-
-    # the test-set pass's own views, by name (None: the method's own recipe, `observe_test_set(ctxs)`); a method
-    # naming some (TIPPLE's weak and strong views) is handed {name: contexts} per group instead, the k-th named
-    # recipe drawn from view seed stream k (`ViewGenerator(stream=k)`, k = 1, 2, ...: independent of the others)
-    test_set_views: dict[str, ViewRecipe] | None = None
-    # the run's seed, set by the test-set pass before its first group: what a test-set method draws its own
-    # randomness from (TIPPLE's stage-I shuffles), so a resumed run recomputes the same state
-    test_set_seed: int = 0
-
-    def end_test_set(self) -> None:
-        """After the test-set pass: fit what the whole set decides (a task-level prompt). `reset()` returns to
-        the state this leaves, and an online method's checkpoints hold it."""
-
-    # set once the test-set pass has ended (`finish_test_set`): a test-set method refuses `predict` before
-    test_set_seen: bool = False
-
-    def finish_test_set(self) -> None:
-        """End the test-set pass (`end_test_set`) and mark it seen: what the engine calls after the last group."""
-        self.end_test_set()
-        self.test_set_seen = True
-
-    def in_groups(self, ctxs: Sequence[SampleContext], size: int,
-                  predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:
-        """`predict_group` over consecutive groups of at most `size` samples, outputs in order."""
-        outputs: list[MethodOutput] = []
-        for start in range(0, len(ctxs), max(1, size)):
-            outputs.extend(predict_group(ctxs[start:start + size]))
-        return outputs
 
     def prepare(self) -> None:
         """One-off work before the first sample (class heads, prompts), kept out of per-image timings."""
         _ = self.heads.zeroshot
 
     def reset(self) -> None:
-        """Return to the initial state (episodic methods do this before every sample)."""
+        """Return to the initial state (what an episodic method does before every sample, an online method at the
+        start of its stream)."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """Online state to checkpoint with the records (episodic methods have none)."""
-        return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+# what a method class once carried over from its spec, read from the spec now (`_deprecated_spec_attribute`)
+SPEC_ATTRIBUTES = frozenset((*method_specs.ATTRIBUTES, *method_specs.DERIVED, "needed_views", "test_config"))
+
+
+def in_groups(ctxs: Sequence[SampleContext], size: int,
+              predict_group: Callable[[Sequence[SampleContext]], list[MethodOutput]]) -> list[MethodOutput]:
+    """`predict_group` over consecutive groups of at most `size` samples, outputs in order."""
+    outputs: list[MethodOutput] = []
+    for start in range(0, len(ctxs), max(1, size)):
+        outputs.extend(predict_group(ctxs[start:start + size]))
+    return outputs
 
 
 def check_views(views: object, model: ClipModel) -> None:
@@ -340,44 +295,58 @@ def check_classnames(classnames: object, allow_duplicates: bool = False) -> list
     return list(classnames)
 
 
-def _take_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
-    """Give a method class its spec's declarations (facts into its own body: `facts.declared` reads them
-    there), refusing a class that cannot do what the spec declares."""
+def _check_spec(cls: type[Method], spec: type[MethodSpec]) -> None:
+    """Refuse a method class that cannot do what its spec declares (nothing is copied: it reads `self.spec`)."""
     module, _, qualname = spec.impl.partition(":")
     if (module, qualname) != (cls.__module__, cls.__qualname__):
         raise TypeError(f"{cls.__qualname__} names spec {spec.__qualname__}, whose impl is {spec.impl!r}, "
                         f"not '{cls.__module__}:{cls.__qualname__}'")
-    if not spec.episodic and (cls.state_dict is Method.state_dict or cls.load_state_dict is Method.load_state_dict):
-        raise TypeError(f"{spec.name}: an online method (capabilities state {ONLINE!r}) must define state_dict and "
-                        "load_state_dict: its state is checkpointed with the records and restored on resume")
-    if spec.capabilities.reads_frozen_encoder and cls.frozen_encoder is Method.frozen_encoder:
+    if not getattr(cls, "_kind", ""):   # today's shape until every folder is converted: driven by its spec's kind
+        warnings.warn(f"{cls.__qualname__}: a method derives the base of its kind (shiftlab.methods.kinds: "
+                      "EpisodicMethod, OnlineMethod, BatchMethod or TestSetMethod); deriving Method itself is "
+                      "deprecated", DeprecationWarning, stacklevel=3)
+    if spec.capabilities.reads_frozen_encoder and not callable(cls.__dict__.get("frozen_encoder")
+                                                               or getattr(cls, "frozen_encoder", None)):
         raise TypeError(f"{spec.name}: a method reading a frozen encoder of its own (capabilities reads "
                         f"{FROZEN_ENCODER!r}) must define frozen_encoder: the engine computes and stores its output")
-    if spec.reads_ahead == TEST_SET and cls.observe_test_set is Method.observe_test_set:
-        raise TypeError(f"{spec.name}: a test-set method (reads_ahead 'test_set') must define observe_test_set: the "
-                        "engine shows it the whole test set before the stream")
-    for attr in (*method_specs.ATTRIBUTES, *method_specs.DERIVED):
-        setattr(cls, attr, getattr(spec, attr))
     for fact in method_specs.FACTS:
-        if fact in spec.__dict__:
-            setattr(cls, fact, spec.__dict__[fact])
-        elif fact in cls.__dict__:
+        if fact in cls.__dict__:
             raise TypeError(f"{cls.__qualname__}: the fact {fact!r} belongs in its spec ({spec.__qualname__})")
 
 
+def _declared(cls: type, attr: str, default: Any) -> Any:
+    """What a class registered without a folder declares in its own bodies (not a base's property or method)."""
+    for klass in cls.__mro__:
+        if klass is Method or attr not in klass.__dict__:
+            continue
+        value = klass.__dict__[attr]
+        return default if isinstance(value, (property, classmethod, staticmethod)) else value
+    return default
+
+
 def _spec_from_class(name: str, cls: type[Method]) -> type[MethodSpec]:
-    """A spec for a class registered without a folder, from the attributes it declares."""
-    reads = tuple(r for r, on in ((FROZEN_FEATURES, cls.reads_features), (OWN_TOWER, cls.needs_pixels)) if on)
-    body: dict[str, Any] = {attr: getattr(cls, attr) for attr in method_specs.ATTRIBUTES if hasattr(cls, attr)}
+    """A spec for a class registered without a folder, from the attributes it declares (its kind from the kind
+    base it derives, or, a class deriving `Method` itself, from `episodic`, `adapts_on_batches`, `reads_ahead`)."""
+    kind = getattr(cls, "_kind", "")
+    batches = kind == BATCH or bool(_declared(cls, "adapts_on_batches", False))
+    episodic = _declared(cls, "episodic", kind in ("", EPISODIC, TEST_SET, BATCH))
+    reads_ahead = TEST_SET if kind == TEST_SET else _declared(cls, "reads_ahead", None)
+    reads = tuple(r for r, on in ((FROZEN_FEATURES, _declared(cls, "reads_features", True)),
+                                  (OWN_TOWER, _declared(cls, "needs_pixels", False))) if on)
+    body: dict[str, Any] = {attr: cls.__dict__[attr] if attr in cls.__dict__ else _declared(cls, attr, None)
+                            for attr in method_specs.ATTRIBUTES}
+    body = {attr: value for attr, value in body.items() if value is not None}
     body.update({fact: cls.__dict__[fact] for fact in method_specs.FACTS if fact in cls.__dict__})
     body.update(name=name, impl=f"{cls.__module__}:{cls.__qualname__}", __module__=cls.__module__,
-                capabilities=Capabilities(reads=reads, state=EPISODIC if cls.episodic else ONLINE,
-                                          batches=bool(cls.adapts_on_batches), reads_ahead=cls.reads_ahead))
-    if cls.needed_views.__func__ is not Method.needed_views.__func__:   # type: ignore[attr-defined]
-        body["needed_views"] = classmethod(lambda spec, config: cls.needed_views(config))
+                capabilities=Capabilities(reads=reads, state=EPISODIC if episodic else ONLINE,
+                                          batches=batches, reads_ahead=reads_ahead))
+    needed = _declared(cls, "needed_views", None)
+    if needed is not None:
+        body["needed_views"] = classmethod(lambda spec, config: needed.__get__(None, cls)(config))
     spec = type(f"{cls.__name__}Spec", (MethodSpec,), body)
-    if spec.needs_views != cls.needs_views:
-        spec.needs_views = cls.needs_views
+    needs_views = _declared(cls, "needs_views", None)
+    if needs_views is not None and spec.needs_views != needs_views:
+        spec.needs_views = needs_views
     return spec
 
 
@@ -391,11 +360,6 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
             cls.spec = spec
         return _REGISTRY.register(name, cls, replace=True)
     return register
-
-
-def method_kind(cls: type[Method]) -> str:
-    """"episodic" (reset before every sample) or "online" (adapts along the stream)."""
-    return EPISODIC if cls.episodic else ONLINE
 
 
 def list_methods(kind: str | None = None) -> list[str]:

@@ -136,7 +136,7 @@ def build(config: Any, model: Any, dataset: Any, methods: Mapping[str, Any], ver
     from .stream import canonical_kind, order_seeds
     checkpoint = checkpoint_sha256(model, config.pretrained)
     orders = int(getattr(config, "orders", 1))
-    batched = any(getattr(m, "adapts_on_batches", False) for m in methods.values())
+    batched = any(m.spec.adapts_on_batches for m in methods.values())
     shared = {
         "dataset": config.dataset,
         "samples_sha256": samples_fingerprint(dataset),

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..common.confidence import marginal_entropy
 from ..common.prompt_tuning import PromptTuning
+from ..kinds import EpisodicMethod
 from .spec import ATPTSpec
 
 
@@ -24,7 +25,7 @@ def min_angles(text_features: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.acos(gram.max(dim=-1).values.clamp(-tau, tau))
 
 
-class ATPT(PromptTuning):
+class ATPT(PromptTuning, EpisodicMethod):
     """A-TPT: TPT's marginal entropy -/+ lambda x the mean nearest-class angle of the class features."""
     spec = ATPTSpec
 

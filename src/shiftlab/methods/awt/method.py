@@ -13,9 +13,10 @@ import torch
 
 from ...models.text import encode_texts, load_descriptions
 from ...options import say_set
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import entropy
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import AWTConfig, AWTSpec
 
 
@@ -55,7 +56,7 @@ def awt_logits(image_features: torch.Tensor, text_features: torch.Tensor, scale:
     return (plan.permute(1, 2, 0) * logits).sum((0, 1))
 
 
-class AWT(Method):
+class AWT(EpisodicMethod):
     """AWT: entropy-weighted views x descriptions, per-class optimal transport."""
     spec = AWTSpec
 

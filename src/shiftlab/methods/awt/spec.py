@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
-from ..heads import register_head
+from ..head_kinds import register_head
 
 # github.com/MCG-NJU/AWT at b2b49a8, AWT_zero_shot/: evaluate.py, pre_extract.py, data/datautils.py,
 # data/cls_to_names.py, scripts/{evaluate,pre_extract}.sh

@@ -20,7 +20,7 @@ from ..common.confidence import entropy, marginal_entropy, select_confident
 from ..common.online_common import view_features
 from ..common.tda_cache import Cache, CacheEntry, TDACacheMethod, TDASample, update_cache
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
 from .spec import BoostAdapterSpec
 
 

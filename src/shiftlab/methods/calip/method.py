@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from ...models.tower_tokens import image_tokens, tower_kind
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import EpisodicMethod
 from .spec import CALIPSpec
 
 
@@ -45,7 +46,7 @@ def calip_attention_logits(global_feats: torch.Tensor, spatial: torch.Tensor, te
     return l1, l2
 
 
-class CALIP(Method):
+class CALIP(EpisodicMethod):
     """CALIP: zero-shot logits plus two parameter-free attention readings of view 0's spatial tokens."""
     spec = CALIPSpec
 

@@ -216,7 +216,7 @@ class MethodSpec:
     # (TCA) declares ("vit",): refused in one line on another tower (`tower_problem`, then at model load)
     towers: ClassVar[tuple[str, ...]] = TOWERS
     towers_why: ClassVar[str] = ""           # why only those (the refusal's reason)
-    # the class head it reads (a kind of shiftlab.methods.heads) where its config has no `text_head` field
+    # the class head it reads (a kind of shiftlab.methods.head_kinds) where its config has no `text_head` field
     text_head: ClassVar[str] = "zeroshot"
     # the fewest views (incl. the original) its computation is defined for; a minimum that depends on the
     # config overrides `needed_views` and says why in `min_views_why`
@@ -227,7 +227,7 @@ class MethodSpec:
     offline_config: ClassVar[dict[str, Any]] = {}
     # config overrides giving every model it loads itself random weights (what `shiftlab bench` measures)
     random_weights_config: ClassVar[dict[str, Any]] = {}
-    # the templates a `tip_cupl` head pools where its config sets none (shiftlab.methods.heads.CUPL_TEMPLATES)
+    # the templates a `tip_cupl` head pools where its config sets none (shiftlab.methods.head_kinds.CUPL_TEMPLATES)
     cupl_templates: ClassVar[str] = "tip"
     # a small config (with `offline_config`) that the registry-wide tests run it with on the tiny CLIP
     test_config: ClassVar[dict[str, Any]] = {}

@@ -30,7 +30,7 @@ from typing import Any
 
 from ... import params
 from ...views.recipe import ViewRecipe
-from .. import heads
+from .. import head_kinds as heads
 from . import cards as facts
 from . import protocols as method_protocols
 from .declarations import make_config, refused_methods, spec, spec_names
@@ -68,7 +68,7 @@ def _registered_reads_ahead(name: str) -> str | None:
     methods package is loaded (the catalogue never imports torch for it)."""
     registry = getattr(sys.modules.get("shiftlab.methods.base"), "_REGISTRY", None)
     cls = registry.get(name) if registry is not None and name in registry else None
-    return getattr(cls, "reads_ahead", None)
+    return cls.spec.reads_ahead if cls is not None and cls.spec is not None else None
 
 
 def by_block(methods: list[str]) -> list[tuple[str, list[str]]]:

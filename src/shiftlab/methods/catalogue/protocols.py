@@ -101,11 +101,11 @@ def method_overrides(protocol: str, cls: type, user: Mapping[str, Any] | None = 
 
 def _dataset_cupl_file(cls: type, out: dict[str, Any], dataset: str | None) -> dict[str, Any]:
     """Under every protocol: a `cupl_file` naming a directory of CuPL's per-dataset files becomes the
-    dataset's file (the method's `cupl_files`, shiftlab.methods.heads.dataset_cupl_file) when the method's
+    dataset's file (the method's `cupl_files`, shiftlab.methods.head_kinds.dataset_cupl_file) when the method's
     head reads it, so a suite runs each dataset with its own descriptions and the run records the file."""
     if dataset is None or not out.get("cupl_file"):
         return out
-    from ..heads import TIP_CUPL, dataset_cupl_file
+    from ..head_kinds import TIP_CUPL, dataset_cupl_file
     if out.get("text_head", getattr(cls.config_class, "text_head", None)) == TIP_CUPL:
         out["cupl_file"] = dataset_cupl_file(out["cupl_file"], dataset, declared(cls, "cupl_files"),
                                              f"{cls.name}.cupl_file")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ...params import param
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, NormTTAConfig
-from ..heads import register_head
+from ..head_kinds import register_head
 
 # modeling/prompts.py:5-14 IMAGENET_TEMPLATES_SELECT, the templates main.py:96 builds the adapter with
 TEMPLATES = ("itap of a {}.", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",

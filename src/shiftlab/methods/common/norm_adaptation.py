@@ -30,9 +30,9 @@ import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
 from ...options import say
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
-from .online_common import STATE_VERSION, check_state
+from ..kinds import BatchMethod
 
 # the layers whose affine parameters adapt (abstract_model.py:609 and :644 of CLIPTTA; tent.py:60 of mariodoebler's)
 NORM_LAYERS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d)
@@ -181,7 +181,7 @@ def cloned(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
-class NormTTAMethod(Method):
+class NormTTAMethod(BatchMethod):
     """Base of the classic batch TTA methods on CLIP (a spec with `Capabilities(reads=OWN_TOWER, state=ONLINE,
     batches=True)` and a config subclassing `norm_config.NormTTAConfig`)."""
 
@@ -272,13 +272,12 @@ class NormTTAMethod(Method):
         across their episodic reset overrides it)."""
         self.reset()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "norm": self.tower.norm_state(), "optimizer": cloned(self.optimizer.state_dict()),
                 "extra": cloned(self.extra_state())}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.tower.load_norm_state(state["norm"])
         self.optimizer.load_state_dict(cloned(state["optimizer"]))
         self.seen = int(state["seen"])

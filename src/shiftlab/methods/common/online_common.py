@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..context import SampleContext
-
-STATE_VERSION = 1
+from ..kinds import STATE_VERSION, check_state  # noqa: F401  (their home: kinds.py; named here for older folders)
 
 
 def view_features(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
@@ -20,14 +19,3 @@ def view_features(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
     context of the first views, features and pixels: `SampleContext.first_views`.)"""
     feats = ctx.image_features
     return feats if n_views is None else feats[:n_views]
-
-
-first_views = view_features   # the old name, kept while method folders written against it merge
-
-
-def check_state(name: str, state: dict, num_classes: int) -> None:
-    """Refuse an online state saved by another version or for another class count."""
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"{name}: unsupported state version {state.get('version')!r}")
-    if state.get("num_classes") != num_classes:
-        raise ValueError(f"{name}: state was saved for {state.get('num_classes')} classes, this run has {num_classes}")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ..context import SampleContext
-from ..prediction import MethodOutput
+from ..outputs import MethodOutput
 from .norm_adaptation import NormTTAMethod
 
 

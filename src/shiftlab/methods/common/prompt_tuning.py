@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ...models.text import ContextPrompt
-from ..base import Method, MethodOutput
+from ..base import Method, MethodOutput, in_groups
 from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
 
@@ -145,7 +145,7 @@ class PromptTuning(Method):
         return int(max(1, min(n, (free // 2) // max(per_image, 1))))
 
     def predict_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        return self.in_groups(ctxs, self.auto_batch_size(len(ctxs)), self._predict_group)
+        return in_groups(ctxs, self.auto_batch_size(len(ctxs)), self._predict_group)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return self._predict_group([ctx])[0]

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import OnlineMethod
 from .confidence import marginal_entropy, select_confident
-from .online_common import STATE_VERSION, check_state, view_features
+from .online_common import view_features
 
 
 @dataclass
@@ -89,7 +90,7 @@ class TDASample:
     pred: int                   # argmax of `logits` (lowest index on ties)
 
 
-class TDACacheMethod(Method):
+class TDACacheMethod(OnlineMethod):
     """TDA's training-free dynamic adapter with positive and negative caches (online): TDA as it is, the base of
     the methods that build on its caches (BoostAdapter).
 
@@ -183,13 +184,12 @@ class TDACacheMethod(Method):
                 CacheEntry(state["features"][i].to(dev, torch.float32), float(loss), probs))
         return cache
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "positive": self._cache_state(self.pos_cache, False),
                 "negative": self._cache_state(self.neg_cache, True)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.pos_cache = self._load_cache(state["positive"], False)
         self.neg_cache = self._load_cache(state["negative"], True)
         self.seen = int(state["seen"])

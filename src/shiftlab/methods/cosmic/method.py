@@ -17,12 +17,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.dmn_memory import DynamicMemory
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
 from ..frozen_encoder import FrozenEncoder
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
+from ..kinds import OnlineMethod
 from .dino import dino_features
 from .spec import COSMICSpec
 
@@ -182,7 +183,7 @@ class Graph:
         self.anchors = None if state["anchors"] is None else state["anchors"].to(device, torch.float32)
 
 
-class COSMIC(Method):
+class COSMIC(OnlineMethod):
     """COSMIC, online; `dino_model=None` is the CLIP-only variant (no DINOv2 cache, no DINOv2 cliques)."""
     spec = COSMICSpec
 
@@ -270,15 +271,14 @@ class COSMIC(Method):
             logits = out_probs.clamp_min(torch.finfo(out_probs.dtype).tiny).log()
         return MethodOutput(logits, probs=out_probs, extras=extras)
 
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         cache = [(label, [f.cpu() for f, _ in entries], [loss for _, loss in entries])
                  for label, entries in sorted(self.dino_cache.items())]
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "memory": self.memory.state_dict(),
                 "dino_cache": cache, "clip_graph": self.clip_graph.state(), "dino_graph": self.dino_graph.state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         device = self.model.device
         self.memory = DynamicMemory.from_state(state["memory"], len(self.classnames), self.config.clip_shots, device)
         self.dino_cache = {int(label): [(f.to(device, torch.float32), float(loss)) for f, loss in zip(feats, losses)]

@@ -12,16 +12,17 @@ from typing import Any
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import lowest
 from ..common.dmn_memory import DynamicMemory, memory_logits
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
+from ..kinds import OnlineMethod
 from .spec import DMNZeroShotSpec
 
 
-class DMNZeroShot(Method):
+class DMNZeroShot(OnlineMethod):
     """DMN-ZS: zero-shot Dual Memory Network (dynamic memory only), online.
 
     Per sample: softmax of every view's zero-shot logits (the `text_head`: 80 templates, or the
@@ -67,12 +68,11 @@ class DMNZeroShot(Method):
         return MethodOutput(logits, probs=probs, extras={
             "pseudo_label": label, "stored": slot is not None, "memory_entries": len(self.memory)})
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "memory": self.memory.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.memory = DynamicMemory.from_state(state["memory"], len(self.classnames), self.config.memory_size,
                                                self.model.device)
         self.seen = int(state["seen"])

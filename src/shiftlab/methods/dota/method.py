@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import select_confident
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import OnlineMethod
 from .spec import DOTASpec
 
 
@@ -72,7 +73,7 @@ def shrunk(cov: torch.Tensor, epsilon: float) -> torch.Tensor:
     return (1 - epsilon) * cov + epsilon * eye
 
 
-class DOTA(Method):
+class DOTA(OnlineMethod):
     """DOTA: online per-class Gaussian estimates of the test features (training-free).
 
     Per sample: zero-shot logits of every view with the text head; the 10% lowest-entropy views
@@ -163,15 +164,14 @@ class DOTA(Method):
         return MethodOutput(logits, extras={"fusion_weight": w, "mean_count": float(self.counts.mean())})
 
     # -- online state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         # before the first update the per-class covariances are sigma * I (not stored: C x D x D floats)
         scatter = self.scatter.detach().cpu().clone() if self.scatter is not None else torch.zeros(0)
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "means": self.means.detach().cpu().clone(), "counts": self.counts.detach().cpu().clone(),
                 "scatter": scatter, "covariance": self.covariance.detach().cpu().clone()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         dev = self.model.device
         if tuple(state["means"].shape) != tuple(self.means.shape):
             raise ValueError(f"dota: state means have shape {tuple(state['means'].shape)}, this run "

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import marginal_entropy, select_confident
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
-from ..heads import check_descriptions, text_head
+from ..head_kinds import check_descriptions, text_head
+from ..kinds import OnlineMethod
 from .spec import DPESpec
 
 
@@ -104,7 +105,7 @@ class PrototypeCache:
         return labels.tolist(), self.losses[mask].tolist(), feats
 
 
-class DPE(Method):
+class DPE(OnlineMethod):
     """DPE: evolving textual and visual class prototypes with per-sample residuals (online).
 
     Per sample: the 10% lowest-entropy views under the normalised evolved head W give the sample's
@@ -215,17 +216,16 @@ class DPE(Method):
         return MethodOutput(logits, extras=extras)
 
     # -- online state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         labels, losses, feats = self.memory.entries()
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "evolutions": self.evolutions,
                 "text_global": self.text_global.detach().cpu().clone() if self.text_global is not None
                 else torch.zeros(0),
                 "positive": {"labels": labels, "losses": losses,
                              "features": feats.detach().cpu().clone() if labels else torch.zeros(0)}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         dev = self.model.device
         self.reset()
         pos = state["positive"]

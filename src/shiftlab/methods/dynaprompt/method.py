@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from ...models.text import ContextPrompt
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import entropy, lowest, marginal_entropy_as_tpt
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
+from ..kinds import OnlineMethod
 from .spec import DynaPromptSpec
 
 
@@ -61,7 +62,7 @@ def select_prompts(entropies: torch.Tensor, plpd: torch.Tensor, initial: int, ti
     return ([ent_order[j] for j in both] if intersection == "rank" else both) + [initial]
 
 
-class DynaPrompt(Method):
+class DynaPrompt(OnlineMethod):
     """DynaPrompt: a buffer of prompts tuned along the stream; per sample TPT's loss on the prompts its
     entropy and probability-difference rules select, the least recently used prompt reset once all are used."""
     spec = DynaPromptSpec
@@ -180,13 +181,12 @@ class DynaPrompt(Method):
         return MethodOutput(logits, extras=extras)
 
     # -- online state --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "residuals": self.residuals.detach().cpu().clone(), "order": list(self.order),
                 "uses": list(self.uses)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         residuals = state["residuals"]
         if tuple(residuals.shape) != tuple(self.residuals.shape):
             raise ValueError(f"{self.name}: state holds prompts of shape {tuple(residuals.shape)}, this config "

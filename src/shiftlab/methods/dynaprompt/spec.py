@@ -44,7 +44,7 @@ class DynaPromptSpec(MethodSpec):
     min_views_why = "its probability-difference statistic compares view 0 with the other views (one view: NaN)"
     # --protocol paper (ImageNet-R): TPT's fp16 autocast with GradScaler(init_scale=1000)
     # (dynap_classification.py:102, 230, 419) and torch.topk's order of equal statistics (:119, 123)
-    text_head = "prompt"      # its prompts over the text tower (methods.heads)
+    text_head = "prompt"      # its prompts over the text tower (methods.head_kinds)
     # no refresh: from the fourth sample on every chosen prompt was tuned before, so each output depends on the
     # stream (a refreshed prompt alone is the initial context); the refresh across a state round trip is its own
     # test's

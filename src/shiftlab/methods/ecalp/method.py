@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
-from ..common.online_common import STATE_VERSION, check_state
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import OnlineMethod
 from .spec import ECALPSpec
 
 
@@ -145,7 +145,7 @@ def propagate(edges: torch.Tensor, weights: torch.Tensor, carried: torch.Tensor,
     return y
 
 
-class ECALP(Method):
+class ECALP(OnlineMethod):
     """ECALP: label propagation over a growing kNN graph of text and test features (training-free)."""
     spec = ECALPSpec
 
@@ -213,16 +213,15 @@ class ECALP(Method):
         return MethodOutput(self.config.logit_scale * scores, extras={"nodes": int(self.graph.features.shape[0])})
 
     # -- online state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         seen = 0 if self.graph is None else int(self.graph.features.shape[0])
-        state: dict[str, Any] = {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": seen,
+        state: dict[str, Any] = {"seen": seen,
                                  "graph": None}
         if self.graph is not None:
             state["graph"] = {k: v.detach().cpu().clone() for k, v in vars(self.graph).items()}
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         g = state["graph"]
         held = 0 if g is None else int(g["features"].shape[0])
         if int(state["seen"]) != held:

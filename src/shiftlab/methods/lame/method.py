@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import BatchMethod
 from .spec import LAMEConfig, LAMESpec
 
 UNARY_EPS = 1e-10       # -log(p + 1e-10) (CLIPTTA lame.py:36, fiveai lame.py:107)
@@ -79,7 +80,7 @@ def adjust(features: torch.Tensor, probs: torch.Tensor, cfg: LAMEConfig) -> tupl
     return laplacian_optimization(unary, kernel, cfg.bound_lambda, cfg.max_steps)
 
 
-class LAME(Method):
+class LAME(BatchMethod):
     """LAME: Laplacian adjustment of each batch's zero-shot probabilities (training-free; the episodic-batch
     protocol, `--batch-size B`: CLIPTTA's 128, the paper's 16)."""
     spec = LAMESpec

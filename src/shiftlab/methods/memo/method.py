@@ -23,6 +23,7 @@ import torch.nn as nn
 from ..base import MethodOutput
 from ..common.norm_statistics import StatsTower, StatsTowerMethod
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import MEMOSpec
 
 
@@ -48,7 +49,7 @@ def own_weights(module: nn.Module) -> list[tuple[str, nn.Parameter, torch.Tensor
     return out
 
 
-class MEMO(StatsTowerMethod):
+class MEMO(StatsTowerMethod, EpisodicMethod):
     """MEMO: marginal entropy over an image's augmented views, through every weight of the image tower."""
     spec = MEMOSpec
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import MTASpec
 
 # A bandwidth of 0 (every neighbour a duplicate view) would make the density 0/0. The
@@ -101,7 +102,7 @@ def _until_still(step, value: torch.Tensor, iterations: int, tol: float) -> torc
     return value
 
 
-class MTA(Method):
+class MTA(EpisodicMethod):
     """MTA: the inlierness-weighted mean-shift mode of the view features, scored against the
     zero-shot class features. Reuses the shared view features and zero-shot view logits."""
     spec = MTASpec

@@ -13,12 +13,12 @@ import torch
 
 from ..base import MethodOutput
 from ..common.norm_statistics import StatsTower, StatsTowerMethod
-from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
+from ..kinds import BatchMethod
 from .spec import NormStatsSpec
 
 
-class NormStats(StatsTowerMethod):
+class NormStats(StatsTowerMethod, BatchMethod):
     """Test-time normalisation: BatchNorm with the test batch's statistics."""
     spec = NormStatsSpec
 
@@ -32,12 +32,11 @@ class NormStats(StatsTowerMethod):
         self.tower.reset()
         self.seen = 0
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "stats": self.tower.stats_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.tower.load_stats_state(state["stats"])
         self.seen = int(state["seen"])
 

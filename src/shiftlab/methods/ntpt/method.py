@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..common.confidence import marginal_entropy
 from ..common.prompt_tuning import PromptTuning
+from ..kinds import EpisodicMethod
 from .spec import NTPTSpec
 
 
@@ -25,7 +26,7 @@ def simplex_penalty(text_features: torch.Tensor) -> torch.Tensor:
     return ((cos - 1.0 / (1 - k)) ** 2).sum((-2, -1)) / (k * (k - 1))
 
 
-class NTPT(PromptTuning):
+class NTPT(PromptTuning, EpisodicMethod):
     """N-TPT: TPT's marginal entropy + lambda x the simplex penalty of the class features."""
     spec = NTPTSpec
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from ..base import Method, MethodOutput
-from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import BatchMethod, OnlineMethod
 from .spec import OGABatchSpec, OGASpec
 
 
@@ -49,9 +49,9 @@ def map_posterior(prior: torch.Tensor, log_likelihoods: torch.Tensor, tau: float
     return z / z.sum()
 
 
-class OGA(Method):
-    """OGA: online Gaussian class models over a per-class memory of confident features, MAP with the zero-shot
-    prior (training-free).
+class GaussianClassMemory(Method):
+    """OGA's machinery, which OGA (a sample at a time) and OGABatch share: online Gaussian class models over a
+    per-class memory of confident features, MAP with the zero-shot prior (training-free).
 
     Per sample (view 0's feature x): zero-shot probabilities p (the prior), their entropy H and pseudo-label k.
     If H is below the highest entropy stored for class k, x replaces that slot (float16, as theirs); then class
@@ -59,7 +59,6 @@ class OGA(Method):
     inverse P is re-estimated from every stored feature minus its class mean. The output is the posterior
     p * softmax(tau * log N(x | mu_c, P^-1)), renormalised, with the updated model (update, then predict).
     """
-    spec = OGASpec
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -192,17 +191,16 @@ class OGA(Method):
                                                              "memory": int(self.filled.sum())})
 
     # -- online state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         slots = self.filled.nonzero()
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "shot_capacity": self.config.shot_capacity, "slots": slots.cpu(),
                 "features": self.memory[self.filled].cpu(), "entropies": self.entropies.cpu().clone(),
                 "soft_labels": self.soft_labels[self.filled].cpu(), "means": self.means.cpu().clone(),
                 "scatter": self.scatter.cpu().clone(), "offset_sum": self.offset_sum.cpu().clone(),
                 "estimated": self.estimated}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         if state["shot_capacity"] != self.config.shot_capacity:
             raise ValueError(f"oga: state was saved with shot_capacity {state['shot_capacity']}, this run has "
                              f"{self.config.shot_capacity}")
@@ -221,7 +219,13 @@ class OGA(Method):
         self._refresh()
 
 
-class OGABatch(OGA):
+class OGA(GaussianClassMemory, OnlineMethod):
+    """OGA: online Gaussian class models over a per-class memory of confident features, MAP with the zero-shot
+    prior (training-free), one sample at a time (`GaussianClassMemory`)."""
+    spec = OGASpec
+
+
+class OGABatch(GaussianClassMemory, BatchMethod):
     """OGA on batches (their benchmark's default): every image of the batch is offered to the memory in stream
     order, then the means and the covariance are re-estimated once and every image is predicted with them."""
     spec = OGABatchSpec

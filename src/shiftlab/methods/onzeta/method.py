@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
-from ..common.online_common import STATE_VERSION, check_state
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import OnlineMethod
 from .spec import OnZetaSpec
 
 
@@ -40,7 +40,7 @@ def proxy_step(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor, t: torch.Tenso
     return F.normalize(w - (step / tau_i) * torch.outer(v - t, x), dim=1)
 
 
-class OnZeta(Method):
+class OnZeta(OnlineMethod):
     """OnZeta: online label learning (a dual variable per class) and online proxy learning (a vision
     proxy per class) on view 0's feature; output beta_t p_proxy + (1 - beta_t) p_text (training-free)."""
     spec = OnZetaSpec
@@ -90,14 +90,13 @@ class OnZeta(Method):
         return MethodOutput(logits, probs=probs, extras={"beta": beta, "rho_max": float(self.rho.max())})
 
     # -- online state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         def cpu(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.detach().cpu()
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "proxy": cpu(self.proxy), "rho": cpu(self.rho)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         dev = self.model.device
         self.proxy = None if state["proxy"] is None else state["proxy"].to(dev, torch.float32)
         self.rho = None if state["rho"] is None else state["rho"].to(dev, torch.float32)

@@ -37,6 +37,7 @@ from ...options import say_set
 from ..base import ExtraModel, MethodOutput
 from ..common.prompt_tuning import PromptTuning
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import RLCFConfig, RLCFSpec
 
 
@@ -59,7 +60,7 @@ def reward_baseline(scores: torch.Tensor, mode: str, divide_by_std: bool) -> tor
     return groups.reshape(scores.shape)
 
 
-class RLCF(PromptTuning):
+class RLCF(PromptTuning, EpisodicMethod):
     """RLCF: TPT's prompt tuned by REINFORCE on a larger CLIP's reward for the student's top-K classes."""
     spec = RLCFSpec
 

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import marginal_entropy_as_tpt as marginal_entropy
 from ..common.confidence import select_confident
-from ..common.online_common import STATE_VERSION, check_state
 from ..context import SampleContext
+from ..kinds import BatchMethod
 from .prompts import TemplateText, check_tower, prompted_image_features
 from .spec import SCAPSpec
 
@@ -72,7 +72,7 @@ def negative_weight(logits: torch.Tensor, c: int) -> torch.Tensor:
     return grads[0, c]
 
 
-class SCAP(Method):
+class SCAP(BatchMethod):
     """SCAP over batches: clique tuning with per-class retention, then per-image prompt tuning (module docstring)."""
     spec = SCAPSpec
 
@@ -253,13 +253,13 @@ class SCAP(Method):
         """One image alone: a batch of one."""
         return self.adapt_batch([ctx])[0]
 
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         def cpu(t: torch.Tensor) -> torch.Tensor:
             return t.detach().cpu().clone()
 
         self._start()
         opt = self.optimizer_state
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "image_prompt": cpu(self.image_prompt), "text_prompt": cpu(self.text_prompt),
                 "image_shadow": cpu(self.image_shadow), "text_shadow": cpu(self.text_shadow),
                 "retention_classes": sorted(self.retention),
@@ -270,8 +270,7 @@ class SCAP(Method):
                     "state": {k: {n: cpu(v) for n, v in s.items()} for k, s in opt["state"].items()},
                     "param_groups": opt["param_groups"]}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.reset()
         self._start()
         device = self.model.device

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
-from ..heads import register_head
+from ..head_kinds import register_head
 
 # scripts/R.sh `--ctx_init`: 78 templates, "_" read as " " (my_clip_CSTP.py:260); "CLS" is the class name. The
 # first is the learnable one (its words before CLS are the class's own context tokens, my_clip_CSTP.py:277-283),

@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import BatchMethod
 from .spec import StatAConfig, StatASpec
 
 TEMPERATURE = 50.0      # update_z's fixed 1/50 on the log-scores and its 50 / (2 n_neighbors) (StatA.py:70, 78)
@@ -142,7 +143,7 @@ def solve(features: torch.Tensor, prototypes: torch.Tensor, scale: float, cfg: S
     return prior, z
 
 
-class StatA(Method):
+class StatA(BatchMethod):
     """StatA: transductive Gaussian labelling of each batch with statistical anchors to the zero-shot class
     models (training-free; the episodic-batch protocol, `--batch-size B`, theirs 64)."""
     spec = StatASpec

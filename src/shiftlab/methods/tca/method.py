@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from ...models.tower_tokens import tower_kind
-from ..base import Method, MethodOutput
-from ..common.online_common import STATE_VERSION, check_state
+from ..base import MethodOutput
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import OnlineMethod
 from .condense import condensed_forward
 from .spec import TCASpec
 
@@ -78,7 +78,7 @@ def condense_blocks(blocks: tuple[int, ...] | None, depth: int, model: str) -> t
     return tuple(blocks)
 
 
-class TCA(Method):
+class TCA(OnlineMethod):
     """TCA: a condensed ViT pass per image, its class tokens cached per class, zero-shot + reservoir logits."""
     spec = TCASpec
 
@@ -141,15 +141,14 @@ class TCA(Method):
                                  cfg.lambd, cfg.beta)
         return MethodOutput(logits + extra.to(logits.device))
 
-    def state_dict(self) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         entries = [(c, e) for c, es in enumerate(self.reservoir) for e in es]
         stack = (lambda f: torch.stack([f(e).cpu() for _, e in entries])) if entries else (lambda f: torch.zeros(0))
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+        return {"seen": self.seen,
                 "labels": [c for c, _ in entries], "features": stack(lambda e: e.feature),
                 "entropies": stack(lambda e: e.entropy), "tokens": stack(lambda e: e.tokens)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         self.reset()
         device = self.model.device
         for i, c in enumerate(state["labels"]):

@@ -14,7 +14,7 @@ import torch
 
 from ..common.confidence import select_confident
 from ..common.differentiable import encode_views01
-from ..heads import text_head
+from ..head_kinds import text_head
 
 
 def tda_logits(method: Any, views01: torch.Tensor) -> torch.Tensor:

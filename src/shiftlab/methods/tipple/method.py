@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ...views.recipe import ViewRecipe
 from ..common.prompt_tuning import PromptTuning
 from ..context import SampleContext
+from ..kinds import TestSetMethod
 from .spec import TIPPLESpec, strong_recipe, weak_recipe
 
 WEAK, STRONG = "weak", "strong"
@@ -66,7 +67,7 @@ def task_batches(n: int, batch_size: int, epochs: int, seed: int, shuffle: bool 
     return out
 
 
-class TIPPLE(PromptTuning):
+class TIPPLE(PromptTuning, TestSetMethod):
     """TPT's stage II from a task prompt that `end_test_set` learns over the test set (stage I)."""
     spec = TIPPLESpec
 

@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from ...models.head_cache import cached_head
 from ...models.text import encode_texts, read_class_sentences
 from ...options import say_set
-from ..base import Method, MethodOutput
+from ..base import MethodOutput, in_groups
 from ..common.confidence import marginal_entropy_as_tpt, select_confident
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import TPSSpec
 
 # the largest (samples x classes x dim) shift tensor tuned at once (floats); ImageNet-R RN50: 327 images
@@ -95,7 +96,7 @@ def _mean_features(model, sentences: Sequence[Sequence[str]], tag: str) -> torch
     return cached_head(model.clip, model.device, [f"\x00tps-unnormalised-mean:{tag}", *flat], build)
 
 
-class TPS(Method):
+class TPS(EpisodicMethod):
     """TPS: per-class shift vectors on the (frozen) class prototypes, tuned per image on the marginal
     entropy of its confident views; predicts view 0 with the shifted prototypes."""
     spec = TPSSpec
@@ -190,7 +191,7 @@ class TPS(Method):
         loss is a sum of per-sample terms, so the result is the one-at-a-time result."""
         protos = self.prototypes()
         rows = protos.shape[0] if self.config.shift == "per_class" else 1
-        return self.in_groups(ctxs, max(1, _GROUP_FLOATS // (rows * protos.shape[1])), self._predict_group)
+        return in_groups(ctxs, max(1, _GROUP_FLOATS // (rows * protos.shape[1])), self._predict_group)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
         return self._predict_group([ctx])[0]

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ...params import param
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
-from ..heads import register_head
+from ..head_kinds import register_head
 
 # "zeroshot": 'a photo of a {}.' (save_class_embeds.py:86); "ensemble": CLIP's 80 templates
 # (save_class_embeds.py:84, --x_templates, every dataset); "descriptors": the class's descriptor

@@ -19,6 +19,7 @@ import torch
 
 from ..common.confidence import marginal_entropy, mean_entropy
 from ..common.prompt_tuning import PromptTuning
+from ..kinds import EpisodicMethod
 from .spec import (
     CTPTSpec,
     OTPTSpec,
@@ -66,12 +67,12 @@ def reliability_weights(image_features: torch.Tensor, k: int = 20, temperature: 
     return (score / temperature).softmax(-1)
 
 
-class TPT(PromptTuning):
+class TPT(PromptTuning, EpisodicMethod):
     """TPT: marginal entropy of the confident views, one AdamW step, predict view 0: the shared recipe as it is."""
     spec = TPTSpec
 
 
-class CTPT(PromptTuning):
+class CTPT(PromptTuning, EpisodicMethod):
     """C-TPT: TPT's loss - lambda * ATFD of the class features in the same forward pass."""
     spec = CTPTSpec
 
@@ -85,7 +86,7 @@ class CTPT(PromptTuning):
         return logits, {"atfd_after": text_dispersion(text_features)}
 
 
-class OTPT(PromptTuning):
+class OTPT(PromptTuning, EpisodicMethod):
     """O-TPT: TPT's loss + lambda * the orthogonality penalty of the class features in the same forward pass."""
     spec = OTPTSpec
 
@@ -100,7 +101,7 @@ class OTPT(PromptTuning):
         return logits, {"orthogonality_after": orthogonality_penalty(text_features)}
 
 
-class RTPT(PromptTuning):
+class RTPT(PromptTuning, EpisodicMethod):
     """R-TPT: mean per-view entropy of the confident views; reliability-weighted ensemble of all views."""
     spec = RTPTSpec
 

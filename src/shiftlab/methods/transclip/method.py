@@ -22,8 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
+from ..kinds import TestSetMethod
 from .spec import TransCLIPConfig, TransCLIPSpec
 
 _Z_TEMPERATURE = 50.0       # TransCLIP_utils.py update_z's literal 50 (1/50 inside the exponential)
@@ -90,7 +91,7 @@ def fit_transclip(features: torch.Tensor, head: torch.Tensor, cfg: TransCLIPConf
     return TransCLIPFit(z, mu, std, feats, [None] * n)
 
 
-class TransCLIP(Method):
+class TransCLIP(TestSetMethod):
     """TransCLIP-ZS: fitted on the test set's view-0 features (`observe_test_set`, `end_test_set`), read per
     image (its row of z)."""
     spec = TransCLIPSpec

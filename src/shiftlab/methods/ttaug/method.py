@@ -12,10 +12,11 @@ import torch
 from ..base import MethodOutput
 from ..common.norm_statistics import StatsTower, StatsTowerMethod
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import TTAugSpec
 
 
-class TTAug(StatsTowerMethod):
+class TTAug(StatsTowerMethod, EpisodicMethod):
     """TTAug: the mean of the views' logits."""
     spec = TTAugSpec
 

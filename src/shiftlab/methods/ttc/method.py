@@ -19,8 +19,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import TTCSpec
 
 _SEED_SALT = 0x77C0_C7A7   # keeps the random start's stream apart from the views' and the attacks'
@@ -88,7 +89,7 @@ def counterattack(embed: Callable[[torch.Tensor], torch.Tensor], x01: torch.Tens
     return Counterattack(delta.detach(), ratio, (tau_thres - ratio).sign() > 0)
 
 
-class TTC(Method):
+class TTC(EpisodicMethod):
     """Counterattack view 0 away from its own embedding, then classify it zero-shot."""
     spec = TTCSpec
 

@@ -33,9 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from ...models.lora_tower import LoRATower
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import entropy
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import TTLSpec
 
 
@@ -65,7 +66,7 @@ def weighted_entropy_loss(view_logits: torch.Tensor, margin: float, max_entropy:
     return (kept * coeff).mean(0), int(kept.numel())
 
 
-class TTL(Method):
+class TTL(EpisodicMethod):
     """TTL: LoRA on the image tower's attention, one AdamW step on confidence-weighted view entropy."""
     spec = TTLSpec
 

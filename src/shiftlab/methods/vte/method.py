@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import select_confident
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import EpisodicMethod
 from .spec import VTESpec
 
 
@@ -35,7 +36,7 @@ def vte(image_features: torch.Tensor, head: torch.Tensor, scale: float, selectio
     return VTEResult(scale * mean @ head.T, selected, mean)
 
 
-class VTE(Method):
+class VTE(EpisodicMethod):
     """VTE: the mean feature of the 10% lowest-entropy views against the prompt-ensemble head."""
     spec = VTESpec
 

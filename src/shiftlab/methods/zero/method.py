@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import lowest, n_selected, select_confident
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import ZeroSpec
 
 # Share of the score given to the kept views' mean probability. It is kept below the
@@ -88,7 +89,7 @@ def zero_vote_authors(view_logits: torch.Tensor, keep_ratio: float) -> ZeroVote:
     return ZeroVote(votes / votes.sum(), torch.tensor(winner), votes, kept)
 
 
-class Zero(Method):
+class Zero(EpisodicMethod):
     """ZERO: majority vote of the 30% lowest-entropy views' zero-shot argmaxes.
 
     Scores: `probs` are (1 - s) * (share of the kept views voting for the class)

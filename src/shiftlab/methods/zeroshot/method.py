@@ -5,12 +5,13 @@ import math
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import PromptEnsembleSpec, ViewEnsembleSpec, ZeroShotSpec
 
 
-class ZeroShot(Method):
+class ZeroShot(EpisodicMethod):
     """CLIP zero-shot: "a photo of a {name}." on view 0."""
     spec = ZeroShotSpec
 
@@ -18,7 +19,7 @@ class ZeroShot(Method):
         return MethodOutput(ctx.zeroshot_logits)
 
 
-class PromptEnsemble(Method):
+class PromptEnsemble(EpisodicMethod):
     """CLIP's 80 ImageNet templates averaged per class (normalised mean of normalised embeddings), view 0."""
     spec = PromptEnsembleSpec
 
@@ -29,7 +30,7 @@ class PromptEnsemble(Method):
         return MethodOutput(self.model.logit_scale * ctx.base_feature @ self.heads.ensemble.T)
 
 
-class ViewEnsemble(Method):
+class ViewEnsemble(EpisodicMethod):
     """Zero-shot predictions of all views averaged with equal weights (the R-TPT table's "Ensemble")."""
     spec = ViewEnsembleSpec
 

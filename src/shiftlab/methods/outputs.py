@@ -2,7 +2,7 @@
 prediction (`Prediction`); and what an image may be (`load_image`).
 
 Every method's `predict_context` returns a `MethodOutput` (`Method.predict` turns it into a tensor, the engine
-into a record); `Method.predict_image` and the one call `shiftlab.predict` (methods/api.py) return a
+into a record); `Method.predict_image` and the one call `shiftlab.predict` (methods/single_image.py) return a
 `Prediction`: class index and name, probabilities (the method's own, e.g. ZERO's votes), logits and top-k.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ from ..datasets.specs import classnames
 from ..models import ClipModel, load_model
 from .base import check_model, create_method
 from .catalogue.protocols import DEFAULT_PROTOCOL
-from .prediction import Prediction
+from .outputs import Prediction
 
 
 def resolve_classes(classes: str | Sequence[str]) -> list[str]:

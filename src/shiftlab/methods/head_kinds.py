@@ -67,13 +67,13 @@ def describe(cls: type, fields: Mapping[str, Any]) -> str:
     """The class head a method reads under an effective config (`fields`), in words."""
     kind = kind_of(cls, fields)
     if kind not in _KINDS:
-        raise ValueError(f"{cls.name}: text head {kind!r} is not declared (shiftlab.methods.heads.register_head)")
+        raise ValueError(f"{cls.name}: text head {kind!r} is not declared (shiftlab.methods.head_kinds.register_head)")
     return _KINDS[kind].describe(cls, fields)
 
 
 def text_head(method: Any) -> torch.Tensor:
     """The (C, D) class head the method names (its config's `text_head`, else its class's)."""
-    kind = getattr(method.config, "text_head", type(method).text_head)
+    kind = getattr(method.config, "text_head", method.spec.text_head)
     found = _KINDS.get(kind)
     if found is None or found.build is None:
         built = ", ".join(repr(k) for k, v in sorted(_KINDS.items()) if v.build is not None)
@@ -111,7 +111,7 @@ def _tip_cupl_words(cls: type, fields: Mapping[str, Any]) -> str:
 
 def _tip_cupl(method: Any) -> torch.Tensor:
     templates = getattr(method.config, "templates", None)
-    if cupl_templates(type(method)) == "clip80":
+    if cupl_templates(method.spec) == "clip80":
         from ..datasets.classes import load_templates
         templates = tuple(templates) if templates else tuple(load_templates())
     return method.heads.tip_cupl(check_cupl_file(method), f"{method.name}.cupl_file", templates)
