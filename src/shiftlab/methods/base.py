@@ -1,10 +1,10 @@
 """Method base class and registry.
 
 A method turns one sample's `SampleContext` into class scores. A method is a folder,
-`shiftlab/methods/<name>/` (CONTRIBUTING.md): its `spec.py` declares the config, the capabilities
-and the facts without torch (`shiftlab.methods.catalogue.declarations.MethodSpec`), its `method.py` holds a class deriving
-the base of its kind (shiftlab.methods.kinds) and naming that spec (`spec = MTASpec`), whose declarations it
-reads there (`self.spec`). The registry finds the specs by scanning the folders
+`shiftlab/methods/<name>/` (CONTRIBUTING.md): its `spec.py` declares the config and the capabilities without
+torch (`shiftlab.methods.catalogue.declarations.MethodSpec`), its `card.toml` the facts, its `method.py` holds a
+class deriving the base of its kind (shiftlab.methods.kinds) and naming that spec (`spec = MTASpec`), whose
+declarations it reads there (`self.spec`). The registry finds the specs by scanning the folders
 and imports a method's class the first time it is built (`get_method_class`); tests are parametrised
 over the registry. A script or test registers a class of its own with `register_method("name")`.
 
