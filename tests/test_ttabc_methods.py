@@ -42,6 +42,7 @@ MAPPED = {
     "dpe.py": "dpe",
     "dynaprompt.py": "dynaprompt",
     "ecalp.py": "ecalp",
+    "histpt.py": "histpt",
     "mta.py": "mta",
     "ntpt.py": "ntpt",
     "oga.py": "oga",
@@ -63,7 +64,6 @@ PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
     "bca.py": ("bca", "issue 42: BCA (the authors' repository or TTABC's bca.py), not yet added"),
     "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
-    "histpt.py": ("histpt", "issue 42: HisTPT (TTABC's histpt.py), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
     "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
                        "added"),
