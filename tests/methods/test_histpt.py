@@ -194,6 +194,7 @@ def golden(golden_dir, golden_model, one_thread_module):
 
 
 @pytest.mark.golden
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_sample_follows_the_authors_code(golden, variant):
     expected, got = golden

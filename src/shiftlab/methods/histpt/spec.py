@@ -54,7 +54,7 @@ class HisTPTSpec(MethodSpec):
     # TTABC's histpt.py: torch.amp.autocast('cuda') + GradScaler(init_scale=1000) (base_method.py)
     protocols = {"paper": {"precision": "fp16"}}
     published = ()      # TTABC's README points to an external spreadsheet; its repository holds no numbers
-    fidelity = ("golden (TTABC's histpt.py as the code index stores it at 009fc22: 40-sample stream, view 0 and "
-                "32-view modes, memory banks and prompt after every sample)")
+    fidelity = ("golden (TTABC's histpt.py as the code index stores it at 009fc22: each of 24 stream samples from "
+                "their state; view 0 with evicting banks, and 16 views x 2 steps)")
     # a short memory so that the banks fill and evict on the registry-wide tests' streams
     test_config = {"memory_size": 3, "hard_topk": 2}
