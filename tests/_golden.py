@@ -357,3 +357,17 @@ MEMO_LOGITS = 3e-3
 that agree with the authors' within GRAD_RTOL: the inputs' FEATURES-sized noise, carried through every layer's
 moved weights (measured: 1.1e-3 after 1 step, 1.9e-3 after 2, on the machine that made the fixtures; Adam, whose
 first step moves each weight by lr x sign(grad) whatever its size, gave 7e-3 and is not compared)."""
+
+# HisTPT (tests/methods/test_histpt.py: each stream sample from the authors' state before it).
+# A gradient whose largest entry is under HISTPT_ZERO_GRAD is zero but for rounding: the target is the prompt's own
+# prediction (view 0 with empty banks, or banks that hold only the current prompt); theirs 5e-5 and 6e-5, measured
+HISTPT_ZERO_GRAD = 1e-3
+# a gradient above HISTPT_ZERO_GRAD: relative to its largest entry, plus a floor for the small ones, which come from
+# banks that differ from the current prompt by rounding-sized steps (view-0 sample 2: 2.5e-4 of 1.4e-2, measured)
+HISTPT_GRAD_RTOL, HISTPT_GRAD_ATOL = 5e-3, 1e-3
+HISTPT_CTX = 1e-5                # the context after the sample's steps, relative to its largest entry
+# the readout is compared up to what the context's difference explains: HISTPT_READOUT_GAIN x that difference (on the
+# tiny CLIP the readout moves ~7000x what the context moves, measured)
+HISTPT_READOUT_GAIN = 1e4
+# the soft target (probabilities under logit scale 100) from banks rebuilt through this text tower (1.2e-5 measured)
+HISTPT_TARGET = 5e-5

@@ -14,7 +14,18 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import FIXTURES, LOGITS, LOSS, stream_views
+from _golden import (
+    FIXTURES,
+    HISTPT_CTX,
+    HISTPT_GRAD_ATOL,
+    HISTPT_GRAD_RTOL,
+    HISTPT_READOUT_GAIN,
+    HISTPT_TARGET,
+    HISTPT_ZERO_GRAD,
+    LOGITS,
+    LOSS,
+    stream_views,
+)
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.histpt.method import MemoryBanks, fused_pseudo_label
 
@@ -141,18 +152,6 @@ LR, MOMENTUM, WD = 5e-3, 0.9, 1e-4
 # Each sample starts from the authors' state before it (their context, momentum buffer and banks rebuilt from the
 # fixture), so that each sample's values are compared on their own: the readout moves ~7000x what the context
 # moves on the tiny CLIP (logit scale 100), so a free-running stream would compare the rounding of earlier steps.
-# A gradient whose largest entry is under ZERO_GRAD is zero but for rounding: the target is the prompt's own
-# prediction (view 0 with empty banks, or banks that hold only the current prompt); theirs 5e-5 and 6e-5, measured
-ZERO_GRAD = 1e-3
-# a gradient above ZERO_GRAD: relative to its largest entry, plus a floor for the small ones, which come from banks
-# that differ from the current prompt by rounding-sized steps (view-0 sample 2: 2.5e-4 of 1.4e-2, measured)
-GRAD_RTOL, GRAD_ATOL = 5e-3, 1e-3
-CTX = 1e-5                # the context after the sample's steps, relative to its largest entry
-# the readout is compared up to what the context's difference explains: READOUT_GAIN x that difference (on the tiny
-# CLIP the readout moves ~7000x what the context moves, measured)
-READOUT_GAIN = 1e4
-# the soft target (probabilities under logit scale 100) from banks rebuilt through this text tower (1.2e-5 measured)
-TARGET = 5e-5
 
 
 def their_states(method, expected: dict, variant: str):
@@ -212,7 +211,7 @@ def test_each_sample_follows_the_authors_code(golden, variant):
     for i, row in enumerate(rows):
         p = f"{variant}/{i}/"
         steps = row["last"]["steps"]
-        close(p + "target", steps[0]["target"], expected[p + "target"], TARGET)
+        close(p + "target", steps[0]["target"], expected[p + "target"], HISTPT_TARGET)
         close(p + "weights", steps[0]["weights"], expected[p + "weights"], 1e-5)
         close(p + "loss", steps[0]["loss"], expected[p + "loss"], LOSS * max(1.0, float(expected[p + "loss"])))
         if p + "selected" in expected:
@@ -220,22 +219,23 @@ def test_each_sample_follows_the_authors_code(golden, variant):
         for s, step in enumerate(steps):
             want = expected[p + f"s{s}/ctx_grad"]
             scale = float(want.abs().max())
-            if scale < ZERO_GRAD:
-                assert float(step["grad"].abs().max()) < ZERO_GRAD, p + f"s{s}/ctx_grad"
+            if scale < HISTPT_ZERO_GRAD:
+                assert float(step["grad"].abs().max()) < HISTPT_ZERO_GRAD, p + f"s{s}/ctx_grad"
                 zero_steps += 1
                 continue
             err = float((step["grad"] - want).abs().max())
             worst["ctx_grad_rel"] = max(worst.get("ctx_grad_rel", 0.0), err / scale)
-            assert err <= GRAD_RTOL * scale + GRAD_ATOL, f"{p}s{s}/ctx_grad: {err:.3g} of largest entry {scale:.3g}"
+            assert err <= HISTPT_GRAD_RTOL * scale + HISTPT_GRAD_ATOL, \
+                f"{p}s{s}/ctx_grad: {err:.3g} of largest entry {scale:.3g}"
         want = expected[p + f"s{len(steps) - 1}/ctx"]
-        close(p + "ctx", row["ctx"], want, CTX * max(1.0, float(want.abs().max())))
+        close(p + "ctx", row["ctx"], want, HISTPT_CTX * max(1.0, float(want.abs().max())))
         ctx_err = float((row["ctx"] - want).abs().max())
         close(p + "entropy", row["last"]["entropy"], expected[p + "entropy"],
               LOSS * max(1.0, float(expected[p + "entropy"])))
         if i > 0:
             assert sorted(row["hard"].tolist()) == sorted(expected[p + "hard"].tolist()), p + "hard"
-        close(p + "logits", row["logits"], expected[p + "logits"], LOGITS + READOUT_GAIN * ctx_err)
-    # the view-0 variant's first two samples step on rounding alone (see ZERO_GRAD); every other step is compared
+        close(p + "logits", row["logits"], expected[p + "logits"], LOGITS + HISTPT_READOUT_GAIN * ctx_err)
+    # the view-0 variant's first two samples step on rounding alone (see HISTPT_ZERO_GRAD); every other step is compared
     assert zero_steps == (2 if variant == "histpt" else 0), zero_steps
     close(f"{variant}/end/ema", rows[-1]["ema"], expected[f"{variant}/end/ema"], 1e-5)
     print(variant, "largest differences:", {k: f"{v:.2g}" for k, v in worst.items()})
