@@ -64,12 +64,13 @@ def test_an_unknown_family_is_refused():
 def _run_argv(data, out) -> list[str]:
     """`shiftlab run` of the corruption suite (one corruption, generated): the classic methods with their specs'
     small test configs, zero-shot and TDA beside them; 4 images in batches of 2 (2 batches)."""
-    sets = [a for name in classic_on_resnet() for field, value in {**spec(name).offline_config, **spec(name).test_config}.items()
+    names = classic_on_resnet()
+    sets = [a for name in names for field, value in {**spec(name).offline_config, **spec(name).test_config}.items()
             for a in ("--set", f"{name}.{field}={value!r}")]
     return ["run", "--suite", "corruption", "--dataset", "imagenet-r", "--corruptions", "fog", "--severity", "5",
             "--data", str(data), "--model", "shiftlab-tiny", "--pretrained", "none", "--views", "1",
             "--workers", "0", "--batch-size", "2", "--seed", "3", "--device", "cpu", "--no-progress",
-            "--allow-partial", "--online-checkpoint-seconds", "0", "--methods", ",".join([*SINGLE_IMAGE, *classic_on_resnet()]),
+            "--allow-partial", "--online-checkpoint-seconds", "0", "--methods", ",".join([*SINGLE_IMAGE, *names]),
             "--set", "tda.text_head=zeroshot", *sets, "--out", str(out)]
 
 

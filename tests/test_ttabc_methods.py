@@ -33,6 +33,7 @@ MAPPED = {
     # BASELINE: the (CoOp-tuned) prompt without test-time tuning: zero-shot CLIP, or TPT with steps=0 and a
     # ctx_checkpoint for a CoOp prompt
     "baseline.py": "zeroshot",
+    "bca.py": "bca",
     "boostadapter.py": "boostadapter",
     "calip.py": "calip",
     "ctpt.py": "ctpt",
@@ -42,6 +43,7 @@ MAPPED = {
     "dpe.py": "dpe",
     "dynaprompt.py": "dynaprompt",
     "ecalp.py": "ecalp",
+    "histpt.py": "histpt",
     "mta.py": "mta",
     "ntpt.py": "ntpt",
     "oga.py": "oga",
@@ -61,9 +63,7 @@ MAPPED = {
 # TTABC file -> (the registry name issue 42 plans, why it is not registered yet). Must shrink to empty.
 PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
-    "bca.py": ("bca", "issue 42: BCA (the authors' repository or TTABC's bca.py), not yet added"),
     "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
-    "histpt.py": ("histpt", "issue 42: HisTPT (TTABC's histpt.py), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
     "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
                        "added"),
