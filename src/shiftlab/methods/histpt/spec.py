@@ -1,15 +1,12 @@
 """HisTPT (Zhang et al., NeurIPS 2024, "Historical Test-time Prompt Tuning for Vision Foundation Models") as TTABC
 runs it (walawalagoose/TTABC `ttabc/model_selection/histpt.py`; the authors' own repository targets segmentation):
-online prompt tuning whose pseudo-labels come from three memory banks of past class text features.
-
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+online prompt tuning whose pseudo-labels come from three memory banks of past class text features."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..specs import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
 
 
 @dataclass
@@ -35,26 +32,9 @@ class HisTPTConfig(ViewMethodConfig):
 
 class HisTPTSpec(MethodSpec):
     name = "histpt"
-    bibtex = r"""@inproceedings{zhang2024histpt,
-  title = {Historical Test-time Prompt Tuning for Vision Foundation Models},
-  author = {Zhang, Jingyi and Huang, Jiaxing and Zhang, Xiaoqin and Shao, Ling and Lu, Shijian},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year = {2024}
-}"""
     impl = "shiftlab.methods.histpt.method:HisTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    adaptive = Adaptive(("full", "state"),
-                        "attacked against the prompt and memory banks it holds when the sample arrives (state);"
-                        " full: through the SGD step on the prompt and the memory-fused pseudo-label; not written")
     config_class = HisTPTConfig
-    summary = ("HisTPT: online CoOp prompt, one SGD step per sample on the soft cross-entropy to a pseudo-label "
-               "fused from short-term, hard-sample and EMA banks of past class features")
-    label = "HisTPT"
     text_head = "prompt"
-    # TTABC's histpt.py: torch.amp.autocast('cuda') + GradScaler(init_scale=1000) (base_method.py)
-    protocols = {"paper": {"precision": "fp16"}}
-    published = ()      # TTABC's README points to an external spreadsheet; its repository holds no numbers
-    fidelity = ("golden (TTABC's histpt.py as the code index stores it at 009fc22: each of 24 stream samples from "
-                "their state; view 0 with evicting banks, and 16 views x 2 steps)")
     # a short memory so that the banks fill and evict on the registry-wide tests' streams
     test_config = {"memory_size": 3, "hard_topk": 2}
