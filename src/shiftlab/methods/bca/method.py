@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import select_confident
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
+from ..kinds import OnlineMethod
 from .spec import BCASpec
 
 
-class BCA(Method):
+class BCA(OnlineMethod):
     """BCA: running class centres (likelihood) and cluster-to-class prior, updated from confident samples."""
     spec = BCASpec
 
@@ -72,13 +73,12 @@ class BCA(Method):
         return MethodOutput(logits, extras=extras)
 
     # -- online state --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 **{key: getattr(self, key).detach().cpu().clone()
                    for key in ("centers", "center_counts", "prior", "prior_counts")}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         if tuple(state["centers"].shape) != tuple(self.centers.shape):
             raise ValueError(f"{self.name}: state holds centres of shape {tuple(state['centers'].shape)}, this "
                              f"model {tuple(self.centers.shape)} (classes, feature width)")

@@ -24,10 +24,11 @@ import torch.nn.functional as F
 
 from ...models.text import ContextPrompt
 from ...views.recipe import ViewRecipe
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import entropy, select_confident
-from ..common.online_common import STATE_VERSION, check_state, view_features
+from ..common.online_common import view_features
 from ..context import SampleContext
+from ..kinds import OnlineMethod
 from .spec import HisTPTSpec
 
 
@@ -84,7 +85,7 @@ def fused_pseudo_label(logits_by_bank: list[torch.Tensor]) -> tuple[torch.Tensor
     return fused, weights
 
 
-class HisTPT(Method):
+class HisTPT(OnlineMethod):
     """HisTPT: an online CoOp prompt tuned on pseudo-labels fused from three memory banks of its past features."""
     spec = HisTPTSpec
 
@@ -172,14 +173,13 @@ class HisTPT(Method):
         return MethodOutput(logits, extras=extras)
 
     # -- online state --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "num_classes": len(self.classnames), "seen": self.seen,
+    def save_state(self) -> dict[str, Any]:
+        return {"seen": self.seen,
                 "ctx": self.ctx.detach().cpu().clone(),
                 "momentum_buffer": None if self.momentum_buffer is None else self.momentum_buffer.cpu().clone(),
                 "banks": self.banks.state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(self.name, state, len(self.classnames))
+    def load_state(self, state: dict[str, Any]) -> None:
         if tuple(state["ctx"].shape) != tuple(self.ctx.shape):
             raise ValueError(f"{self.name}: state holds a context of shape {tuple(state['ctx'].shape)}, this config "
                              f"{tuple(self.ctx.shape)} (context tokens, width)")
