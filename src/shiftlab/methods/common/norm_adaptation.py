@@ -58,6 +58,10 @@ def skips_top_layer(name: str, rule: str) -> bool:
     return any(part in name for part in parts) or name in whole
 
 
+# what a NormTower adapts: the normalisation layers' affine parameters, or every module's own weight and bias
+ADAPTED_PARAMETERS = ("norm", "weights")
+
+
 def norm_layers(visual: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of `visual`'s normalisation layers with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
@@ -97,26 +101,36 @@ class NormTower(nn.Module):
     `parameter_names` and `adapted_parameters()` list them in module order, weight before bias (the order the
     authors' `collect_params` walks, so an optimiser's state lines up with theirs); `skip_top_layers` (a rule of
     norm_config.TOP_LAYER_RULES) leaves the top layers' norms out, shared and frozen. Every BatchNorm layer, adapted
-    or not, uses the batch's statistics (their running statistics are neither read nor updated)."""
+    or not, uses the batch's statistics (their running statistics are neither read nor updated).
 
-    def __init__(self, clip: nn.Module, skip_top_layers: str = "none"):
+    `adapt` = "weights": every module's own `weight` and `bias` adapt instead (convolutions, linear layers and
+    norms alike: CoTTA's configure_model + base.collect_params in mariodoebler/test-time-adaptation, which name-match
+    `weight`/`bias`, so a ViT's `in_proj_weight`, embeddings and `proj` stay shared and frozen)."""
+
+    def __init__(self, clip: nn.Module, skip_top_layers: str = "none", adapt: str = "norm"):
         super().__init__()
+        if adapt not in ADAPTED_PARAMETERS:
+            raise ValueError(f"adapt must be one of {', '.join(ADAPTED_PARAMETERS)}, got {adapt!r}")
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
         for name, module in layers:
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 use_batch_statistics(module)     # adapted or not, as their configure_model sets every one
                 module.register_forward_pre_hook(_check_batch_statistics(name))
+        if adapt == "weights":
+            layers = [(name, m) for name, m in visual.named_modules()
+                      if any(isinstance(m._parameters.get(w), nn.Parameter) for w in ("weight", "bias"))]
         layers = [(name, module) for name, module in layers if not skips_top_layer(name, skip_top_layers)]
         if not layers:
-            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no normalisation layer "
-                             "(LayerNorm, GroupNorm or BatchNorm) to adapt"
+            raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no "
+                             + ("normalisation layer (LayerNorm, GroupNorm or BatchNorm)" if adapt == "norm" else
+                                "layer with a weight or bias") + " to adapt"
                              + (f" outside the top layers (skip_top_layers {skip_top_layers!r})"
                                 if skip_top_layers != "none" else ""))
         self.parameter_names: list[str] = []
         for name, module in layers:
             for which in ("weight", "bias"):
-                tensor = getattr(module, which, None)
+                tensor = module._parameters.get(which)
                 if tensor is None:
                     continue
                 # a new tensor in the copy only: the shared tower keeps its own
@@ -178,7 +192,7 @@ class NormTTAMethod(Method):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"))
+            self.tower = self.make_tower()
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -188,6 +202,10 @@ class NormTTAMethod(Method):
         self.reset_extra()
 
     # -- what a subclass may override ---------------------------------------------------------------------
+    def make_tower(self) -> NormTower:
+        """The private tower whose parameters adapt (a ValueError says why the model has none)."""
+        return NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"))
+
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return make_optimizer(self.config, params)
 
