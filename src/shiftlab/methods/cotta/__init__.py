@@ -1,1 +1,1 @@
-"""CoTTA: continual test-time adaptation with a mean teacher, augmentation-averaged pseudo-labels and stochastic restore."""
+"""CoTTA: continual TTA with a mean teacher, augmentation-averaged pseudo-labels and stochastic restore."""
