@@ -137,3 +137,21 @@ def test_cotta_matches_their_code_batch_by_batch(golden_vit, golden_model, golde
             at_source, theirs_at = int((student[i] == source[i]).sum()), int(want[f"{b}/at_source"][i])
             assert abs(at_source - theirs_at) <= 1 + AT_SOURCE * theirs_at, f"batch {b} restored {name}"
         assert float(want[f"{b}/student_moved"].sum()) > 0
+
+
+def test_adaptive_target_is_the_teacher_it_holds_without_a_step(golden_vit, golden_dir):
+    """`--attack-target adaptive`: the teacher's logits of view 0 with the state held when the batch arrives, no
+    update; they are the batch's outputs when the anchor is confident (plain teacher)."""
+    from shiftlab.attacks.adaptive import method_target
+    model, names, heads = golden_vit
+    method = shiftlab.create_method("cotta", model, names, heads=heads, confidence_threshold=0.0,
+                                    restore_probability=0.05, teacher_momentum=0.5)
+    views = stream_views(golden_dir, 1)
+    method.adapt_batch([SampleContext(model, heads, model.normalize(v)) for v in views[:4]])  # a state that moved
+    before = json.dumps({k: str(v) for k, v in method.state_dict().items()})
+    x = torch.stack([v[0] for v in views[4:8]]).requires_grad_(True)
+    logits = method_target(method, [4, 5, 6, 7], run_seed=0)(x)
+    assert logits.requires_grad and json.dumps({k: str(v) for k, v in method.state_dict().items()}) == before
+    outs = method.adapt_batch([SampleContext(model, heads, model.normalize(v)) for v in views[4:8]])
+    assert not outs[0].extras["augmented"]
+    torch.testing.assert_close(torch.stack([o.logits for o in outs]), logits.detach(), rtol=0, atol=1e-4)
