@@ -233,17 +233,18 @@ class NormTTAMethod(Method):
     def scale(self) -> float:
         return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower (gradients kept)."""
+    def encode(self, pixels: torch.Tensor, tower: nn.Module | None = None) -> torch.Tensor:
+        """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower, or through `tower` (a
+        mean teacher's, an anchor's), gradients kept."""
         if self.model.channels_last:
             pixels = pixels.contiguous(memory_format=torch.channels_last)
         with self.precision.autocast():
-            features = self.tower(pixels)
+            features = (self.tower if tower is None else tower)(pixels)
         return F.normalize(features.float(), dim=-1)
 
-    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, C) logits = scale x cosine to the class head."""
-        return self.scale * self.encode(pixels) @ self.head.T
+    def logits(self, pixels: torch.Tensor, tower: nn.Module | None = None) -> torch.Tensor:
+        """(B, C) logits = scale x cosine to the class head (through `encode`'s tower)."""
+        return self.scale * self.encode(pixels, tower) @ self.head.T
 
     def step(self, loss: torch.Tensor) -> None:
         """One optimiser step on `loss` (backward, step, zero the gradients, as their forward_and_adapt)."""

@@ -29,7 +29,7 @@ from .spec import CoTTASpec
 
 
 def consistency_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> torch.Tensor:
-    """(B, C) student and teacher logits -> (B,) CoTTA's loss (cotta.py:155-161): `teacher_ce` = -sum softmax(t)
+    """(B, C) student and teacher logits -> (B,) CoTTA's loss (cotta.py:131-138): `teacher_ce` = -sum softmax(t)
     log_softmax(s); `symmetric` = half that plus half -sum softmax(s) log_softmax(t)."""
     to_teacher = -(teacher.softmax(1) * student.log_softmax(1)).sum(1)
     if kind == "teacher_ce":
@@ -75,29 +75,26 @@ class CoTTA(NormTTAMethod):
         self.teacher.reset(self._initial_norm)
 
     # -- the computation -------------------------------------------------------------------------------------------
-    def tower_logits(self, tower: NormTower, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) normalised pixels -> (B, C) logits through `tower` (the student's `logits` for the others)."""
-        if self.model.channels_last:
-            pixels = pixels.contiguous(memory_format=torch.channels_last)
-        with self.precision.autocast():
-            features = tower(pixels)
-        return self.scale * torch.nn.functional.normalize(features.float(), dim=-1) @ self.head.T
+    def augment(self, images01: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(B, 3, S, S) in [0, 1] -> one random augmentation of the batch, normalised."""
+        cfg = self.config
+        return self.model.normalize(tta_transform(images01, generator, soft=cfg.soft_augmentations,
+                                                  gaussian_std=cfg.gaussian_std))
 
     def teacher_prediction(self, pixels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, bool, float]:
         """The teacher's logits for the batch (augmentation-averaged when the anchor is unsure), whether they were
-        averaged, and the anchor's mean max probability (cotta.py:44-58)."""
+        averaged, and the anchor's mean max probability (cotta.py:47-58)."""
         cfg = self.config
         with torch.no_grad():
-            confidence = float(self.tower_logits(self.anchor, pixels).softmax(1).max(1).values.mean(0))
+            confidence = float(self.logits(pixels, self.anchor).softmax(1).max(1).values.mean(0))
             if confidence < cfg.confidence_threshold:
                 mean = self.model.mean.to(pixels.device, pixels.dtype)
                 std = self.model.std.to(pixels.device, pixels.dtype)
                 images01 = pixels * std + mean
-                outputs = [self.tower_logits(self.teacher.tower, self.model.normalize(
-                    tta_transform(images01, generator, soft=cfg.soft_augmentations, gaussian_std=cfg.gaussian_std)))
-                    for _ in range(cfg.n_augmentations)]
+                outputs = [self.logits(self.augment(images01, generator), self.teacher.tower)
+                           for _ in range(cfg.n_augmentations)]
                 return torch.stack(outputs).mean(0), True, confidence
-            return self.tower_logits(self.teacher.tower, pixels), False, confidence
+            return self.logits(pixels, self.teacher.tower), False, confidence
 
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         cfg = self.config
@@ -123,4 +120,4 @@ def teacher_state_logits(method: CoTTA, views01: torch.Tensor) -> torch.Tensor:
     """(B, N, 3, S, S) in [0, 1] -> (B, C): the teacher's logits of view 0 with the parameters it holds, differentiable
     in the pixels (its output whenever the anchor is confident)."""
     with torch.enable_grad():
-        return method.tower_logits(method.teacher.tower, method.model.normalize(views01[:, 0]))
+        return method.logits(method.model.normalize(views01[:, 0]), method.teacher.tower)

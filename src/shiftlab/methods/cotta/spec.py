@@ -16,7 +16,7 @@ from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 COTTA = "qinenergy/cotta@c212a20"
-# the consistency losses of cotta.py:155-161: "symmetric" (ImageNet: half each way), "teacher_ce" (CIFAR)
+# the consistency losses of cotta.py:131-138: "symmetric" (ImageNet: half each way), "teacher_ce" (CIFAR)
 LOSSES = ("symmetric", "teacher_ce")
 
 
@@ -29,16 +29,16 @@ class CoTTAConfig(NormTTAConfig):
     momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
     nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
     adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
-    # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; cotta.py:21, 80-86)
+    # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; cotta.py:21, 82-88)
     teacher_momentum: float = param(0.999, ge=0, le=1)
     # each entry of each adapted weight restored to the source's with this probability after every step
     # (COTTA.RST 0.001, cotta.yaml; conf.py:167 says 0.01; cotta.py:92-98)
     restore_probability: float = param(0.001, ge=0, le=1)
     # the augmentation-averaged teacher prediction is used when the anchor's mean max probability is below this
-    # (COTTA.AP 0.1, cotta.yaml; conf.py:170 says 0.92; cotta.py:49-58)
+    # (COTTA.AP 0.1, cotta.yaml; conf.py:170 says 0.92; cotta.py:47-58)
     confidence_threshold: float = param(0.1, ge=0, le=1)
     n_augmentations: int = param(32, ge=1)                  # TEST.N_AUGMENTATIONS 32 (conf.py:322; cotta.py:24)
-    loss: str = param("symmetric", choices=LOSSES)          # ImageNet's, not CIFAR's (cotta.py:33, 155-161)
+    loss: str = param("symmetric", choices=LOSSES)          # ImageNet's, not CIFAR's (cotta.py:40, 131-138)
     # the augmentations' narrower ranges and noise (get_tta_transforms(img_size): soft False, std 0.005,
     # transforms_cotta.py:117)
     soft_augmentations: bool = False
@@ -46,7 +46,7 @@ class CoTTAConfig(NormTTAConfig):
     # the seed of the augmentations' and the restore's draws (their global torch generator; here one generator
     # per update, seeded from this and the update's index: common/ema_teacher.update_generator)
     augment_seed: int = param(0, ge=0)
-    # every module's weight and bias of the image tower adapts (configure_model + collect_params, cotta.py:112-129)
+    # every module's weight and bias of the image tower adapts (configure_model + collect_params, cotta.py:110-129)
     skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
 
 
