@@ -108,7 +108,8 @@ def test_tda_is_attacked_against_its_state_and_the_state_is_left_alone(tiny):
     assert torch.allclose(got, method.predict(tiny.normalize(views01)), atol=1e-4)   # then it updates, as clean
 
 
-@pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo", "rpl", "unient", "ostta", "sotta", "stamp"])
+@pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo", "rpl", "unient", "ostta", "sotta", "stamp",
+                                  "santa"])
 def test_norm_methods_are_attacked_against_their_norm_state_without_a_step(name, tiny):
     from _records import small_config
     method = create_method(name, tiny, CLASSNAMES, **small_config(name))
