@@ -26,7 +26,7 @@ class SANTAConfig(NormTTAConfig):
     momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
     nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
     adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
-    # the self-training term's weight (SANTA.LAMBDA_CE_TRG 1.0, conf.py:191; santa.py:199-200)
+    # the self-training term's weight (SANTA.LAMBDA_CE_TRG 1.0, conf.py:191; santa.py:197-198)
     lambda_ce_trg: float = param(1.0, ge=0)
     # the contrastive loss to the source class prototypes (SANTA.LAMBDA_CONT 1.0, conf.py:192; santa.py:111-197):
     # needs source data, refused in one line
