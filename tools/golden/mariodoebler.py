@@ -95,3 +95,46 @@ def stream_images(golden: Path):
 
 def reference(checkout: Path) -> dict:
     return {"repository": REPOSITORY, "commit": (checkout / "tta" / "COMMIT").read_text().strip()}
+
+
+def weight_rows(base, teacher, optimizer, adapted: list, source: dict, head: int) -> dict:
+    """The mean-teacher drivers' (cotta, rmt) per-batch record of every adapted parameter (`adapted`: their names
+    in their ZeroShotCLIP `base`), one row each in that order: `student`, `teacher`, `momentum` (P, head) the first
+    `head` entries flattened (NaN past a smaller one's end; `teacher` the EMA model), `student_moved`, `teacher_moved`
+    (P,) the float64 sum of |value - source value| (`source`: name -> the value before the first batch) and
+    `at_source` (P,) how many entries equal the source value exactly."""
+    import torch
+    student, ema = dict(base.named_parameters()), dict(teacher.named_parameters())
+    rows: dict[str, list] = {k: [] for k in ("student", "teacher", "momentum", "student_moved", "teacher_moved",
+                                             "at_source")}
+    for name in adapted:
+        s, t = student[name].detach(), ema[name].detach()
+        buf = optimizer.state.get(student[name], {}).get("momentum_buffer")
+        for key, value in (("student", s), ("teacher", t), ("momentum", buf)):
+            row = torch.full((head,), float("nan"))
+            if value is not None:
+                flat = value.flatten()[:head]
+                row[:flat.numel()] = flat
+            rows[key].append(row)
+        rows["student_moved"].append((s.double() - source[name].double()).abs().sum())
+        rows["teacher_moved"].append((t.double() - source[name].double()).abs().sum())
+        rows["at_source"].append((s == source[name]).sum())
+    return {key: torch.stack(values) for key, values in rows.items()}
+
+
+def seed_each_update(model, seed: int) -> list:
+    """Precede each of `model.forward_and_adapt`'s calls by `torch.manual_seed(update_seed(seed, k))`, k = 0, 1, ...
+    (shiftlab's `common/ema_teacher.update_seed`: their random draws come from torch's global generator). Returns
+    the one-element list counting the updates."""
+    import torch
+
+    from shiftlab.methods.common.ema_teacher import update_seed
+    updates = [0]
+    forward_and_adapt = model.forward_and_adapt
+
+    def seeded(x):
+        torch.manual_seed(update_seed(seed, updates[0]))
+        updates[0] += 1
+        return forward_and_adapt(x)
+    model.forward_and_adapt = seeded
+    return updates

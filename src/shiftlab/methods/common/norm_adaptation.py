@@ -58,6 +58,10 @@ def skips_top_layer(name: str, rule: str) -> bool:
     return any(part in name for part in parts) or name in whole
 
 
+# what a NormTower adapts: the normalisation layers' affine parameters, or every module's own weight and bias
+ADAPTED_PARAMETERS = ("norm", "weights")
+
+
 def norm_layers(visual: nn.Module, kinds: tuple[type, ...] = NORM_LAYERS) -> list[tuple[str, nn.Module]]:
     """(name, module) of `visual`'s normalisation layers of `kinds` with affine parameters, in module order."""
     return [(name, m) for name, m in visual.named_modules()
@@ -99,11 +103,17 @@ class NormTower(nn.Module):
     norm_config.TOP_LAYER_RULES) leaves the top layers' norms out, shared and frozen. Every BatchNorm layer, adapted
     or not, uses the batch's statistics (their running statistics are neither read nor updated) unless
     `batch_statistics` is off (then the shared running statistics, in eval mode); `kinds` and `keep(name)` narrow the
-    adapted layers to those classes and names."""
+    adapted layers to those classes and names.
+
+    `adapt` = "weights": every module's own `weight` and `bias` adapt instead (convolutions, linear layers and
+    norms alike: CoTTA's configure_model + base.collect_params in mariodoebler/test-time-adaptation, which name-match
+    `weight`/`bias`, so a ViT's `in_proj_weight`, embeddings and `proj` stay shared and frozen)."""
 
     def __init__(self, clip: nn.Module, skip_top_layers: str = "none", kinds: tuple[type, ...] = NORM_LAYERS,
-                 keep: Callable[[str], bool] | None = None, batch_statistics: bool = True):
+                 keep: Callable[[str], bool] | None = None, batch_statistics: bool = True, adapt: str = "norm"):
         super().__init__()
+        if adapt not in ADAPTED_PARAMETERS:
+            raise ValueError(f"adapt must be one of {', '.join(ADAPTED_PARAMETERS)}, got {adapt!r}")
         visual = shared_copy(clip.visual)
         layers = norm_layers(visual)
         for name, module in layers:
@@ -114,19 +124,24 @@ class NormTower(nn.Module):
                 module.register_forward_pre_hook(_check_batch_statistics(name))
             else:
                 module.eval()                    # the shared running statistics, read and never updated
+        if adapt == "weights":
+            layers = [(name, m) for name, m in visual.named_modules()
+                      if any(isinstance(m._parameters.get(w), nn.Parameter) for w in ("weight", "bias"))]
+        else:
+            layers = [(name, module) for name, module in layers if isinstance(module, kinds)]
         layers = [(name, module) for name, module in layers
-                  if isinstance(module, kinds) and not skips_top_layer(name, skip_top_layers)
-                  and (keep is None or keep(name))]
+                  if not skips_top_layer(name, skip_top_layers) and (keep is None or keep(name))]
         if not layers:
-            words = " or ".join(k.__name__ for k in kinds) if kinds != NORM_LAYERS else \
-                "normalisation layer (LayerNorm, GroupNorm or BatchNorm)"
+            words = ("layer with a weight or bias" if adapt == "weights" else
+                     " or ".join(k.__name__ for k in kinds) if kinds != NORM_LAYERS else
+                     "normalisation layer (LayerNorm, GroupNorm or BatchNorm)")
             raise ValueError(f"its image tower ({type(clip.visual).__name__}) has no {words} to adapt"
                              + (f" outside the top layers (skip_top_layers {skip_top_layers!r})"
                                 if skip_top_layers != "none" else ""))
         self.parameter_names: list[str] = []
         for name, module in layers:
             for which in ("weight", "bias"):
-                tensor = getattr(module, which, None)
+                tensor = module._parameters.get(which)
                 if tensor is None:
                     continue
                 # a new tensor in the copy only: the shared tower keeps its own
@@ -188,8 +203,7 @@ class NormTTAMethod(BatchMethod):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         try:
-            self.tower = NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"),
-                                   self.adapted_layer_kinds(), self.adapts_layer_named, self.batch_statistics)
+            self.tower = self.make_tower()
         except ValueError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         self.optimizer = self.make_optimizer(self.tower.adapted_parameters())
@@ -209,6 +223,11 @@ class NormTTAMethod(BatchMethod):
     def adapts_layer_named(self, name: str) -> bool:
         """Whether the normalisation layer `name` (a module name inside the image tower) adapts."""
         return True
+
+    def make_tower(self) -> NormTower:
+        """The private tower whose parameters adapt (a ValueError says why the model has none)."""
+        return NormTower(self.model.clip, getattr(self.config, "skip_top_layers", "none"),
+                         self.adapted_layer_kinds(), self.adapts_layer_named, self.batch_statistics)
 
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return make_optimizer(self.config, params)
@@ -237,17 +256,18 @@ class NormTTAMethod(BatchMethod):
     def scale(self) -> float:
         return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower (gradients kept)."""
+    def encode(self, pixels: torch.Tensor, tower: nn.Module | None = None) -> torch.Tensor:
+        """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower, or through `tower` (a
+        mean teacher's, an anchor's), gradients kept."""
         if self.model.channels_last:
             pixels = pixels.contiguous(memory_format=torch.channels_last)
         with self.precision.autocast():
-            features = self.tower(pixels)
+            features = (self.tower if tower is None else tower)(pixels)
         return F.normalize(features.float(), dim=-1)
 
-    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, C) logits = scale x cosine to the class head."""
-        return self.scale * self.encode(pixels) @ self.head.T
+    def logits(self, pixels: torch.Tensor, tower: nn.Module | None = None) -> torch.Tensor:
+        """(B, C) logits = scale x cosine to the class head (through `encode`'s tower)."""
+        return self.scale * self.encode(pixels, tower) @ self.head.T
 
     def step(self, loss: torch.Tensor) -> None:
         """One optimiser step on `loss` (backward, step, zero the gradients, as their forward_and_adapt)."""

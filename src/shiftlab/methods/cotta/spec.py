@@ -1,0 +1,84 @@
+"""CoTTA: continual test-time domain adaptation (Wang, Fink, Van Gool & Dai, CVPR 2022), on CLIP as
+mariodoebler/test-time-adaptation runs it.
+
+Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/cotta.py`, `methods/base.py`,
+`utils/misc.py`, `augmentations/transforms_cotta.py`, `cfgs/imagenet_others/cotta.yaml`) and of the method's own
+repository, qinenergy/cotta at c212a20 (`imagenet/cotta.py`, `imagenet/imagenetc.py`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
+COTTA = "qinenergy/cotta@c212a20"
+# the consistency losses of cotta.py:131-138: "symmetric" (ImageNet: half each way), "teacher_ce" (CIFAR)
+LOSSES = ("symmetric", "teacher_ce")
+
+
+@dataclass
+class CoTTAConfig(NormTTAConfig):
+    """mariodoebler's CoTTA (`methods/cotta.py`) with its ImageNet config (`cfgs/imagenet_others/cotta.yaml`); the
+    shared fields in `common/norm_config.py`."""
+    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (cotta.yaml)
+    lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (cotta.yaml)
+    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
+    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
+    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
+    # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; cotta.py:21, 82-88)
+    teacher_momentum: float = param(0.999, ge=0, le=1)
+    # each entry of each adapted weight restored to the source's with this probability after every step
+    # (COTTA.RST 0.001, cotta.yaml; conf.py:167 says 0.01; cotta.py:92-98)
+    restore_probability: float = param(0.001, ge=0, le=1)
+    # the augmentation-averaged teacher prediction is used when the anchor's mean max probability is below this
+    # (COTTA.AP 0.1, cotta.yaml; conf.py:170 says 0.92; cotta.py:47-58)
+    confidence_threshold: float = param(0.1, ge=0, le=1)
+    n_augmentations: int = param(32, ge=1)                  # TEST.N_AUGMENTATIONS 32 (conf.py:322; cotta.py:24)
+    loss: str = param("symmetric", choices=LOSSES)          # ImageNet's, not CIFAR's (cotta.py:40, 131-138)
+    # the augmentations' narrower ranges and noise (get_tta_transforms(img_size): soft False, std 0.005,
+    # transforms_cotta.py:117)
+    soft_augmentations: bool = False
+    gaussian_std: float = param(0.005, ge=0)
+    # the seed of the augmentations' and the restore's draws (their global torch generator; here one generator
+    # per update, seeded from this and the update's index: common/ema_teacher.update_generator)
+    augment_seed: int = param(0, ge=0)
+    # every module's weight and bias of the image tower adapts (configure_model + collect_params, cotta.py:110-129)
+    skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
+
+
+class CoTTASpec(MethodSpec):
+    name = "cotta"
+    bibtex = r"""@inproceedings{wang2022continual,
+  title = {Continual Test-Time Domain Adaptation},
+  author = {Wang, Qin and Fink, Olga and Van Gool, Luc and Dai, Dengxin},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2022}
+}"""
+    impl = "shiftlab.methods.cotta.method:CoTTA"
+    # every weight and bias of the image tower adapts on whole batches, with its teacher carried from batch to batch
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the teacher tower it holds when the batch arrives (its "
+                        "output when the source model is confident; batch statistics, state); the batch then adapts "
+                        "as a clean one would",
+                        impl="shiftlab.methods.cotta.method:teacher_state_logits")
+    config_class = CoTTAConfig
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
+    summary = ("CoTTA: a mean teacher's (augmentation-averaged when the source model is unsure) predictions "
+               "distilled into every weight of the image tower, with stochastic restore to the source (continual)")
+    label = "CoTTA"
+    # the method's own ImageNet-C code (qinenergy/cotta imagenet/cotta.py, imagenetc.py, cfgs/10orders/cotta) runs
+    # the same recipe: SGD lr 0.01 Nesterov momentum 0.9, AP 0.1, RST 0.001, EMA 0.999, 32 augmentations, the
+    # symmetric loss (README.md "Protocols" lists what differs: nothing a config field sets)
+    protocols = {"paper": {}}
+    # their benchmark.md reports CoTTA on ImageNet-trained backbones only (no CLIP); qinenergy/cotta's README none
+    published = ()
+    fidelity = ("golden (mariodoebler's CoTTA on ZeroShotCLIP over the golden tiny ViT and tiny ResNet: 3 batches "
+                "of 8, continual and episodic, augmentation-averaged and plain teacher; outputs, student and teacher "
+                "weights, momentum and the restored entries after every batch)")
+    test_config = {"n_augmentations": 2, "confidence_threshold": 1.0, "restore_probability": 0.05,
+                   "teacher_momentum": 0.9}

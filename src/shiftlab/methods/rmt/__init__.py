@@ -1,0 +1,1 @@
+"""RMT: robust mean teacher (symmetric cross-entropy to an EMA teacher), source-free on CLIP."""

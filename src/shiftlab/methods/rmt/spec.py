@@ -1,0 +1,80 @@
+"""RMT: robust mean teacher for continual and gradual test-time adaptation (Döbler, Marsden & Yang, CVPR 2023), as
+mariodoebler/test-time-adaptation's `methods/rmt.py` runs it, source-free, on CLIP.
+
+Their code does not run on CLIP: `split_up_model` refuses CLIP's architecture names (ValueError, models/model.py:453-
+515) after `get_source_loader` asked for the source (ImageNet training) data (rmt.py:27-36, 62). shiftlab runs their
+computation with the split CLIP has (features: the image tower's unit features; classifier: the class head at the
+logit scale) and the parts that need source data off (README.md). Its spec: config, capabilities and facts, without
+torch (the code: method.py). Sources are cited as `file:line` of mariodoebler/test-time-adaptation at 8b2ed63
+(`classification/`: `conf.py`, `methods/rmt.py`, `methods/base.py`, `utils/losses.py`,
+`cfgs/imagenet_others/rmt.yaml`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
+
+
+@dataclass
+class RMTConfig(NormTTAConfig):
+    """mariodoebler's RMT (`methods/rmt.py`) with its ImageNet config (`cfgs/imagenet_others/rmt.yaml`), source-free;
+    the shared fields in `common/norm_config.py`."""
+    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (rmt.yaml)
+    lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (rmt.yaml)
+    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
+    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
+    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
+    # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; rmt.py:302-308)
+    teacher_momentum: float = param(0.999, ge=0, le=1)
+    # the self-training term's weight (RMT.LAMBDA_CE_TRG 1.0, conf.py:184; rmt.py:258-260)
+    lambda_ce_trg: float = param(1.0, ge=0)
+    # the parts that need source data, which a run does not have: their defaults (on) are refused in one line
+    # cross-entropy on labelled source batches (RMT.LAMBDA_CE_SRC 1.0, conf.py:183; rmt.py:268-282)
+    source_replay: bool = False
+    # the contrastive loss to the source class prototypes (RMT.LAMBDA_CONT 1.0, conf.py:185; rmt.py:179-263)
+    source_contrastive: bool = False
+    # the mean-teacher warm-up on 50,000 source images (RMT.NUM_SAMPLES_WARM_UP, conf.py:186; rmt.py:112-170)
+    source_warmup: bool = False
+    # the augmentation's narrower ranges and noise (get_tta_transforms(img_size): soft False, std 0.005)
+    soft_augmentations: bool = False
+    gaussian_std: float = param(0.005, ge=0)
+    # the seed of the augmentation's draws (their global torch generator; here one generator per update, seeded
+    # from this and the update's index: common/ema_teacher.update_generator)
+    augment_seed: int = param(0, ge=0)
+    # every module's weight and bias of the image tower adapts (configure_model + collect_params, rmt.py:323-341)
+    skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
+
+
+class RMTSpec(MethodSpec):
+    name = "rmt"
+    bibtex = r"""@inproceedings{dobler2023robust,
+  title = {Robust Mean Teacher for Continual and Gradual Test-Time Adaptation},
+  author = {D{\"o}bler, Mario and Marsden, Robert A. and Yang, Bin},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year = {2023}
+}"""
+    impl = "shiftlab.methods.rmt.method:RMT"
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the student and teacher towers it holds when the batch "
+                        "arrives (their summed logits, its output; batch statistics, state); the batch then adapts as "
+                        "a clean one would",
+                        impl="shiftlab.methods.rmt.method:ensemble_state_logits")
+    config_class = RMTConfig
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
+    summary = ("RMT, source-free: every weight of the image tower trained on the symmetric cross-entropy to an EMA "
+               "teacher, on the batch and an augmentation of it; outputs student + teacher logits (continual)")
+    label = "RMT"
+    # the method's own code is this repository's rmt.py (its authors'); it needs source data in every protocol
+    protocols = {"paper": {}}
+    # their benchmark.md reports RMT on ImageNet-trained backbones only (no CLIP), with source data
+    published = ()
+    fidelity = ("golden (mariodoebler's RMT on ZeroShotCLIP over the golden tiny ViT and tiny ResNet with a CLIP "
+                "split and its source-data terms weighted 0, patched from outside: 3 batches of 8, continual and "
+                "episodic; outputs, student and teacher weights and momentum after every batch)")
+    test_config = {"teacher_momentum": 0.9}

@@ -1,0 +1,70 @@
+"""SANTA: source anchoring and target alignment for continual test-time adaptation (Chakrabarty, Sreenivas & Biswas,
+TMLR 2023), as mariodoebler/test-time-adaptation's `methods/santa.py` computes it, source-free, on CLIP.
+
+Their code does not run on CLIP: `split_up_model` refuses CLIP's architecture names (ValueError, models/model.py:453-
+515) after `get_source_loader` asked for the source data (santa.py:26-36, 56). shiftlab runs their computation with
+CLIP's split (features: the image tower's unit features; classifier: the class head at the logit scale) and the
+contrastive term to source prototypes off (README.md). Its spec: config, capabilities and facts, without torch (the
+code: method.py). Sources are cited as `file:line` of mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`:
+`conf.py`, `methods/santa.py`, `methods/base.py`, `utils/losses.py`, `cfgs/imagenet_others/santa.yaml`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import param
+from ..adaptive_modes import Adaptive
+from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+
+
+@dataclass
+class SANTAConfig(NormTTAConfig):
+    """mariodoebler's SANTA (`methods/santa.py`) with its ImageNet config (`cfgs/imagenet_others/santa.yaml`),
+    source-free; the shared fields in `common/norm_config.py`."""
+    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (santa.yaml)
+    lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (santa.yaml)
+    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
+    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
+    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
+    # the self-training term's weight (SANTA.LAMBDA_CE_TRG 1.0, conf.py:191; santa.py:197-198)
+    lambda_ce_trg: float = param(1.0, ge=0)
+    # the contrastive loss to the source class prototypes (SANTA.LAMBDA_CONT 1.0, conf.py:192; santa.py:111-197):
+    # needs source data, refused in one line
+    source_contrastive: bool = False
+    # the augmentation's narrower ranges and noise (get_tta_transforms(img_size): soft False, std 0.005)
+    soft_augmentations: bool = False
+    gaussian_std: float = param(0.005, ge=0)
+    # the seed of the augmentation's draws (their global torch generator; here one generator per update, seeded
+    # from this and the update's index: common/ema_teacher.update_generator)
+    augment_seed: int = param(0, ge=0)
+    # every BatchNorm, LayerNorm and GroupNorm adapts (configure_model, santa.py:218-237)
+    skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
+
+
+class SANTASpec(MethodSpec):
+    name = "santa"
+    bibtex = r"""@article{chakrabarty2023santa,
+  title = {{SANTA}: Source Anchoring Network and Target Alignment for Continual Test Time Adaptation},
+  author = {Chakrabarty, Goirik and Sreenivas, Manogna and Biswas, Soma},
+  journal = {Transactions on Machine Learning Research (TMLR)},
+  year = {2023}
+}"""
+    impl = "shiftlab.methods.santa.method:SANTA"
+    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
+    adaptive = Adaptive(("state",),
+                        "its batch attacked jointly through the image tower with the norm parameters it holds when the "
+                        "batch arrives (batch statistics, state); the batch then adapts as a clean one would",
+                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
+    config_class = SANTAConfig
+    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
+    summary = ("SANTA, source-free: the norm parameters trained on the cross-entropy of the batch's and its "
+               "augmentation's predictions to the frozen source model's (continual)")
+    label = "SANTA"
+    # the toolkit's santa.py is the CLIP-free code its README points to; no other repository was found
+    protocols = {"paper": {}}
+    # their benchmark.md has no SANTA column; their README reports none
+    published = ()
+    fidelity = ("golden (mariodoebler's SANTA on ZeroShotCLIP over the golden tiny ViT and tiny ResNet with a CLIP "
+                "split and its contrastive term weighted 0, patched from outside: 3 batches of 8, continual and "
+                "episodic; outputs, norm parameters and momentum after every batch)")
+    test_config = {"lr": 0.01}
