@@ -9,9 +9,7 @@ so the test runs offline):
 
 Each file is MAPPED to the registered shiftlab method that runs it (a refused one, GTTA, is registered and says
 why it cannot run), NOT_A_METHOD with the reason (a package file or a shared base class), UNOFFERED with the
-one-line reason it is not run, or PENDING: a method another branch of issue #43 is adding (CoTTA, RMT, SANTA,
-AdaContrast, RoTTA). The test fails when a pending name is registered: move it to MAPPED then; PENDING must be
-empty before issue #43 is resolved.
+one-line reason it is not run.
 """
 from __future__ import annotations
 
@@ -37,6 +35,9 @@ FILES = {
 
 # (toolkit, file) -> the shiftlab method that runs it
 MAPPED = {
+    (MARIODOEBLER, "cotta.py"): "cotta",
+    (MARIODOEBLER, "rmt.py"): "rmt",
+    (MARIODOEBLER, "santa.py"): "santa",
     (CLIPTTA, "adacontrast.py"): "adacontrast",
     (CLIPTTA, "rotta.py"): "rotta",
     (MARIODOEBLER, "adacontrast.py"): "adacontrast",
@@ -90,14 +91,8 @@ UNOFFERED = {
 }
 
 # (toolkit, file) -> the registry name another branch of issue #43 is adding; NOT registered on this branch
-PENDING = {
-    (MARIODOEBLER, "cotta.py"): "cotta",
-    (MARIODOEBLER, "rmt.py"): "rmt",
-    (MARIODOEBLER, "santa.py"): "santa",
-}
-
 EVERY = [(toolkit, name) for toolkit, names in FILES.items() for name in names]
-TABLES = {"MAPPED": MAPPED, "NOT_A_METHOD": NOT_A_METHOD, "UNOFFERED": UNOFFERED, "PENDING": PENDING}
+TABLES = {"MAPPED": MAPPED, "NOT_A_METHOD": NOT_A_METHOD, "UNOFFERED": UNOFFERED}
 
 
 def test_the_lists_are_the_toolkits_method_folders():
@@ -132,15 +127,8 @@ def test_the_others_give_a_one_line_reason(toolkit, filename):
     assert why.strip() and "\n" not in why
 
 
-@pytest.mark.parametrize("toolkit, filename", sorted(PENDING))
-def test_pending_methods_are_not_registered_yet(toolkit, filename):
-    name = PENDING[(toolkit, filename)]
-    assert name not in spec_names() and name not in refused_methods(), \
-        f"{toolkit}{filename}: {name!r} is registered now: move it from PENDING to MAPPED"
-
-
-def test_the_sixteen_of_issue_43_are_mapped_or_pending():
+def test_the_sixteen_of_issue_43_are_mapped_and_registered():
     issue = {"cotta", "rmt", "roid", "cmf", "santa", "memo", "rpl", "norm_stats", "ttaug", "gtta", "adacontrast",
              "rotta", "sotta", "ostta", "stamp", "unient"}
-    assert issue <= set(MAPPED.values()) | set(PENDING.values())
-    assert {n for n in issue if n not in PENDING.values()} <= set(spec_names()) | set(refused_methods())
+    assert issue <= set(MAPPED.values())
+    assert issue <= set(spec_names()) | set(refused_methods())

@@ -1,7 +1,7 @@
 """CoTTA: continual test-time domain adaptation (Wang, Fink, Van Gool & Dai, CVPR 2022), on CLIP as
 mariodoebler/test-time-adaptation runs it.
 
-Its spec: config, capabilities and facts, without torch (the code: method.py). Sources are cited as `file:line` of
+Sources are cited as `file:line` of
 mariodoebler/test-time-adaptation at 8b2ed63 (`classification/`: `conf.py`, `methods/cotta.py`, `methods/base.py`,
 `utils/misc.py`, `augmentations/transforms_cotta.py`, `cfgs/imagenet_others/cotta.yaml`) and of the method's own
 repository, qinenergy/cotta at c212a20 (`imagenet/cotta.py`, `imagenet/imagenetc.py`)."""
@@ -10,12 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
-COTTA = "qinenergy/cotta@c212a20"
 # the consistency losses of cotta.py:131-138: "symmetric" (ImageNet: half each way), "teacher_ce" (CIFAR)
 LOSSES = ("symmetric", "teacher_ce")
 
@@ -52,33 +49,9 @@ class CoTTAConfig(NormTTAConfig):
 
 class CoTTASpec(MethodSpec):
     name = "cotta"
-    bibtex = r"""@inproceedings{wang2022continual,
-  title = {Continual Test-Time Domain Adaptation},
-  author = {Wang, Qin and Fink, Olga and Van Gool, Luc and Dai, Dengxin},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2022}
-}"""
     impl = "shiftlab.methods.cotta.method:CoTTA"
     # every weight and bias of the image tower adapts on whole batches, with its teacher carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the teacher tower it holds when the batch arrives (its "
-                        "output when the source model is confident; batch statistics, state); the batch then adapts "
-                        "as a clean one would",
-                        impl="shiftlab.methods.cotta.method:teacher_state_logits")
     config_class = CoTTAConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("CoTTA: a mean teacher's (augmentation-averaged when the source model is unsure) predictions "
-               "distilled into every weight of the image tower, with stochastic restore to the source (continual)")
-    label = "CoTTA"
-    # the method's own ImageNet-C code (qinenergy/cotta imagenet/cotta.py, imagenetc.py, cfgs/10orders/cotta) runs
-    # the same recipe: SGD lr 0.01 Nesterov momentum 0.9, AP 0.1, RST 0.001, EMA 0.999, 32 augmentations, the
-    # symmetric loss (README.md "Protocols" lists what differs: nothing a config field sets)
-    protocols = {"paper": {}}
-    # their benchmark.md reports CoTTA on ImageNet-trained backbones only (no CLIP); qinenergy/cotta's README none
-    published = ()
-    fidelity = ("golden (mariodoebler's CoTTA on ZeroShotCLIP over the golden tiny ViT and tiny ResNet: 3 batches "
-                "of 8, continual and episodic, augmentation-averaged and plain teacher; outputs, student and teacher "
-                "weights, momentum and the restored entries after every batch)")
     test_config = {"n_augmentations": 2, "confidence_threshold": 1.0, "restore_probability": 0.05,
                    "teacher_momentum": 0.9}

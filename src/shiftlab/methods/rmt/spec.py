@@ -13,11 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-
-TTA = "mariodoebler/test-time-adaptation@8b2ed63255d906b6b0afaefc6ae630b9ec4bdaa1"
 
 
 @dataclass
@@ -52,29 +49,7 @@ class RMTConfig(NormTTAConfig):
 
 class RMTSpec(MethodSpec):
     name = "rmt"
-    bibtex = r"""@inproceedings{dobler2023robust,
-  title = {Robust Mean Teacher for Continual and Gradual Test-Time Adaptation},
-  author = {D{\"o}bler, Mario and Marsden, Robert A. and Yang, Bin},
-  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.rmt.method:RMT"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the student and teacher towers it holds when the batch "
-                        "arrives (their summed logits, its output; batch statistics, state); the batch then adapts as "
-                        "a clean one would",
-                        impl="shiftlab.methods.rmt.method:ensemble_state_logits")
     config_class = RMTConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("RMT, source-free: every weight of the image tower trained on the symmetric cross-entropy to an EMA "
-               "teacher, on the batch and an augmentation of it; outputs student + teacher logits (continual)")
-    label = "RMT"
-    # the method's own code is this repository's rmt.py (its authors'); it needs source data in every protocol
-    protocols = {"paper": {}}
-    # their benchmark.md reports RMT on ImageNet-trained backbones only (no CLIP), with source data
-    published = ()
-    fidelity = ("golden (mariodoebler's RMT on ZeroShotCLIP over the golden tiny ViT and tiny ResNet with a CLIP "
-                "split and its source-data terms weighted 0, patched from outside: 3 batches of 8, continual and "
-                "episodic; outputs, student and teacher weights and momentum after every batch)")
     test_config = {"teacher_momentum": 0.9}

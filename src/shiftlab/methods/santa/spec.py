@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
-from ..specs import ONLINE, OWN_TOWER, Capabilities, MethodSpec
 
 
 @dataclass
@@ -43,28 +42,7 @@ class SANTAConfig(NormTTAConfig):
 
 class SANTASpec(MethodSpec):
     name = "santa"
-    bibtex = r"""@article{chakrabarty2023santa,
-  title = {{SANTA}: Source Anchoring Network and Target Alignment for Continual Test Time Adaptation},
-  author = {Chakrabarty, Goirik and Sreenivas, Manogna and Biswas, Soma},
-  journal = {Transactions on Machine Learning Research (TMLR)},
-  year = {2023}
-}"""
     impl = "shiftlab.methods.santa.method:SANTA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    adaptive = Adaptive(("state",),
-                        "its batch attacked jointly through the image tower with the norm parameters it holds when the "
-                        "batch arrives (batch statistics, state); the batch then adapts as a clean one would",
-                        impl="shiftlab.methods.common.adaptive_norm:norm_state_logits")
     config_class = SANTAConfig
-    family = "classic"     # one of the classic batch TTA methods on CLIP (facts.FAMILIES)
-    summary = ("SANTA, source-free: the norm parameters trained on the cross-entropy of the batch's and its "
-               "augmentation's predictions to the frozen source model's (continual)")
-    label = "SANTA"
-    # the toolkit's santa.py is the CLIP-free code its README points to; no other repository was found
-    protocols = {"paper": {}}
-    # their benchmark.md has no SANTA column; their README reports none
-    published = ()
-    fidelity = ("golden (mariodoebler's SANTA on ZeroShotCLIP over the golden tiny ViT and tiny ResNet with a CLIP "
-                "split and its contrastive term weighted 0, patched from outside: 3 batches of 8, continual and "
-                "episodic; outputs, norm parameters and momentum after every batch)")
     test_config = {"lr": 0.01}
