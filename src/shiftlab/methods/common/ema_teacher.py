@@ -65,7 +65,7 @@ class MeanTeacher:
     """The EMA teacher of a student `NormTower` (same `adapt` and `skip_top_layers`, so the same parameter list)."""
 
     def __init__(self, clip: nn.Module, skip_top_layers: str = "none", adapt: str = "norm"):
-        self.tower = NormTower(clip, skip_top_layers, adapt)
+        self.tower = NormTower(clip, skip_top_layers, adapt=adapt)
         self.tower.requires_grad_(False)
 
     def update(self, student: NormTower, momentum: float) -> None:
