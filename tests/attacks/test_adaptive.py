@@ -80,8 +80,9 @@ def _views(model, recipe_views: int, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", [n for n in IMPLEMENTED if spec(n).episodic])
-def test_the_differentiable_prediction_is_the_methods_own(name, tiny):
+def test_the_differentiable_prediction_is_the_methods_own(name, tiny, tiny_vit_model):
     from _records import small_config
+    tiny = tiny if "resnet" in spec(name).towers else tiny_vit_model     # a method bound to ViTs (TAPT)
     method = create_method(name, tiny, CLASSNAMES, **{**small_config(name), "views": 8}
                            if spec(name).needs_views else small_config(name))
     views01 = _views(tiny, 8)
