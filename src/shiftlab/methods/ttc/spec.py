@@ -51,10 +51,11 @@ class TTCSpec(MethodSpec):
     impl = "shiftlab.methods.ttc.method:TTC"
     # it perturbs view 0's pixels and runs the frozen tower on them (with gradient): no stored feature serves it
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    adaptive = Adaptive(("bpda", "eot"),
+    adaptive = Adaptive(("bpda",),
                         "the counterattacked image through the image tower and the head; bpda: the counterattack"
-                        " (its sign steps and tau test) as the identity on the backward pass; its random start"
-                        " drawn afresh (eot); not written")
+                        " (its sign steps and tau test) as the identity on the backward pass, from the random start"
+                        " the scoring draws (seed, sample id), so deterministic to the attacker",
+                        impl="shiftlab.methods.ttc.adaptive:ttc_logits")
     config_class = TTCConfig
     summary = "TTC: counterattack view 0 (PGD away from its own embedding), weighted by a tau-threshold test"
     label = "TTC"
