@@ -80,8 +80,9 @@ def _views(model, recipe_views: int, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", [n for n in IMPLEMENTED if spec(n).episodic])
-def test_the_differentiable_prediction_is_the_methods_own(name, tiny):
+def test_the_differentiable_prediction_is_the_methods_own(name, tiny, tiny_vit_model):
     from _records import small_config
+    tiny = tiny if "resnet" in spec(name).towers else tiny_vit_model     # a method bound to ViTs (TAPT)
     method = create_method(name, tiny, CLASSNAMES, **{**small_config(name), "views": 8}
                            if spec(name).needs_views else small_config(name))
     views01 = _views(tiny, 8)
@@ -371,3 +372,70 @@ def test_bad_adaptive_flags_are_refused_in_python_too(tmp_path):
     assert settings_problem(cfg).startswith("attack_target=adaptive: dpe's adaptive attack (full+bpda+eot+state")
     with pytest.raises(ValueError, match="attack_target"):
         shiftlab.engine.config.check_run_config(RunConfig(data=str(tmp_path), attack_target="everything"))
+
+
+# -- issue 41's done-when command on the tiny ViT ------------------------------------------------------------------
+
+DONE_WHEN_EPISODIC = "zeroshot,tpt,mta,rtpt,ttc,tapt"
+
+
+def _done_when_argv(data: Path, out: Path, stats: dict[str, Path], methods: str = DONE_WHEN_EPISODIC) -> list[str]:
+    small = ["attack.steps=1", "attack.queries=2", "attack.targets=1", "attack.attack_misclassified=True",
+             "tapt.align_layer_to=5", *(f"tapt.{k}={v}" for k, v in stats.items())]
+    return ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny-vit", "--pretrained", "none",
+            "--methods", methods, "--views", "8", "--workers", "0", "--batch-size", "1", "--device", "cpu",
+            "--no-progress", "--out", str(out), "--seed", "2", "--attack", "autoattack", "--attack-target", "both",
+            "--clean-and-robust", "--eps", "1/255,4/255", "--online-checkpoint-seconds", "0",
+            *[a for item in small for a in ("--set", item)]]
+
+
+@pytest.mark.slow
+def test_the_issue_41_command_runs_resumes_after_a_kill_and_reports_each_setting(tmp_path):
+    """`--attack autoattack --eps 1/255,4/255` through the adaptation (and by transfer, and clean: --attack-target
+    both --clean-and-robust) for issue 41's episodic methods on the tiny ViT (TAPT needs one; its statistics files
+    random stand-ins in their format): it runs, a run killed after its first sample resumes to the same records,
+    and summary.json and summary.md hold clean / transfer / adaptive per method and budget with the sanity checks
+    (the report reads the same settings: test_transfer_and_adaptive_side_by_side). Its online methods (TDA, TENT)
+    adapt along one stream and cannot share it between settings: refused in one line naming the settings."""
+    from shiftlab.engine.config import RunConfig, settings_problem
+    data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=1, size=(64, 64))
+    gen = torch.Generator().manual_seed(0)
+    stats = {}
+    for name in ("means_adv", "vars_adv", "means_clean", "vars_clean"):      # (blocks, 1 + 16 patches + 2, width)
+        stats[name] = tmp_path / f"V_{name}.pt"
+        torch.save(torch.randn(4, 19, 64, generator=gen) if "means" in name else torch.rand(4, 19, 64, generator=gen),
+                   stats[name])
+    assert cli_main(_done_when_argv(data, tmp_path / "whole", stats)) == 0
+    whole = json_lines(tmp_path / "whole" / "records.jsonl")
+    methods = DONE_WHEN_EPISODIC.split(",")
+    settings = ["clean", "autoattack@eps1", "autoattack@eps4", "autoattack@eps1-adaptive", "autoattack@eps4-adaptive"]
+    assert sorted((r["method"], r["setting"]) for r in whole) == sorted(
+        (m, s) for m in methods for s in settings for _ in range(2))
+    assert not [r for r in whole if "error" in r]
+    out = tmp_path / "killed"
+    with GatedRun(tmp_path / "gate", _done_when_argv(data, out, stats), at="after_step:1") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert 0 < len(json_lines(out / "records.jsonl")) < len(whole)
+    assert cli_main(_done_when_argv(data, out, stats) + ["--resume"]) == 0
+    assert comparable(json_lines(out / "records.jsonl")) == comparable(whole)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert isinstance(summary["sanity"], list)
+    for name in methods:
+        m = summary["methods"][name]
+        for s in settings:
+            top1 = 100 * sum(r["correct"] for r in whole if r["method"] == name and r["setting"] == s) / 2
+            by = m["adaptive_by_setting"] if s.endswith("-adaptive") else m["robust_by_setting"]
+            got = m["top1"] if s == "clean" else by[s]["top1"]
+            assert got == top1, (name, s)
+        assert m["adaptive_by_setting"]["autoattack@eps4-adaptive"]["mode"] == spec(name).adaptive.label
+    md = (out / "summary.md").read_text()
+    assert "| robust top-1 (autoattack@eps4) |" in md and "| adaptive robust top-1 (autoattack@eps4-adaptive) |" in md
+
+    cfg = RunConfig(data=str(data), methods=["tpt", "tda", "tent"], attack={"name": "autoattack", "eps": [1 / 255,
+                    4 / 255]}, attack_target="adaptive")
+    assert settings_problem(cfg) == (
+        "online methods (tda, tent) adapt along one stream and would mix the samples of this run's 2 attacked "
+        "settings (autoattack@eps1-adaptive, autoattack@eps4-adaptive: several budgets or attack_target= both); run "
+        "them once per setting, or leave them out of methods=")

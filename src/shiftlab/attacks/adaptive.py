@@ -12,6 +12,7 @@ PIL's). The attack never sees the view seed the scoring uses: it attacks the exp
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -112,6 +113,9 @@ def method_target(method: Any, sample_ids: Sequence[int], run_seed: int, eot: in
     n_views = recipe.n_views if method.spec.needs_views else 1
     gen = torch.Generator().manual_seed(eot_seed(run_seed, sample_ids))
 
+    # a prediction whose randomness is drawn per sample (TTC's random start) is told the samples' ids
+    per_sample = {"sample_ids": list(sample_ids)} if "sample_ids" in inspect.signature(fn).parameters else {}
+
     def forward(x01: torch.Tensor) -> torch.Tensor:
-        return fn(method, draw_views(x01, n_views, recipe, gen))
+        return fn(method, draw_views(x01, n_views, recipe, gen), **per_sample)
     return AttackTarget(forward, eot_iter=eot if n_views > 1 else 1)

@@ -184,7 +184,7 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
     online = [n for n in names if n in entries and not entries[n]["episodic"]]
     if online and len(config.settings()) > 1:
         from .run_plan import online_and_attacked
-        return online_and_attacked(online)
+        return online_and_attacked(online, config.settings(), config.clean_and_robust)
     if config.attack_subset is not None and (config.attack or {}).get("name", "none") == "none":
         return f"{say('attack_subset')} attacks a subset of the samples, but no attack is chosen: add {say('attack')}"
     from .attack_target import adaptive_problem, run_augmix_problem

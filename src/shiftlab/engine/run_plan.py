@@ -29,12 +29,16 @@ def recipe_key(recipe: ViewRecipe) -> str:
     return json.dumps(recipe.family.to_dict(), sort_keys=True)
 
 
-def online_and_attacked(online: Sequence[str]) -> str:
-    # one state would adapt along both streams, interleaved by batch
+def online_and_attacked(online: Sequence[str], settings: Sequence[str] = (), clean_and_robust: bool = True) -> str:
+    # one state would adapt along every setting's stream, interleaved by batch
     from ..options import say
-    return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
-            f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
-            f"out of {say('methods')}")
+    if clean_and_robust:
+        return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
+                f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
+                f"out of {say('methods')}")
+    return (f"online methods ({', '.join(online)}) adapt along one stream and would mix the samples of this run's "
+            f"{len(settings)} attacked settings ({', '.join(settings)}: several budgets or {say('attack_target')} "
+            f"both); run them once per setting, or leave them out of {say('methods')}")
 
 
 class PlanError(ValueError):
@@ -180,7 +184,7 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
             raise PlanError(problem)
     online = [n for n in names if not method_spec(n).capabilities.episodic]
     if online and len(config.settings()) > 1:
-        raise PlanError(online_and_attacked(online))
+        raise PlanError(online_and_attacked(online, config.settings(), config.clean_and_robust))
     try:
         attack = attack_config(config.attack)
     except (TypeError, ValueError) as exc:

@@ -13,7 +13,8 @@ Every method's spec says which of these its adaptive attack uses (Athalye et al.
   sample then updates the state as a clean one would.
 
 `impl` ("package.module:function") is the differentiable prediction (`shiftlab.attacks.adaptive` calls it as
-`function(method, views01) -> logits`); a method that declares its modes but whose prediction is not written
+`function(method, views01) -> logits`, adding `sample_ids=` where the function takes them: TTC's random
+start is drawn per sample); a method that declares its modes but whose prediction is not written
 yet has `impl = ""` and an adaptive run refuses it in one line (`adaptive_problem`), before torch is imported.
 """
 from __future__ import annotations
