@@ -1,20 +1,13 @@
 """TAPT (Wang, Chen, Zhang, Chen & Ma, CVPR 2025, "TAPT: Test-Time Adversarial Prompt Tuning for Robust Inference
-in Vision-Language Models"), its vision-prompt variant TAPT-V in the zero-shot setting.
-
-Its spec: config, capabilities and facts, without torch (the code: method.py)."""
+in Vision-Language Models"), its vision-prompt variant TAPT-V in the zero-shot setting."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...params import param
-from ..adaptive_modes import Adaptive
-from ..specs import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
 
-SOURCE = "xinwong/TAPT"
-COMMIT = "14d8d0e"
 ALIGN_TYPES = ("l1", "l2")
-# the TAPT-V config their V scripts run (scripts/V/TAPT_V_0shots_b16.sh:19)
-CONFIG_FILE = "configs/trainers/TAPTV/TAPT_vit_b16_c2_ep100_batch32_2ctx_9depth_l1_cross_datasets_step1_adv.yaml"
 
 
 @dataclass
@@ -56,33 +49,11 @@ class TAPTConfig(ViewMethodConfig):
 
 class TAPTSpec(MethodSpec):
     name = "tapt"
-    # the authors' BibTeX (README.md "Citation"; entry type in lower case)
-    bibtex = r"""@inproceedings{wang2025tapt,
-  title = {TAPT: Test-Time Adversarial Prompt Tuning for Robust Inference in Vision-Language Models},
-  author = {Wang, Xin and Chen, Kai and Zhang, Jiaming and Chen, Jingjing and Ma, Xingjun},
-  booktitle = {Proceedings of the Computer Vision and Pattern Recognition Conference},
-  pages = {19910--19920},
-  year = {2025}
-}"""
     impl = "shiftlab.methods.tapt.method:TAPT"
     # the prompts live inside the image tower: it runs the tower on its views' pixels itself
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
     towers = ("vit",)
     towers_why = "its visual prompts are tokens inside the ViT's blocks (their VPT design; their scripts run ViT-B)"
-    adaptive = Adaptive(("full", "bpda", "eot"),
-                        "the image tower with the prompts, every AdamW step of the prompts (create_graph through"
-                        " the tower) and the prediction; bpda: the confident-view selection (its indices constant"
-                        " on the backward pass); random crops drawn afresh (eot)",
-                        impl="shiftlab.methods.tapt.adaptive:tapt_logits")
     config_class = TAPTConfig
-    summary = ("TAPT: tune deep visual prompts on the confident views (marginal entropy + alignment of per-block "
-               "token statistics to stored adversarial and clean ones), predict view 0")
-    label = "TAPT"
-    # FixedEmbeddings: "a photo of a {}." (the zero-shot head); CONFIG_FILE's TRAINER.TAPTV.PREC fp16
-    protocols = {"paper": {"precision": "fp16"}}
-    # their README shows asserts/fig3.png (a diagram) and no table; the paper's tables are not in the repository
-    published = ()
-    fidelity = ("golden (their test_time_adv_adapt_eval on the tiny ViT: the tuned prompts, the loss and the "
-                "logits, with stand-in statistics in their format)")
     # its statistics files cannot be downloaded (the authors' are not published): the entropy alone
     offline_config = {"align": False}
