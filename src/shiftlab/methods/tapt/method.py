@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import entropy, lowest, marginal_entropy_as_tpt
 from ..common.deep_visual_prompts import (
     dataset_statistics,
@@ -35,6 +35,7 @@ from ..common.deep_visual_prompts import (
     view_statistics,
 )
 from ..context import SampleContext
+from ..kinds import EpisodicMethod
 from .spec import TAPTSpec
 
 LOSS_SCALE = 1000.0   # torch.cuda.amp.GradScaler(init_scale=1000) (adv_v.py:867), under fp16 only
@@ -75,7 +76,7 @@ def align_loss(out: Statistics, target: Statistics, layers: range, kind: str = "
     return total
 
 
-class TAPT(Method):
+class TAPT(EpisodicMethod):
     """Tune deep visual prompts per image on its confident views (entropy + token-statistics alignment)."""
     spec = TAPTSpec
 
