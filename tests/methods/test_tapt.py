@@ -147,7 +147,7 @@ def test_refusals_in_one_line(vit, tiny_model, tmp_path):
 def test_resnet_is_refused_before_torch():
     import subprocess
     import sys
-    code = ("import sys; from shiftlab.methods.specs import spec, tower_problem; "
+    code = ("import sys; from shiftlab.methods.catalogue.declarations import spec, tower_problem; "
             "print(tower_problem(spec('tapt'), 'resnet', 'RN50')); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0].startswith("tapt: runs on a ViT image tower only, and RN50 is a ResNet") and out[1] == "False"

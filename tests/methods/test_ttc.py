@@ -18,11 +18,13 @@ import torch
 
 import shiftlab
 from _golden import FEATURES, LOGITS, PIXELS, assert_close, check_margin, stream_views
+from shiftlab.methods.catalogue.declarations import spec
 from shiftlab.methods.context import SampleContext
 from shiftlab.methods.ttc.method import counterattack, random_start, step_weights
-from shiftlab.methods.ttc.spec import THEIR_TEMPLATE
 
 CLASSNAMES = ["cat", "dog", "car"]
+THEIR_TEMPLATE = spec("ttc").protocols["paper"]["template"]     # their code's (its card's paper protocol)
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

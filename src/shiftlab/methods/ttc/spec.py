@@ -24,7 +24,7 @@ class TTCConfig(MethodConfig):
     # the random start's seed: drawn per sample from (seed, sample id); their code draws from the global stream
     # after torch.manual_seed(--seed) (TTC.sh:14 --seed 1, test_time_counterattack.py:334-341)
     seed: int = param(1, ge=0)
-    # None: the run's zero-shot head ("a photo of a {}."); their code: THEIR_TEMPLATE (`--protocol paper`)
+    # None: the run's zero-shot head ("a photo of a {}."); their code's template: `--protocol paper` (its card)
     template: str | None = None
 
 
