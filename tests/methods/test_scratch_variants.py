@@ -1,6 +1,7 @@
 """A family variant is its spec plus ONE class on the family's base (issue #39, "Done when"): in a scratch copy of
 the package, an episodic prompt-tuning variant (TPT plus one loss term) and an online cache method (TDA's positive
-cache alone, on methods/common/tda_cache.py), each a folder of a minimal spec and a method.py of at most 60 lines,
+cache alone, on methods/common/tda_cache.py), each a folder of a minimal spec, its facts as data (card.toml) and a
+method.py of at most 60 lines,
 are listed, run on the tiny CLIP and give what they should (the extra term at weight 0: exactly TPT's logits; the
 cache method at gain 1: exactly TDA's without its negative cache; its state round-trips), touching no other file."""
 from __future__ import annotations
@@ -31,7 +32,6 @@ class TPTConfidenceSpec(PromptTuningSpec):
     name = "tpt_confidence"
     impl = "shiftlab.methods.tpt_confidence.method:TPTConfidence"
     config_class = TPTConfidenceConfig
-    summary = "tpt_confidence: TPT + weight x the selected views' mean top probability"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
 '''
 VARIANT = '''"""Scratch: TPT plus one loss term (a test's variant)."""
@@ -72,7 +72,6 @@ class PositiveCacheSpec(MethodSpec):
     name = "positive_cache"
     impl = "shiftlab.methods.positive_cache.method:PositiveCache"
     config_class = PositiveCacheConfig
-    summary = "positive_cache: zero-shot + gain x TDA's positive cache (online)"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
 '''
 CACHE = '''"""Scratch: TDA's positive cache alone, times a gain (a test's online method)."""
@@ -99,8 +98,17 @@ class PositiveCache(TDACacheMethod):
         cached = cache_logits(s.feature, self.pos_cache, cfg.pos_alpha, cfg.pos_beta, len(self.classnames))
         return s.logits + cfg.gain * cached
 '''
-FOLDERS = {"tpt_confidence": {"spec.py": VARIANT_SPEC, "method.py": VARIANT},
-           "positive_cache": {"spec.py": CACHE_SPEC, "method.py": CACHE}}
+# their facts as data (docs/METHOD_CARDS.md)
+VARIANT_CARD = '''[tpt_confidence]
+summary = "tpt_confidence: TPT + weight x the selected views' mean top probability"
+fidelity = "a test's variant"
+'''
+CACHE_CARD = '''[positive_cache]
+summary = "positive_cache: zero-shot + gain x TDA's positive cache (online)"
+fidelity = "a test's online method"
+'''
+FOLDERS = {"tpt_confidence": {"spec.py": VARIANT_SPEC, "card.toml": VARIANT_CARD, "method.py": VARIANT},
+           "positive_cache": {"spec.py": CACHE_SPEC, "card.toml": CACHE_CARD, "method.py": CACHE}}
 
 LIBRARY = """
 import json, torch
@@ -122,6 +130,8 @@ state = pos.state_dict()
 resumed = shiftlab.create_method("positive_cache", model, names, **cache)
 resumed.load_state_dict(state)
 print(json.dumps({
+    "summaries": {n: shiftlab.methods.catalogue.declarations.spec(n).summary for n in ("tpt_confidence",
+                                                                                     "positive_cache")},
     "listed": {n: shiftlab.methods.catalogue.declarations.spec(n).kind() for n in shiftlab.list_methods() if "_c" in n},
     "kinds": [type(m).__mro__[2].__name__ for m in (resumed, shiftlab.create_method("tpt_confidence", model, names))],
     "variant_at_0_is_tpt": bool(torch.equal(at_zero, tpt)), "term_moves": not bool(torch.equal(weighted, tpt)),
@@ -147,6 +157,8 @@ def test_a_family_variant_is_a_spec_and_one_class(tmp_path):
     library = _shiftlab(root, code=LIBRARY)
     assert library.returncode == 0, library.stderr
     assert json.loads(library.stdout) == {
+        "summaries": {"tpt_confidence": "tpt_confidence: TPT + weight x the selected views' mean top probability",
+                      "positive_cache": "positive_cache: zero-shot + gain x TDA's positive cache (online)"},
         "listed": {"positive_cache": "online", "tpt_confidence": "episodic"},
         "kinds": ["OnlineMethod", "EpisodicMethod"], "variant_at_0_is_tpt": True, "term_moves": True,
         "cache_as_tda": True, "seen": 4, "entries": 4, "version": 1, "round_trip": True}
