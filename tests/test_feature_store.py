@@ -273,7 +273,7 @@ def test_sweep_runs_every_point_from_the_store(tmp_path, tiny_checkpoint, capsys
     html = (tmp_path / "report" / "report.html").read_text()
     section = re.search(r'<section id="sweep">.*?</section>', html, re.S).group(0)
     assert section.count("tda.pos_alpha=") == 3 and "tda.pos_alpha=1.0 *" not in section
-    monkeypatch.setattr(get_method_class("tda"), "needs_pixels", True)
+    monkeypatch.setattr(get_method_class("tda").spec, "needs_pixels", True)
     assert cli_main(flags) == 2 and "need pixels" in capsys.readouterr().err
 
 

@@ -50,6 +50,8 @@ def test_leaderboard_runs_every_view_method_on_the_same_views(tiny_model):
             assert m.view_recipe == LEADERBOARD_VIEWS.with_views(32)
         elif name == "cosmic":   # its authors' 8 views (cosmic_ood.sh -b 8): also a prefix of the same views
             assert m.view_recipe == LEADERBOARD_VIEWS.with_views(8)
+        elif name == "histpt":   # view 0 alone unless it tunes on the views (TTABC's default `tpt: False`)
+            assert m.view_recipe == ViewRecipe(n_views=1) and not m.config.tune_on_views
         elif name == "awt":      # its authors' 51 views (pre_extract.sh BS=50 + the original): a prefix too
             assert m.view_recipe == LEADERBOARD_VIEWS.with_views(51)
         else:

@@ -233,8 +233,8 @@ def test_paper_protocol_is_the_authors_precision_ties_and_views():
         "fp16", "topk", 12, 5e-3, 64, False)
     assert effective_config("dynaprompt", "paper", dataset="flowers102").views.augmix is True
     assert effective_config("dynaprompt", "leaderboard", dataset="flowers102").views.augmix is False
-    assert DynaPrompt.protocols["paper"] == {"precision": "fp16", "ties": "topk"}
-    for dataset, values in DynaPrompt.dataset_values.items():
+    assert DynaPrompt.spec.protocols["paper"] == {"precision": "fp16", "ties": "topk"}
+    for dataset, values in DynaPrompt.spec.dataset_values.items():
         assert effective_config("dynaprompt", "paper", dataset=dataset).views.augmix == values["views"]["augmix"]
 
 

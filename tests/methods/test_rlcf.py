@@ -137,12 +137,12 @@ def test_refusals_are_one_line(tiny_model, tmp_path):
 
 def test_the_paper_recipe_per_dataset_is_the_authors_scripts():
     assert get_method_class("rlcf") is RLCF
-    assert protocol_overrides("paper", RLCF) == RLCF.protocols["paper"]
-    assert RLCF.dataset_values["dtd"] == {"steps": 5, "views": {"augmix": True}}
+    assert protocol_overrides("paper", RLCF) == RLCF.spec.protocols["paper"]
+    assert RLCF.spec.dataset_values["dtd"] == {"steps": 5, "views": {"augmix": True}}
     fine, r = effective_config("rlcf", "paper", "dtd"), effective_config("rlcf", "paper", "imagenet-r")
     assert (fine.steps, fine.views.augmix, fine.precision) == (5, True, "fp16")
     assert (r.steps, r.views.augmix, r.precision) == (3, False, "fp16")
-    assert RLCF.published == ()
+    assert RLCF.spec.published == ()
 
 
 # -- through the CLI: --set of the reward model, run.json, resume ------------------------------------------

@@ -55,8 +55,14 @@ BACKBONES = ("RN50", "ViT-B/16")     # as the papers name them (results.publishe
 
 
 def declared(cls: type, fact: str) -> Any:
-    """The value of `fact` in `cls`'s own body, or its default (`DEFAULTS`)."""
-    return cls.__dict__.get(fact, DEFAULTS[fact])
+    """The value of `fact` in `cls`'s own body (a method class's: its spec's), or its default (`DEFAULTS`)."""
+    return spec_of(cls).__dict__.get(fact, DEFAULTS[fact])
+
+
+def spec_of(cls: type) -> type:
+    """A spec class itself; a method class's spec (`Method.spec`), where its declarations live."""
+    spec = getattr(cls, "spec", None)
+    return spec if isinstance(spec, type) else cls
 
 
 def family(cls: type) -> str:

@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .cards import declared
+from .cards import declared, spec_of
 
 LEADERBOARD, PAPER = PROTOCOLS = ("leaderboard", "paper")
 DEFAULT_PROTOCOL = LEADERBOARD
@@ -72,6 +72,7 @@ def dataset_overrides(protocol: str, cls: type, dataset: str | None) -> dict[str
     runs the dataset's CoOp template (shiftlab.datasets.classes.dataset_templates)."""
     if check_protocol(protocol) != PAPER or dataset is None:
         return {}
+    cls = spec_of(cls)
     from ...datasets.specs import DATASETS
     if dataset not in DATASETS:
         return {}
@@ -105,6 +106,7 @@ def _dataset_cupl_file(cls: type, out: dict[str, Any], dataset: str | None) -> d
     head reads it, so a suite runs each dataset with its own descriptions and the run records the file."""
     if dataset is None or not out.get("cupl_file"):
         return out
+    cls = spec_of(cls)
     from ..head_kinds import TIP_CUPL, dataset_cupl_file
     if out.get("text_head", getattr(cls.config_class, "text_head", None)) == TIP_CUPL:
         out["cupl_file"] = dataset_cupl_file(out["cupl_file"], dataset, declared(cls, "cupl_files"),

@@ -55,10 +55,14 @@ class _Twice:
 def save_statistics(stats: Statistics, folder: str | Path, tower: str, variant: str, split: str = "train") -> None:
     """Write `stats` as their files: `V_means_{tower}_{split}_{variant}.pt` and `V_vars_...` (e.g. tower "vitb16",
     variant "adv" or "clean"), what the four path settings read."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save(stats.means.detach().cpu().contiguous(), folder / f"V_means_{tower}_{split}_{variant}.pt")
-    torch.save(stats.vars.detach().cpu().contiguous(), folder / f"V_vars_{tower}_{split}_{variant}.pt")
+    import io
+
+    from ...writes import make_dirs, write_file
+    folder = make_dirs(folder)
+    for kind, tensor in (("means", stats.means), ("vars", stats.vars)):
+        buffer = io.BytesIO()   # serialised in memory: the bytes reach the disk through shiftlab.writes
+        torch.save(tensor.detach().cpu().contiguous(), buffer)
+        write_file(folder / f"V_{kind}_{tower}_{split}_{variant}.pt", buffer.getvalue())
 
 
 class Statistics(NamedTuple):
