@@ -4,8 +4,8 @@ it on CLIP (`classification/methods/cmf.py` on its ZeroShotCLIP) over the golden
 SGD (Nesterov), without the consistency loss and, in tests/fixtures/golden/roid_consistency, with it (their
 default; their global generator seeded before each update as shiftlab seeds its generator), CMF.Q raised so that
 the filter's gain stays below 1 on the tiny towers. After every batch: the logits (TUNED_LOGITS), the norm
-parameters and the hidden ones (NORM_PARAMS), SGD's momentum buffers (GRAD_RTOL of their largest), the running mean prediction (LOSS) and the filter's variance (a float
-computed in Python by both: 1e-12)."""
+parameters and the hidden ones (NORM_PARAMS), SGD's momentum buffers (GRAD_RTOL of their largest), the running
+mean prediction (LOSS) and the filter's variance (a float computed in Python by both: 1e-12)."""
 from __future__ import annotations
 
 import json
