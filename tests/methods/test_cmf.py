@@ -1,10 +1,11 @@
 """CMF: its filter's gain against a straightforward computation, and CMF as mariodoebler/test-time-adaptation runs
 it on CLIP (`classification/methods/cmf.py` on its ZeroShotCLIP) over the golden tiny ViT and tiny ResNet
 (tests/fixtures/golden/cmf, made by the driver beside the fixtures, float32 on the CPU): 24 images in 3 batches of 8,
-SGD (Nesterov), without the consistency loss, CMF.Q raised so that the filter's gain stays below 1 on the tiny
-towers. After every batch: the logits (TUNED_LOGITS), the norm parameters and the hidden ones (NORM_PARAMS), SGD's
-momentum buffers (GRAD_RTOL of their largest), the running mean prediction (LOSS) and the filter's variance (a float
-computed in Python by both: 1e-12)."""
+SGD (Nesterov), without the consistency loss and, in tests/fixtures/golden/roid_consistency, with it (their
+default; their global generator seeded before each update as shiftlab seeds its generator), CMF.Q raised so that
+the filter's gain stays below 1 on the tiny towers. After every batch: the logits (TUNED_LOGITS), the norm
+parameters and the hidden ones (NORM_PARAMS), SGD's momentum buffers (GRAD_RTOL of their largest), the running
+mean prediction (LOSS) and the filter's variance (a float computed in Python by both: 1e-12)."""
 from __future__ import annotations
 
 import json
@@ -27,10 +28,14 @@ from shiftlab.methods.context import ClassHeads, SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VARIANTS = {"cmf_vit": {"lr": 0.01, "q": 0.5},
+VARIANTS = {"cmf_vit": {"lr": 0.01, "q": 0.5, "use_consistency": False},
             "cmf_vit_episodic": {"lr": 0.01, "steps": 2, "episodic": True, "q": 2.0, "gamma": 0.9,
-                                 "use_prior_correction": False},
-            "cmf_resnet": {"lr": 0.001, "q": 0.5, "alpha": 0.95}}
+                                 "use_consistency": False, "use_prior_correction": False},
+            "cmf_resnet": {"lr": 0.001, "q": 0.5, "alpha": 0.95, "use_consistency": False}}
+# tests/fixtures/golden/roid_consistency: their default consistency loss on, their global generator seeded per update
+CONSISTENCY_VARIANTS = {"cmf_vit_consistency": {"lr": 0.01, "q": 0.5}}
+GOLDEN = [("cmf", v, o) for v, o in sorted(VARIANTS.items())] + \
+    [("roid_consistency", v, o) for v, o in sorted(CONSISTENCY_VARIANTS.items())]
 
 
 def test_filter_gain_against_a_straightforward_computation():
@@ -48,17 +53,20 @@ def test_a_scaled_q_of_one_or_more_is_refused_in_one_line(golden_vit):
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_cmf_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "cmf" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "cmf" / "cmf.json").read_text())["fixtures"][variant]
+@pytest.mark.parametrize(("folder", "variant", "options"), GOLDEN, ids=[v for _, v, _ in GOLDEN])
+def test_cmf_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, folder, variant, options):
+    want = torch.load(golden_dir / folder / f"{variant}.pt", map_location="cpu", weights_only=True)
+    info = json.loads((golden_dir / folder / f"{folder}.json").read_text())["fixtures"][variant]
     assert info["n_batches"] == 3 and info["reference"]["commit"].startswith("8b2ed63")
+    consistency = info["argv"][info["argv"].index("ROID.USE_CONSISTENCY") + 1]
+    assert consistency is options.get("use_consistency", True)
+    options = {**options, "augment_seed": info.get("seed", 0)}
     if info["model"] == "shiftlab-tiny-vit":
         model, names, heads = golden_vit
     else:
         model, names = golden_model
         heads = ClassHeads(model, names)
-    method = shiftlab.create_method("cmf", model, names, heads=heads, **VARIANTS[variant])
+    method = shiftlab.create_method("cmf", model, names, heads=heads, **options)
     assert method.tower.parameter_names == info["adapted"]
     assert method.q == pytest.approx(info["q"], rel=1e-12)      # their count: the tower's norms and ln_final
     assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")

@@ -1,7 +1,9 @@
 """ROID: its loss, weights and prior correction against straightforward computations, and ROID as
 mariodoebler/test-time-adaptation runs it on CLIP (`classification/methods/roid.py` on its ZeroShotCLIP) over the
 golden tiny ViT and tiny ResNet (tests/fixtures/golden/roid, made by the driver beside the fixtures, float32 on the
-CPU): 24 images in 3 batches of 8, SGD (Nesterov), without the consistency loss. After every batch: the logits
+CPU): 24 images in 3 batches of 8, SGD (Nesterov), without the consistency loss and, in
+tests/fixtures/golden/roid_consistency, with it (their default; their global generator seeded before each update as
+shiftlab seeds its generator). After every batch: the logits
 (TUNED_LOGITS), the norm parameters (NORM_PARAMS), SGD's momentum buffers (GRAD_RTOL of their largest;
 ROID_RESNET_GRAD_RTOL on the ResNet) and the
 running mean prediction (LOSS)."""
@@ -24,16 +26,20 @@ from _golden import (
     assert_close,
     stream_views,
 )
-from shiftlab.methods.catalogue import declarations
 from shiftlab.methods.common.roid_training import min_max, prior_corrected, roid_weights, soft_likelihood_ratio
 from shiftlab.methods.context import ClassHeads, SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VARIANTS = {"roid_vit": {"lr": 0.01},
+VARIANTS = {"roid_vit": {"lr": 0.01, "use_consistency": False},
             "roid_vit_episodic": {"lr": 0.01, "steps": 2, "episodic": True, "use_weighting": False,
-                                  "use_prior_correction": False},
-            "roid_resnet": {"lr": 0.001, "momentum_src": 0.9, "temperature": 0.5}}
+                                  "use_consistency": False, "use_prior_correction": False},
+            "roid_resnet": {"lr": 0.001, "momentum_src": 0.9, "temperature": 0.5, "use_consistency": False}}
+# tests/fixtures/golden/roid_consistency: their default consistency loss on, their global generator seeded per update
+CONSISTENCY_VARIANTS = {"roid_vit_consistency": {"lr": 0.01},
+                        "roid_vit_consistency_episodic": {"lr": 0.01, "steps": 2, "episodic": True}}
+GOLDEN = [("roid", v, o) for v, o in sorted(VARIANTS.items())] + \
+    [("roid_consistency", v, o) for v, o in sorted(CONSISTENCY_VARIANTS.items())]
 
 
 def test_soft_likelihood_ratio_weights_and_prior_against_straightforward_computations():
@@ -58,23 +64,81 @@ def test_soft_likelihood_ratio_weights_and_prior_against_straightforward_computa
     torch.testing.assert_close(prior_corrected(logits), logits * (prior + s) / (1 + 3 * s))
 
 
-def test_consistency_is_refused_in_one_line_before_torch_work():
-    with pytest.raises(ValueError, match=r"^roid.use_consistency: True .* only False is offered$"):
-        declarations.make_config(declarations.spec("roid"), use_consistency=True)
+def test_their_augmentation_reflect_padded_without_blur_or_noise_draws_what_torchvision_draws():
+    """get_tta_transforms(img_size, padding_mode="reflect", cotta_augs=False) with torchvision's random transforms
+    on torch's global generator (the colour jitter written out on it), against `tta_transform` with a generator
+    seeded alike: no blur sigma and no noise drawn (their whole loss is compared in the golden test)."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as TF
+
+    from shiftlab.methods.common.tta_transforms import STRONG as r
+    from shiftlab.methods.common.tta_transforms import tta_transform
+    images = torch.rand(2, 3, 20, 20, generator=torch.Generator().manual_seed(1))
+    adjust = [(TF.adjust_brightness, r.brightness), (TF.adjust_contrast, r.contrast),
+              (TF.adjust_saturation, r.saturation), (TF.adjust_hue, r.hue),
+              (lambda x, f: TF.adjust_gamma(x.clamp(1e-8, 1.0), f), r.gamma)]
+
+    def global_pipeline(x):
+        x = x.clamp(0, 1)
+        for i in torch.randperm(5).tolist():
+            fn, (lo, hi) = adjust[i]
+            x = fn(x, torch.tensor(1.0).uniform_(lo, hi).item())
+        x = T.Pad(10, padding_mode="reflect")(x)
+        x = T.RandomAffine(degrees=list(r.degrees), translate=(1 / 16, 1 / 16), scale=r.scale,
+                           interpolation=T.InterpolationMode.BILINEAR, fill=0)(x)
+        return T.RandomHorizontalFlip(0.5)(T.CenterCrop(20)(x)).clamp(0, 1)
+    for seed in range(3):
+        mine = tta_transform(images, torch.Generator().manual_seed(seed), padding_mode="reflect", cotta_augs=False)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(mine, global_pipeline(images), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^padding_mode: 'zeros' is not one of edge, reflect$"):
+        tta_transform(images, torch.Generator(), padding_mode="zeros")
+
+
+def test_consistency_is_their_symmetric_cross_entropy_on_the_kept_images(tiny_model):
+    """The step's loss with `use_consistency` = the loss without + sum over the kept images of weight x SCE(logits
+    of their augmentation, their logits) / B, the augmentation drawn from `update_generator(augment_seed, k)`."""
+    from shiftlab.methods.common.ema_teacher import update_generator
+    from shiftlab.methods.common.roid_training import symmetric_cross_entropy
+    from shiftlab.methods.common.tta_transforms import tta_transform
+    x, r = torch.tensor([[2.0, 0.0, -1.0]]), torch.tensor([[0.0, 1.0, 0.5]])
+    p, q = x.softmax(1), r.softmax(1)
+    torch.testing.assert_close(symmetric_cross_entropy(x, r),
+                               -0.5 * (q * p.log()).sum(1) - 0.5 * (p * q.log()).sum(1))
+    model = tiny_model
+    names = ["cat", "dog", "car", "tree", "boat"]
+    x01 = torch.rand(6, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(2))
+    pixels = model.normalize(x01)
+    on = shiftlab.create_method("roid", model, names, lr=0.01, augment_seed=5)
+    off = shiftlab.create_method("roid", model, names, lr=0.01, use_consistency=False)
+    on.updates = 3
+    logits = on.logits(pixels)
+    loss, weights = on.loss(logits, pixels)
+    base, _ = off.loss(off.logits(pixels))
+    kept = weights > 0
+    augmented = tta_transform(x01[kept], update_generator(5, 3), padding_mode="reflect", cotta_augs=False)
+    want = base + (symmetric_cross_entropy(on.logits(model.normalize(augmented)), logits[kept])
+                   * weights[kept]).sum() / 6
+    assert 0 < int(kept.sum()) < 6
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    assert float((loss - base).detach()) > 1e-4
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_roid_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "roid" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "roid" / "roid.json").read_text())["fixtures"][variant]
+@pytest.mark.parametrize(("folder", "variant", "options"), GOLDEN, ids=[v for _, v, _ in GOLDEN])
+def test_roid_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, folder, variant, options):
+    want = torch.load(golden_dir / folder / f"{variant}.pt", map_location="cpu", weights_only=True)
+    info = json.loads((golden_dir / folder / f"{folder}.json").read_text())["fixtures"][variant]
     assert info["n_batches"] == 3 and info["reference"]["commit"].startswith("8b2ed63")
+    consistency = info["argv"][info["argv"].index("ROID.USE_CONSISTENCY") + 1]
+    assert consistency is options.get("use_consistency", True)
+    options = {**options, "augment_seed": info.get("seed", 0)}
     if info["model"] == "shiftlab-tiny-vit":
         model, names, heads = golden_vit
     else:
         model, names = golden_model
         heads = ClassHeads(model, names)
-    method = shiftlab.create_method("roid", model, names, heads=heads, **VARIANTS[variant])
+    method = shiftlab.create_method("roid", model, names, heads=heads, **options)
     assert method.tower.parameter_names == info["adapted"]
     assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")
     grad_rtol = GRAD_RTOL if info["model"] == "shiftlab-tiny-vit" else ROID_RESNET_GRAD_RTOL

@@ -52,9 +52,9 @@ class CMF(RoidTTAMethod):
 
     def episodic_reset(self) -> None:
         """Their `reset` restores the models (the hidden one too) and the mean prediction, not the filter's
-        variance (cmf.py:175-180)."""
+        variance (cmf.py:175-180) nor their global generator (here the count of updates)."""
         variance = self.variance
-        self.reset()
+        super().episodic_reset()
         self.variance = variance
 
     def extra_state(self) -> dict[str, Any]:

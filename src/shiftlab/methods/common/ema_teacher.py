@@ -11,8 +11,9 @@ the student's weights to the source ones, and the per-batch generator their rand
 - `stochastic_restore_(params, initial, p, generator)`: each entry of each parameter back to its initial value with
   probability p (CoTTA's restore: one uniform draw per entry, parameter by parameter in the tower's order);
 - `update_generator(seed, update)`: the generator of one update's draws (one optimiser step: its augmentations,
-  then its restore), seeded from the run's seed and the update's index, so a run resumed at any batch draws what an
-  uninterrupted one draws (no generator state to keep, only the count of updates).
+  then its restore; ROID's and CMF's consistency augmentation draws from it too, `common/roid_training.py`),
+  seeded from the run's seed and the update's index, so a run resumed at any batch draws what an uninterrupted one
+  draws (no generator state to keep, only the count of updates).
 """
 from __future__ import annotations
 

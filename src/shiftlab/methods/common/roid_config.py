@@ -30,9 +30,13 @@ class RoidConfig(NormTTAConfig):
     # the outputs multiplied by the batch's smoothed mean prediction (ROID.USE_PRIOR_CORRECTION True, conf.py:266;
     # roid.py:101-106)
     use_prior_correction: bool = True
-    # the consistency loss on an augmented copy of the batch (ROID.USE_CONSISTENCY True, conf.py:267): needs the
-    # cotta-style augmentation (`get_tta_transforms(..., cotta_augs=False)`), not in shiftlab yet: off, refused when on
-    use_consistency: bool = False
+    # the consistency loss: the symmetric cross-entropy between the outputs on one random augmentation of the kept
+    # images (`common/tta_transforms`, reflect padding, no blur, no noise) and their outputs, weighted and divided as
+    # the main loss (ROID.USE_CONSISTENCY True, conf.py:267; roid.py:33, 79-81)
+    use_consistency: bool = True
+    # the seed of the augmentations' draws: update k draws from `ema_teacher.update_generator(augment_seed, k)`
+    # (their global generator, which they never seed per update)
+    augment_seed: int = param(0, ge=0)
     # weight ensembling with the source: after each step param = m * param + (1 - m) * source (ROID.MOMENTUM_SRC
     # 0.99, conf.py:268; roid.py:93-98)
     momentum_src: float = param(0.99, ge=0, le=1)
@@ -45,9 +49,3 @@ class RoidConfig(NormTTAConfig):
     loss_batch_size: int | None = param(None, ge=1)
     # their outputs are the adapting forward's (before the update, roid.py:46-47, 108)
     predict_after_update: bool = False
-
-    def __post_init__(self) -> None:
-        if self.use_consistency is True:
-            raise ValueError(f"{self.method}.use_consistency: True (their default, roid.py:79-81) needs the "
-                             "cotta-style test-time augmentation (their get_tta_transforms), which shiftlab does not "
-                             "have yet; only False is offered")

@@ -6,8 +6,11 @@ batch, every step
 2. with `use_weighting`, each image's weight from its diversity (1 - cosine between its prediction and a running mean
    prediction) and its certainty (minus its entropy), both min-max normalised over the batch, exp(div x cert / T),
    the images less diverse than the batch's mean masked out; the running mean prediction then updated;
-3. the loss: the weighted soft likelihood ratio of the kept images, summed and divided by the batch size; one
-   optimiser step (SGD with Nesterov momentum);
+3. the loss: the weighted soft likelihood ratio of the kept images, summed and divided by the batch size; with
+   `use_consistency`, plus the symmetric cross-entropy between the kept images' outputs on one random augmentation
+   of them (`common/tta_transforms` with reflect padding, no blur, no noise; update k's draws from
+   `ema_teacher.update_generator(augment_seed, k)`) and their outputs, weighted and divided alike (roid.py:79-81;
+   gradients through both); one optimiser step (SGD with Nesterov momentum);
 4. the method's merge of the weights (`after_step`: ROID's ensembling with the source, CMF's filter);
 
 and at the end, with `use_prior_correction`, the outputs multiplied by the batch's smoothed mean prediction.
@@ -21,13 +24,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .ema_teacher import update_generator
 from .norm_adaptation import NormTTAMethod
+from .tta_transforms import tta_transform
 
 
 def soft_likelihood_ratio(logits: torch.Tensor, clip: float = 0.99, eps: float = 1e-5) -> torch.Tensor:
     """(B, C) -> (B,) -sum_c p_c log(p_c / (1 - p_c) + eps), p clamped to [0, clip] (losses.py:31-40)."""
     probs = logits.softmax(1).clamp(min=0.0, max=clip)
     return -(probs * torch.log(probs / (torch.ones_like(probs) - probs) + eps)).sum(1)
+
+
+def symmetric_cross_entropy(logits: torch.Tensor, reference: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """(B, C), (B, C) -> (B,) -(1 - alpha) sum softmax(reference) log_softmax(logits) - alpha sum softmax(logits)
+    log_softmax(reference) (losses.py:13-19, `x` = logits, `x_ema` = reference); no gradient is stopped."""
+    return (-(1 - alpha) * (reference.softmax(1) * logits.log_softmax(1)).sum(1)
+            - alpha * (logits.softmax(1) * reference.log_softmax(1)).sum(1))
 
 
 def min_max(x: torch.Tensor) -> torch.Tensor:
@@ -81,29 +93,58 @@ class RoidTTAMethod(NormTTAMethod):
     def reset_extra(self) -> None:
         n = len(self.classnames)
         self.class_probs = torch.full((n,), 1 / n, device=self.model.device)   # 1 / C * ones (roid.py:32, 121)
+        self.updates = 0
+
+    def episodic_reset(self) -> None:
+        """Their `reset` restores the models, the optimiser and the mean prediction; their global generator runs on,
+        as the count of updates (the seed of each update's augmentation) does here."""
+        updates = self.updates
+        self.reset()
+        self.updates = updates
 
     def extra_state(self) -> dict[str, Any]:
-        return {"class_probs": self.class_probs}
+        return {"class_probs": self.class_probs, "updates": self.updates}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.class_probs = state["class_probs"].to(self.model.device)
+        self.updates = int(state["updates"])
 
     def after_step(self) -> None:
         """The merge of the weights after each optimiser step."""
         raise NotImplementedError
 
-    def loss(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, C) -> (the step's loss, each image's weight (B,), ones without weighting)."""
+    def augment(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(B, 3, S, S) normalised -> one random augmentation of the batch (their `tta_transform` on the images in
+        [0, 1]: `get_tta_transforms(img_size, padding_mode="reflect", cotta_augs=False)`), normalised."""
+        mean = self.model.mean.to(pixels.device, pixels.dtype)
+        std = self.model.std.to(pixels.device, pixels.dtype)
+        images01 = pixels * std + mean
+        return self.model.normalize(tta_transform(images01, generator, padding_mode="reflect", cotta_augs=False))
+
+    def loss(self, logits: torch.Tensor, pixels: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C) logits of the (B, 3, S, S) `pixels` -> (the step's loss, each image's weight (B,), ones without
+        weighting). `pixels` are read only with `use_consistency`."""
         cfg = self.config
         losses = soft_likelihood_ratio(logits)
         weights = torch.ones_like(losses)
+        kept = torch.ones_like(losses, dtype=torch.bool)
         if cfg.use_weighting:
             with torch.no_grad():
                 weights, mask = roid_weights(logits, self.class_probs, cfg.temperature)
+                kept = ~mask
                 m = cfg.momentum_probs
                 self.class_probs = m * self.class_probs + (1 - m) * logits.softmax(1).mean(0)
-            losses = (losses * weights)[~mask]
-        return losses.sum() / (cfg.loss_batch_size or logits.shape[0]), weights
+            losses = (losses * weights)[kept]
+        divisor = cfg.loss_batch_size or logits.shape[0]
+        loss = losses.sum() / divisor
+        if cfg.use_consistency:
+            if pixels is None:
+                raise ValueError(f"{cfg.method}.use_consistency needs the batch's pixels")
+            generator = update_generator(cfg.augment_seed, self.updates)
+            augmented = self.logits(self.augment(pixels[kept], generator))
+            loss = loss + (symmetric_cross_entropy(augmented, logits[kept]) * weights[kept]).sum() / divisor
+        return loss, weights
 
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         cfg = self.config
@@ -111,10 +152,11 @@ class RoidTTAMethod(NormTTAMethod):
         logits = weights = None
         for _ in range(cfg.steps):
             logits = self.logits(pixels)
-            loss, weights = self.loss(logits)
+            loss, weights = self.loss(logits, pixels)
             losses.append(float(loss.detach()))
             self.step(loss)
             self.after_step()
+            self.updates += 1
         with torch.no_grad():
             if cfg.predict_after_update or logits is None:
                 logits = self.logits(pixels)

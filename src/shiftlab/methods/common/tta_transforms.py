@@ -1,4 +1,4 @@
-"""The random augmentation of CoTTA, RMT and SANTA (mariodoebler/test-time-adaptation's
+"""The random augmentation of CoTTA, RMT, SANTA, ROID and CMF (mariodoebler/test-time-adaptation's
 `augmentations/transforms_cotta.get_tta_transforms`, from qinenergy/cotta's `get_tta_transforms`): on a batch of
 images in [0, 1], one random draw for the whole batch per call (their torchvision transforms see the batch as one
 image), in this order:
@@ -6,6 +6,8 @@ image), in this order:
 clip to [0, 1]; colour jitter in a random order (brightness, contrast, saturation, hue, gamma); edge padding by half
 the image size; a random affine map (rotation, translation, scale; bilinear, zeros outside); Gaussian blur (kernel
 5); centre crop back to the image size; horizontal flip with probability 1/2; Gaussian noise; clip to [0, 1].
+ROID and CMF call it with `padding_mode="reflect", cotta_augs=False` (roid.py:33, cmf.py:59): reflect padding, and
+neither the blur (nor its sigma's draw) nor the noise (transforms_cotta.py:150-160).
 
 Every random number comes from an explicit `torch.Generator`, drawn in the order and with the calls their code
 makes on torch's global generator, so a generator seeded s draws what their code draws after
@@ -76,21 +78,29 @@ def random_affine(images: torch.Tensor, ranges: TTATransformRanges, generator: t
                      fill=[0.0] * images.shape[-3])
 
 
+PADDING_MODES = ("edge", "reflect")
+
+
 def tta_transform(images: torch.Tensor, generator: torch.Generator, *, soft: bool = False,
-                  gaussian_std: float = 0.005) -> torch.Tensor:
+                  gaussian_std: float = 0.005, padding_mode: str = "edge", cotta_augs: bool = True) -> torch.Tensor:
     """(B, 3, S, S) in [0, 1] -> (B, 3, S, S) in [0, 1]: one draw of the pipeline (the module's docstring) for the
-    whole batch. `soft` takes their narrower ranges; `gaussian_std` the noise's standard deviation."""
+    whole batch. `soft` takes their narrower ranges; `gaussian_std` the noise's standard deviation; `padding_mode`
+    their Pad's ("edge" or "reflect"); `cotta_augs` False leaves out the blur and the noise, as theirs."""
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode: {padding_mode!r} is not one of {', '.join(PADDING_MODES)}")
     ranges = SOFT if soft else STRONG
     size = images.shape[-1]
     out = images.clamp(0.0, 1.0)
     out = color_jitter(out, ranges, generator)
-    out = TF.pad(out, [size // 2], padding_mode="edge")
+    out = TF.pad(out, [size // 2], padding_mode=padding_mode)
     out = random_affine(out, ranges, generator)
-    sigma = _uniform(*ranges.blur_sigma, generator)
-    out = TF.gaussian_blur(out, [ranges.blur_kernel, ranges.blur_kernel], [sigma, sigma])
+    if cotta_augs:
+        sigma = _uniform(*ranges.blur_sigma, generator)
+        out = TF.gaussian_blur(out, [ranges.blur_kernel, ranges.blur_kernel], [sigma, sigma])
     out = TF.center_crop(out, [size, size])
     if torch.rand(1, generator=generator) < ranges.flip_p:
         out = TF.hflip(out)
-    noise = torch.randn(out.size(), generator=generator) * gaussian_std + 0.0
-    out = out + noise.to(out.device)
+    if cotta_augs:
+        noise = torch.randn(out.size(), generator=generator) * gaussian_std + 0.0
+        out = out + noise.to(out.device)
     return out.clamp(0.0, 1.0)

@@ -1,8 +1,9 @@
 """ROID on CLIP, as mariodoebler/test-time-adaptation runs it (`classification/methods/roid.py`, 8b2ed63), for every
 batch of test images (view 0 of each, through the tower of `common.norm_adaptation`: every normalisation layer's
-affine parameters adapt, BatchNorm with the batch's statistics), `steps` times: the weighted soft likelihood ratio,
-one SGD step, then the adapted parameters ensembled with the source's (p <- 0.99 p + 0.01 p_source); the outputs
-prior-corrected (`common/roid_training.py`). README.md lists what differs from the authors' code.
+affine parameters adapt, BatchNorm with the batch's statistics), `steps` times: the weighted soft likelihood ratio
+plus the consistency loss on an augmentation of the kept images, one SGD step, then the adapted parameters
+ensembled with the source's (p <- 0.99 p + 0.01 p_source); the outputs prior-corrected
+(`common/roid_training.py`). README.md lists what differs from the authors' code.
 """
 from __future__ import annotations
 
