@@ -202,9 +202,9 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
                                        **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 raise PlanError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip())) from None
-            problem = adaptive_views_problem(config, name, cfg)
+            spec = method_spec(name)
+            problem = adaptive_views_problem(config, name, cfg) or spec.config_problem(cfg)
             if problem:
                 raise PlanError(problem)
-            spec = method_spec(name)
             plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
     return RunPlan(resolved, tuple(plans), plans, attack)

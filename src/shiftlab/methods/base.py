@@ -129,6 +129,9 @@ class Method:
         self.model = model
         self.classnames = check_classnames(classnames, allow_duplicate_names)
         self.config = check_method_config(type(self), config if config is not None else self.config_class())
+        problem = self.spec.config_problem(self.config) if self.spec is not None else None
+        if problem:   # what a run plan refuses before torch (a folder the method reads that is missing)
+            raise ValueError(problem)
         # a method bound to some image towers (its spec's `towers`): the loaded tower decides, in one line
         if tuple(getattr(self, "towers", method_specs.TOWERS)) != method_specs.TOWERS:
             from ..models.tower_tokens import tower_kind

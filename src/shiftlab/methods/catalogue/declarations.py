@@ -297,6 +297,13 @@ class MethodSpec:
         return cls.min_views
 
     @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        """Why a run (or `create_method`) cannot use `config` although each field is in its range (DiffTPT: the
+        folder of generated views it reads is unset or missing), as one line, or None. Torch-free: a run plan
+        (`engine.run_plan.resolve_plan`) asks it before torch is imported."""
+        return None
+
+    @classmethod
     def kind(cls) -> str:
         """"episodic" or "online" (its capabilities' state)."""
         return cls.capabilities.state
