@@ -126,8 +126,8 @@ def test_a_missing_or_damaged_folder_is_refused_in_one_line(tiny_model, folder, 
 
 
 def test_a_run_plan_refuses_the_unset_folder_before_torch():
-    from shiftlab.engine.run_plan import PlanError, resolve_plan
     from shiftlab.engine.config import RunConfig
+    from shiftlab.engine.run_plan import PlanError, resolve_plan
     with pytest.raises(PlanError, match="diffusion_views is unset"):
         resolve_plan(RunConfig(methods=["difftpt"], dataset="imagenet-r", model="shiftlab-tiny"))
     plan = resolve_plan(RunConfig(methods=["difftpt"], dataset="imagenet-r", model="shiftlab-tiny",
@@ -163,7 +163,8 @@ def golden(golden_dir, golden_model, one_thread_module):
         inputs = torch.cat([views_u8, generated], 1).float() / 255
         got.update(run_variants("difftpt", model, classnames, inputs, {variant: config}, SAMPLES, ("loss",)))
         for i in SAMPLES:
-            got[f"{variant}/{i}/entropy_loss"] = got[f"{variant}/{i}/loss"]   # the entropy cut is among view 0 + the cosine-kept views: its margin is theirs
+            got[f"{variant}/{i}/entropy_loss"] = got[f"{variant}/{i}/loss"]
+            # the entropy cut is among view 0 + the cosine-kept views: its margin is checked there
             logits = got[f"{variant}/{i}/view_logits"]
             cos = F.cosine_similarity(logits[1:], logits[:1], dim=-1)
             k1 = int((logits.shape[0] - 1) * config["cosine_ratio"])

@@ -44,9 +44,10 @@ class DiffTPT(PromptTuning):
             self._folder = Path(cfg.diffusion_views).expanduser()
             self._manifest = read_manifest(self._folder)
             if self._manifest["image_size"] != self.model.image_size:
-                raise ValueError(f"{self.name}.diffusion_views: {self._folder} is keyed by {self._manifest['image_size']}"
-                                 f" px views but {self.model.name} takes {self.model.image_size} px; generate the "
-                                 "folder for this model's input size")
+                size = self._manifest["image_size"]
+                raise ValueError(f"{self.name}.diffusion_views: {self._folder} is keyed by {size} px views but "
+                                 f"{self.model.name} takes {self.model.image_size} px; generate the folder for this "
+                                 "model's input size")
             self._digest = folder_digest(self._folder)
             self._encoder = FrozenEncoder(identity={"encoder": "difftpt-diffusion-views",
                                                     "manifest_sha256": self._digest, "n_views": cfg.n_diffusion},
