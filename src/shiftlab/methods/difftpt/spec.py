@@ -37,7 +37,12 @@ class DiffTPTSpec(PromptTuningSpec):
     # the generated views are a frozen encoding of view 0's image (read from the folder, encoded by the frozen
     # tower), which the engine computes once per sample and a feature store holds beside the CLIP features
     capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=EPISODIC)
-    test_config = {"n_diffusion": 0, "steps": 2}
+    min_views = 2
+    min_views_why = "its cosine filter ranks the other views against view 0 (their code stacks an empty list with one)"
+    # no generated views where nothing is downloaded (`shiftlab demo`, the registry tests): their selection on the
+    # augmented views alone, said in the run's config (n_diffusion 0); a run without it needs the folder
+    offline_config = {"n_diffusion": 0}
+    test_config = {"steps": 2}
 
     @classmethod
     def config_problem(cls, config: Any) -> str | None:
