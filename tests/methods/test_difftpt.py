@@ -211,3 +211,43 @@ def test_the_fixture_names_its_stand_in_views_and_their_entry_point():
     assert info["reference"]["repository"] == "https://github.com/chunmeifeng/DiffTPT"
     assert info["fixtures"]["r"]["n_generated"] == 16 and "stand-ins" in info["fixtures"]["r"]["generated_views"]
     assert info["fixtures"]["r"]["tta_steps"] == 4 and info["fixtures"]["r"]["aug_mode"] == "difftpt"
+
+
+# -- the generator script: its refusals (no diffusion model runs in the tests) --------------------------------
+
+def _generate(tmp_path, extra_path: str | None = None):
+    import os
+    import subprocess
+    import sys
+    root = FIXTURES.parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [extra_path, str(root / "src")]))}
+    (tmp_path / "images").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, str(root / "tools" / "generate_diffusion_views.py"), "--images",
+                           str(tmp_path / "images"), "--out", str(tmp_path / "views")],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_generator_says_in_one_line_that_diffusers_is_missing(tmp_path):
+    import importlib.util as iu
+    if iu.find_spec("diffusers") is not None:
+        pytest.skip("diffusers is installed here")
+    done = _generate(tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("generate_diffusion_views: error: diffusers is not installed")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_generator_says_in_one_line_that_the_weights_are_missing(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "diffusers").mkdir(parents=True)
+    (fake / "diffusers" / "__init__.py").write_text(
+        "class StableDiffusionImageVariationPipeline:\n"
+        "    @classmethod\n"
+        "    def from_pretrained(cls, name, revision=None):\n"
+        "        raise OSError(f'{name} does not appear to have a file named model_index.json.\\nmore')\n")
+    done = _generate(tmp_path, str(fake))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (
+        "generate_diffusion_views: error: cannot load lambdalabs/sd-image-variations-diffusers (revision v2.0): "
+        "lambdalabs/sd-image-variations-diffusers does not appear to have a file named model_index.json.; download "
+        "its weights (or point HF_HOME at a cache holding them) and run again")
