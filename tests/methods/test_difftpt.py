@@ -251,3 +251,41 @@ def test_the_generator_says_in_one_line_that_the_weights_are_missing(tmp_path):
         "generate_diffusion_views: error: cannot load lambdalabs/sd-image-variations-diffusers (revision v2.0): "
         "lambdalabs/sd-image-variations-diffusers does not appear to have a file named model_index.json.; download "
         "its weights (or point HF_HOME at a cache holding them) and run again")
+
+
+# -- a run: the generated views' encoding in a feature store, their folder in the run identity -------------------
+
+def test_a_run_reads_the_folder_stores_its_encoding_and_records_its_identity(tmp_path, tiny_model, capsys):
+    from _runs import comparable, json_lines
+    from _synthetic import make_image_folder
+    from shiftlab import RunConfig, run
+    from shiftlab.datasets import build_dataset
+    from shiftlab.datasets.imageio import decode_image
+    from shiftlab.engine.features import encode
+    from shiftlab.rundir.feature_store import FeatureStore
+    root = make_image_folder(tmp_path / "data", ["cat", "dog", "car"], size=(40, 30))
+    data = build_dataset("imagefolder", root)
+    views = {}
+    for k, path in enumerate(sorted(root.rglob("*.png"))):
+        view0 = to_uint8_tensor(base_view(decode_image(path), tiny_model.image_size, tiny_model.preprocess))
+        views[view0_key(view0.numpy().tobytes())] = [random_image(100 + 3 * k + i, 48) for i in range(2)]
+    write_folder(tmp_path / "generated", views, tiny_model.image_size)
+    difftpt = {"n_diffusion": 2, "diffusion_views": str(tmp_path / "generated"), "steps": 1}
+
+    def config(out, store=True):
+        return RunConfig(dataset="imagefolder", methods=["difftpt"], method_config={"difftpt": difftpt}, views=3,
+                         workers=0, progress=False, batch_size=2, out=str(tmp_path / out), device="cpu",
+                         features=str(tmp_path / "fs") if store else None, features_dtype="fp32")
+    run(config("plain", store=False), model=tiny_model, dataset=data)
+    digest = hashlib.sha256((tmp_path / "generated" / "manifest.json").read_bytes()).hexdigest()
+    identity = json.loads((tmp_path / "plain" / "run.json").read_text())
+    assert identity["methods"]["difftpt"]["diffusion_views_sha256"] == digest
+    assert encode(config("unused"), model=tiny_model, dataset=data)["encoded"] == 3
+    capsys.readouterr()
+    run(config("stored"), model=tiny_model, dataset=data)
+    assert "3 sample(s) read from the store" in capsys.readouterr().err
+    reference = comparable(json_lines(tmp_path / "plain" / "records.jsonl"))
+    assert len(reference) == 3 and all("error" not in r for r in json_lines(tmp_path / "plain" / "records.jsonl"))
+    assert comparable(json_lines(tmp_path / "stored" / "records.jsonl")) == reference
+    (entry,) = [e for e in FeatureStore(tmp_path / "fs") if "encoder" in e.key]
+    assert entry.key["encoder"]["manifest_sha256"] == digest and entry.features(0).shape[0] == 1
