@@ -135,6 +135,23 @@ def test_a_run_plan_refuses_the_unset_folder_before_torch():
     assert plan.method_configs()["difftpt"].n_diffusion == 0
 
 
+def test_all_leaves_it_out_without_its_folder_and_says_so(caplog, folder):
+    import logging
+
+    from shiftlab.engine.config import RunConfig, expand_methods
+    from shiftlab.engine.run_plan import resolve_plan
+    with caplog.at_level(logging.WARNING):
+        names = expand_methods(["all"])
+    assert "difftpt" not in names and "tpt" in names
+    assert "methods 'all' leaves out difftpt (difftpt: diffusion_views is unset" in caplog.text
+    assert "difftpt" not in resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny")).method_plans()
+    given = {"difftpt": {"diffusion_views": str(folder["root"]), "n_diffusion": 3}}
+    assert "difftpt" in expand_methods(["all"], method_config=given)
+    plan = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny", method_config=given))
+    assert "difftpt" in plan.method_plans()
+    assert "difftpt" in expand_methods(["all"], method_config={"difftpt": {"n_diffusion": 0}})
+
+
 # -- golden checks: the authors' code ---------------------------------------------------------------------------
 
 def _driver():

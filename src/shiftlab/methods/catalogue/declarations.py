@@ -405,6 +405,19 @@ def refusal(name: str) -> str | None:
     return f"{name} is registered but cannot run here: {reason}" if reason else None
 
 
+def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None) -> str | None:
+    """Why `--methods all` leaves method `name` out under the run's `method_config` ({name: {field: value}}), or
+    None: its config (its defaults <- the run's values for it) is in range but one a run cannot use
+    (`MethodSpec.config_problem`: DiffTPT without its folder of generated views). Named explicitly, it is refused
+    with that reason instead; a value out of range is left to the run's own check (None here)."""
+    cls = spec(name)
+    try:
+        config = make_config(cls, **dict((method_config or {}).get(name, {})))
+    except (TypeError, ValueError):
+        return None
+    return cls.config_problem(config)
+
+
 def spec(name: str) -> type[MethodSpec]:
     """The spec registered as `name`; an unknown name is a one-line UnknownNameError (a KeyError and a ValueError)."""
     _scanned()
