@@ -37,6 +37,7 @@ MAPPED = {
     "calip.py": "calip",
     "ctpt.py": "ctpt",
     "deyo.py": "deyo",
+    "difftpt.py": "difftpt",
     "dmn.py": "dmn_zs",
     "dota.py": "dota",
     "dpe.py": "dpe",
@@ -62,7 +63,6 @@ MAPPED = {
 PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
     "bca.py": ("bca", "issue 42: BCA (the authors' repository or TTABC's bca.py), not yet added"),
-    "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
     "histpt.py": ("histpt", "issue 42: HisTPT (TTABC's histpt.py), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
     "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
