@@ -192,6 +192,11 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
                or run_augmix_problem(config, [n for n in names if n in entries and entries[n]["uses_views"]]))
     if problem:
         return problem
+    from ..methods.catalogue.declarations import left_out_of_all  # torch-free: a spec's config_problem
+    for name in config.methods:   # named: a config a run cannot use (DiffTPT without its folder); "all" leaves it out
+        problem = left_out_of_all(name, config.method_config) if name in entries else None
+        if problem:
+            return problem
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)
