@@ -135,6 +135,20 @@ def test_a_run_plan_refuses_the_unset_folder_before_torch():
     assert plan.method_configs()["difftpt"].n_diffusion == 0
 
 
+def test_an_attacked_run_refuses_the_generated_views_and_all_leaves_them_out(folder):
+    from shiftlab.engine.config import RunConfig
+    from shiftlab.engine.run_plan import PlanError, resolve_plan
+    given = {"difftpt": {"diffusion_views": str(folder["root"]), "n_diffusion": 3}}
+    attacked = {"dataset": "imagenet-r", "model": "shiftlab-tiny", "attack": {"name": "pgd"}}
+    clean = {k: v for k, v in attacked.items() if k != "attack"}
+    assert "difftpt" in resolve_plan(RunConfig(methods=["difftpt"], method_config=given, **clean)).method_plans()
+    with pytest.raises(PlanError, match="generated views of an attacked image need the diffusion model"):
+        resolve_plan(RunConfig(methods=["difftpt"], method_config=given, **attacked))
+    assert "difftpt" not in resolve_plan(RunConfig(methods=["all"], method_config=given, **attacked)).method_plans()
+    plan = resolve_plan(RunConfig(methods=["difftpt"], method_config={"difftpt": {"n_diffusion": 0}}, **attacked))
+    assert plan.method_configs()["difftpt"].n_diffusion == 0
+
+
 def test_all_leaves_it_out_without_its_folder_and_says_so(caplog, folder):
     import logging
 

@@ -194,7 +194,8 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
         return problem
     from ..methods.catalogue.declarations import left_out_of_all  # torch-free: a spec's config_problem
     for name in config.methods:   # named: a config a run cannot use (DiffTPT without its folder); "all" leaves it out
-        problem = left_out_of_all(name, config.method_config) if name in entries else None
+        problem = left_out_of_all(name, config.method_config, config.settings() != ["clean"]) if name in entries \
+            else None
         if problem:
             return problem
     undecided = catalogue_undecided(config, datasets)
@@ -275,10 +276,11 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
 
 
 def expand_methods(names: Sequence[str], model: str | None = None,
-                   method_config: Mapping[str, Any] | None = None) -> list[str]:
+                   method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> list[str]:
     """Method names with "all" expanded, in registry order, each once. Where `model`'s name tells its image tower,
     "all" leaves out the methods bound to another tower (their spec's `towers`), and those whose config under
-    `method_config` a run cannot use (`left_out_of_all`: DiffTPT without its folder), saying so in one logged line
+    `method_config` a run (`attacked`: with an attacked setting) cannot use (`left_out_of_all`: DiffTPT without its
+    folder), saying so in one logged line
     each; a method named explicitly stays (and is refused in one line: `settings_problem`)."""
     from ..methods.base import get_method_class, list_methods
     from ..methods.catalogue.declarations import left_out_of_all, spec, tower_of_name
@@ -290,7 +292,7 @@ def expand_methods(names: Sequence[str], model: str | None = None,
                                             ", ".join(n for n in every if n not in fitting))
     if "all" in names:
         for n in list(fitting):
-            reason = left_out_of_all(n, method_config)
+            reason = left_out_of_all(n, method_config, attacked)
             if reason:
                 fitting.remove(n)
                 logging.getLogger(__name__).warning("methods 'all' leaves out %s (%s)", n, reason)

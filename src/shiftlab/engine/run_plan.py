@@ -150,7 +150,7 @@ def expand_names(config: Any) -> list[str]:
     from ..methods.catalogue.method_config import method_spec
     tower = tower_of_name(config.model)
     every = [n for n in spec_names() if (tower is None or tower in method_spec(n).towers)
-             and not left_out_of_all(n, config.method_config)]
+             and not left_out_of_all(n, config.method_config, config.settings() != ["clean"])]
     return list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
 
 
@@ -209,7 +209,7 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
             if problem:
                 raise PlanError(problem)
             spec = method_spec(name)
-            unusable.append(spec.config_problem(cfg))
+            unusable.append(spec.config_problem(cfg, config.settings() != ["clean"]))
             plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
     problem = next((p for p in unusable if p), None)
     if problem:

@@ -297,9 +297,10 @@ class MethodSpec:
         return cls.min_views
 
     @classmethod
-    def config_problem(cls, config: Any) -> str | None:
+    def config_problem(cls, config: Any, attacked: bool = False) -> str | None:
         """Why a run (or `create_method`) cannot use `config` although each field is in its range (DiffTPT: the
-        folder of generated views it reads is unset or missing), as one line, or None. Torch-free: a run plan
+        folder of generated views it reads is unset or missing; `attacked`: in a run with an attacked setting, the
+        generated views of an attacked image), as one line, or None. Torch-free: a run plan
         (`engine.run_plan.resolve_plan`) asks it before torch is imported."""
         return None
 
@@ -405,7 +406,7 @@ def refusal(name: str) -> str | None:
     return f"{name} is registered but cannot run here: {reason}" if reason else None
 
 
-def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None) -> str | None:
+def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> str | None:
     """Why `--methods all` leaves method `name` out under the run's `method_config` ({name: {field: value}}), or
     None: its config (its defaults <- the run's values for it) is in range but one a run cannot use
     (`MethodSpec.config_problem`: DiffTPT without its folder of generated views). Named explicitly, it is refused
@@ -415,7 +416,7 @@ def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None) -
         config = make_config(cls, **dict((method_config or {}).get(name, {})))
     except (TypeError, ValueError):
         return None
-    return cls.config_problem(config)
+    return cls.config_problem(config, attacked)
 
 
 def spec(name: str) -> type[MethodSpec]:
