@@ -50,6 +50,11 @@ def _cases(tmp) -> list[tuple[list[str], int, list[str]]]:
          ["mta: needs at least 6 views (incl. the original), got 4", "--set mta.views=6"]),
         (run + [str(tmp), "--model", "RN5O"], 1, ["error: model: unknown model 'RN5O'", "did you mean RN50"]),
         # a registered method that cannot run on CLIP (GTTA: labelled source data), with its reason
+        # DiffTPT without its folder of generated views (or one that does not exist), never run as plain TPT
+        (run + [str(tmp), "--methods", "difftpt"], 2,
+         ["difftpt: diffusion_views is unset", "--set difftpt.diffusion_views=DIR", "--set difftpt.n_diffusion=0"]),
+        (run + [str(tmp), "--methods", "difftpt", "--set", f"difftpt.diffusion_views={missing}"], 2,
+         [f"difftpt.diffusion_views: {missing}: no such folder of diffusion views"]),
         (run + [str(tmp), "--methods", "tent,gtta"], 2,
          ["--methods: gtta is registered but cannot run here: it trains on labelled source images"]),
         (run + [missing, "--model", "RN5O"], 1, ["dataset imagenet-r: imagenet-r root does not exist",   # at once

@@ -342,6 +342,7 @@ def test_corruption_suite_of_every_method_from_generated_corruptions(tmp_path, t
                                          "reward_seed": 1}.items()]   # its offline stand-in: no download
     # COSMIC's offline DINOv2 (random weights, the small architecture)
     rlcf += ["cosmic.dino_pretrained=none", "cosmic.dino_model=vit_small_patch14_reg4_dinov2"]
+    rlcf += ["difftpt.n_diffusion=0"]   # DiffTPT without a folder of generated views (else `all` leaves it out)
     out = tmp_path / "suite"
     assert _run(tmp_path, tiny_checkpoint, out, "--suite", "corruption", "--dataset", "imagenet-r", "--corruptions",
                 "fog,contrast", "--methods", "all", "--views", "8", *[a for s in rlcf for a in ("--set", s)]) == 0

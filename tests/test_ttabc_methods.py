@@ -38,6 +38,7 @@ MAPPED = {
     "calip.py": "calip",
     "ctpt.py": "ctpt",
     "deyo.py": "deyo",
+    "difftpt.py": "difftpt",
     "dmn.py": "dmn_zs",
     "dota.py": "dota",
     "dpe.py": "dpe",
@@ -63,7 +64,6 @@ MAPPED = {
 # TTABC file -> (the registry name issue 42 plans, why it is not registered yet). Must shrink to empty.
 PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
-    "difftpt.py": ("difftpt", "issue 42: DiffTPT (chunmeifeng/DiffTPT, diffusion views), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
     "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
                        "added"),

@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +192,12 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
                or run_augmix_problem(config, [n for n in names if n in entries and entries[n]["uses_views"]]))
     if problem:
         return problem
+    from ..methods.catalogue.declarations import left_out_of_all  # torch-free: a spec's config_problem
+    for name in config.methods:   # named: a config a run cannot use (DiffTPT without its folder); "all" leaves it out
+        problem = left_out_of_all(name, config.method_config, config.settings() != ["clean"]) if name in entries \
+            else None
+        if problem:
+            return problem
     undecided = catalogue_undecided(config, datasets)
     for name in names:
         entry = entries.get(name)
@@ -269,18 +275,27 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
     return max(1, min(16, per_process - 1)) if device.type == "cuda" else 1
 
 
-def expand_methods(names: Sequence[str], model: str | None = None) -> list[str]:
+def expand_methods(names: Sequence[str], model: str | None = None,
+                   method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> list[str]:
     """Method names with "all" expanded, in registry order, each once. Where `model`'s name tells its image tower,
-    "all" leaves out the methods bound to another tower (their spec's `towers`), saying so in one logged line;
-    a method named explicitly stays (and is refused in one line: `settings_problem`)."""
+    "all" leaves out the methods bound to another tower (their spec's `towers`), and those whose config under
+    `method_config` a run (`attacked`: with an attacked setting) cannot use (`left_out_of_all`: DiffTPT without its
+    folder), saying so in one logged line
+    each; a method named explicitly stays (and is refused in one line: `settings_problem`)."""
     from ..methods.base import get_method_class, list_methods
-    from ..methods.catalogue.declarations import spec, tower_of_name
+    from ..methods.catalogue.declarations import left_out_of_all, spec, tower_of_name
     tower = tower_of_name(model) if model else None
     every = list_methods()
     fitting = [n for n in every if tower is None or tower in spec(n).towers]
     if "all" in names and len(fitting) < len(every):
         logging.getLogger(__name__).warning("methods 'all' on %s leaves out %s (another image tower only)", model,
                                             ", ".join(n for n in every if n not in fitting))
+    if "all" in names:
+        for n in list(fitting):
+            reason = left_out_of_all(n, method_config, attacked)
+            if reason:
+                fitting.remove(n)
+                logging.getLogger(__name__).warning("methods 'all' leaves out %s (%s)", n, reason)
     out: list[str] = []
     for name in names:
         for n in (fitting if name == "all" else [name]):

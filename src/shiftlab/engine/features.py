@@ -120,7 +120,8 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     dist = distributed.context()
     device = resolve_device(config.device)
     # a copy: the caller's config is not changed; methods that need pixels have nothing to store
-    config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods, config.model)
+    config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods, config.model,
+                                                                            config.method_config)
                                                   if not get_method_class(n).spec.needs_pixels])
     if dataset is None or model is None:   # as `shiftlab encode` starts (its methods' own models are not needed)
         given = {config.dataset: dataset} if dataset is not None else None

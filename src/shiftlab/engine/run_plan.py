@@ -148,11 +148,13 @@ class RunPlan:
 
 def expand_names(config: Any) -> list[str]:
     """The run's method names with "all" expanded from the specs (no torch): every registered method whose image
-    towers include the one `config.model`'s name tells, in registry order, each once (as `expand_methods`)."""
-    from ..methods.catalogue.declarations import spec_names, tower_of_name
+    towers include the one `config.model`'s name tells and whose config the run can use (`left_out_of_all`), in
+    registry order, each once (as `expand_methods`)."""
+    from ..methods.catalogue.declarations import left_out_of_all, spec_names, tower_of_name
     from ..methods.catalogue.method_config import method_spec
     tower = tower_of_name(config.model)
-    every = [n for n in spec_names() if tower is None or tower in method_spec(n).towers]
+    every = [n for n in spec_names() if (tower is None or tower in method_spec(n).towers)
+             and not left_out_of_all(n, config.method_config, config.settings() != ["clean"])]
     return list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
 
 
@@ -197,6 +199,7 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
         raise PlanError(problem)
     resolved = dataclasses.replace(config, methods=names)
     plans: dict[str, dict[str, MethodPlan]] = {}
+    unusable: list[str | None] = []   # a config in range that a run cannot use (a missing folder): after the ranges
     for dataset in dict.fromkeys(datasets or [config.dataset]):
         canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
         plans[dataset] = {}
@@ -210,5 +213,9 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
             if problem:
                 raise PlanError(problem)
             spec = method_spec(name)
+            unusable.append(spec.config_problem(cfg, config.settings() != ["clean"]))
             plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
+    problem = next((p for p in unusable if p), None)
+    if problem:
+        raise PlanError(problem)
     return RunPlan(resolved, tuple(plans), plans, attack)

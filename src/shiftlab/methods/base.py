@@ -121,6 +121,9 @@ class Method(metaclass=_MethodType):
         self.model = model
         self.classnames = check_classnames(classnames, allow_duplicate_names)
         self.config = check_method_config(spec, config if config is not None else spec.config_class())
+        problem = spec.config_problem(self.config)
+        if problem:   # what a run plan refuses before torch (a folder the method reads that is missing)
+            raise ValueError(problem)
         # a method bound to some image towers (its spec's `towers`): the loaded tower decides, in one line
         if tuple(spec.towers) != method_specs.TOWERS:
             from ..models.tower_tokens import tower_kind

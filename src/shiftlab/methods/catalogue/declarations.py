@@ -297,6 +297,14 @@ class MethodSpec:
         return cls.min_views
 
     @classmethod
+    def config_problem(cls, config: Any, attacked: bool = False) -> str | None:
+        """Why a run (or `create_method`) cannot use `config` although each field is in its range (DiffTPT: the
+        folder of generated views it reads is unset or missing; `attacked`: in a run with an attacked setting, the
+        generated views of an attacked image), as one line, or None. Torch-free: a run plan
+        (`engine.run_plan.resolve_plan`) asks it before torch is imported."""
+        return None
+
+    @classmethod
     def kind(cls) -> str:
         """"episodic" or "online" (its capabilities' state)."""
         return cls.capabilities.state
@@ -396,6 +404,19 @@ def refusal(name: str) -> str | None:
     method."""
     reason = refused_methods().get(name)
     return f"{name} is registered but cannot run here: {reason}" if reason else None
+
+
+def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> str | None:
+    """Why `--methods all` leaves method `name` out under the run's `method_config` ({name: {field: value}}), or
+    None: its config (its defaults <- the run's values for it) is in range but one a run cannot use
+    (`MethodSpec.config_problem`: DiffTPT without its folder of generated views). Named explicitly, it is refused
+    with that reason instead; a value out of range is left to the run's own check (None here)."""
+    cls = spec(name)
+    try:
+        config = make_config(cls, **dict((method_config or {}).get(name, {})))
+    except (TypeError, ValueError):
+        return None
+    return cls.config_problem(config, attacked)
 
 
 def spec(name: str) -> type[MethodSpec]:

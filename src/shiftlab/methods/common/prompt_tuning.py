@@ -71,6 +71,16 @@ class PromptTuning(Method):
         """The views the first step selected (B, k), once per tuning, before the first loss (RLCF encodes
         them with its reward model here)."""
 
+    def select(self, view_logits: torch.Tensor) -> torch.Tensor:
+        """The views the loss reads, chosen once at the first step: (B, N, C) logits -> (B, k) view indices; TPT's
+        lowest-entropy `selection_ratio` of them (DiffTPT filters by cosine similarity to view 0 first)."""
+        return select_confident(view_logits, self.config.selection_ratio)
+
+    def tuning_features(self, ctxs: Sequence[SampleContext]) -> torch.Tensor:
+        """The (B, N, D) frozen view features a group of samples is tuned and read out on, view 0 first: the
+        contexts' own views (DiffTPT appends its diffusion views)."""
+        return torch.stack([c.image_features for c in ctxs])
+
     def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Tuned class features (B, C, D) -> logits (B, C) and extras."""
         scale = self.model.logit_scale
@@ -99,7 +109,7 @@ class PromptTuning(Method):
                 logits = scale * torch.einsum("bnd,bcd->bnc", image_features.to(text.dtype), text)
             logits = logits.float()
             if selected is None:  # the authors select once, at the first step, and keep the views
-                selected = select_confident(logits.detach(), cfg.selection_ratio)   # (B, k)
+                selected = self.select(logits.detach())   # (B, k)
                 self.on_selection(selected)
             chosen = torch.gather(logits, 1, selected.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
             losses, step_extras = self.loss(chosen, text.float())
@@ -151,7 +161,7 @@ class PromptTuning(Method):
         return self._predict_group([ctx])[0]
 
     def _predict_group(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
-        feats = torch.stack([c.image_features for c in ctxs])                      # (B, N, D)
+        feats = self.tuning_features(ctxs)                                         # (B, N, D)
         with torch.enable_grad():
             tuned, extras = self.tune(feats)
         with torch.no_grad(), self.precision.autocast():
