@@ -18,7 +18,7 @@ from _golden import FEATURES, LOGITS, LOSS, PARAMS, assert_close, check_margin, 
 from shiftlab import SampleContext
 from shiftlab.methods.gs_bias.method import top_patches, tune_biases
 from shiftlab.methods.gs_bias.spec import GSBiasConfig
-from shiftlab.methods.heads import text_head
+from shiftlab.methods.head_kinds import text_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSNAMES = ["cat", "dog", "car", "tree", "boat"]

@@ -17,6 +17,7 @@ from ...views.generator import base_view, to_uint8_tensor
 from ..common.confidence import n_selected, select_confident
 from ..common.prompt_tuning import PromptTuning
 from ..frozen_encoder import FrozenEncoder
+from ..kinds import EpisodicMethod
 from .spec import DiffTPTSpec
 from .views_folder import folder_digest, read_manifest, view0_key
 
@@ -32,7 +33,7 @@ def cosine_then_confident(view_logits: torch.Tensor, cosine_ratio: float, entrop
     return torch.gather(candidates, 1, select_confident(chosen, entropy_ratio))
 
 
-class DiffTPT(PromptTuning):
+class DiffTPT(PromptTuning, EpisodicMethod):
     """DiffTPT: TPT's loss on the views the cosine filter and the entropy selection keep, diffusion views appended."""
     spec = DiffTPTSpec
 

@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from ...models.tower_tokens import image_tokens, tower_kind
-from ..base import Method, MethodOutput
+from ..base import MethodOutput
 from ..common.confidence import marginal_entropy_as_tpt, select_confident
 from ..context import SampleContext
-from ..heads import text_head
+from ..head_kinds import text_head
+from ..kinds import EpisodicMethod
 from .spec import GSBiasConfig, GSBiasSpec
 
 
@@ -87,7 +88,7 @@ def tune_biases(view_logits: torch.Tensor, patch_logits: torch.Tensor, cfg: GSBi
     return out
 
 
-class GSBias(Method):
+class GSBias(EpisodicMethod):
     """GS-Bias: a global and a spatial logit bias, tuned on one image's views and patch tokens, then reset."""
     spec = GSBiasSpec
 
