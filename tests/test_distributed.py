@@ -313,6 +313,26 @@ def test_simulated_two_ranks_equal_single_process(data_root, tiny_model, online_
         _strip(record_files.iter_records(tmp_path / "ref" / "records.jsonl"))
 
 
+@pytest.mark.parametrize("target", ["transfer", "adaptive"])
+def test_simulated_robust_run_over_two_ranks_killed_and_resumed_equals_single_process(data_root, tiny_model, tmp_path,
+                                                                                     monkeypatch, target):
+    """Robust runs spread and resume as clean runs do (issue #41): PGD, clean and attacked settings, transfer or
+    through the adaptation, 2 ranks with rank 0 killed mid-stream and resumed: the records of one process."""
+    dataset = build_dataset("imagenet-r", str(data_root))
+    methods = ["zeroshot", "tpt"]
+    robust = {"attack": {"name": "pgd", "eps": 4 / 255, "alpha": 1 / 255, "steps": 2}, "clean_and_robust": True,
+              "attack_target": target, "method_config": {"tpt": {"steps": 1}}}
+    _simulate(monkeypatch, tiny_model, dataset, tmp_path / "ref", methods, 1, 0, **robust)
+    reference = list(record_files.iter_records(tmp_path / "ref" / "records.jsonl"))
+    assert {r["setting"] for r in reference} == {"clean", *(["pgd"] if target == "transfer" else ["pgd-adaptive"])}
+    out = tmp_path / "run"
+    _simulate(monkeypatch, tiny_model, dataset, out, methods, 2, 1, **robust)
+    _simulate(monkeypatch, tiny_model, dataset, out, methods, 2, 0, crash_after=1, **robust)   # killed mid-stream
+    summary = _simulate(monkeypatch, tiny_model, dataset, out, methods, 2, 0, **robust)        # resumed: merges
+    assert summary["errors"] == 0 and summary["timings"]["ranks"] == 2
+    assert _strip(record_files.iter_records(out / "records.jsonl")) == _strip(reference)
+
+
 # -- real torchrun jobs (CPU, gloo) ----------------------------------------------------------
 
 ALL = f"zeroshot,tpt,view_ensemble,{ONLINE}"
