@@ -137,9 +137,9 @@ def open_set_run(data, tmp_path_factory) -> Path:
     from shiftlab.engine.config import RunConfig, expand_methods
     from shiftlab.engine.loop import run
     from shiftlab.synthetic import tiny_clip
-    methods = expand_methods(["all"], "shiftlab-tiny")
     from _records import small_config
-    offline = {n: small_config(n) for n in methods}   # the specs' small test configs
+    offline = {n: small_config(n) for n in shiftlab.list_methods()}   # the specs' small test configs
+    methods = expand_methods(["all"], "shiftlab-tiny", offline)       # DiffTPT without diffusion views runs
     out = tmp_path_factory.mktemp("openset-run") / "run"
     run(RunConfig(dataset="imagenet-r", data=str(data), model="shiftlab-tiny", pretrained=None, methods=methods,
                   method_config=offline, views=8, out=str(out), workers=0, batch_size=4, progress=False,
