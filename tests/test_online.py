@@ -25,6 +25,7 @@ from shiftlab.methods.common.dmn_memory import DynamicMemory, memory_logits
 from shiftlab.methods.common.tda_cache import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.rundir import record_files
+from shiftlab.rundir.records import budget_setting
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
@@ -340,12 +341,41 @@ def test_engine_equals_a_replay_of_the_stream(data, tmp_path):
             assert rec["extras"] == out.extras
 
 
-def test_online_methods_refuse_a_mixed_clean_and_attacked_stream(data, tmp_path):
-    cfg = RunConfig(data=str(data), methods=["zeroshot", "tda"], views=8, workers=0, progress=False,
-                    out=str(tmp_path / "run"), attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020,
-                                                       "steps": 1}, clean_and_robust=True)
-    with pytest.raises(ValueError, match="one stream"):
-        run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+# a transfer and an adaptive attack at two budgets, one step each: the settings of issue 41's command, made cheap
+SEVERAL = {"name": "pgd", "eps": [1 / 255, 4 / 255], "alpha": 1 / 1020, "steps": 1}
+
+
+def _settings_alone(base: dict, tmp_path: Path, model, dataset) -> list[dict]:
+    """The records of one run per setting of `base` with SEVERAL --clean-and-robust --attack-target both: clean
+    (no attack), and each budget alone, by transfer and adaptively."""
+    run(RunConfig(**base, out=str(tmp_path / "clean")), model=model, dataset=dataset)
+    out = _records(tmp_path / "clean")
+    for eps in SEVERAL["eps"]:
+        for target in ("transfer", "adaptive"):
+            one = tmp_path / f"{target}{eps}"
+            run(RunConfig(**base, out=str(one), attack={**SEVERAL, "eps": [eps]}, attack_target=target),
+                model=model, dataset=dataset)
+            # a run of one budget names its setting after the attack alone ("pgd", "pgd-adaptive")
+            out += [{**r, "setting": r["setting"].replace("pgd", budget_setting("pgd", eps))} for r in _records(one)]
+    return sorted(out, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["tda", "tent"])
+def test_online_methods_adapt_along_each_settings_stream_as_a_run_of_that_setting_alone(method, data, tmp_path):
+    """A run of several settings (clean, two budgets by transfer and adaptively) gives an online method one state
+    per setting: its records for each setting are those of a run of that setting alone (one shared state would
+    adapt along every setting's samples interleaved, and its clean records would see attacked samples)."""
+    dataset, model = build_dataset("imagenet-r", data), tiny_clip(0)
+    base = dict(data=str(data), methods=[method, "zeroshot"], method_config=FAST, views=8, workers=0,
+                progress=False, batch_size=2, seed=2, device="cpu", limit=4)
+    run(RunConfig(**base, out=str(tmp_path / "several"), attack=SEVERAL, attack_target="both", clean_and_robust=True),
+        model=model, dataset=dataset)
+    several = _records(tmp_path / "several")
+    assert {r["setting"] for r in several} == {"clean", "pgd@eps1", "pgd@eps4", "pgd@eps1-adaptive",
+                                               "pgd@eps4-adaptive"}
+    assert len(several) == 4 * 2 * 5 and not [r for r in several if "error" in r]
+    assert several == _settings_alone(base, tmp_path, model, dataset)
 
 
 class _Crash(Exception):
