@@ -535,6 +535,32 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
 
 
 @pytest.mark.slow
+def test_a_run_of_several_settings_killed_between_checkpoint_and_records_resumes_each_settings_state(
+        data, tmp_path, tiny_checkpoint, capsys):
+    """Killed after the 1st of 2 samples' online checkpoint, before its records are appended: the checkpoint holds
+    TDA's and TENT's state for each of the 5 settings, the resume restores the 1st sample's records from it and
+    continues each setting's state (no replay) to the records of an uninterrupted run."""
+    argv = _sigkill_argv(data, tiny_checkpoint)
+    argv[argv.index("--methods") + 1] = "tda,tent"
+    argv += ["--limit", "2", "--attack", "pgd", "--eps", "1/255,4/255", "--attack-target", "both",
+             "--clean-and-robust", "--set", "attack.steps=1"]
+    settings = {"clean", "pgd@eps1", "pgd@eps4", "pgd@eps1-adaptive", "pgd@eps4-adaptive"}
+    assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "killed"
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_checkpoint:1") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert record_files.load_records(out) == []
+    states = torch.load(out / "online_state.pt", weights_only=True)["states"]
+    assert {n: set(states[n]["settings"]) for n in states} == {"tda": settings, "tent": settings}
+    capsys.readouterr()
+    assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "; 10 online record(s) restored from the last checkpoint" in err and "replay" not in err
+    assert _records(out) == _records(tmp_path / "whole")
+
+
+@pytest.mark.slow
 def test_resume_on_another_stream_is_refused(data, tmp_path):
     """An online state continued along a different stream (another seed) would silently mix two streams."""
     base = dict(data=str(data), methods=["tda"], method_config=FAST, views=8, workers=0, progress=False,

@@ -376,10 +376,10 @@ def test_bad_adaptive_flags_are_refused_in_python_too(tmp_path):
 
 # -- issue 41's done-when command on the tiny ViT ------------------------------------------------------------------
 
-DONE_WHEN_EPISODIC = "zeroshot,tpt,mta,rtpt,ttc,tapt"
+DONE_WHEN_METHODS = "zeroshot,tpt,mta,tda,tent,rtpt,ttc,tapt"   # issue 41's command
 
 
-def _done_when_argv(data: Path, out: Path, stats: dict[str, Path], methods: str = DONE_WHEN_EPISODIC) -> list[str]:
+def _done_when_argv(data: Path, out: Path, stats: dict[str, Path], methods: str = DONE_WHEN_METHODS) -> list[str]:
     small = ["attack.steps=1", "attack.queries=2", "attack.targets=1", "attack.attack_misclassified=True",
              "tapt.align_layer_to=5", *(f"tapt.{k}={v}" for k, v in stats.items())]
     return ["run", "--allow-partial", "--data", str(data), "--model", "shiftlab-tiny-vit", "--pretrained", "none",
@@ -392,12 +392,12 @@ def _done_when_argv(data: Path, out: Path, stats: dict[str, Path], methods: str 
 @pytest.mark.slow
 def test_the_issue_41_command_runs_resumes_after_a_kill_and_reports_each_setting(tmp_path):
     """`--attack autoattack --eps 1/255,4/255` through the adaptation (and by transfer, and clean: --attack-target
-    both --clean-and-robust) for issue 41's episodic methods on the tiny ViT (TAPT needs one; its statistics files
-    random stand-ins in their format): it runs, a run killed after its first sample resumes to the same records,
-    and summary.json and summary.md hold clean / transfer / adaptive per method and budget with the sanity checks
-    (the report reads the same settings: test_transfer_and_adaptive_side_by_side). Its online methods (TDA, TENT)
-    adapt along one stream and cannot share it between settings: refused in one line naming the settings."""
-    from shiftlab.engine.config import RunConfig, settings_problem
+    both --clean-and-robust) for issue 41's methods on the tiny ViT (TAPT needs one; its statistics files random
+    stand-ins in their format): it runs, a run killed after its first sample resumes to the same records (the
+    online TDA and TENT from their checkpointed state per setting), and summary.json and summary.md hold clean /
+    transfer / adaptive per method and budget with the sanity checks (the report reads the same settings:
+    test_transfer_and_adaptive_side_by_side). That each online setting's records are those of a run of that
+    setting alone: tests/test_online.py."""
     data = make_imagenet_r(tmp_path / "data", classes=[3, 50], per_class=1, size=(64, 64))
     gen = torch.Generator().manual_seed(0)
     stats = {}
@@ -407,7 +407,7 @@ def test_the_issue_41_command_runs_resumes_after_a_kill_and_reports_each_setting
                    stats[name])
     assert cli_main(_done_when_argv(data, tmp_path / "whole", stats)) == 0
     whole = json_lines(tmp_path / "whole" / "records.jsonl")
-    methods = DONE_WHEN_EPISODIC.split(",")
+    methods = DONE_WHEN_METHODS.split(",")
     settings = ["clean", "autoattack@eps1", "autoattack@eps4", "autoattack@eps1-adaptive", "autoattack@eps4-adaptive"]
     assert sorted((r["method"], r["setting"]) for r in whole) == sorted(
         (m, s) for m in methods for s in settings for _ in range(2))
@@ -433,9 +433,3 @@ def test_the_issue_41_command_runs_resumes_after_a_kill_and_reports_each_setting
     md = (out / "summary.md").read_text()
     assert "| robust top-1 (autoattack@eps4) |" in md and "| adaptive robust top-1 (autoattack@eps4-adaptive) |" in md
 
-    cfg = RunConfig(data=str(data), methods=["tpt", "tda", "tent"], attack={"name": "autoattack", "eps": [1 / 255,
-                    4 / 255]}, attack_target="adaptive")
-    assert settings_problem(cfg) == (
-        "online methods (tda, tent) adapt along one stream and would mix the samples of this run's 2 attacked "
-        "settings (autoattack@eps1-adaptive, autoattack@eps4-adaptive: several budgets or attack_target= both); run "
-        "them once per setting, or leave them out of methods=")
