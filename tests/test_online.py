@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import signal
 from pathlib import Path
@@ -536,14 +537,17 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
 @pytest.mark.slow
 def test_a_run_of_several_settings_killed_between_checkpoint_and_records_resumes_each_settings_state(
         data, tmp_path, tiny_checkpoint, capsys):
-    """Killed after the 1st of 2 samples' online checkpoint, before its records are appended: the checkpoint holds
-    TDA's and TENT's state for each of the 5 settings, the resume restores the 1st sample's records from it and
-    continues each setting's state (no replay) to the records of an uninterrupted run."""
+    """Issue 41's command (`--attack autoattack --eps 1/255,4/255`, adaptive, here with transfer and clean too) for
+    its online methods TDA and TENT on the tiny CLIP, killed after the 1st of 2 samples' online checkpoint, before
+    its records are appended: the checkpoint holds their state for each of the 5 settings, the resume restores the
+    1st sample's records from it and continues each setting's state (no replay) to the records of an uninterrupted
+    run, and summary.json scores each setting. (Its episodic methods: tests/attacks/test_adaptive.py.)"""
     argv = _sigkill_argv(data, tiny_checkpoint)
     argv[argv.index("--methods") + 1] = "tda,tent"
-    argv += ["--limit", "2", "--attack", "pgd", "--eps", "1/255,4/255", "--attack-target", "both",
-             "--clean-and-robust", "--set", "attack.steps=1"]
-    settings = {"clean", "pgd@eps1", "pgd@eps4", "pgd@eps1-adaptive", "pgd@eps4-adaptive"}
+    small = ["attack.steps=1", "attack.queries=2", "attack.targets=1", "attack.attack_misclassified=True"]
+    argv += ["--limit", "2", "--attack", "autoattack", "--eps", "1/255,4/255", "--attack-target", "both",
+             "--clean-and-robust", *[a for item in small for a in ("--set", item)]]
+    settings = {"clean", "autoattack@eps1", "autoattack@eps4", "autoattack@eps1-adaptive", "autoattack@eps4-adaptive"}
     assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
     out = tmp_path / "killed"
     with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_checkpoint:1") as child:
@@ -557,6 +561,11 @@ def test_a_run_of_several_settings_killed_between_checkpoint_and_records_resumes
     err = capsys.readouterr().err
     assert "; 10 online record(s) restored from the last checkpoint" in err and "replay" not in err
     assert _records(out) == _records(tmp_path / "whole")
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("tda", "tent"):
+        m = summary["methods"][name]
+        assert set(m["robust_by_setting"]) == {"autoattack@eps1", "autoattack@eps4"}
+        assert m["adaptive_by_setting"]["autoattack@eps4-adaptive"]["mode"] == spec(name).adaptive.label
 
 
 @pytest.mark.slow
