@@ -151,8 +151,8 @@ def check_run_config(config: object) -> RunConfig:
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
     """The first reason a run of `config` cannot work, as one line, or None (`engine.run_plan.resolve_plan`'s
-    PlanError: an attack config its attack refuses, a method whose
-    effective config is refused on one of `datasets` (default: the run's), e.g. MTA under 4 views, ...).
+    PlanError: an attack config its attack refuses, a method whose effective config is refused on one of
+    `datasets` (default: the run's), e.g. MTA under 4 views, ...).
     Until the method registry is imported, what the method catalogue can answer is answered from it first
     (`catalogue_problem`), so a refused command line never waits for torch."""
     return plan_or_problem(config, datasets)[1]
