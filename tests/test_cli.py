@@ -203,13 +203,16 @@ def test_bad_checkpoint_is_one_line(data, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_online_methods_with_clean_and_robust_refused_before_any_work(tmp_path, capsys):
+def test_online_methods_with_clean_and_robust_run_each_setting(data, tmp_path, capsys, tiny_checkpoint):
+    """An online method in a clean-and-robust run is no longer refused: it runs with one state per setting
+    (tests/test_online.py checks those records against one run per setting)."""
     out = tmp_path / "run"
-    code = cli_main(run_argv(tmp_path, tmp_path / "no.pt", out, "--methods", "zeroshot,tda", "--attack", "pgd",
-                             "--clean-and-robust"))
-    assert code == 2
-    one_line_error(capsys, code, "--clean-and-robust", "tda")
-    assert not out.exists()
+    code = cli_main(run_argv(data, tiny_checkpoint, out, "--methods", "zeroshot,tda", "--attack", "pgd",
+                             "--set", "attack.steps=1", "--clean-and-robust", "--no-progress"))
+    assert code == 0, capsys.readouterr().err
+    recs = record_files.load_records(out)
+    assert sorted((r["method"], r["setting"]) for r in recs if "error" not in r) == sorted(
+        (m, s) for m in ("tda", "zeroshot") for s in ("clean", "pgd") for _ in range(3))
 
 
 def test_failed_download_leaves_no_data_folder(data, tmp_path, capsys, monkeypatch, tiny_checkpoint):

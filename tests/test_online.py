@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import signal
 from pathlib import Path
@@ -25,6 +26,7 @@ from shiftlab.methods.common.dmn_memory import DynamicMemory, memory_logits
 from shiftlab.methods.common.tda_cache import CacheEntry, TDASample, cache_logits, update_cache
 from shiftlab.methods.context import ClassHeads, SampleContext
 from shiftlab.rundir import record_files
+from shiftlab.rundir.records import budget_setting
 from shiftlab.rundir.stream import stream_order
 from shiftlab.synthetic import make_imagenet_r, random_image, tiny_clip
 from shiftlab.views.generator import ViewConfig, ViewGenerator
@@ -340,12 +342,40 @@ def test_engine_equals_a_replay_of_the_stream(data, tmp_path):
             assert rec["extras"] == out.extras
 
 
-def test_online_methods_refuse_a_mixed_clean_and_attacked_stream(data, tmp_path):
-    cfg = RunConfig(data=str(data), methods=["zeroshot", "tda"], views=8, workers=0, progress=False,
-                    out=str(tmp_path / "run"), attack={"name": "pgd", "eps": 1 / 255, "alpha": 1 / 1020,
-                                                       "steps": 1}, clean_and_robust=True)
-    with pytest.raises(ValueError, match="one stream"):
-        run(cfg, model=tiny_clip(0), dataset=build_dataset("imagenet-r", data))
+# a transfer and an adaptive attack at two budgets, one step each: the settings of issue 41's command, made cheap
+SEVERAL = {"name": "pgd", "eps": [1 / 255, 4 / 255], "alpha": 1 / 1020, "steps": 1}
+
+
+def _settings_alone(base: dict, tmp_path: Path, model, dataset) -> list[dict]:
+    """The records of one run per setting of `base` with SEVERAL --clean-and-robust --attack-target both: clean
+    (no attack), and each budget alone, by transfer and adaptively."""
+    run(RunConfig(**base, out=str(tmp_path / "clean")), model=model, dataset=dataset)
+    out = _records(tmp_path / "clean")
+    for eps in SEVERAL["eps"]:
+        for target in ("transfer", "adaptive"):
+            one = tmp_path / f"{target}{eps}"
+            run(RunConfig(**base, out=str(one), attack={**SEVERAL, "eps": [eps]}, attack_target=target),
+                model=model, dataset=dataset)
+            # a run of one budget names its setting after the attack alone ("pgd", "pgd-adaptive")
+            out += [{**r, "setting": r["setting"].replace("pgd", budget_setting("pgd", eps))} for r in _records(one)]
+    return sorted(out, key=lambda r: (r["id"], r["setting"], r["method"] or ""))
+
+
+@pytest.mark.slow
+def test_online_methods_adapt_along_each_settings_stream_as_a_run_of_that_setting_alone(data, tmp_path):
+    """A run of several settings (clean, two budgets by transfer and adaptively) gives an online method one state
+    per setting: its records for each setting are those of a run of that setting alone (one shared state would
+    adapt along every setting's samples interleaved, and its clean records would see attacked samples)."""
+    dataset, model = build_dataset("imagenet-r", data), tiny_clip(0)
+    base = dict(data=str(data), methods=["tda", "tent", "zeroshot"], method_config=FAST, views=8, workers=0,
+                progress=False, batch_size=2, seed=2, device="cpu", limit=3)
+    run(RunConfig(**base, out=str(tmp_path / "several"), attack=SEVERAL, attack_target="both", clean_and_robust=True),
+        model=model, dataset=dataset)
+    several = _records(tmp_path / "several")
+    assert {r["setting"] for r in several} == {"clean", "pgd@eps1", "pgd@eps4", "pgd@eps1-adaptive",
+                                               "pgd@eps4-adaptive"}
+    assert len(several) == 3 * 3 * 5 and not [r for r in several if "error" in r]
+    assert several == _settings_alone(base, tmp_path, model, dataset)
 
 
 class _Crash(Exception):
@@ -502,6 +532,40 @@ def test_cli_resume_after_sigkill_equals_an_uninterrupted_run(data, tmp_path, ti
     assert (f"; {restored} online record(s) restored from the last checkpoint" in err) if restored else \
         "restored" not in err
     assert _records(out) == _records(uninterrupted_cli_run)
+
+
+@pytest.mark.slow
+def test_a_run_of_several_settings_killed_between_checkpoint_and_records_resumes_each_settings_state(
+        data, tmp_path, tiny_checkpoint, capsys):
+    """Issue 41's command (`--attack autoattack --eps 1/255,4/255`, adaptive, here with transfer and clean too) for
+    its online methods TDA and TENT on the tiny CLIP, killed after the 1st of 2 samples' online checkpoint, before
+    its records are appended: the checkpoint holds their state for each of the 5 settings, the resume restores the
+    1st sample's records from it and continues each setting's state (no replay) to the records of an uninterrupted
+    run, and summary.json scores each setting. (Its episodic methods: tests/attacks/test_adaptive.py.)"""
+    argv = _sigkill_argv(data, tiny_checkpoint)
+    argv[argv.index("--methods") + 1] = "tda,tent"
+    small = ["attack.steps=1", "attack.queries=2", "attack.targets=1", "attack.attack_misclassified=True"]
+    argv += ["--limit", "2", "--attack", "autoattack", "--eps", "1/255,4/255", "--attack-target", "both",
+             "--clean-and-robust", *[a for item in small for a in ("--set", item)]]
+    settings = {"clean", "autoattack@eps1", "autoattack@eps4", "autoattack@eps1-adaptive", "autoattack@eps4-adaptive"}
+    assert cli_main(argv + ["--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "killed"
+    with GatedRun(tmp_path / "gate", [*argv, "--out", str(out)], at="after_checkpoint:1") as child:
+        child.wait_reached()
+        assert child.kill() == -signal.SIGKILL
+    assert record_files.load_records(out) == []
+    states = torch.load(out / "online_state.pt", weights_only=True)["states"]
+    assert {n: set(states[n]["settings"]) for n in states} == {"tda": settings, "tent": settings}
+    capsys.readouterr()
+    assert cli_main(argv + ["--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "; 10 online record(s) restored from the last checkpoint" in err and "replay" not in err
+    assert _records(out) == _records(tmp_path / "whole")
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("tda", "tent"):
+        m = summary["methods"][name]
+        assert set(m["robust_by_setting"]) == {"autoattack@eps1", "autoattack@eps4"}
+        assert m["adaptive_by_setting"]["autoattack@eps4-adaptive"]["mode"] == spec(name).adaptive.label
 
 
 @pytest.mark.slow

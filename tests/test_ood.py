@@ -134,10 +134,10 @@ def test_an_ood_record_has_no_label_and_carries_its_score():
 
 @pytest.fixture(scope="module")
 def open_set_run(data, tmp_path_factory) -> Path:
+    from _records import small_config
     from shiftlab.engine.config import RunConfig, expand_methods
     from shiftlab.engine.loop import run
     from shiftlab.synthetic import tiny_clip
-    from _records import small_config
     offline = {n: small_config(n) for n in shiftlab.list_methods()}   # the specs' small test configs
     methods = expand_methods(["all"], "shiftlab-tiny", offline)       # DiffTPT without diffusion views runs
     out = tmp_path_factory.mktemp("openset-run") / "run"

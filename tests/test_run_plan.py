@@ -59,8 +59,9 @@ def test_all_is_expanded_and_the_attack_filled_in():
 def test_a_refused_setting_is_one_line():
     with pytest.raises(PlanError, match=r"^mta: needs at least 5 views .* got 4"):
         resolve_plan(RunConfig(methods=["mta"], views=4))
-    with pytest.raises(PlanError, match="online methods"):
-        resolve_plan(RunConfig(methods=["tda"], attack={"name": "pgd"}, clean_and_robust=True))
+    # an online method in a run of several settings is planned (one state per setting: engine.setting_states)
+    plan = resolve_plan(RunConfig(methods=["tda"], attack={"name": "pgd"}, clean_and_robust=True))
+    assert plan.config.settings() == ["clean", "pgd"] and plan.method_plans()["tda"].kind == "online"
 
 
 def _effective_config_callers() -> list[tuple[str, str]]:

@@ -151,8 +151,8 @@ def check_run_config(config: object) -> RunConfig:
 
 def settings_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
     """The first reason a run of `config` cannot work, as one line, or None (`engine.run_plan.resolve_plan`'s
-    PlanError: online methods with clean_and_robust, an attack config its attack refuses, a method whose
-    effective config is refused on one of `datasets` (default: the run's), e.g. MTA under 4 views, ...).
+    PlanError: an attack config its attack refuses, a method whose effective config is refused on one of
+    `datasets` (default: the run's), e.g. MTA under 4 views, ...).
     Until the method registry is imported, what the method catalogue can answer is answered from it first
     (`catalogue_problem`), so a refused command line never waits for torch."""
     return plan_or_problem(config, datasets)[1]
@@ -173,18 +173,15 @@ def plan_or_problem(config: RunConfig, datasets: Sequence[str] | None = None) ->
 
 
 def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) -> str | None:
-    """What `settings_problem` refuses that the method catalogue (data, no torch) decides: online methods
-    with clean_and_robust, and a view count below a method's minimum where that minimum is the
-    catalogue's (`catalogue_undecided` lists the methods where it is not)."""
+    """What `settings_problem` refuses that the method catalogue (data, no torch) decides: a method that cannot
+    run here, an attack subset without an attack, an adaptive attack a method cannot take, and a view count below
+    a method's minimum where that minimum is the catalogue's (`catalogue_undecided` lists the methods where it is
+    not)."""
     names = _catalogued_names(config)
     refused = [catalogue.refusal(n) for n in names if catalogue.refusal(n)]
     if refused:
         return refused[0]
     entries = {e["name"]: e for e in catalogue.entries() if e["name"] in names}
-    online = [n for n in names if n in entries and not entries[n]["episodic"]]
-    if online and len(config.settings()) > 1:
-        from .run_plan import online_and_attacked
-        return online_and_attacked(online, config.settings(), config.clean_and_robust)
     if config.attack_subset is not None and (config.attack or {}).get("name", "none") == "none":
         return f"{say('attack_subset')} attacks a subset of the samples, but no attack is chosen: add {say('attack')}"
     from .attack_target import adaptive_problem, run_augmix_problem

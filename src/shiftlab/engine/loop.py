@@ -49,6 +49,7 @@ from .phases import PhaseTimer
 from .prepare import prepare
 from .resuming import check_same_encoding, records_left, say_resuming
 from .run_plan import RunPlan, resolve_plan
+from .setting_states import setting_states
 from .step import (
     Evaluator,
     Runner,
@@ -211,12 +212,15 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
                   names=unfinished_test_set_methods(evaluator, order, settings, done), seed=config.seed)
     state = None
     online_start = 0
+    # several settings: each online method adapts along each setting's stream with a state of its own, from the
+    # state it holds now (after the test-set pass); the checkpoint holds them all
+    per_setting = setting_states(evaluator.methods, online, settings)
     in_files = set(done)   # before any held-back online record is restored from the checkpoint
     finished = config.resume and not records_left(list(evaluator.methods), order, settings, done)
     if finished:   # every record is in the files: the online methods' stream is over, nothing is restored
         online_start = len(order)
     elif online:
-        state = OnlineState(run_dir, {n: evaluator.methods[n] for n in online},
+        state = OnlineState(run_dir, {n: per_setting.get(n, evaluator.methods[n]) for n in online},
                             every_seconds=config.online_checkpoint_seconds, on_checkpoint=hooks.after_checkpoint,
                             every_samples=config.online_checkpoint_samples)
         if config.resume:
@@ -233,7 +237,7 @@ def _run_locked(config: RunConfig, model: ClipModel, dataset, evaluator: Evaluat
     store = open_run_features(config, dist, dataset, model, run_identity) if config.features else None
     runner = Runner(StepContext(evaluator, dataset, views, settings=settings, attacker=attacker, plan=plan,
                                 done=done, timer=timer, online_start=online_start, features=store,
-                                group_views=group_views or {}, eot=config.eot))
+                                group_views=group_views or {}, eot=config.eot, setting_states=per_setting))
     served = store.served(pending, runner.store_keys()) if store is not None else set()
     workers = resolve_workers(config.workers, device, dist)
     loader = DataLoader(ViewDataset(dataset, pending, runner.recipes, served), batch_sampler=plan.batches(pending),

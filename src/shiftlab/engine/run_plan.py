@@ -29,18 +29,6 @@ def recipe_key(recipe: ViewRecipe) -> str:
     return json.dumps(recipe.family.to_dict(), sort_keys=True)
 
 
-def online_and_attacked(online: Sequence[str], settings: Sequence[str] = (), clean_and_robust: bool = True) -> str:
-    # one state would adapt along every setting's stream, interleaved by batch
-    from ..options import say
-    if clean_and_robust:
-        return (f"{say('clean_and_robust')}: online methods ({', '.join(online)}) adapt along one stream and would "
-                f"mix clean and attacked samples; run them once clean and once with {say('attack')}, or leave them "
-                f"out of {say('methods')}")
-    return (f"online methods ({', '.join(online)}) adapt along one stream and would mix the samples of this run's "
-            f"{len(settings)} attacked settings ({', '.join(settings)}: several budgets or {say('attack_target')} "
-            f"both); run them once per setting, or leave them out of {say('methods')}")
-
-
 class PlanError(ValueError):
     """The first reason a run cannot work, as one line (what `settings_problem` returns)."""
 
@@ -184,9 +172,6 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
         problem = tower_problem(method_spec(name), tower_of_name(config.model), config.model)
         if problem:
             raise PlanError(problem)
-    online = [n for n in names if not method_spec(n).capabilities.episodic]
-    if online and len(config.settings()) > 1:
-        raise PlanError(online_and_attacked(online, config.settings(), config.clean_and_robust))
     try:
         attack = attack_config(config.attack)
     except (TypeError, ValueError) as exc:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ..datasets.base import FolderDataset
     from .planning import Plan
     from .run_plan import RunPlan
+    from .setting_states import SettingStates
 
 
 def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed: int) -> dict[str, ViewGenerator]:
@@ -206,7 +207,8 @@ class StepContext:
     to run (default: all of the evaluator's), the `timer`, `online_start` (the stream position from which
     online methods compute), the `features` store, `on_outputs(method, setting, ids, outputs)` (the
     benchmark compares logits) and `group_views` ((recipe family, precision key) -> the fewest views its
-    encodings hold: `--orders`' later orders encode what the first order's methods did)."""
+    encodings hold: `--orders`' later orders encode what the first order's methods did), and, in a run of several
+    settings, each online method's `setting_states` (one state per setting: engine.setting_states)."""
     evaluator: Evaluator
     dataset: FolderDataset   # or what answers as one: samples, image(i), label(i) (a bench's images, domains)
     recipes: Mapping[str, ViewGenerator]
@@ -221,6 +223,8 @@ class StepContext:
     on_outputs: OutputsHook | None = None
     group_views: Mapping[tuple[str, str], int] = field(default_factory=dict)
     eot: int = 1   # `--attack-target adaptive`: draws of a method's random views per attack gradient
+    # several settings: each online method's state per setting (engine.setting_states), loaded for its setting's work
+    setting_states: Mapping[str, SettingStates] = field(default_factory=dict)
 
 
 class Runner:
@@ -244,6 +248,7 @@ class Runner:
         self.on_outputs = context.on_outputs
         self.features = context.features   # a feature_store.RunFeatures, or None
         self.group_views = dict(context.group_views)
+        self.setting_states = {n: s for n, s in context.setting_states.items() if n in self.methods}
         # each method's own frozen encoder of view 0 (COSMIC's DINOv2), computed once per sample and stored
         self.encoders = {n: e for n in self.methods if self.evaluator.methods[n].spec.capabilities.reads_frozen_encoder
                          and (e := self.evaluator.methods[n].frozen_encoder()) is not None}
@@ -430,8 +435,11 @@ class Runner:
         if good:
             ids = [item.sample_id for item in good]
             for setting in self.settings:
-                for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
-                    self._step_recipe(good, ids, setting, recipe, per_sample)
+                with contextlib.ExitStack() as states:   # each online method adapts along this setting's stream
+                    for held in self.setting_states.values():
+                        states.enter_context(held.use(setting))
+                    for recipe in dict.fromkeys(self.recipe_of(n) for n in self.methods):
+                        self._step_recipe(good, ids, setting, recipe, per_sample)
         return [rec for item in batch for rec in per_sample[item.sample_id]]
 
     def _step_recipe(self, good: list[BatchItem], ids: list[int], setting: str, recipe: str,

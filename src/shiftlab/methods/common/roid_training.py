@@ -118,7 +118,7 @@ class RoidTTAMethod(NormTTAMethod):
         mean = self.model.mean.to(pixels.device, pixels.dtype)
         std = self.model.std.to(pixels.device, pixels.dtype)
         images01 = pixels * std + mean
-        from .tta_transforms import tta_transform   # torchvision, only where the consistency loss runs
+        from .tta_transforms import tta_transform  # torchvision, only where the consistency loss runs
         return self.model.normalize(tta_transform(images01, generator, padding_mode="reflect", cotta_augs=False))
 
     def loss(self, logits: torch.Tensor, pixels: torch.Tensor | None = None
