@@ -37,13 +37,13 @@ from ..views.preprocess import Preprocess
 from ..views.recipe import ViewRecipe
 from .phases import PhaseTimer, text_tower_timer
 from .run_plan import recipe_key
+from .setting_states import SettingStates
 
 if TYPE_CHECKING:
     from ..attacks.pixels import ImageAttack
     from ..datasets.base import FolderDataset
     from .planning import Plan
     from .run_plan import RunPlan
-    from .setting_states import SettingStates
 
 
 def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed: int) -> dict[str, ViewGenerator]:
