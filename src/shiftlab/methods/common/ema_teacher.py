@@ -18,6 +18,7 @@ the student's weights to the source ones, and the per-batch generator their rand
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -84,3 +85,27 @@ class MeanTeacher:
     def reset(self, initial: dict[str, torch.Tensor]) -> None:
         """Back to `initial` (the student's initial parameters: both start as the source model)."""
         self.tower.load_norm_state(initial)
+
+
+class TeacherAndUpdates:
+    """Mixed in before `NormTTAMethod` by a method with a `teacher` (a MeanTeacher) and a count of `updates` (each
+    update's random draws are seeded by it, `update_generator`): both restart with the student, are checkpointed beside
+    it and restored exactly; an episodic reset restarts the student, its optimiser and the teacher (the authors' reset
+    reloads all three) while the count runs on, as their global generator does."""
+    teacher: MeanTeacher
+    updates: int
+
+    def reset_extra(self) -> None:
+        self.teacher.reset(self._initial_norm)   # type: ignore[attr-defined]
+        self.updates = 0
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"teacher": self.teacher.state(), "updates": self.updates}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.teacher.load_state(state["teacher"])
+        self.updates = int(state["updates"])
+
+    def episodic_reset(self) -> None:
+        self.reset_tower()                        # type: ignore[attr-defined]
+        self.teacher.reset(self._initial_norm)   # type: ignore[attr-defined]

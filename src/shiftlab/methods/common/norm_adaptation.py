@@ -171,10 +171,14 @@ class NormTower(nn.Module):
 
 def make_optimizer(config: Any, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
     """The optimiser CLIPTTA's `setup_optimizer` builds (abstract_model.py:660-685): Adam / AdamW with eps
-    `adam_eps`, SGD with `momentum` (their SGD passes no weight decay; here `weight_decay` applies to all three)."""
+    `adam_eps`, SGD with `momentum` (their SGD passes no weight decay; here `weight_decay` applies to all three).
+    A config with a `nesterov` field (mariodoebler's methods: their setup_optimizer's SGD, base.py:182-189,
+    dampening 0) takes Nesterov momentum where it is on and the momentum is not 0."""
     params = list(params)
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        nesterov = bool(getattr(config, "nesterov", False)) and config.momentum > 0
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                               nesterov=nesterov)
     cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
 

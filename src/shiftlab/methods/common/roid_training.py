@@ -82,13 +82,6 @@ class RoidTTAMethod(NormTTAMethod):
     """The base of ROID and CMF: the loss, the weighting, the prior correction and the running mean prediction;
     a subclass writes `after_step` (the merge of the weights after each optimiser step)."""
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
     def reset_extra(self) -> None:
         n = len(self.classnames)
         self.class_probs = torch.full((n,), 1 / n, device=self.model.device)   # 1 / C * ones (roid.py:32, 121)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..common.ema_teacher import MeanTeacher, anchor_tower, stochastic_restore_, update_generator
+from ..common.ema_teacher import MeanTeacher, TeacherAndUpdates, anchor_tower, stochastic_restore_, update_generator
 from ..common.norm_adaptation import NormTower, NormTTAMethod
 from ..common.tta_transforms import tta_transform
 from .spec import CoTTASpec
@@ -37,7 +37,7 @@ def consistency_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) ->
     return 0.5 * to_teacher - 0.5 * (student.softmax(1) * teacher.log_softmax(1)).sum(1)
 
 
-class CoTTA(NormTTAMethod):
+class CoTTA(TeacherAndUpdates, NormTTAMethod):
     """CoTTA: a student distilled from its EMA teacher, with stochastic restore to the source weights."""
     spec = CoTTASpec
 
@@ -48,31 +48,6 @@ class CoTTA(NormTTAMethod):
         self.teacher = MeanTeacher(clip, skip, adapt="weights")
         self.anchor = anchor_tower(clip)
         return student
-
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
-    # -- state: the teacher and the count of updates (the seed of each update's draws) ----------------------------
-    def reset_extra(self) -> None:
-        self.teacher.reset(self._initial_norm)
-        self.updates = 0
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"teacher": self.teacher.state(), "updates": self.updates}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.teacher.load_state(state["teacher"])
-        self.updates = int(state["updates"])
-
-    def episodic_reset(self) -> None:
-        """The student, the teacher and the optimiser (their reset reloads all three); their global generator runs on,
-        as the count of updates does here."""
-        self.reset_tower()
-        self.teacher.reset(self._initial_norm)
 
     # -- the computation -------------------------------------------------------------------------------------------
     def augment(self, images01: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

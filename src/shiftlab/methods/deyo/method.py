@@ -87,13 +87,6 @@ class DeYO(NormTTAMethod):
             raise ValueError(f"deyo.patch_len: {n} patches per side of the model's {size} px images leave a patch "
                              f"no pixel; must be <= {size}")
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
     def reset_extra(self) -> None:
         self.generator = torch.Generator().manual_seed(self.config.shuffle_seed)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..common.ema_teacher import MeanTeacher, update_generator
+from ..common.ema_teacher import MeanTeacher, TeacherAndUpdates, update_generator
 from ..common.norm_adaptation import NormTower, NormTTAMethod
 from ..common.tta_transforms import tta_transform
 from .spec import RMTSpec
@@ -38,7 +38,7 @@ def symmetric_cross_entropy(x: torch.Tensor, x_ema: torch.Tensor, alpha: float =
             - alpha * (x.softmax(1) * x_ema.log_softmax(1)).sum(1))
 
 
-class RMT(NormTTAMethod):
+class RMT(TeacherAndUpdates, NormTTAMethod):
     """RMT, source-free: a student trained on the symmetric cross-entropy to its EMA teacher."""
     spec = RMTSpec
 
@@ -54,31 +54,6 @@ class RMT(NormTTAMethod):
         clip, skip = self.model.clip, self.config.skip_top_layers
         self.teacher = MeanTeacher(clip, skip, adapt="weights")
         return NormTower(clip, skip, adapt="weights")
-
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
-    # -- state: the teacher and the count of updates (the seed of each update's draws) ----------------------------
-    def reset_extra(self) -> None:
-        self.teacher.reset(self._initial_norm)
-        self.updates = 0
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"teacher": self.teacher.state(), "updates": self.updates}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.teacher.load_state(state["teacher"])
-        self.updates = int(state["updates"])
-
-    def episodic_reset(self) -> None:
-        """The student, the teacher and the optimiser (their reset reloads them); their global generator runs on, as
-        the count of updates does here."""
-        self.reset_tower()
-        self.teacher.reset(self._initial_norm)
 
     # -- the computation -------------------------------------------------------------------------------------------
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:

@@ -32,13 +32,6 @@ class RPL(NormTTAMethod):
     """RPL: self-learning with the generalised cross-entropy on hard pseudo-labels."""
     spec = RPLSpec
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         cfg = self.config
         losses = []

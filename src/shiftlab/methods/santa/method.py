@@ -50,13 +50,6 @@ class SANTA(NormTTAMethod):
         self.anchor = anchor_tower(self.model.clip)
         return super().make_tower()
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "sgd":        # their setup_optimizer's SGD (base.py:182-189), dampening 0
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov and cfg.momentum > 0)
-        return super().make_optimizer(params)
-
     def reset_extra(self) -> None:
         self.updates = 0
 
