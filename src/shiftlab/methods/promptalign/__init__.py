@@ -1,0 +1,1 @@
+"""PromptAlign: test-time tuning of MaPLe prompts with token-statistics alignment (NeurIPS 2023)."""
