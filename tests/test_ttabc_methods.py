@@ -50,6 +50,7 @@ MAPPED = {
     "oga.py": "oga",
     "onzeta.py": "onzeta",
     "otpt.py": "otpt",
+    "promptalign.py": "promptalign",
     "rlcf.py": "rlcf",
     "rtpt.py": "rtpt",
     "sar.py": "sar",
@@ -65,8 +66,6 @@ MAPPED = {
 PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
     "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
-    "promptalign.py": ("promptalign", "issue 42: PromptAlign (jameelhassan/PromptAlign, MaPLe prompts), not yet "
-                       "added"),
 }
 
 

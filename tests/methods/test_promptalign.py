@@ -65,7 +65,8 @@ def test_text_tower_with_deep_prompts_by_hand(vit):
     assert_close(plain, want, 1e-5, "no deep prompts = encode_text")
     deep = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(0))
     got = text.features(text.init_ctx, deep)
-    x = torch.cat([text.prefix, text.init_ctx.expand(3, -1, -1), text.suffix], 1) + clip.positional_embedding[:text.length]
+    x = torch.cat([text.prefix, text.init_ctx.expand(3, -1, -1), text.suffix], 1)
+    x = x + clip.positional_embedding[:text.length]
     mask = clip.attn_mask[:text.length, :text.length]
     x = clip.transformer.resblocks[0](x, attn_mask=mask)
     x = torch.cat([x[:, :1], deep[0].expand(3, -1, -1), x[:, 3:]], 1)

@@ -46,11 +46,8 @@ class MaPLePrompts(NamedTuple):
         deep = torch.einsum("lnt,lvt->lnv", self.deep_text, self.deep_weight) + self.deep_bias[:, None]
         return torch.cat([shallow[None], deep])
 
-    def detached(self) -> MaPLePrompts:
-        return MaPLePrompts(*(t.detach().clone() for t in self))
-
-    def to(self, *args, **kwargs) -> MaPLePrompts:
-        return MaPLePrompts(*(t.to(*args, **kwargs) for t in self))
+    def to(self, device: torch.device | str) -> MaPLePrompts:
+        return MaPLePrompts(*(t.to(device) for t in self))
 
 
 def checkpoint_keys(depth: int) -> dict[str, list[str]]:
