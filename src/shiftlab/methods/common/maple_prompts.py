@@ -1,14 +1,14 @@
 """MaPLe's multi-modal prompts (Khattak et al., CVPR 2023) over an open_clip CLIP: learnable text context and deep
 text prompts, each projected by its own linear layer into the image tower's deep visual prompts, as PromptAlign's
-`MultiModalPromptLearner` holds them (github.com/jameelhassan/PromptAlign, trainers/prompt_align.py:115-228) and
-MaPLe's checkpoints store them.
+`MultiModalPromptLearner` holds them (github.com/jameelhassan/PromptAlign@9290564, trainers/prompt_align.py:118-296)
+and MaPLe's checkpoints store them.
 
 The learnable tensors (`MaPLePrompts`), in a dassl checkpoint under `prompt_learner.`:
 
 - `ctx` (n_ctx, text width): the text context after [SOS] ("a photo" of "a photo of a {name}." with 2 tokens);
 - `proj` (text width -> vision width): ctx projected is the shallow visual prompt (their `shared_ctx`);
 - `compound_prompts_text.{i}` (n_ctx, text width), i < depth - 1: replace the context tokens at the input of text
-  block i + 1 (`ResidualAttentionBlock_MaPLe`, clip/model.py:319-334);
+  block i + 1 (`ResidualAttentionBlock_MaPLe`, clip/model.py:305-334);
 - `compound_prompt_projections.{i}` (text width -> vision width): project them into the visual prompts of block
   i + 1, which replace the last n_ctx tokens there (methods/common/deep_visual_prompts.py runs the image tower).
 
@@ -84,7 +84,7 @@ def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: 
         fields["deep_weight"] = torch.zeros(0, vision_width, text_width)
         fields["deep_bias"] = torch.zeros(0, vision_width)
     prompts = MaPLePrompts(**fields)
-    want = initial_maple_prompts_shapes(depth, n_ctx, text_width, vision_width)
+    want = maple_prompt_shapes(depth, n_ctx, text_width, vision_width)
     for field, shape in want.items():
         got = tuple(getattr(prompts, field).shape)
         if got != shape:
@@ -93,7 +93,7 @@ def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: 
     return prompts
 
 
-def initial_maple_prompts_shapes(depth: int, n_ctx: int, text_width: int, vision_width: int) -> dict[str, tuple]:
+def maple_prompt_shapes(depth: int, n_ctx: int, text_width: int, vision_width: int) -> dict[str, tuple]:
     d = depth - 1
     return {"ctx": (n_ctx, text_width), "proj_weight": (vision_width, text_width), "proj_bias": (vision_width,),
             "deep_text": (d, n_ctx, text_width), "deep_weight": (d, vision_width, text_width),
@@ -118,7 +118,7 @@ def initial_maple_prompts(ctx: torch.Tensor, depth: int, vision_width: int, seed
 
 class MaPLeText:
     """The class prompts "[SOS] ctx <rest of ctx_init> {name}." through open_clip's text tower with MaPLe's deep text
-    prompts (their `TextEncoder`, prompt_align.py:93-112), over the positions up to the longest end-of-text token
+    prompts (their `TextEncoder`, prompt_align.py:92-115), over the positions up to the longest end-of-text token
     (the tower is causal: exact)."""
 
     def __init__(self, clip: torch.nn.Module, classnames: Sequence[str], n_ctx: int, ctx_init: str | None,

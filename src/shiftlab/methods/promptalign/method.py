@@ -125,7 +125,7 @@ class PromptAlign(EpisodicMethod):
                 if chosen is None:
                     chosen = self.select(logits)
                     entropy_views, align_views = chosen
-                else:      # their later steps index the outputs with the alignment views (prompt_align.py:750-751)
+                else:      # their later steps index the outputs with the alignment views (prompt_align.py:751)
                     entropy_views = align_views = chosen[1]
                 loss = self.loss(logits, inputs, entropy_views, align_views)
                 losses.append(float(loss.detach()))

@@ -14,7 +14,7 @@ class PromptAlignConfig(ViewMethodConfig):
     (configs/trainers/PromptAlign/DG_PAlign_vit_b16_c2_ep5_batch4_2ctx_cross_datasets.yaml, the domain-generalisation
     runs: ImageNet-R among them) over train.py's `extend_cfg` defaults (train.py:101-123). The views: 64
     (`TPT.BATCH_SIZE`, train.py:114), the image and 63 random resized crops + flips (`AugMixAugmenter` with an empty
-    augmentation list, prompt_align.py:484-519)."""
+    augmentation list, prompt_align.py:484-521)."""
     lr: float = param(4e-2, ge=0)                         # TPT.LR 4e-2: CONFIG_FILE, train.py:104 (fine-grained: 5e-4)
     steps: int = param(1, ge=0)                           # TPT.TTA_STEPS 1
     weight_decay: float = param(0.01, ge=0)               # torch.optim.AdamW's default (prompt_align.py:636)
@@ -25,7 +25,7 @@ class PromptAlignConfig(ViewMethodConfig):
     align_ratio: float = param(0.1, gt=0, le=1)           # TPT.ALIGN_THRESHOLD 0.1: the statistics' views
     entropy_loss: bool = True                             # TPT.TPT_LOSS True
     align: bool = True                                    # TPT.DISTR_ALIGN True (train.py's default: False)
-    # the blocks whose inputs are aligned: range(from, to - 1), as distr_align_loss loops (prompt_align.py:806)
+    # the blocks whose inputs are aligned: range(from, to - 1), as distr_align_loss loops (prompt_align.py:805)
     align_layer_from: int = param(0, ge=0, le=64)         # TPT.ALIGN_LAYER_FROM 0
     align_layer_to: int = param(3, ge=1, le=65)           # TPT.ALIGN_LAYER_TO 3
     align_weight: float = param(100.0, ge=0)              # TPT.DISTR_LOSS_W 100, divided by (to - from)
