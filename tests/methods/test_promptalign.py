@@ -145,6 +145,11 @@ def test_tuning_moves_every_prompt_and_the_adaptive_prediction_is_the_methods(vi
     assert_close(got, method.predict(vit.normalize(views01)), 2e-3, "adaptive vs method")
     (grad,) = torch.autograd.grad(got.logsumexp(-1), x)
     assert grad.abs().sum() > 0
+    # no step: MaPLe's prediction with the loaded prompts
+    frozen = shiftlab.create_method("promptalign", vit, CLASSNAMES, views=8, steps=0, **_files(tmp_path))
+    with torch.no_grad():
+        zero_shot = frozen.forward(vit.normalize(views01[:1]), frozen.initial)[0][0]
+    assert torch.equal(frozen.predict(vit.normalize(views01)), zero_shot)
 
 
 # -- golden: their tpt() on the tiny ViT ----------------------------------------------------------------------
