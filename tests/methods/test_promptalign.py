@@ -84,6 +84,8 @@ def test_checkpoint_statistics_and_loss_in_their_formats(vit, tmp_path):
     assert_close(visual[0], ckpt["prompt_learner.ctx"] @ ckpt["prompt_learner.proj.weight"].T
                  + ckpt["prompt_learner.proj.bias"], 1e-6, "shallow visual prompt")
     assert visual.shape == (3, 2, 64)
+    shallow = load_maple_checkpoint(files["prompts"], 1, 2, 64, 64)      # MaPLe's J=1: the shallow prompt alone
+    assert shallow.deep_text.shape == (0, 2, 64) and torch.equal(shallow.visual(), visual[:1])
     with pytest.raises(ValueError, match="has no prompt_learner.compound_prompts_text.8 .*depth >= 10"):
         load_maple_checkpoint(files["prompts"], 10, 2, 64, 64)
     with pytest.raises(ValueError, match=r"ctx is \(2, 64\), this model needs \(4, 64\)"):

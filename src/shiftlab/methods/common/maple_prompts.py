@@ -77,14 +77,11 @@ def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: 
         if missing:
             raise ValueError(f"MaPLe checkpoint {path} has no {missing[0]} (a dassl MaPLe checkpoint with prompt depth "
                              f">= {depth} is expected)")
-        fields[field] = torch.stack([state[k].float() for k in keys]) if field.startswith("deep") else \
-            state[keys[0]].float()
-    if depth == 1:      # no deep prompts: empty stacks of the right trailing shape
-        fields["deep_text"] = torch.zeros(0, n_ctx, text_width)
-        fields["deep_weight"] = torch.zeros(0, vision_width, text_width)
-        fields["deep_bias"] = torch.zeros(0, vision_width)
-    prompts = MaPLePrompts(**fields)
+        fields[field] = (torch.stack([state[k].float() for k in keys]) if keys else None) \
+            if field.startswith("deep") else state[keys[0]].float()
     want = maple_prompt_shapes(depth, n_ctx, text_width, vision_width)
+    # depth 1, no deep prompts: empty stacks of the right trailing shape
+    prompts = MaPLePrompts(**{f: torch.zeros(want[f]) if v is None else v for f, v in fields.items()})
     for field, shape in want.items():
         got = tuple(getattr(prompts, field).shape)
         if got != shape:
