@@ -51,6 +51,9 @@ MAPPED = {
     "onzeta.py": "onzeta",
     "otpt.py": "otpt",
     "promptalign.py": "promptalign",
+    # TTABC's Panda wraps TENT (logit offset, beta 0.2); shiftlab's panda is the authors' zero-shot CLIP base
+    # (methods/panda/README.md, "Other bases")
+    "panda.py": "panda",
     "rlcf.py": "rlcf",
     "rtpt.py": "rtpt",
     "sar.py": "sar",
@@ -65,7 +68,6 @@ MAPPED = {
 # TTABC file -> (the registry name issue 42 plans, why it is not registered yet). Must shrink to empty.
 PENDING = {
     "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
-    "panda.py": ("panda", "issue 42: Panda (ruxideng/Panda), not yet added"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Panda: negative data augmentation (patch mosaics of the batch) debiasing zero-shot CLIP."""
