@@ -57,16 +57,23 @@ def import_theirs(checkout: Path) -> tuple[list[str], list]:
 class TheirStream:
     """Their method of `argv` (after `import_theirs`) on the golden stream: `out` holds `prototypes` (C, D), their
     text head, and per batch b what `batches()` and `record_norm(b)` add; `names` the adapted parameters (those
-    that require a gradient, in the tower's order, unless the driver says otherwise)."""
+    that require a gradient, in the tower's order, unless the driver says otherwise). `classes`: the class names
+    (the golden ones unless told); `seed_build`: torch.manual_seed(0) right before their method is built (its random
+    initial state) instead of before the stream."""
 
-    def __init__(self, golden: Path, variant: str, argv: list[str], patches: list[str], seen: list):
+    def __init__(self, golden: Path, variant: str, argv: list[str], patches: list[str], seen: list,
+                 classes: list[str] | None = None, seed_build: bool = False):
+        import torch
         import ttavlm.methods as their_methods
         from ttavlm.configuration import argparser
         from ttavlm.models.clip import clip as their_clip
-        names = classnames(golden)
+        names = classnames(golden) if classes is None else classes
         model, _ = their_clip.load(str(golden / "tiny_vit_openai.pt"), device="cpu")
         sys.argv = ["main.py", "--exp_name", "golden", *argv]
         self.args = argparser()
+        self.seed_build = seed_build
+        if seed_build:
+            torch.manual_seed(0)
         self.tta_model = their_methods.return_tta_model(self.args.adaptation, model, self.args, [TEMPLATE], names)
         self.images = stream_images(golden)
         self.out = {"prototypes": self.tta_model.class_prototypes.detach().clone()}
@@ -74,29 +81,42 @@ class TheirStream:
         self.variant, self.patches, self.seen = variant, patches, seen
 
     def batches(self):
-        """Seeds torch (0), then per batch b: calls their method under no_grad as get_results does, records
-        `b/logits` (B, C), its output times `--logit_scale` (their `get_logits` returns cosines), and yields
-        (b, the score it returns)."""
+        """Seeds torch (0; unless `seed_build`), then per batch b: calls their method under no_grad as get_results
+        does, records `b/logits` (B, C), its output times `--logit_scale` (their `get_logits` returns cosines), and
+        yields (b, the score it returns)."""
         import torch
-        torch.manual_seed(0)
+        if not self.seed_build:
+            torch.manual_seed(0)
         for b, start in enumerate(range(0, self.images.shape[0], BATCH)):
             with torch.no_grad():                   # as get_results calls it
                 logits, scores = self.tta_model([self.images[start:start + BATCH]])
             self.out[f"{b}/logits"] = (self.args.logit_scale * logits[0]).detach().clone()
             yield b, scores
 
-    def record_norm(self, b: int) -> dict:
-        """`b/norm/<name>`: every adapted normalisation parameter after batch b. Returns the tower's parameters."""
+    def record_norm(self, b: int, **copies) -> dict:
+        """`b/norm/<name>`: every adapted normalisation parameter after batch b, each followed by `b/<key>/<name>`
+        the same parameter of each of `copies` (key -> a copy of the tower: a teacher, a key encoder). Returns the
+        tower's parameters."""
         params = dict(self.tta_model.model.named_parameters())
+        others = {key: dict(tower.named_parameters()) for key, tower in copies.items()}
         for name in self.names:
             self.out[f"{b}/norm/{name}"] = params[name].detach().clone()
+            for key, other in others.items():
+                self.out[f"{b}/{key}/{name}"] = other[name].detach().clone()
         return params
 
-    def result(self, *notes: str) -> dict:
-        """What the driver's run returns: the tensors, the meta (`notes`: the driver's last patches), the tokens."""
+    def indices(self, stored) -> torch.Tensor:  # noqa: F821
+        """The stream indices of the images `stored` (a memory's), in its order."""
+        import torch
+        return torch.tensor([int((self.images == im).flatten(1).all(1).nonzero()[0]) for im in stored],
+                            dtype=torch.long)
+
+    def result(self, *notes: str, **more) -> dict:
+        """What the driver's run returns: the tensors, the meta (`notes`: the driver's last patches; `more`: its
+        entries before `called`), the tokens."""
         n = int(self.images.shape[0])
         meta = {"variant": self.variant, "batch_size": BATCH, "argv": sys.argv[1:], "n_samples": n,
-                "n_batches": -(-n // BATCH), "template": TEMPLATE, "adapted": self.names, "called": CALLED,
+                "n_batches": -(-n // BATCH), "template": TEMPLATE, "adapted": self.names, **more, "called": CALLED,
                 "patches": self.patches + ["their clip.load(tiny ViT state dict, device='cpu')",
                                            "the loader: the golden stream's view 0 (centre 64x64 crop, "
                                            "CLIP-normalised)", *notes]}

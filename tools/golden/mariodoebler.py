@@ -4,7 +4,18 @@ built from their `conf.py` defaults merged with a method's yaml and the variant'
 their `ADAPTATION_REGISTRY` as `test_time.py` builds it. Only imports and loaders are patched, from outside.
 
 The checkout: `git archive` of classification/{methods,utils,models,augmentations,conf.py,cfgs} and the datasets'
-.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (each driver's docstring has the command)."""
+.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (conf.py imports yacs: PYTHONPATH=SITE after
+`pip install --target SITE yacs`):
+
+    C=/tmp/tta_src; mkdir -p $C/tta
+    git -C TTA_MIRROR archive HEAD classification/methods classification/utils classification/models \\
+        classification/augmentations classification/conf.py classification/cfgs \\
+        $(git -C TTA_MIRROR ls-tree --name-only HEAD classification/datasets/ | grep '\\.py$') | tar -x -C $C/tta
+    git -C TTA_MIRROR rev-parse HEAD > $C/tta/COMMIT
+
+(A mirror missing a blob that `git archive` wants: `git show HEAD:<path>` of each file of `git ls-tree -r
+--name-only HEAD <those paths>` instead.) TheirStream runs CMF, CoTTA, RMT and SANTA; the older drivers (DeYO, VTE,
+norm_stats, ttaug, memo, rpl) call their_clip / their_method directly."""
 from __future__ import annotations
 
 import json
@@ -87,10 +98,8 @@ def their_method(name: str, module: str, cfg, base, num_classes: int):
 
 def stream_images(golden: Path):
     """The golden stream's 24 images, view 0 (centre 64x64 crop) in [0, 1]: (24, 3, 64, 64)."""
-    import torch
-    from harness import unit_views
-    return torch.cat([unit_views(b, 1)[0][None] for b in torch.load(golden / "online" / "stream.pt",
-                                                                    weights_only=True)["base_u8"]])
+    import harness
+    return harness.stream_images(golden, normalize=False)
 
 
 def reference(checkout: Path) -> dict:
@@ -138,3 +147,136 @@ def seed_each_update(model, seed: int) -> list:
         return forward_and_adapt(x)
     model.forward_and_adapt = seeded
     return updates
+
+
+# -- their method on the golden stream (cmf, cotta, rmt, santa) -----------------------------------------------------
+
+BATCH = 8
+TEMPLATE = "a photo of a {}."
+MODELS = {"vit": ("shiftlab-tiny-vit", "tiny_vit_openai.pt"), "resnet": ("shiftlab-tiny", "tiny_clip_openai.pt")}
+VISUAL = "model.visual."
+
+
+class TheirStream:
+    """Their method over their ZeroShotCLIP on the golden tiny CLIP of `kind` ("vit", "resnet"), cfg = conf.py +
+    cfgs/imagenet_others/`yaml` + `options`, on the golden stream's 24 images in consecutive batches of 8, called as
+    `get_accuracy` calls it. `out` holds `prototypes` (their text head) and what the batches add; `adapted` the
+    image tower's parameters their `collect_params` collects (their names in ZeroShotCLIP). `model_preprocess`: set
+    it as test_time.py does (their img_size is its crop); `ckpt`: CKPT_DIR a temporary folder."""
+
+    def __init__(self, checkout: Path, golden: Path, variant: str, kind: str, yaml: str, options: list,
+                 model_preprocess: bool = False, ckpt: bool = False):
+        import tempfile
+        self.model_name, model_file = MODELS[kind]
+        cfg_options = options + (["CKPT_DIR", tempfile.mkdtemp(prefix=f"{variant}-ckpt-")] if ckpt else [])
+        built = their_clip(checkout, golden, self.model_name, model_file, yaml, cfg_options)
+        self.cfg, self.base, self.seen, self.n_classes = built["cfg"], built["base"], built["tokens"], \
+            len(built["classnames"])
+        if model_preprocess:        # test_time.py: the model's preprocessing without its normalisation
+            import torchvision.transforms as T
+            self.base.model_preprocess = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()])
+        self.checkout, self.variant, self.yaml, self.options = checkout, variant, yaml, options
+        self.preprocess, self.ckpt, self.patches = model_preprocess, ckpt, list(PATCHES)
+        self.images = stream_images(golden)
+
+    def method(self, name: str, module: str | None = None):
+        """Their `name` from methods.`module` (default `name`) on the ZeroShotCLIP, as test_time.py builds it."""
+        return self.use(name, their_method(name, module or name, self.cfg, self.base, self.n_classes))
+
+    def use(self, name: str, model):
+        """`model`, their method `name`, is the one run. Returns it."""
+        import torch
+        self.name, self.model = name, model
+        if self.preprocess:
+            assert tuple(model.img_size) == (64, 64), model.img_size
+        self.collected = model.collect_params()[1]
+        self.adapted = [n for n in self.collected if n.startswith(VISUAL)]
+        self.out: dict[str, torch.Tensor] = {"prototypes": self.base.text_features.detach().clone()}
+        return model
+
+    def batches(self):
+        """(b, the b-th batch of 8)."""
+        for b, start in enumerate(range(0, self.images.shape[0], BATCH)):
+            yield b, self.images[start:start + BATCH]
+
+    def forward(self, b: int, x) -> None:
+        """`b/logits`: their method's output on the batch, under no_grad as get_accuracy calls it."""
+        import torch
+        with torch.no_grad():
+            self.out[f"{b}/logits"] = self.model(x).detach().clone()
+
+    def record_norm(self, b: int) -> None:
+        """`b/norm/<name>` every adapted parameter of the image tower after the batch (the tower's names) and
+        `b/momentum/<name>` SGD's momentum buffer of each (absent before the first step)."""
+        params = dict(self.base.named_parameters())
+        for name in self.adapted:
+            short = name[len(VISUAL):]
+            self.out[f"{b}/norm/{short}"] = params[name].detach().clone()
+            buf = self.model.optimizer.state.get(params[name], {}).get("momentum_buffer")
+            if buf is not None:
+                self.out[f"{b}/momentum/{short}"] = buf.detach().clone()
+
+    def record_weights(self, b: int, source: dict, head: int) -> None:
+        """`weight_rows` of the student and their `model_ema` after batch b (`source`: name -> value at the start)."""
+        rows = weight_rows(self.base, self.model.model_ema, self.model.optimizer, self.adapted, source, head)
+        for key, value in rows.items():
+            self.out[f"{b}/{key}"] = value
+
+    def result(self, argv: list, head: dict | None = None, tail: dict | None = None, patches: tuple = ()) -> dict:
+        """What the driver's run returns; `head`, `tail`: the driver's meta before `n_samples` and before `called`;
+        `patches` its last ones."""
+        from harness import recorded
+        n = int(self.images.shape[0])
+        called = (f"ADAPTATION_REGISTRY.get({self.name!r})(cfg=cfg, model=ZeroShotCLIP(cfg, clip, 'cpu', normalize)"
+                  + (" with model_preprocess set as test_time.py sets it" if self.preprocess else "")
+                  + f", num_classes=C) with cfg = conf.py's defaults + cfgs/imagenet_others/{self.yaml} + the options "
+                  + f"(argv{', CKPT_DIR a temporary folder' if self.ckpt else ''}), then model(batch) under "
+                  + "torch.no_grad() per consecutive batch, as get_accuracy does")
+        meta = {"variant": self.variant, "model": self.model_name, "batch_size": BATCH, "argv": argv, **(head or {}),
+                "n_samples": n, "n_batches": -(-n // BATCH), "template": TEMPLATE,
+                "reference": reference(self.checkout), "adapted": [p[len(VISUAL):] for p in self.adapted],
+                "collected_not_visual": [p for p in self.collected if not p.startswith(VISUAL)], **(tail or {}),
+                "called": called, "patches": self.patches + list(patches)}
+        return recorded(self.out, meta, self.seen)
+
+
+def clip_split(base):
+    """CLIP's (feature extractor, classifier) over their ZeroShotCLIP `base`: its forward, cut at the features."""
+    def features(x):
+        f = base.model.encode_image(base.normalize(x.type(base.dtype)))
+        return f / f.norm(dim=1, keepdim=True)
+
+    def classifier(f):
+        return base.logit_scale.exp() * f @ base.text_features.T
+    return features, classifier
+
+
+def without_source(stream: TheirStream, name: str):
+    """Their `name` (rmt, santa: methods that ask for the source data, then refuse CLIP's architecture names in
+    `split_up_model`) built on `stream` with `split_up_model` -> CLIP's split and `get_source_loader` -> 200 random
+    64 px images labelled 0..199 (only their source prototypes come from it, for a contrastive term the driver's
+    options weigh 0). Returns the method (`stream.use`d)."""
+    import importlib
+
+    import torch
+    n_classes = stream.n_classes
+    source_images = torch.rand(n_classes, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    source_loader = [(source_images[i:i + 50], torch.arange(i, min(i + 50, n_classes)))
+                     for i in range(0, n_classes, 50)]
+    package("datasets", stream.checkout / "tta" / "classification" / "datasets")
+    data_loading = types.ModuleType("datasets.data_loading")
+    data_loading.get_source_loader = lambda **kw: (None, source_loader)
+    sys.modules["datasets.data_loading"] = data_loading
+    import models.model as their_model
+    split = their_model.split_up_model
+    their_model.split_up_model = lambda model, arch, dataset: clip_split(model)
+    try:
+        importlib.import_module(f"methods.{name}").split_up_model = their_model.split_up_model
+        model = their_method(name, name, stream.cfg, stream.base, n_classes)
+    finally:
+        their_model.split_up_model = split
+    stream.patches += [f"methods.{name}.split_up_model -> CLIP's split (ZeroShotCLIP's forward cut at the unit image "
+                       "features; theirs refuses CLIP architectures)",
+                       "datasets.data_loading.get_source_loader -> 200 random images labelled 0..199 (the source "
+                       "prototypes of the contrastive term, weighted 0)"]
+    return stream.use(name, model)

@@ -1,5 +1,6 @@
-"""What the golden drivers of TPT-style prompt tuning share (A-TPT, O-TPT, N-TPT): OpenAI's BPE file their `clip/`
-reads, and the record of their `test_time_adapt_eval` per sample, taken by wrapping their functions from outside.
+"""What the golden drivers of TPT-style prompt tuning share (A-TPT, O-TPT, N-TPT; BCA and HisTPT use the pieces):
+OpenAI's BPE file their `clip/` reads, and the record of their `test_time_adapt_eval` per sample, taken by wrapping
+their functions from outside.
 
 `SampleSteps(variant, out).wrap(their, scaler)` records, per sample i: `V/i/selected` (their
 `select_confident_samples` indices), `V/i/entropy_loss` (their `avg_entropy`, first step), `V/i/loss` (what their
@@ -41,9 +42,7 @@ class SampleSteps:
     def wrap(self, their, scaler, first_entropy: Callable[[], None] | None = None) -> None:
         """Wrap `their` module's select_confident_samples, avg_entropy (then `first_entropy()` on a first step) and
         accuracy, `scaler.scale`, and hook every optimiser step until `close()`."""
-        import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-        orig_select, orig_avg, orig_scale = their.select_confident_samples, their.avg_entropy, scaler.scale
+        orig_select, orig_avg = their.select_confident_samples, their.avg_entropy
 
         def select_confident_samples(logits, top):
             res = orig_select(logits, top)
@@ -58,10 +57,25 @@ class SampleSteps:
                     first_entropy()
             return res
 
-        def scale(loss):
+        their.select_confident_samples, their.avg_entropy = select_confident_samples, avg_entropy
+        self.end_on(their)
+        self.first(scaler, "scale", "loss", lambda res, loss: loss)
+        self.hook_steps()
+
+    def first(self, owner, name: str, key: str, pick: Callable) -> None:
+        """Wrap `owner.name`: at a sample's first step (or in a method without steps) record `pick(result, *args)`
+        under `key`."""
+        from harness import after_call
+
+        def record(res, *args, **kwargs):
             if self.s == 0:
-                self.out[self.key("loss")] = loss.detach().clone()
-            return orig_scale(loss)
+                self.out[self.key(key)] = pick(res, *args, **kwargs).detach().clone()
+        after_call(owner, name, record)
+
+    def hook_steps(self) -> None:
+        """Until `close()`: `sK/ctx_grad` before and `sK/ctx` after each optimiser step K (the first parameter of its
+        first group: the context)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         def pre_step(opt, args, kwargs):
             self.out[self.key(f"s{self.s}/ctx_grad")] = opt.param_groups[0]["params"][0].grad.detach().clone()
@@ -69,17 +83,18 @@ class SampleSteps:
         def post_step(opt, args, kwargs):
             self.out[self.key(f"s{self.s}/ctx")] = opt.param_groups[0]["params"][0].detach().clone()
             self.s += 1
+        self.hooks = [register_optimizer_step_pre_hook(pre_step), register_optimizer_step_post_hook(post_step)]
+
+    def end_on(self, their, key: str = "logits") -> None:
+        """`their.accuracy` (their meters only) -> records the output's first row under `key` and ends the sample."""
+        import torch
 
         def accuracy(output, target, topk=(1,)):
-            self.out[self.key("logits")] = output[0].detach().float().clone()
+            self.out[self.key(key)] = output[0].detach().float().clone()
             self.i += 1
             self.s = 0
             return [torch.zeros(1) for _ in topk]
-
-        their.select_confident_samples, their.avg_entropy, their.accuracy = select_confident_samples, avg_entropy, \
-            accuracy
-        scaler.scale = scale
-        self.hooks = [register_optimizer_step_pre_hook(pre_step), register_optimizer_step_post_hook(post_step)]
+        their.accuracy = accuracy
 
     def close(self, n_samples: int) -> None:
         """Remove the optimiser hooks; every sample must have ended (their `accuracy` called once each)."""
