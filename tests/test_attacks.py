@@ -318,7 +318,7 @@ def test_cli_clean_and_robust_run(tmp_path, tiny_checkpoint):
         assert m["robust"]["setting"] == "pgd" and m["robust"]["n"] == 6 and m["n"] == 6
         assert m["robust"]["top1"] == pytest.approx(100 * sum(want) / 6)
     md = (out / "summary.md").read_text()
-    assert "robust top-1" in md and "success rate on zero-shot" in md
+    assert "robust top-1" in md and "success rate on zero-shot" in md and "clean images not scored" not in md
     # resume: nothing left to do, same records
     assert cli_main(argv + ["--resume"]) == 0
     assert len(record_files.load_records(out)) == len(recs)

@@ -273,6 +273,9 @@ def test_transfer_and_adaptive_side_by_side(tmp_path, tiny_checkpoint):
         assert m["worst_case"] == {"top1": 100 * sum(survived) / 4, "n": 4}
     md = (tmp_path / "both" / "summary.md").read_text()
     assert "| adaptive robust top-1 | mode | transfer - adaptive | worst case top-1 |" in md
+    # its clean columns are empty (n 0) because clean images were not asked for: the summary says so
+    assert "clean images not scored (the run scores its attacked settings; --clean-and-robust or " \
+        "clean_and_robust=True scores both in one pass)" in md
     assert "| full+bpda+eot |" in md
     # the report's setting label: one adaptive column for every method, whatever its mode
     from shiftlab.report.load import _setting_label

@@ -18,6 +18,7 @@ from typing import Any
 from .. import writes
 from ..attacks import split_budgets
 from ..methods.catalogue import listing as catalogue
+from ..options import OPTIONS
 from ..rundir import record_files
 from ..rundir import records as run_records
 from ..rundir.record_files import run_dir_error
@@ -369,6 +370,11 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         notes.append(f"open set: top-1 etc. on the ID part; OOD {', '.join(mix.get('ood') or ['?'])} at ratio "
                      f"{mix.get('ratio', '?')} (seed {mix.get('seed', '?')}); AUROC/FPR95/AUPR (%) by the max "
                      "softmax probability (MCM), ID positive")
+    if "attack" in summary and not cfg.get("clean_and_robust"):
+        # the clean columns read "—" with n 0: say why, so the dash is not read as a failure
+        both = OPTIONS["clean_and_robust"]   # a file: both spellings, whoever started the run
+        notes.append(f"clean images not scored (the run scores its attacked settings; {both.flag} or "
+                     f"{both.keyword} scores both in one pass)")
     for a in (summary.get("attacks") or {"": summary["attack"]} if "attack" in summary else {}).values():
         described = " ".join(t for t in (attack_label(a), attack_details(a)) if t)
         notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%"
