@@ -51,6 +51,16 @@ def inter_class_dispersion(logits: torch.Tensor, features: torch.Tensor) -> torc
     return (1 - means @ means.T)[off_diagonal].sum()
 
 
+def loss_scale_after(scale: float, good_steps: int, finite: bool, growth_interval: int = 2000
+                     ) -> tuple[float, int]:
+    """torch's GradScaler.update (growth 2, backoff 0.5): the next (scale, consecutive finite steps) after a step
+    whose unscaled gradients were `finite` (else the step was skipped)."""
+    if not finite:
+        return scale * 0.5, 0
+    good_steps += 1
+    return (scale * 2.0, 0) if good_steps == growth_interval else (scale, good_steps)
+
+
 def batclip_loss(logits: torch.Tensor, features: torch.Tensor, text: torch.Tensor
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one step (ours.py:27-31) and its three terms: mean entropy - I2T - inter-class dispersion."""
@@ -74,9 +84,15 @@ class Batclip(NormTTAMethod):
 
     def reset_extra(self) -> None:
         self._head: torch.Tensor | None = None
+        # their GradScaler(init_scale=1000) (ours.py:13), acting where the run's precision scales losses (fp16)
+        self.loss_scale, self.good_steps = float(self.config.loss_scale), 0
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"loss_scale": self.loss_scale, "good_steps": self.good_steps}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self._head = None
+        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
 
     @property
     def head(self) -> torch.Tensor:
@@ -87,8 +103,21 @@ class Batclip(NormTTAMethod):
         return self._head
 
     def step(self, loss: torch.Tensor) -> None:
-        super().step(loss)
+        """One AdamW step; under fp16, as their GradScaler: the loss scaled, the gradients unscaled, the step
+        skipped where one is not finite."""
         self._head = None
+        if not self.precision.loss_scaling:
+            super().step(loss)
+            return
+        (loss * self.loss_scale).backward()
+        grads = [p.grad for p in self.tower.adapted_parameters() if p.grad is not None]
+        for grad in grads:
+            grad.mul_(1.0 / self.loss_scale)
+        finite = all(bool(torch.isfinite(grad).all()) for grad in grads)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss_scale, self.good_steps = loss_scale_after(self.loss_scale, self.good_steps, finite)
 
     def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, D) raw image features through the adapted image tower and (C, D) unit text features through the

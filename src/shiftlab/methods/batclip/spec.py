@@ -28,6 +28,9 @@ class BatclipConfig(NormTTAConfig):
     # CLIP.PROMPT_MODE custom, PROMPT_TEMPLATE ["a photo of a {}."] (ours.yaml:38-39): one template, whose features
     # the adapted text tower gives afresh for every batch (model.py:372-376)
     template: str = "a photo of a {}."
+    # GradScaler(init_scale=1000) (ours.py:13): the loss scale of a step under fp16 (a CUDA run's default), halved
+    # after a step whose gradients overflow (then skipped), doubled after 2000 finite ones; unused in fp32
+    loss_scale: float = param(1000.0, gt=0)
     text_head: str = param("batclip_text", choices=("batclip_text",))
 
 
