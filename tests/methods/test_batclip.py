@@ -79,7 +79,8 @@ def test_both_towers_norms_adapt_and_the_head_follows_the_text_tower(tiny_model)
     assert {n.split(".")[0] for n in names} == {"visual", "transformer", "ln_final"}
     assert all(n in shared for n in names)                                  # open_clip's CLIP names
     torch.testing.assert_close(method.head, method.heads.zeroshot, rtol=0, atol=1e-6)
-    x = model.normalize(torch.rand(4, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(1)))
+    size = model.image_size
+    x = model.normalize(torch.rand(4, 3, size, size, generator=torch.Generator().manual_seed(1)))
     outs = method.adapt_batch([SampleContext(model, method.heads, v[None]) for v in x])
     assert {"entropy", "i2t", "inter_mean", "loss"} <= set(outs[0].extras)
     state = method.tower.norm_state()

@@ -24,7 +24,8 @@ class BatclipConfig(NormTTAConfig):
     optimizer: str = param("adamw", choices=OPTIMIZERS)    # OPTIM.METHOD: AdamW (ours.yaml:29), base.py:168-172
     lr: float = param(5e-4, gt=0)                          # OPTIM.LR: 5e-4 (ours.yaml:28)
     weight_decay: float = param(0.01, ge=0)                # OPTIM.WD: 0.01 (ours.yaml:32)
-    adam_eps: float = param(1e-8, gt=0)                    # torch's default: setup_optimizer passes none (base.py:168-172)
+    # torch's default: their setup_optimizer passes none (base.py:168-172)
+    adam_eps: float = param(1e-8, gt=0)
     # CLIP.PROMPT_MODE custom, PROMPT_TEMPLATE ["a photo of a {}."] (ours.yaml:38-39): one template, whose features
     # the adapted text tower gives afresh for every batch (model.py:372-376)
     template: str = "a photo of a {}."

@@ -12,7 +12,6 @@ import copy
 import torch
 import torch.nn as nn
 
-from ...models.lora_tower import shared_copy
 from ...models.text import run_text_tower, tokenize
 from .norm_adaptation import NORM_LAYERS, NormTower, norm_layers
 
