@@ -33,6 +33,7 @@ MAPPED = {
     # BASELINE: the (CoOp-tuned) prompt without test-time tuning: zero-shot CLIP, or TPT with steps=0 and a
     # ctx_checkpoint for a CoOp prompt
     "baseline.py": "zeroshot",
+    "batclip.py": "batclip",
     "bca.py": "bca",
     "boostadapter.py": "boostadapter",
     "calip.py": "calip",
@@ -67,7 +68,6 @@ MAPPED = {
 
 # TTABC file -> (the registry name issue 42 plans, why it is not registered yet). Must shrink to empty.
 PENDING = {
-    "batclip.py": ("batclip", "issue 42: BATCLIP (sarthaxxxxx/BATCLIP), not yet added"),
 }
 
 

@@ -110,7 +110,7 @@ def test_tda_is_attacked_against_its_state_and_the_state_is_left_alone(tiny):
 
 
 @pytest.mark.parametrize("name", ["tent", "sar", "eata", "deyo", "rpl", "unient", "ostta", "sotta", "stamp",
-                                  "adacontrast", "rotta", "clip_ot", "santa"])
+                                  "adacontrast", "rotta", "clip_ot", "santa", "batclip"])
 def test_norm_methods_are_attacked_against_their_norm_state_without_a_step(name, tiny, tiny_vit_model):
     from _records import small_config
     if "resnet" not in spec(name).towers:       # CLIP-OT: the LayerNorms of a ViT
