@@ -4,7 +4,15 @@ built from their `conf.py` defaults merged with a method's yaml and the variant'
 their `ADAPTATION_REGISTRY` as `test_time.py` builds it. Only imports and loaders are patched, from outside.
 
 The checkout: `git archive` of classification/{methods,utils,models,augmentations,conf.py,cfgs} and the datasets'
-.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (each driver's docstring has the command)."""
+.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (the older drivers' docstrings repeat the command):
+
+    C=/tmp/tta_src; mkdir -p $C/tta
+    git -C TTA_MIRROR archive HEAD classification/methods classification/utils classification/models \
+        classification/augmentations classification/conf.py classification/cfgs \
+        $(git -C TTA_MIRROR ls-tree --name-only HEAD classification/datasets/ | grep '\\.py$') | tar -x -C $C/tta
+    git -C TTA_MIRROR rev-parse HEAD > $C/tta/COMMIT
+    python tests/fixtures/golden/DRIVER/driver.py --checkout $C       # needs yacs (conf.py's import)
+"""
 from __future__ import annotations
 
 import json
@@ -83,6 +91,51 @@ def their_method(name: str, module: str, cfg, base, num_classes: int):
     importlib.import_module(f"methods.{module}")
     from utils.registry import ADAPTATION_REGISTRY
     return ADAPTATION_REGISTRY.get(name)(cfg=cfg, model=base, num_classes=num_classes)
+
+
+# -- the ROID family's drivers (roid, roid_consistency): their method on the stream, its state per batch ------------
+VISUAL = "model.visual."        # the image tower's parameters in their ZeroShotCLIP
+
+
+def tiny_model(kind: str) -> tuple[str, str]:
+    """shiftlab's registry name and the golden file of the tiny `kind` CLIP ("vit" or "resnet")."""
+    import _golden as G
+    return ("shiftlab-tiny-vit", G.VIT_MODEL_FILE) if kind == "vit" else ("shiftlab-tiny", G.MODEL_FILE)
+
+
+def split_visual(names: list[str]) -> tuple[list[str], list[str]]:
+    """Their `collect_params()` names split into (the image tower's, the others)."""
+    return [n for n in names if n.startswith(VISUAL)], [n for n in names if not n.startswith(VISUAL)]
+
+
+def their_batches(model, images, size: int, out: dict):
+    """Their method on each consecutive batch under torch.no_grad(), as get_accuracy calls it: records `b/logits`
+    into `out` and yields b."""
+    import torch
+    from harness import batches
+    for b, batch in batches(images, size):
+        with torch.no_grad():
+            out[f"{b}/logits"] = model(batch).detach().clone()
+        yield b
+
+
+def record_norm_and_momentum(out: dict, b: int, model, adapted: list[str]) -> None:
+    """`b/norm/<name>` every adapted image-tower parameter of their method after batch b and `b/momentum/<name>`
+    SGD's momentum buffer of each (once there); names without "model.visual."."""
+    params = dict(model.model.named_parameters())
+    for name in adapted:
+        short = name[len(VISUAL):]
+        out[f"{b}/norm/{short}"] = params[name].detach().clone()
+        buf = model.optimizer.state.get(params[name], {}).get("momentum_buffer")
+        if buf is not None:
+            out[f"{b}/momentum/{short}"] = buf.detach().clone()
+
+
+def called(name: str, yaml: str, model_note: str = "") -> str:
+    """The meta's "called": how their method was built and run (`model_note` follows ZeroShotCLIP's call)."""
+    return (f"ADAPTATION_REGISTRY.get('{name}')(cfg=cfg, model=ZeroShotCLIP(cfg, clip, 'cpu', normalize){model_note}, "
+            f"num_classes=C) with cfg = conf.py's defaults + cfgs/imagenet_others/{yaml} + the options (argv), then "
+            "model(batch) under torch.no_grad() per consecutive batch, as get_accuracy does")
 
 
 def stream_images(golden: Path):
