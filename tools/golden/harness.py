@@ -168,6 +168,16 @@ def record_tokens(clip_module) -> list:
     return seen
 
 
+def record_clip_tokens() -> tuple:
+    """Their top-level `clip` package (on sys.path): `clip.clip.tokenize` recorded by `record_tokens`, and the
+    package's `clip.tokenize` the recording one too (their code calls either). Returns (clip.clip, the tokens)."""
+    import clip as package
+    from clip import clip as module
+    seen = record_tokens(module)
+    package.tokenize = module.tokenize
+    return module, seen
+
+
 def all_tokens(seen: list):
     import torch
     return torch.unique(torch.cat([t.flatten() for t in seen])) if seen else torch.zeros(0, dtype=torch.int64)

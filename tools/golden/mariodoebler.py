@@ -4,7 +4,7 @@ built from their `conf.py` defaults merged with a method's yaml and the variant'
 their `ADAPTATION_REGISTRY` as `test_time.py` builds it. Only imports and loaders are patched, from outside.
 
 The checkout: `git archive` of classification/{methods,utils,models,augmentations,conf.py,cfgs} and the datasets'
-.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (the older drivers' docstrings repeat the command):
+.py files into CHECKOUT/tta, its commit in CHECKOUT/tta/COMMIT (each driver's docstring points here):
 
     C=/tmp/tta_src; mkdir -p $C/tta
     git -C TTA_MIRROR archive HEAD classification/methods classification/utils classification/models \
