@@ -28,6 +28,7 @@ MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.2757
 GENERATED_WITH = {"threads": 1, "device": "cpu", "dtype": "float32"}
 # what a fixture's provenance says of the model and the inputs it ran on
 TINY_CLIP = "tests/fixtures/golden tiny_clip_compact.pt (rebuilt by tests/_golden.materialize)"
+TINY_VIT = "tests/fixtures/golden tiny_vit_compact.pt (rebuilt by tests/_golden.materialize)"
 TINY_CLIP_INPUTS = "tests/fixtures/golden/inputs_uint8.pt (4 samples x 32 views, 64 px)"
 
 
@@ -53,6 +54,34 @@ def stream_images(golden: Path, normalize: bool = True):
     import torch
     bases = torch.load(golden / "online" / "stream.pt", weights_only=True)["base_u8"]
     return torch.cat([(clip_normalize if normalize else lambda x: x)(unit_views(base, 1)[0])[None] for base in bases])
+
+
+def golden_views(golden: Path):
+    """The golden inputs' 4 samples x 32 views in [0, 1]: (4, 32, 3, 64, 64), view 0 the centre crop."""
+    import torch
+    return torch.load(golden / "inputs.pt", weights_only=True)["views_unit"]
+
+
+def view_lists(samples, labels=None, normalize: bool = True) -> list:
+    """What a TPT-style loader yields at batch 1, per sample: ([each view as (1, 3, S, S)], tensor([label])).
+    `samples`: (N, V, 3, S, S) or N tensors (V, 3, S, S) in [0, 1], CLIP-normalised unless told; labels 0 unless
+    given."""
+    import torch
+    prepare = clip_normalize if normalize else (lambda x: x)
+    return [([prepare(v).unsqueeze(0) for v in views], torch.tensor([0 if labels is None else int(labels[i])]))
+            for i, views in enumerate(samples)]
+
+
+def batches(images, size: int):
+    """(b, images[b*size:(b+1)*size]) per consecutive batch b, the last one shorter."""
+    for b, start in enumerate(range(0, images.shape[0], size)):
+        yield b, images[start:start + size]
+
+
+def batch_meta(images, size: int) -> dict:
+    """The meta every batch driver records: batch size, samples, batches."""
+    n = int(images.shape[0])
+    return {"batch_size": size, "n_samples": n, "n_batches": -(-n // size)}
 
 
 # -- patches applied from outside --------------------------------------------------------------
@@ -124,11 +153,29 @@ def after_call(owner, name: str, record: Callable[..., None]) -> Callable:
     return original
 
 
+def record_values(out: dict, prefix: str, values: dict, names: Iterable[str]) -> None:
+    """`out[prefix/name]` = `values[name]`, detached and cloned, for each of `names` whose value is not None: the
+    adapted parameters after a batch (`values` = dict(module.named_parameters())), a method's state."""
+    for name in names:
+        if values.get(name) is not None:
+            out[f"{prefix}/{name}"] = values[name].detach().clone()
+
+
 def record_tokens(clip_module) -> list:
     """Every token tensor `clip_module.tokenize` returns from now on (for the compact model's token check)."""
     seen: list = []
     after_call(clip_module, "tokenize", lambda out, *a, **k: seen.append(out.clone()))
     return seen
+
+
+def record_clip_tokens() -> tuple:
+    """Their top-level `clip` package (on sys.path): `clip.clip.tokenize` recorded by `record_tokens`, and the
+    package's `clip.tokenize` the recording one too (their code calls either). Returns (clip.clip, the tokens)."""
+    import clip as package
+    from clip import clip as module
+    seen = record_tokens(module)
+    package.tokenize = module.tokenize
+    return module, seen
 
 
 def all_tokens(seen: list):
@@ -169,6 +216,11 @@ def _kept_tokens(model_file: str) -> set[int]:
     return set(torch.load(G.FIXTURES / model_file, weights_only=True)[G.INDEX_KEY].tolist())
 
 
+def tokens_not_kept(seen: list, model_file: str) -> int:
+    """How many distinct tokens of the recorded prompts (`record_tokens`) the compact `model_file` does not keep."""
+    return len(set(all_tokens(seen).tolist()) - _kept_tokens(model_file))
+
+
 def save_variant(here: Path, variant: str, res: dict) -> None:
     """A variant's process: its tensors to `<variant>.pt`, its tokens and meta beside for `run_variants`."""
     import torch
@@ -198,10 +250,10 @@ def run_variants(driver: str, argv: list[str], variants: Iterable[str], golden: 
 
 
 def variants_main(driver: str, run: Callable[[Path, Path, str], dict], variants: Iterable[str], repository: str,
-                  description: str | None = None) -> None:
+                  description: str | None = None, model: str = TINY_VIT) -> None:
     """The driver's `main()`: `run(checkout, golden_dir, variant)` returns `recorded(...)`; writes `<variant>.pt`
-    per variant and `<folder>.json` (the reference, the model, the stream, the command, per variant its meta and
-    the SHA-256 of its tensors). The prompts' tokens must be kept by the compact tiny ViT."""
+    per variant and `<folder>.json` (the reference, the model (`model` says which), the stream, the command, per
+    variant its meta and the SHA-256 of its tensors). The prompts' tokens must be kept by the compact tiny ViT."""
     here = Path(driver).resolve().parent
     args = _arguments(f"a checkout or `git archive` export of {repository}", description)
     import torch
@@ -213,8 +265,7 @@ def variants_main(driver: str, run: Callable[[Path, Path, str], dict], variants:
         return
     golden = G.materialize(Path(tempfile.mkdtemp(prefix="golden-")))
     info = {"reference": {"repository": repository, "commit": args.commit or checkout_commit(args.checkout)},
-            "model": "tests/fixtures/golden tiny_vit_compact.pt (rebuilt by tests/_golden.materialize)",
-            "stream": "tests/fixtures/golden/online/stream.pt",
+            "model": model, "stream": "tests/fixtures/golden/online/stream.pt",
             "command": f"python tests/fixtures/golden/{here.name}/driver.py --checkout CHECKOUT --commit SHA",
             "fixtures": run_variants(driver, ["--checkout", args.checkout], variants, golden, G.COMPACT_VIT_FILE)}
     (here / f"{here.name}.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -14,8 +14,9 @@ The checkout: `git archive` of classification/{methods,utils,models,augmentation
     git -C TTA_MIRROR rev-parse HEAD > $C/tta/COMMIT
 
 (A mirror missing a blob that `git archive` wants: `git show HEAD:<path>` of each file of `git ls-tree -r
---name-only HEAD <those paths>` instead.) TheirStream runs CMF, CoTTA, RMT and SANTA; the older drivers (DeYO, VTE,
-norm_stats, ttaug, memo, rpl) call their_clip / their_method directly."""
+--name-only HEAD <those paths>` instead.) TheirStream runs CMF, CoTTA, RMT and SANTA; `their_batches` and
+`record_norm_and_momentum` serve the ROID family; the older drivers (DeYO, VTE, norm_stats, ttaug, memo, rpl) call
+their_clip / their_method directly."""
 from __future__ import annotations
 
 import json
@@ -94,6 +95,51 @@ def their_method(name: str, module: str, cfg, base, num_classes: int):
     importlib.import_module(f"methods.{module}")
     from utils.registry import ADAPTATION_REGISTRY
     return ADAPTATION_REGISTRY.get(name)(cfg=cfg, model=base, num_classes=num_classes)
+
+
+# -- the ROID family's drivers (roid, roid_consistency): their method on the stream, its state per batch ------------
+VISUAL = "model.visual."        # the image tower's parameters in their ZeroShotCLIP
+
+
+def tiny_model(kind: str) -> tuple[str, str]:
+    """shiftlab's registry name and the golden file of the tiny `kind` CLIP ("vit" or "resnet")."""
+    import _golden as G
+    return ("shiftlab-tiny-vit", G.VIT_MODEL_FILE) if kind == "vit" else ("shiftlab-tiny", G.MODEL_FILE)
+
+
+def split_visual(names: list[str]) -> tuple[list[str], list[str]]:
+    """Their `collect_params()` names split into (the image tower's, the others)."""
+    return [n for n in names if n.startswith(VISUAL)], [n for n in names if not n.startswith(VISUAL)]
+
+
+def their_batches(model, images, size: int, out: dict):
+    """Their method on each consecutive batch under torch.no_grad(), as get_accuracy calls it: records `b/logits`
+    into `out` and yields b."""
+    import torch
+    from harness import batches
+    for b, batch in batches(images, size):
+        with torch.no_grad():
+            out[f"{b}/logits"] = model(batch).detach().clone()
+        yield b
+
+
+def record_norm_and_momentum(out: dict, b: int, model, adapted: list[str]) -> None:
+    """`b/norm/<name>` every adapted image-tower parameter of their method after batch b and `b/momentum/<name>`
+    SGD's momentum buffer of each (once there); names without "model.visual."."""
+    params = dict(model.model.named_parameters())
+    for name in adapted:
+        short = name[len(VISUAL):]
+        out[f"{b}/norm/{short}"] = params[name].detach().clone()
+        buf = model.optimizer.state.get(params[name], {}).get("momentum_buffer")
+        if buf is not None:
+            out[f"{b}/momentum/{short}"] = buf.detach().clone()
+
+
+def called(name: str, yaml: str, model_note: str = "") -> str:
+    """The meta's "called": how their method was built and run (`model_note` follows ZeroShotCLIP's call)."""
+    return (f"ADAPTATION_REGISTRY.get('{name}')(cfg=cfg, model=ZeroShotCLIP(cfg, clip, 'cpu', normalize){model_note}, "
+            f"num_classes=C) with cfg = conf.py's defaults + cfgs/imagenet_others/{yaml} + the options (argv), then "
+            "model(batch) under torch.no_grad() per consecutive batch, as get_accuracy does")
 
 
 def stream_images(golden: Path):

@@ -29,6 +29,22 @@ def openai_bpe_vocab(clip_dir: Path) -> bool:
     return True
 
 
+def their_coop(their, model_path: str, lr: float, *more) -> tuple:
+    """The model, optimiser, its initial state and GradScaler TPT's `main_worker` builds (A-TPT's, O-TPT's and
+    DiffTPT's keep it): `their.get_coop(arch, 'R', gpu, 4, 'a_photo_of_a', *more)` with the tiny model file as the
+    arch and 'cpu', everything but the prompt learner frozen, `AdamW(prompt_learner.parameters(), lr)`,
+    `GradScaler(init_scale=1000)` (which torch disables without CUDA: no loss scale, as in float32)."""
+    import copy
+
+    import torch
+    model = their.get_coop(model_path, "R", "cpu", 4, "a_photo_of_a", *more)
+    for name, p in model.named_parameters():
+        if "prompt_learner" not in name:
+            p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), lr)
+    return model, optimizer, copy.deepcopy(optimizer.state_dict()), torch.cuda.amp.GradScaler(init_scale=1000)
+
+
 class SampleSteps:
     """The per-sample record of one variant's run into `out` (see the module's docstring); `i` the sample, `s` the
     optimiser step within it."""
