@@ -64,29 +64,33 @@ def test_a_refused_setting_is_one_line():
     assert plan.config.settings() == ["clean", "pgd"] and plan.method_plans()["tda"].kind == "online"
 
 
-def _effective_config_callers() -> list[tuple[str, str]]:
-    """(module, function) of every call of `effective_config` in the package."""
+def _callers(function: str) -> list[tuple[str, str]]:
+    """(module, enclosing function or "<module>") of every call of `function` (by name or attribute) in the
+    package, one row per call site."""
     found = []
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text()
-        if "effective_config" not in text:
+        if function not in text:
             continue
         tree = ast.parse(text)
+        enclosing = {}
         for func in ast.walk(tree):
-            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(func):
-                callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
-                name = getattr(callee, "id", None) or getattr(callee, "attr", None)
-                if name == "effective_config":
-                    found.append((str(path.relative_to(SRC.parent)), func.name))
-    return sorted(set(found))
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(func):
+                    enclosing.setdefault(node, func.name)   # ast.walk is breadth-first: the outermost function
+        for node in ast.walk(tree):
+            callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            if (getattr(callee, "id", None) or getattr(callee, "attr", None)) == function:
+                found.append((str(path.relative_to(SRC.parent)), enclosing.get(node, "<module>")))
+    return sorted(found)
 
 
-def test_effective_config_has_one_call_site_per_path():
-    # a run resolves its methods in its plan; `create_method` builds one method outside a run (the library API)
-    assert _effective_config_callers() == [("shiftlab/engine/run_plan.py", "resolve_plan"),
-                                           ("shiftlab/methods/base.py", "create_method")]
+def test_effective_config_has_one_production_call_site():
+    # one function resolves a method's config: a run's plan asks it per method and dataset, `create_method` (the
+    # library) for the method it builds
+    assert _callers("effective_config") == [("shiftlab/methods/catalogue/method_plan.py", "plan_method")]
+    assert _callers("plan_method") == [("shiftlab/engine/run_plan.py", "resolve_plan"),
+                                       ("shiftlab/methods/base.py", "create_method")]
 
 
 DRY_RUN = """
