@@ -113,7 +113,7 @@ def data(tmp_path_factory):
 def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path):
     out = tmp_path / "run"
     argv = ["run", "--data", str(data), "--out", str(out), "--methods", "tpt,tda", "--views", "8",
-            "--set", "tda.pos_alpha=2", "--allow-partial", "--dry-run"]
+            "--set", "tda.pos_alpha=2", "--allow-partial", "--features", str(tmp_path / "fs"), "--dry-run"]
     proc = subprocess.run([sys.executable, "-c", DRY_RUN, json.dumps(argv)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -123,7 +123,10 @@ def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path
     assert text.startswith("methods: tpt, tda  (protocol leaderboard, precision auto)")
     assert "  tda (online, reads frozen_features): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
     assert "  views encoded: 8 at precision auto" in text
-    assert not out.exists()
+    # the feature-store entry on either device "auto" may find, without torch: fp16 autocast on CUDA, fp32 on the CPU
+    assert "    8 view(s) on cuda: precision fp16, seed 0, storage fp16, recipe {" in text
+    assert "    8 view(s) on cpu: precision fp32, seed 0, storage fp16, recipe {" in text
+    assert not out.exists() and not (tmp_path / "fs").exists()
 
 
 @pytest.mark.slow

@@ -119,12 +119,13 @@ class RunPlan:
         """Each method's CLIPs of its own (`Method.extra_models`: RLCF's reward model) under its config, for the
         methods that can have one: those running a tower of their own on pixels (`MethodPlan.needs_pixels`), so
         a plan of the others imports no torch; the methods without any are left out."""
-        from ..methods.base import get_method_class
         out = {}
         for name, m in self.method_plans(dataset).items():
-            extra = get_method_class(name).extra_models(m.config) if m.needs_pixels else []
-            if extra:
-                out[name] = list(extra)
+            if m.needs_pixels:
+                from ..methods.base import get_method_class
+                extra = get_method_class(name).extra_models(m.config)
+                if extra:
+                    out[name] = list(extra)
         return out
 
     def extra_models(self) -> dict[tuple[str, str | None, int], tuple[str, str]]:
