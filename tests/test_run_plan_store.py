@@ -64,6 +64,8 @@ def test_dry_run_lists_the_store_keys_the_run_then_writes_and_the_frozen_encoder
     assert cli_main([*argv, "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert not (setup / "run").exists() and not (setup / "fs").exists()
+    tiny = hashlib.sha256((setup / "tiny.pt").read_bytes()).hexdigest()[:16]
+    assert f"model: shiftlab-tiny ({setup / 'tiny.pt'}: file, sha256 {tiny}); device cpu" in printed
     assert f"    difftpt reads diffusion_views={setup / 'generated'} (folder)" in printed
     assert "    difftpt reads view 0 through a frozen encoder of its own" in printed
     assert f"  feature store {setup / 'fs'}: entries keyed by" in printed

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -160,7 +161,12 @@ class RunPlan:
         feature-store entries it reads and writes; the attack and settings. Imports torch only where a method
         of the run reads pixels (its own models: `method_models`)."""
         c = self.config
+        weights = c.pretrained or f"random weights, seed {c.seed if c.model_seed is None else c.model_seed}"
+        if c.pretrained and os.path.isfile(os.path.expanduser(c.pretrained)):   # a checkpoint file: its digest
+            weights += f": {_file_identity(os.path.expanduser(c.pretrained))}"
+        base = f", text tower from {c.base_pretrained}" if c.base_pretrained else ""
         lines = [f"methods: {', '.join(self.method_plans())}  (protocol {c.protocol}, precision {c.precision})",
+                 f"model: {c.model} ({weights}{base}); device {c.device}",
                  f"settings: {', '.join(c.settings())}; attack: {json.dumps(self.attack, sort_keys=True)}",
                  f"stream: {c.order}, seed {c.stream_seed_used()}, limit {c.limit}, batch size {c.batch_size}"]
         for dataset, plans in self.methods.items():
@@ -206,7 +212,6 @@ def key_line(key: dict[str, Any], device_type: str | None) -> str:
 def _file_identity(path: str) -> str:
     """'file, sha256 <16 hex>' or 'folder' (a folder's identity is its method's: DiffTPT's manifest digest)."""
     import hashlib
-    import os
     if os.path.isdir(path):
         return "folder"
     digest = hashlib.sha256()
