@@ -108,3 +108,33 @@ def test_dry_run_lists_a_methods_own_model_and_files(setup, capsys, tmp_path):
     digest = hashlib.sha256(b"statistics").hexdigest()[:16]
     assert f"    tpt reads ctx_checkpoint={tmp_path / 'means.pt'} (file, sha256 {digest})" in printed
     assert "  feature store: no feature store read or written: rlcf read pixels" in printed
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """The method lists of every `resolve_plan` call (a command's checks, the run, `encode`, later orders)."""
+    from shiftlab.engine import loop, run_plan
+    calls = []
+    real = run_plan.resolve_plan
+
+    def counting(*args, **kwargs):
+        calls.append(list(args[0].methods))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_plan, "resolve_plan", counting)
+    monkeypatch.setattr(loop, "resolve_plan", counting)
+    return calls
+
+
+def test_encode_and_later_orders_are_handed_the_checks_plan(setup, tmp_path, resolutions):
+    # `shiftlab encode` narrows the plan to the methods it stores (RLCF reads pixels); `--orders 2` runs its second
+    # order of the online methods with the first's plan
+    argv = _argv(setup, tmp_path / "enc", "--methods", "zeroshot,rlcf", "--features", str(tmp_path / "fs"),
+                 "--set", "rlcf.reward_model=shiftlab-tiny", "--set", "rlcf.reward_pretrained=none")
+    argv[0] = "encode"
+    assert cli_main(argv) == 0 and resolutions == [["zeroshot", "rlcf"]]
+    resolutions.clear()
+    argv = _argv(setup, tmp_path / "orders", "--methods", "zeroshot,tda", "--orders", "2", "--views", "2")
+    assert cli_main(argv) == 0
+    assert resolutions == [["zeroshot", "tda"]]
+    assert (tmp_path / "orders" / "orders.md").is_file()

@@ -158,7 +158,7 @@ def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks, p
             sub = dataclasses.replace(config, stream_seed=seeds[k], methods=list(online),
                                       method_config={n: c for n, c in config.method_config.items() if n in online},
                                       out=str(results_orders.order_dir(config.out, k)))
-            run(sub, model, dataset, hooks, group_views=evaluator_views)
+            run(sub, model, dataset, hooks, group_views=evaluator_views, plan=plan.only(online, sub))
     if distributed.context().rank != 0:
         return summary
     table = results_orders.summarize_orders(config.out, config.orders, seeds, online, episodic)

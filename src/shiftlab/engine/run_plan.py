@@ -57,6 +57,17 @@ class RunPlan:
             dataset = self.config.dataset if self.config.dataset in self.methods else self.datasets[0]
         return self.methods[dataset]
 
+    def only(self, names: Sequence[str], config: Any = None) -> RunPlan:
+        """This plan narrowed to the methods `names` (a subset: whatever refused none of them refuses none of
+        these), for `config` (default: this plan's, with those methods): `--orders`' later orders, `shiftlab encode`
+        without the methods that read pixels; nothing is resolved again."""
+        missing = [n for n in names if n not in self.method_plans()]
+        if missing:
+            raise ValueError(f"the run's plan has no method {', '.join(missing)}")
+        config = config if config is not None else dataclasses.replace(self.config, methods=list(names))
+        return RunPlan(config, self.datasets, {d: {n: plans[n] for n in names} for d, plans in self.methods.items()},
+                       self.attack)
+
     def method_configs(self, dataset: str | None = None) -> dict[str, MethodConfig]:
         """Each method's effective config on `dataset` (default: the run's)."""
         return {name: m.config for name, m in self.method_plans(dataset).items()}
