@@ -138,3 +138,17 @@ def test_encode_and_later_orders_are_handed_the_checks_plan(setup, tmp_path, res
     assert cli_main(argv) == 0
     assert resolutions == [["zeroshot", "tda"]]
     assert (tmp_path / "orders" / "orders.md").is_file()
+
+
+def test_a_suite_hands_each_dataset_its_part_of_the_checks_plan(setup, tmp_path, resolutions):
+    from shiftlab.synthetic import make_imagenet_r
+    from test_suites import make_imagenet_a
+    make_imagenet_r(tmp_path / "data", classes=[0, 40])
+    make_imagenet_a(tmp_path / "data", 2)
+    argv = ["run", "--data", str(tmp_path / "data"), "--datasets", "imagenet-r,imagenet-a", "--model",
+            "shiftlab-tiny", "--pretrained", str(setup / "tiny.pt"), "--workers", "0", "--device", "cpu",
+            "--no-progress", "--allow-partial", "--methods", "zeroshot,tda", "--views", "2", "--out",
+            str(tmp_path / "suite")]
+    assert cli_main(argv) == 0
+    assert resolutions == [["zeroshot", "tda"]]
+    assert all((tmp_path / "suite" / d / "summary.json").is_file() for d in ("imagenet-r", "imagenet-a"))

@@ -68,6 +68,17 @@ class RunPlan:
         return RunPlan(config, self.datasets, {d: {n: plans[n] for n in names} for d, plans in self.methods.items()},
                        self.attack)
 
+    def for_dataset(self, config: Any) -> RunPlan | None:
+        """The plan of a suite's run of one of its datasets (`config`: this plan's config but for its dataset, and
+        its out and classnames), from what this plan resolved for that dataset; None where `config` differs in
+        anything else (a corruption suite's entry: resolved by the run itself)."""
+        free = ("dataset", "out", "classnames")
+        same = all(getattr(config, f.name) == getattr(self.config, f.name)
+                   for f in dataclasses.fields(self.config) if f.name not in free)
+        if not same or config.dataset not in self.methods:
+            return None
+        return RunPlan(config, (config.dataset,), {config.dataset: self.methods[config.dataset]}, self.attack)
+
     def method_configs(self, dataset: str | None = None) -> dict[str, MethodConfig]:
         """Each method's effective config on `dataset` (default: the run's)."""
         return {name: m.config for name, m in self.method_plans(dataset).items()}
@@ -280,9 +291,10 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     problem = adaptive_problem(config, names)
     if problem:
         raise PlanError(problem)
-    problem = shift_problem(config)
-    if problem:
-        raise PlanError(problem)
+    for dataset in [config.dataset, *(d for d in datasets or [] if d != config.dataset)]:   # a suite's each
+        problem = shift_problem(dataclasses.replace(config, dataset=dataset))
+        if problem:
+            raise PlanError(problem)
     resolved = dataclasses.replace(config, methods=names)
     plans: dict[str, dict[str, MethodPlan]] = {}
     unusable: list[str | None] = []   # a config in range that a run cannot use (a missing folder): after the ranges
