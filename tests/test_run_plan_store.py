@@ -53,6 +53,7 @@ def _argv(root, out, *extra):
             "--out", str(out), *extra]
 
 
+@pytest.mark.slow
 def test_dry_run_lists_the_store_keys_the_run_then_writes_and_the_frozen_encoders_folder(setup, capsys):
     # three encodings: zero-shot's and DiffTPT's default family at 3 views (fp32 on the CPU, whatever each asks),
     # TDA's AugMix family, and DiffTPT's generated views (its frozen encoder of view 0, keyed by the folder)
@@ -126,6 +127,7 @@ def resolutions(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_encode_and_later_orders_are_handed_the_checks_plan(setup, tmp_path, resolutions):
     # `shiftlab encode` narrows the plan to the methods it stores (RLCF reads pixels); `--orders 2` runs its second
     # order of the online methods with the first's plan
@@ -140,6 +142,7 @@ def test_encode_and_later_orders_are_handed_the_checks_plan(setup, tmp_path, res
     assert (tmp_path / "orders" / "orders.md").is_file()
 
 
+@pytest.mark.slow
 def test_a_suite_hands_each_dataset_its_part_of_the_checks_plan(setup, tmp_path, resolutions):
     from shiftlab.synthetic import make_imagenet_r
     from test_suites import make_imagenet_a
