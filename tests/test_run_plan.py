@@ -64,29 +64,33 @@ def test_a_refused_setting_is_one_line():
     assert plan.config.settings() == ["clean", "pgd"] and plan.method_plans()["tda"].kind == "online"
 
 
-def _effective_config_callers() -> list[tuple[str, str]]:
-    """(module, function) of every call of `effective_config` in the package."""
+def _callers(function: str) -> list[tuple[str, str]]:
+    """(module, enclosing function or "<module>") of every call of `function` (by name or attribute) in the
+    package, one row per call site."""
     found = []
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text()
-        if "effective_config" not in text:
+        if function not in text:
             continue
         tree = ast.parse(text)
+        enclosing = {}
         for func in ast.walk(tree):
-            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(func):
-                callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
-                name = getattr(callee, "id", None) or getattr(callee, "attr", None)
-                if name == "effective_config":
-                    found.append((str(path.relative_to(SRC.parent)), func.name))
-    return sorted(set(found))
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(func):
+                    enclosing.setdefault(node, func.name)   # ast.walk is breadth-first: the outermost function
+        for node in ast.walk(tree):
+            callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            if (getattr(callee, "id", None) or getattr(callee, "attr", None)) == function:
+                found.append((str(path.relative_to(SRC.parent)), enclosing.get(node, "<module>")))
+    return sorted(found)
 
 
-def test_effective_config_has_one_call_site_per_path():
-    # a run resolves its methods in its plan; `create_method` builds one method outside a run (the library API)
-    assert _effective_config_callers() == [("shiftlab/engine/run_plan.py", "resolve_plan"),
-                                           ("shiftlab/methods/base.py", "create_method")]
+def test_effective_config_has_one_production_call_site():
+    # one function resolves a method's config: a run's plan asks it per method and dataset, `create_method` (the
+    # library) for the method it builds
+    assert _callers("effective_config") == [("shiftlab/methods/catalogue/method_plan.py", "plan_method")]
+    assert _callers("plan_method") == [("shiftlab/engine/run_plan.py", "resolve_plan"),
+                                       ("shiftlab/methods/base.py", "create_method")]
 
 
 DRY_RUN = """
@@ -109,7 +113,7 @@ def data(tmp_path_factory):
 def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path):
     out = tmp_path / "run"
     argv = ["run", "--data", str(data), "--out", str(out), "--methods", "tpt,tda", "--views", "8",
-            "--set", "tda.pos_alpha=2", "--allow-partial", "--dry-run"]
+            "--set", "tda.pos_alpha=2", "--allow-partial", "--features", str(tmp_path / "fs"), "--dry-run"]
     proc = subprocess.run([sys.executable, "-c", DRY_RUN, json.dumps(argv)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -119,7 +123,10 @@ def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path
     assert text.startswith("methods: tpt, tda  (protocol leaderboard, precision auto)")
     assert "  tda (online, reads frozen_features): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
     assert "  views encoded: 8 at precision auto" in text
-    assert not out.exists()
+    # the feature-store entry on either device "auto" may find, without torch: fp16 autocast on CUDA, fp32 on the CPU
+    assert "    8 view(s) on cuda: precision fp16, seed 0, storage fp16, recipe {" in text
+    assert "    8 view(s) on cpu: precision fp32, seed 0, storage fp16, recipe {" in text
+    assert not out.exists() and not (tmp_path / "fs").exists()
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"shiftlab encode: error: {problem}", file=sys.stderr)
             return 1
         try:
-            done = encode(cfg, model=model, dataset=datasets[args.dataset])
+            done = encode(cfg, model=model, dataset=datasets[args.dataset], plan=getattr(args, "run_plan", None))
         except (FileExistsError, ValueError) as exc:
             print(f"shiftlab encode: error: {run_command.one_line(exc)}", file=sys.stderr)
             return 2

@@ -522,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
                 cfg.dataset = sequence.name
                 summary = run_engine(cfg, model=model, dataset=sequence)
             elif suite is not None:
-                table = run_suite(cfg, suite, model=model, datasets=datasets)
+                table = run_suite(cfg, suite, model=model, datasets=datasets, plan=plan)
                 if table and not cfg.progress:   # with progress, run_suite prints it
                     print(table_markdown(table))
                 from ..results.suite_table import dataset_dir

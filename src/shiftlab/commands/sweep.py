@@ -76,12 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _defaults(cfg: Any, methods: list[str], point: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Each method's effective config without the grid (the base every point shares), or at `point`: the run
-    plan of `cfg` with the point's fields over its `--set` (`engine.run_plan`, the one place configs resolve)."""
+def _defaults(cfg: Any, methods: list[str]) -> dict[str, Any]:
+    """Each method's effective config under `cfg` without the grid: the base every point shares (or, without
+    `--set`, the method's own), from the plan of a run of `cfg` (`engine.run_plan`)."""
     from ..engine.run_plan import resolve_plan
-    configs = {m: dict(cfg.method_config.get(m, {})) | (point or {}).get(m, {}) for m in methods}
-    plan = resolve_plan(dataclasses.replace(cfg, methods=list(methods), method_config=configs))
+    plan = resolve_plan(dataclasses.replace(cfg, methods=list(methods),
+                                            method_config={m: dict(cfg.method_config.get(m, {})) for m in methods}))
     return plan.method_configs()
 
 
@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     from ..engine.loop import run as run_engine
     from ..engine.prepare import CannotStart
+    from ..engine.run_plan import resolve_plan
     from ..methods.base import get_method_class
     pixels = [m for m in methods if get_method_class(m).spec.needs_pixels]
     if pixels:
@@ -154,9 +155,9 @@ def run(args: argparse.Namespace) -> int:
         for m, fields in point.items():
             variants[variant_name(m, fields)] = dict(cfg.method_config.get(m, {})) | fields
     out = Path(cfg.out)
-    try:
-        summary = run_engine(dataclasses.replace(cfg, methods=list(variants), method_config=variants, resume=True),
-                             model=model, dataset=datasets[args.dataset])
+    try:   # the run's plan: every point's configs, resolved once, handed to the run and read for the table
+        plan = resolve_plan(dataclasses.replace(cfg, methods=list(variants), method_config=variants, resume=True))
+        summary = run_engine(plan.config, model=model, dataset=datasets[args.dataset], plan=plan)
     except (FileExistsError, KeyError, TypeError, ValueError) as exc:
         print(f"shiftlab sweep: error: {run_command.one_line(exc)}", file=sys.stderr)
         return 2
@@ -171,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
     by_key = {(r["point"], r["variant"]): r for r in rows}
     for point in points:
         # `*` only where the point's whole config is the method's own: its grid values and the base (--set) alike
-        published = all(_config_json(effective) == _config_json(own[m])
-                        for m, effective in _defaults(cfg, methods, point).items() if m in point)
+        published = all(_config_json(plan.method_configs()[variant_name(m, fields)]) == _config_json(own[m])
+                        for m, fields in point.items())
         for m, fields in point.items():
             row = by_key.setdefault((point_label(point), variant_name(m, fields)),
                                     {"point": point_label(point), "published": published, "method": m,

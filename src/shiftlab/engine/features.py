@@ -18,6 +18,7 @@ from . import interrupt
 if TYPE_CHECKING:
     from ..models import ClipModel
     from .config import RunConfig
+    from .run_plan import RunPlan
 
 
 class RunFeatures:
@@ -97,15 +98,17 @@ class RunFeatures:
         return f"shiftlab: features: {read} sample(s) read from the store {self.store.root}, {enc} {verb}"
 
 
-def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = None) -> dict[str, int]:
+def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
+           plan: RunPlan | None = None) -> dict[str, int]:
     """Fill `config.features` with the clean view features a run of `config` would encode (every
-    recipe family and precision of `config.methods`), running no method: `shiftlab encode`.
+    recipe family and precision of `config.methods`), running no method: `shiftlab encode`. `plan`: the plan
+    of a run of `config` (`engine.run_plan`, as the CLI's checks resolved it), else resolved here.
     Returns {"samples", "stored_before", "encoded", "errors"}."""
     import dataclasses
 
     from torch.utils.data import DataLoader
 
-    from ..methods.base import get_method_class
+    from ..methods.catalogue.method_config import method_spec
     from ..rundir import identity
     from ..version import __version__
     from . import distributed
@@ -120,16 +123,20 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     dist = distributed.context()
     device = resolve_device(config.device)
     # a copy: the caller's config is not changed; methods that need pixels have nothing to store
-    config = dataclasses.replace(config, methods=[n for n in expand_methods(config.methods, config.model,
-                                                                            config.method_config)
-                                                  if not get_method_class(n).spec.needs_pixels])
+    names = expand_methods(config.methods, config.model, config.method_config)
+    kept = [n for n in names if not method_spec(n).needs_pixels]
+    if plan is not None and plan.config == dataclasses.replace(config, methods=names):
+        plan = plan.only(kept)   # the run's plan without them: nothing resolved again
+    else:
+        plan = resolve_plan(dataclasses.replace(config, methods=kept))
+    config = plan.config
     if dataset is None or model is None:   # as `shiftlab encode` starts (its methods' own models are not needed)
         given = {config.dataset: dataset} if dataset is not None else None
         prepared = prepare(config, [config.dataset], model=model, given=given, method_models=False)
         model, dataset = prepared.model, prepared.datasets[config.dataset]
     model = model.to(device)
     dataset = run_dataset(config, dataset)   # its corruption and OOD images (engine/shifts.py)
-    evaluator = Evaluator.for_run(resolve_plan(config), model, dataset.classnames)
+    evaluator = Evaluator.for_run(plan, model, dataset.classnames)
     order = run_stream(config, dataset)
     run_identity = identity.build(config, model, dataset, evaluator.methods, __version__)
     store = open_run_features(config, dist, dataset, model, run_identity)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..attacks import attack_config, build_attack, split_budgets
+from ..attacks import build_attack, split_budgets
 from ..datasets.objects import as_dataset, is_run_dataset
 from ..methods.base import get_method_class
 from ..methods.catalogue.declarations import TEST_SET
@@ -126,7 +126,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         return run_summary.RunSummary(_run_orders(config, model, dataset, hooks, plan))
     # every setting is checked (methods built, attack built) before the run directory is touched
     evaluator = Evaluator.for_run(plan, model, dataset.classnames)
-    config.attack = attack_config(config.attack)   # what run.json records: every field of the attack
+    config.attack = dict(plan.attack)   # what run.json records: every field of the attack, as the plan filled it
     attacker = _attackers(config, model, evaluator)
     run_dir = record_files.ensure_run_dir(Path(config.out))
     lock = distributed.acquire_for_job(run_dir, dist)   # one writer per run directory, before anything is read
@@ -158,7 +158,7 @@ def _run_orders(config: RunConfig, model: ClipModel, dataset, hooks: RunHooks, p
             sub = dataclasses.replace(config, stream_seed=seeds[k], methods=list(online),
                                       method_config={n: c for n, c in config.method_config.items() if n in online},
                                       out=str(results_orders.order_dir(config.out, k)))
-            run(sub, model, dataset, hooks, group_views=evaluator_views)
+            run(sub, model, dataset, hooks, group_views=evaluator_views, plan=plan.only(online, sub))
     if distributed.context().rank != 0:
         return summary
     table = results_orders.summarize_orders(config.out, config.orders, seeds, online, episodic)

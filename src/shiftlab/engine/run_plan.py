@@ -3,25 +3,34 @@
     plan = resolve_plan(config)                # or a one-line PlanError (a ValueError): the run cannot work
     plan.method_configs()                      # each method's effective config (defaults <- protocol <- views <- --set)
     plan.view_groups()                         # (view-recipe family, precision setting) -> the views encoded
+    plan.encodings("cuda")                     # (family, precision key, views) of each encoding on that device
+    plan.store_keys("cpu")                     # the feature-store entries a --features run reads and writes
+    plan.method_models()                       # each method's CLIPs of its own (RLCF's reward model; torch)
     print(plan.text())                         # what `shiftlab run --dry-run` prints
 
-`resolve_plan` is the one place a run resolves its methods' configs (`catalogue.method_config.effective_config`):
-the CLI's checks (`settings_problem`), `engine.prepare` (the methods' own models), the loop (`Evaluator.for_run`,
-`views_per_group`) and sweeps are handed the plan instead of resolving again. What needs torch or the model
-(each method's extra models, the device's precision groups, the feature-store keys) is asked of the plan by
-the stage that has them (`RunPlan.extra_models`, `engine.step.views_per_group`).
+`resolve_plan` resolves each method of each dataset with `catalogue.method_plan.plan_method`, the one function that
+resolves a method's config (`create_method` builds one with it too). The CLI's checks (`settings_problem`),
+`engine.prepare` (the methods' own models), the loop (`Evaluator.for_run`, `views_per_group`, the attack run.json
+records) and sweeps are handed the plan instead of resolving again. What needs torch (each method's own models) is
+asked of the plan by the stage that has it; what depends on the device (a precision setting's key) takes the
+device's type.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..methods.catalogue.method_plan import MethodPlan, plan_method
+
 if TYPE_CHECKING:
     from ..methods.catalogue.declarations import MethodConfig
     from ..views.recipe import ViewRecipe
+
+__all__ = ["MethodPlan", "PlanError", "RunPlan", "expand_names", "recipe_key", "resolve_plan"]
 
 
 def recipe_key(recipe: ViewRecipe) -> str:
@@ -31,37 +40,6 @@ def recipe_key(recipe: ViewRecipe) -> str:
 
 class PlanError(ValueError):
     """The first reason a run cannot work, as one line (what `settings_problem` returns)."""
-
-
-@dataclass(frozen=True)
-class MethodPlan:
-    """One method of a run: its name in the run (a sweep's variant `tda@pos_alpha=2.0` too), its kind
-    ("episodic" or "online"), its effective config and what it reads (its capabilities' `reads`: the frozen
-    view features, a tower of its own, a frozen encoder of its own, which the engine computes and a feature
-    store keeps)."""
-    name: str
-    kind: str
-    config: MethodConfig
-    reads: tuple[str, ...] = ()
-
-    @property
-    def recipe(self) -> ViewRecipe:
-        """The views it reads (`Method.view_recipe`): its config's recipe, or view 0 alone."""
-        from ..views.recipe import ViewRecipe
-        views = getattr(self.config, "views", None)
-        return views if isinstance(views, ViewRecipe) else ViewRecipe(n_views=1)
-
-    @property
-    def precision(self) -> str:
-        """Its precision setting ("auto": the run's)."""
-        return getattr(self.config, "precision", "auto")
-
-    def to_dict(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self.config)
-        fields.pop("views", None)
-        fields.pop("precision", None)
-        return {"kind": self.kind, "reads": list(self.reads), "views": self.recipe.to_dict(),
-                "precision": self.precision, "config": fields}
 
 
 @dataclass(frozen=True)
@@ -79,6 +57,28 @@ class RunPlan:
             dataset = self.config.dataset if self.config.dataset in self.methods else self.datasets[0]
         return self.methods[dataset]
 
+    def only(self, names: Sequence[str], config: Any = None) -> RunPlan:
+        """This plan narrowed to the methods `names` (a subset: whatever refused none of them refuses none of
+        these), for `config` (default: this plan's, with those methods): `--orders`' later orders, `shiftlab encode`
+        without the methods that read pixels; nothing is resolved again."""
+        missing = [n for n in names if n not in self.method_plans()]
+        if missing:
+            raise ValueError(f"the run's plan has no method {', '.join(missing)}")
+        config = config if config is not None else dataclasses.replace(self.config, methods=list(names))
+        return RunPlan(config, self.datasets, {d: {n: plans[n] for n in names} for d, plans in self.methods.items()},
+                       self.attack)
+
+    def for_dataset(self, config: Any) -> RunPlan | None:
+        """The plan of a suite's run of one of its datasets (`config`: this plan's config but for its dataset, and
+        its out and classnames), from what this plan resolved for that dataset; None where `config` differs in
+        anything else (a corruption suite's entry: resolved by the run itself)."""
+        free = ("dataset", "out", "classnames")
+        same = all(getattr(config, f.name) == getattr(self.config, f.name)
+                   for f in dataclasses.fields(self.config) if f.name not in free)
+        if not same or config.dataset not in self.methods:
+            return None
+        return RunPlan(config, (config.dataset,), {config.dataset: self.methods[config.dataset]}, self.attack)
+
     def method_configs(self, dataset: str | None = None) -> dict[str, MethodConfig]:
         """Each method's effective config on `dataset` (default: the run's)."""
         return {name: m.config for name, m in self.method_plans(dataset).items()}
@@ -94,17 +94,79 @@ class RunPlan:
             out[key] = max(out.get(key, 0), recipe.n_views)
         return out
 
+    def encodings(self, device_type: str, dataset: str | None = None) -> list[tuple[str, str, int]]:
+        """(view-recipe family, precision key, views) of each encoding the engine makes of a sample on a device of
+        `device_type` ("cpu", "cuda"): per family in the order of the methods reading it, per precision key
+        (`models.precision.precision_key`: what each method's setting does there), the most views a method of the
+        group reads (`engine.step.views_per_group`, what `Runner` encodes and keys the feature store with)."""
+        from ..models.precision import precision_key
+        most: dict[tuple[str, str], int] = {}
+        for m in self.method_plans(dataset).values():
+            key = (recipe_key(m.recipe), precision_key(m.precision, device_type, self.config.precision))
+            most[key] = max(most.get(key, 0), m.recipe.n_views)
+        families = list(dict.fromkeys(family for family, _ in most))
+        return [(family, precision, n) for f in families for (family, precision), n in most.items() if family == f]
+
+    def store_skipped(self, dataset: str | None = None) -> str | None:
+        """Why a run of the plan reads and writes no feature store (no --features, an attacked setting, a method
+        that reads pixels), or None."""
+        from ..options import say
+        if not self.config.features:
+            return f"no feature store ({say('features')} DIR keeps the view features)"
+        if self.config.settings() != ["clean"]:
+            return "no feature store read or written: an attacked setting decodes every sample"
+        pixels = [name for name, m in self.method_plans(dataset).items() if m.needs_pixels]
+        if pixels:
+            return f"no feature store read or written: {', '.join(pixels)} read pixels, so every sample is decoded"
+        return None
+
+    def store_keys(self, device_type: str, dataset: str | None = None) -> list[dict[str, Any]]:
+        """The fields this plan decides of every feature-store entry (`rundir.feature_store.feature_key`) a run
+        reads and writes on a device of `device_type`: one per encoding (`encodings`), then one per method that
+        reads a frozen encoder of its own (its view 0, `"encoder_of"`: the method; the run keys it by the
+        encoder's identity, known when the method is built). The rest of a key (the samples, the model's
+        weights and preprocessing, the device) is the run's. Empty where `store_skipped` says why."""
+        if self.store_skipped(dataset):
+            return []
+        from ..models.precision import precision_key
+        c = self.config
+        shared = {"seed": c.seed, "storage": c.features_dtype}
+        keys = [{"recipe": json.loads(family), "n_views": n, "precision": precision, **shared}
+                for family, precision, n in self.encodings(device_type, dataset)]
+        keys += [{"recipe": json.loads(recipe_key(m.recipe)), "n_views": 1,
+                  "precision": precision_key(m.precision, device_type, c.precision), **shared, "encoder_of": name}
+                 for name, m in self.method_plans(dataset).items() if m.reads_frozen_encoder]
+        return keys
+
+    def method_models(self, dataset: str | None = None) -> dict[str, list[Any]]:
+        """Each method's CLIPs of its own (`Method.extra_models`: RLCF's reward model) under its config, for the
+        methods that can have one: those running a tower of their own on pixels (`MethodPlan.needs_pixels`), so
+        a plan of the others imports no torch; the methods without any are left out."""
+        out = {}
+        for name, m in self.method_plans(dataset).items():
+            if m.needs_pixels:
+                from ..methods.base import get_method_class
+                extra = get_method_class(name).extra_models(m.config)
+                if extra:
+                    out[name] = list(extra)
+        return out
+
     def extra_models(self) -> dict[tuple[str, str | None, int], tuple[str, str]]:
         """(arch, pretrained, seed) -> (the first method that loads it, how to choose another), over every
-        dataset: the CLIPs the methods load themselves (`Method.extra_models`, RLCF's reward model). Imports
-        the methods' code (torch)."""
-        from ..methods.base import get_method_class
+        dataset: the CLIPs the methods load themselves (`method_models`), which `engine.prepare` loads before
+        any work. Imports the code of the methods that read pixels (torch)."""
         wanted: dict[tuple[str, str | None, int], tuple[str, str]] = {}
-        for plans in self.methods.values():
-            for name, m in plans.items():
-                for extra in get_method_class(name).extra_models(m.config):
+        for dataset in self.datasets:
+            for name, extra_models in self.method_models(dataset).items():
+                for extra in extra_models:
                     wanted.setdefault((extra.arch, extra.pretrained, extra.seed), (name, extra.settings))
         return wanted
+
+    def device_types(self) -> list[str]:
+        """The device types a run of the plan may encode on: the one its `device` names, or with "auto" CUDA's
+        and the CPU's (which one is found when torch is loaded)."""
+        device = str(self.config.device)
+        return ["cuda", "cpu"] if device == "auto" else [device.split(":")[0]]
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-able data (what `shiftlab run --dry-run --json` would print)."""
@@ -112,26 +174,76 @@ class RunPlan:
                 "precision": self.config.precision, "attack": self.attack, "settings": self.config.settings(),
                 "datasets": {d: {name: m.to_dict() for name, m in plans.items()} for d, plans in self.methods.items()},
                 "view_groups": {d: [{"recipe": json.loads(k[0]), "precision": k[1], "n_views": n}
-                                    for k, n in self.view_groups(d).items()] for d in self.datasets}}
+                                    for k, n in self.view_groups(d).items()] for d in self.datasets},
+                "store_keys": {d: {t: self.store_keys(t, d) for t in self.device_types()} for d in self.datasets}}
 
     def text(self) -> str:
-        """The plan in readable lines: per dataset, each method's kind, views, precision and config fields,
-        then the view groups the engine encodes; the attack and settings."""
+        """The plan in readable lines: per dataset, each method's kind, views, precision and config fields, what
+        it reads of its own (its files, models and frozen encoder), the view groups the engine encodes and the
+        feature-store entries it reads and writes; the attack and settings. Imports torch only where a method
+        of the run reads pixels (its own models: `method_models`)."""
         c = self.config
+        weights = c.pretrained or f"random weights, seed {c.seed if c.model_seed is None else c.model_seed}"
+        if c.pretrained and os.path.isfile(os.path.expanduser(c.pretrained)):   # a checkpoint file: its digest
+            weights += f": {_file_identity(os.path.expanduser(c.pretrained))}"
+        base = f", text tower from {c.base_pretrained}" if c.base_pretrained else ""
         lines = [f"methods: {', '.join(self.method_plans())}  (protocol {c.protocol}, precision {c.precision})",
+                 f"model: {c.model} ({weights}{base}); device {c.device}",
                  f"settings: {', '.join(c.settings())}; attack: {json.dumps(self.attack, sort_keys=True)}",
                  f"stream: {c.order}, seed {c.stream_seed_used()}, limit {c.limit}, batch size {c.batch_size}"]
         for dataset, plans in self.methods.items():
             lines.append(f"{dataset}:")
+            models = self.method_models(dataset)
             for name, m in plans.items():
                 d = m.to_dict()
                 fields = ", ".join(f"{k}={v!r}" for k, v in d["config"].items())
                 lines.append(f"  {name} ({m.kind}, reads {' + '.join(m.reads) or 'nothing'}): {m.recipe.n_views} "
                              f"view(s), precision {m.precision}; {fields}")
+                lines += [f"    {name} loads its own model {e.arch} ({e.pretrained or 'random weights'}, seed "
+                          f"{e.seed})" for e in models.get(name, [])]
+                lines += [f"    {name} reads {field}={path} ({_file_identity(path)})"
+                          for field, path in m.files.items()]
+                if m.reads_frozen_encoder:
+                    lines.append(f"    {name} reads view 0 through a frozen encoder of its own where its config uses "
+                                 "one: computed once per sample, stored beside the view features")
             for (family, precision), n in self.view_groups(dataset).items():
                 recipe = {k: v for k, v in json.loads(family).items() if k != "n_views"}
                 lines.append(f"  views encoded: {n} at precision {precision}, recipe {json.dumps(recipe)}")
+            skipped = self.store_skipped(dataset)
+            if skipped:
+                lines.append(f"  feature store: {skipped}")
+                continue
+            lines.append(f"  feature store {c.features}: entries keyed by the samples, the model's weights and "
+                         "preprocessing, the device type and:")
+            for device_type in self.device_types():
+                for key in self.store_keys(device_type, dataset):
+                    lines.append(f"    {key_line(key, device_type if len(self.device_types()) > 1 else None)}")
         return "\n".join(lines)
+
+
+def key_line(key: dict[str, Any], device_type: str | None) -> str:
+    """One feature-store key of a plan as one line (`RunPlan.store_keys`)."""
+    recipe = {k: v for k, v in key["recipe"].items() if k != "n_views"}
+    what = (f"{key['encoder_of']}'s frozen encoder of view 0 (where its config uses one)" if "encoder_of" in key
+            else f"{key['n_views']} view(s)")
+    on = f" on {device_type}" if device_type else ""
+    return (f"{what}{on}: precision {key['precision']}, seed {key['seed']}, storage {key['storage']}, "
+            f"recipe {json.dumps(recipe, sort_keys=True)}")
+
+
+def _file_identity(path: str) -> str:
+    """'file, sha256 <16 hex>' or 'folder' (a folder's identity is its method's: DiffTPT's manifest digest)."""
+    import hashlib
+    if os.path.isdir(path):
+        return "folder"
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    return f"file, sha256 {digest.hexdigest()[:16]}"
 
 
 def expand_names(config: Any) -> list[str]:
@@ -155,7 +267,7 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     from ..attacks import attack_config
     from ..datasets.specs import DATASETS
     from ..methods.catalogue.declarations import refusal, tower_of_name, tower_problem
-    from ..methods.catalogue.method_config import effective_config, method_spec, registered_name
+    from ..methods.catalogue.method_config import method_spec, registered_name
     from ..rundir.stream import stream_problem
     from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem
@@ -179,9 +291,10 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     problem = adaptive_problem(config, names)
     if problem:
         raise PlanError(problem)
-    problem = shift_problem(config)
-    if problem:
-        raise PlanError(problem)
+    for dataset in [config.dataset, *(d for d in datasets or [] if d != config.dataset)]:   # a suite's each
+        problem = shift_problem(dataclasses.replace(config, dataset=dataset))
+        if problem:
+            raise PlanError(problem)
     resolved = dataclasses.replace(config, methods=names)
     plans: dict[str, dict[str, MethodPlan]] = {}
     unusable: list[str | None] = []   # a config in range that a run cannot use (a missing folder): after the ranges
@@ -190,16 +303,15 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
         plans[dataset] = {}
         for name in names:
             try:
-                cfg = effective_config(name, config.protocol, canonical, config.precision, config.run_views(),
-                                       **(config.method_config or {}).get(name, {}))
+                method = plan_method(name, config.protocol, canonical, config.precision, config.run_views(),
+                                     **(config.method_config or {}).get(name, {}))
             except (TypeError, ValueError) as exc:
                 raise PlanError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip())) from None
-            problem = adaptive_views_problem(config, name, cfg)
+            problem = adaptive_views_problem(config, name, method.config)
             if problem:
                 raise PlanError(problem)
-            spec = method_spec(name)
-            unusable.append(spec.config_problem(cfg, config.settings() != ["clean"]))
-            plans[dataset][name] = MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
+            unusable.append(method_spec(name).config_problem(method.config, config.settings() != ["clean"]))
+            plans[dataset][name] = method
     problem = next((p for p in unusable if p), None)
     if problem:
         raise PlanError(problem)

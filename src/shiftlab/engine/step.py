@@ -59,14 +59,8 @@ def view_generators(methods: Mapping[str, Method], preprocess: Preprocess, seed:
 
 def views_per_group(plan: RunPlan, device: torch.device) -> dict[tuple[str, str], int]:
     """(recipe family, precision key) -> the most views of a run's methods in it (what `Runner._groups`
-    encodes), from the effective configs of its plan (`engine.run_plan.RunPlan`), without building them."""
-    out: dict[tuple[str, str], int] = {}
-    for m in plan.method_plans(plan.config.dataset).values():
-        recipe = m.recipe   # as Method.view_recipe
-        precision = resolve_precision(m.precision, device, run=plan.config.precision)
-        key = (recipe_key(recipe), precision.key)
-        out[key] = max(out.get(key, 0), recipe.n_views)
-    return out
+    encodes), from the effective configs of its plan without building them (`engine.run_plan.RunPlan.encodings`)."""
+    return {(family, precision): n for family, precision, n in plan.encodings(device.type, plan.config.dataset)}
 
 
 @dataclass

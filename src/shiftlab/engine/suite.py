@@ -34,6 +34,7 @@ from ..results.suite_table import (
 if TYPE_CHECKING:
     from ..models import ClipModel
     from .config import RunConfig
+    from .run_plan import RunPlan
 
 
 def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequence[str] | None = None,
@@ -106,11 +107,14 @@ def merge_with_previous(suite_dir: str | Path, suite: Suite, config: dict) -> Su
     return SuiteMerge(merged, suite.datasets, tuple(d for d in merged.datasets if d in started))
 
 
-def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None) -> dict:
+def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, datasets: dict | None = None,
+              plan: RunPlan | None = None) -> dict:
     """Run `config` (an engine RunConfig whose `out` is the suite directory) on every dataset of
     the suite, each into `out/<dataset>`; then write the suite table. Returns the table. Without `model` or
     some of the `datasets` (by name), every dataset and the model are prepared first (`engine.prepare`:
-    every problem at once, the partial-dataset rule, `config.allow_partial`); `config` is not changed."""
+    every problem at once, the partial-dataset rule, `config.allow_partial`); `config` is not changed. `plan`: the
+    suite's (`engine.run_plan.resolve_plan` over its datasets, as the CLI's checks resolve it), else resolved here;
+    each dataset's run is handed its part."""
     from . import distributed
     from .config import check_run_config, expand_methods
     from .loop import run as run_engine
@@ -124,7 +128,7 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
         prepared = prepare(config, suite.datasets, model=model, given=datasets)
         model, datasets = prepared.model, prepared.datasets
     suite_dir = Path(config.out)
-    check_suite_settings(config, suite, datasets)
+    plan = check_suite_settings(config, suite, datasets, plan)
     rank0 = distributed.context().rank == 0
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("dataset", "out", "classnames")}
     merge = merge_with_previous(suite_dir, suite, settings)
@@ -137,7 +141,8 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
             print(f"== {suite.name}: {name} -> {dataset_dir(suite_dir, name)}")
         per_dataset = dataclasses.replace(config, **entry_settings(suite, name), out=str(dataset_dir(suite_dir, name)),
                                           methods=list(config.methods))
-        run_engine(per_dataset, model=model, dataset=(datasets or {}).get(per_dataset.dataset))
+        run_engine(per_dataset, model=model, dataset=(datasets or {}).get(per_dataset.dataset),
+                   plan=plan.for_dataset(per_dataset))
     if not rank0:
         return {}
     table = suite_table(suite_dir)
@@ -156,19 +161,22 @@ def entry_settings(suite: Suite, entry: str) -> dict:
     return {"dataset": entry, "classnames": None}
 
 
-def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None = None) -> None:
+def check_suite_settings(config: RunConfig, suite: Suite, datasets: dict | None = None,
+                         plan: RunPlan | None = None) -> RunPlan:
     """Build every dataset's method configs before the first dataset runs, so a setting that cannot work
     on a later dataset stops the suite now with its one-line error, not hours in: an unknown field, DMN-ZS's
     CuPL file missing from a `cupl_file` directory or lacking one of the dataset's classes (when
-    `datasets` holds the built dataset)."""
+    `datasets` holds the built dataset). Returns the suite's plan (`plan` where it is this config's)."""
     from ..methods.head_kinds import check_descriptions
     from .run_plan import resolve_plan
 
     names = (suite.base,) if suite.kind == "corruption" else suite.datasets
     if suite.kind == "corruption":   # resolved as its first entry runs: the command names no one corruption
         config = dataclasses.replace(config, **entry_settings(suite, suite.datasets[0]))
-    plan = resolve_plan(config, names)   # every dataset's method configs (a PlanError: one line)
+    if plan is None or plan.config != config or not set(names) <= set(plan.datasets):
+        plan = resolve_plan(config, names)   # every dataset's method configs (a PlanError: one line)
     for name in names:
         classnames = getattr((datasets or {}).get(name), "classnames", None)
         for method, method_config in plan.method_configs(name).items():
             check_descriptions(method, method_config, classnames)
+    return plan

@@ -45,6 +45,7 @@ from .catalogue.declarations import (
     make_config,
 )
 from .catalogue.method_config import effective_config, registered_name
+from .catalogue.method_plan import plan_method
 from .catalogue.protocols import DEFAULT_PROTOCOL, protocol_overrides
 from .context import ClassHeads, SampleContext
 from .outputs import MethodOutput, Prediction, load_image, make_prediction
@@ -403,13 +404,14 @@ def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads:
                   **config: Any) -> Method:
     """Build a registered method as `protocol` runs it (shiftlab.methods.catalogue.protocols: "leaderboard", the
     defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
-    overridden by `config` (`effective_config`); `run_precision` is the run's precision setting,
+    overridden by `config`, resolved as a run resolves each of its methods (`catalogue.method_plan.plan_method`,
+    which `engine.run_plan.resolve_plan` calls too); `run_precision` is the run's precision setting,
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names
     (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
     get_method_class(name)
     check_model(model)
     check_classnames(classnames, allow_duplicate_names)
-    cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
+    cfg = plan_method(name, protocol, dataset, run_precision, run_views, **config).config
     return build_method(name, model, classnames, cfg, heads=heads, run_precision=run_precision,
                         allow_duplicate_names=allow_duplicate_names)
 

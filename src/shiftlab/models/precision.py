@@ -93,13 +93,7 @@ class Precision:
     def key(self) -> str:
         """What the computation actually does here: "fp32", "fp16", "bf16" or "fp16-pure" (for sharing
         results: image features are shared between methods with equal keys)."""
-        if self.model_dtype is not None:
-            return PURE_FP16
-        dtype = self.amp_dtype
-        if dtype is None:
-            return "fp32"
-        import torch
-        return "bf16" if dtype == torch.bfloat16 else "fp16"
+        return precision_key(self.name, self.device_type)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -125,6 +119,18 @@ def _no_tf32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def precision_key(name: str, device_type: str, run: str = "auto") -> str:
+    """`Precision.key` without torch: what a computation asking for `name` ("auto": the run's `run`) does on a
+    device of `device_type` ("cpu", "cuda", "mps"): "fp32" off CUDA and for fp32; on CUDA "fp16-pure" (the model
+    cast), "bf16", or "fp16" (fp16 and "auto" autocast)."""
+    chosen = run if name == "auto" else name
+    if device_type != "cuda" or chosen == "fp32":
+        return "fp32"
+    if chosen == PURE_FP16:
+        return PURE_FP16
+    return "bf16" if chosen == "bf16" else "fp16"
 
 
 def resolve(name: str, device: torch.device | str, run: str = "auto") -> Precision:

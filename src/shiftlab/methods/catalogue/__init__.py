@@ -14,6 +14,8 @@ is imported.
                       defaults <- protocol <- per-dataset values <- `--set`
     method_config.py  a run's method names (`tda@pos_alpha=2` variants) and the checked config each method
                       runs with (`effective_config`)
+    method_plan.py    `plan_method`: one method resolved as a run (or `create_method`) runs it, the one caller
+                      of `effective_config`; what it reads (capabilities, the files its config names)
     listing.py        the catalogue entries (`entries`: what `shiftlab methods` prints and the CLI checks
                       read), the table blocks (single-image, batch-transductive, transductive) and the
                       methods table (`shiftlab methods --table`)
