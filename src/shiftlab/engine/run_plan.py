@@ -112,7 +112,7 @@ class RunPlan:
         that reads pixels), or None."""
         from ..options import say
         if not self.config.features:
-            return f"no feature store ({say('features')} DIR keeps the view features)"
+            return f"no feature store ({say('features')} keeps the view features)"
         if self.config.settings() != ["clean"]:
             return "no feature store read or written: an attacked setting decodes every sample"
         pixels = [name for name, m in self.method_plans(dataset).items() if m.needs_pixels]
