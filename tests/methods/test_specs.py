@@ -143,6 +143,39 @@ def test_a_class_must_be_where_its_spec_says():
         type("Thing", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Thing"})
 
 
+def test_a_folder_spec_derives_its_name_config_and_impl_unless_declared(monkeypatch):
+    """In `methods/<folder>/spec.py` a `<Stem>Spec` is named after the folder, takes the module's `<Stem>Config` and
+    lives at `shiftlab.methods.<folder>.method:<Stem>`; what it declares wins; elsewhere nothing is derived."""
+    import types
+
+    module = types.ModuleType("shiftlab.methods.scratch_folder.spec")   # no __file__: no card beside it
+
+    @dataclasses.dataclass
+    class ScratchConfig(ViewMethodConfig):
+        weight: float = 1.0
+
+    module.ScratchConfig = ScratchConfig
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    def define(class_name: str, base: type = MethodSpec, **body: object) -> type:
+        return type(class_name, (base,), {"__module__": module.__name__, **body})
+
+    derived = define("ScratchSpec")
+    assert (derived.name, derived.config_class, derived.impl) == (
+        "scratch_folder", ScratchConfig, "shiftlab.methods.scratch_folder.method:Scratch")
+    assert derived.needs_views   # derived from the derived config class
+    variant = define("ScratchBatchSpec", derived, name="scratch_batch")   # a variant: no ScratchBatchConfig here
+    assert (variant.name, variant.config_class, variant.impl) == (
+        "scratch_batch", ScratchConfig, "shiftlab.methods.scratch_folder.method:ScratchBatch")
+    declared = define("ScratchSpec", name="other", impl="elsewhere.module:Other", config_class=ViewMethodConfig)
+    assert (declared.name, declared.config_class, declared.impl) == ("other", ViewMethodConfig, "elsewhere.module:Other")
+    assert define("ScratchSpec", refused="needs source data").impl == ""   # a refused method has no impl
+    outside = type("ScratchSpec", (MethodSpec,), {"__module__": __name__})   # a test's own spec: nothing derived
+    assert (outside.name, outside.impl, outside.config_class) == ("", "", specs.MethodConfig)
+    with pytest.raises(ValueError, match="impl must be 'package.module:Class'"):
+        specs.register_spec(type("Named", (MethodSpec,), {"__module__": module.__name__}), replace=True)
+
+
 @pytest.mark.parametrize("name", sorted(specs.spec_names()))
 def test_every_test_config_is_a_checked_config_of_the_method(name):
     spec = specs.spec(name)

@@ -54,10 +54,7 @@ class AdaContrastConfig(NormTTAConfig):
 
 
 class AdaContrastSpec(MethodSpec):
-    name = "adacontrast"
-    impl = "shiftlab.methods.adacontrast.method:AdaContrast"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = AdaContrastConfig
     own_ood_score = ("AdaContrast's returned score (`score`: max_prob at logit scale 1; "
                      "ttavlm/methods/abstract_model.py get_scores)")
     # the registry-wide tests: a small queue

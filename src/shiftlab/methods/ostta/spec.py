@@ -29,10 +29,7 @@ class OSTTAConfig(NormTTAConfig):
 
 
 class OSTTASpec(MethodSpec):
-    name = "ostta"
-    impl = "shiftlab.methods.ostta.method:OSTTA"
     capabilities = NORM_TTA
-    config_class = OSTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (ostta.py:66-70)
     own_ood_score = ("OSTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "

@@ -47,10 +47,7 @@ class RoTTAConfig(NormTTAConfig):
 
 
 class RoTTASpec(MethodSpec):
-    name = "rotta"
-    impl = "shiftlab.methods.rotta.method:RoTTA"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = RoTTAConfig
     own_ood_score = ("RoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
     # the registry-wide tests: a memory of 4 trained after every batch of the tests' streams

@@ -42,11 +42,8 @@ class SoTTAConfig(NormTTAConfig):
 
 
 class SoTTASpec(MethodSpec):
-    name = "sotta"
-    impl = "shiftlab.methods.sotta.method:SoTTA"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
     capabilities = NORM_TTA
-    config_class = SoTTAConfig
     own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
     # the registry-wide tests: their defaults but a memory of 4 admitting every image, so that it fills and evicts

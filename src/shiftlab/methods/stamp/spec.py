@@ -39,11 +39,8 @@ class STAMPConfig(NormTTAConfig):
 
 
 class STAMPSpec(MethodSpec):
-    name = "stamp"
-    impl = "shiftlab.methods.stamp.method:STAMP"
     # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
     capabilities = NORM_TTA
-    config_class = STAMPConfig
     own_ood_score = ("STAMP's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
                      "get_scores)")
     # the registry-wide tests: their defaults but a small memory admitting every image (the tiny model's entropies

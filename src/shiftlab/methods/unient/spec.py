@@ -36,10 +36,7 @@ class UniEntConfig(NormTTAConfig):
 
 
 class UniEntSpec(MethodSpec):
-    name = "unient"
-    impl = "shiftlab.methods.unient.method:UniEnt"
     capabilities = NORM_TTA
-    config_class = UniEntConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), returned with the batch's logits (unient.py:147-151)
     own_ood_score = ("UniEnt's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
