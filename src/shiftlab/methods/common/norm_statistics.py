@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
 from ..base import Method
-from .norm_adaptation import BatchStatisticsError, _check_batch_statistics
+from .norm_adaptation import BatchStatisticsError, HeadAtScale, _check_batch_statistics
 
 STATISTICS = ("batch", "alpha", "ema", "source")
 
@@ -125,19 +125,11 @@ class StatsTower(nn.Module):
         return self.visual(x)
 
 
-class StatsTowerMethod(Method):
+class StatsTowerMethod(HeadAtScale, Method):
     """A method on a `StatsTower` (`self.tower`, built by the subclass): its class head (`text_head`), its logit
     scale (`logit_scale`, else the model's) and the tower's logits, a batch too small for its statistics refused in
     one line (norm_stats, TTAug, MEMO)."""
     tower: StatsTower
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
 
     def tower_logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) normalised pixels, one batch through the tower (its statistics) -> (B, C) float logits."""
