@@ -41,11 +41,9 @@ def memory_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Paramete
 
 
 class MemoryReplay:
-    """Mixed in before the method's base by SoTTA and STAMP (a `memory` of test images, a `memory_loss` of a batch of
-    them, the config's `sam` and `rho`, OOD scores by `scored_logits`): their update on the remembered images and
-    their outputs."""
+    """Mixed in before the method's base by SoTTA and STAMP (a `memory_loss` of a batch of remembered test images,
+    the config's `sam` and `rho`): their update on the remembered images."""
     config: Any
-    memory: Any
     optimizer: torch.optim.Optimizer
     tower: Any
 
@@ -58,12 +56,3 @@ class MemoryReplay:
         memory_step(self.optimizer, self.tower.adapted_parameters(), loss, lambda: self.memory_loss(images),
                     self.config.rho, self.config.sam)
         return float(loss.detach())
-
-    def memory_outputs(self, pixels: torch.Tensor, losses: list[float], flag: str, flags: list[bool]
-                       ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        """The batch's logits after its updates and one extras dict per image: its OOD score, its `flag` (whether
-        it entered the memory), the memory's size and the first and last update's losses (None: no update)."""
-        logits, scores = self.scored_logits(pixels)   # type: ignore[attr-defined]
-        first, last = (losses[0], losses[-1]) if losses else (None, None)
-        return logits, [{"ood_score": float(s), flag: f, "memory": len(self.memory), "loss": first, "last_loss": last}
-                        for s, f in zip(scores, flags)]

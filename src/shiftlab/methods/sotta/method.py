@@ -118,4 +118,5 @@ class SoTTA(MemoryReplay, OwnOODScoreMethod):
             images = self.memory.contents()
             if images is not None:
                 losses.append(self.step_on_memory(images))
-        return self.memory_outputs(pixels, losses, "admitted", admitted)
+        logits, scores = self.scored_logits(pixels)
+        return logits, self.scored_extras(scores, losses, {"admitted": admitted}, memory=len(self.memory))

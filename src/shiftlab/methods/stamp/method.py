@@ -133,4 +133,6 @@ class STAMP(MemoryReplay, OwnOODScoreMethod):
                 images = self.memory.replay()
                 self.optimizer.zero_grad(set_to_none=True)
                 losses.append(self.step_on_memory(images))
-        return self.memory_outputs(pixels, losses, "reliable", [bool(r) for r in reliable])
+        logits, scores = self.scored_logits(pixels)
+        return logits, self.scored_extras(scores, losses, {"reliable": [bool(r) for r in reliable]},
+                                          memory=len(self.memory))
