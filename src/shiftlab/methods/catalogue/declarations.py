@@ -212,8 +212,8 @@ def method_folder(module: str) -> str | None:
 
 def derive_declarations(cls: type[MethodSpec]) -> None:
     """Set what a spec class in a method folder (`methods/<folder>/spec.py`) leaves undeclared and its folder and
-    class name tell: `name` is the folder's ("rmt"); `config_class` is the `<Stem>Config` its module defines
-    (RMTSpec: RMTConfig), where it defines one (else inherited); `impl` is "shiftlab.methods.<folder>.method:<Stem>"
+    class name tell: `name` is the folder's ("rmt"); `config_class` is the `<Stem>Config` its module holds
+    (RMTSpec: RMTConfig), where it holds one (else inherited); `impl` is "shiftlab.methods.<folder>.method:<Stem>"
     (RMTSpec: ...rmt.method:RMT), a refused spec having none. A declared value always wins: a family folder's
     variants declare their names (tpt/: ctpt, rtpt), a config named otherwise is declared (dmn_zs: DMNConfig)."""
     folder = method_folder(cls.__module__)

@@ -15,8 +15,9 @@ What TENT, EATA, SAR (and DeYO, CLIPArTT, WATT, CLIPTTA) share, as the CLIP tool
   image of the batch through the adapted tower: the subclass's `adapt`), the episodic / continual switch
   (`config.episodic`).
 
-A subclass implements `adapt(pixels) -> (logits, extras)` with the helpers `logits(pixels)` and `step(loss)`,
-and may keep state of its own (`extra_state` / `load_extra_state` / `reset_extra`).
+A subclass implements `adapt(pixels) -> (logits, extras)` with the helpers `logits(pixels)` and `step(loss)`
+(`adapt_on_loss(pixels, loss)` where an update is one step on a loss of the batch's logits: TENT, RPL), and may
+keep state of its own (`extra_state` / `load_extra_state` / `reset_extra`).
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
 from ..base import Method
+from ..context import SampleContext
 from .norm_adaptation import BatchStatisticsError, HeadAtScale, _check_batch_statistics
 
 STATISTICS = ("batch", "alpha", "ema", "source")
@@ -141,3 +142,10 @@ class StatsTowerMethod(HeadAtScale, Method):
         except BatchStatisticsError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         return self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
+
+    def recipe_views(self, ctx: SampleContext, why: str) -> torch.Tensor:
+        """(V, 3, S, S) the sample's views of the method's recipe on the model's device; a one-line ValueError
+        "<name> <why>, not stored features" where the context holds features alone (a feature store's)."""
+        if ctx.views is None:
+            raise ValueError(f"{self.name} {why}, not stored features")
+        return ctx.views[:self.view_recipe.n_views].to(self.model.device)
