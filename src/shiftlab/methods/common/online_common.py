@@ -25,9 +25,10 @@ def view_features(ctx: SampleContext, n_views: int | None) -> torch.Tensor:
 
 
 class OnlineStateAndHead:
-    """Mixed in before `OnlineMethod` by the training-free online methods (TDA, DOTA, ECALP, OnZeta): their state is
-    what `reset()` makes, made at construction too; the class head their config names (`head_kinds.text_head`) is
-    built in `prepare`, kept out of per-image timings."""
+    """Mixed in before `OnlineMethod` by the training-free online methods (DOTA, ECALP, OnZeta): their state is what
+    `reset()` makes, made at construction too; the class head their config names (`head_kinds.text_head`) is built
+    in `prepare`, kept out of per-image timings. (TDA's family base `tda_cache.TDACacheMethod` says the same itself:
+    a family base derives its kind directly, tests/methods/test_scratch_variants.py.)"""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

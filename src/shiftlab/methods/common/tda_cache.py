@@ -20,7 +20,7 @@ from ..context import SampleContext
 from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .confidence import marginal_entropy, select_confident
-from .online_common import OnlineStateAndHead, view_features
+from .online_common import view_features
 
 
 @dataclass
@@ -90,7 +90,7 @@ class TDASample:
     pred: int                   # argmax of `logits` (lowest index on ties)
 
 
-class TDACacheMethod(OnlineStateAndHead, OnlineMethod):
+class TDACacheMethod(OnlineMethod):
     """TDA's training-free dynamic adapter with positive and negative caches (online): TDA as it is, the base of
     the methods that build on its caches (BoostAdapter).
 
@@ -102,6 +102,13 @@ class TDACacheMethod(OnlineStateAndHead, OnlineMethod):
     probabilities). Then, with the updated caches, logits + positive cache logits -
     negative cache logits are the output (softmax gives the probabilities).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.reset()
+
+    def prepare(self) -> None:
+        _ = text_head(self)
 
     def reset(self) -> None:
         self.pos_cache: Cache = {}
