@@ -129,6 +129,18 @@ class Registry(Generic[T]):
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
+    def implementation(self, spec: Any) -> T:
+        """The class a spec's `impl` ("package.module:Class") names, imported the first time and registered here
+        under the spec's name (a method's, an attack's); a TypeError where that class does not name `spec` as its
+        spec."""
+        if spec.name in self:
+            return self.get(spec.name)
+        module, _, qualname = spec.impl.partition(":")
+        cls = getattr(importlib.import_module(module), qualname)
+        if cls.__dict__.get("spec") is not spec:
+            raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
+        return self.register(spec.name, cls)
+
 
 _MISSING = object()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _registered import registered
 from shiftlab.methods.base import Method, MethodOutput, get_method_class
 from shiftlab.methods.catalogue import declarations as specs
 from shiftlab.methods.catalogue.declarations import (
@@ -141,6 +142,54 @@ def test_a_class_must_be_where_its_spec_says():
     spec = type("ElsewhereSpec", (MethodSpec,), {"name": "elsewhere", "impl": "somewhere.else:Thing"})
     with pytest.raises(TypeError, match="whose impl is 'somewhere.else:Thing'"):
         type("Thing", (Method,), {"spec": spec, "__module__": __name__, "__qualname__": "Thing"})
+
+
+def test_a_spec_is_built_from_the_class_its_impl_names_once_and_only_if_that_class_names_it():
+    from shiftlab.methods.tent.method import Tent
+    from shiftlab.registry import Registry
+
+    registry = Registry("method")
+    stranger = type("StrangerSpec", (MethodSpec,), {"name": "stranger", "impl": "shiftlab.methods.tent.method:Tent"})
+    with pytest.raises(TypeError, match="does not name StrangerSpec as its spec"):
+        registry.implementation(stranger)
+    assert "stranger" not in registry
+    assert registry.implementation(Tent.spec) is Tent and list(registry) == ["tent"]
+    assert registry.implementation(Tent.spec) is Tent   # found, not imported again
+
+
+def test_a_folder_spec_derives_its_name_config_and_impl_unless_declared(monkeypatch):
+    """In `methods/<folder>/spec.py` a `<Stem>Spec` is named after the folder, takes the module's `<Stem>Config` and
+    lives at `shiftlab.methods.<folder>.method:<Stem>`; what it declares wins; elsewhere nothing is derived."""
+    import types
+
+    module = types.ModuleType("shiftlab.methods.scratch_folder.spec")   # no __file__: no card beside it
+
+    @dataclasses.dataclass
+    class ScratchConfig(ViewMethodConfig):
+        weight: float = 1.0
+
+    module.ScratchConfig = ScratchConfig
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    def define(class_name: str, base: type = MethodSpec, **body: object) -> type:
+        return type(class_name, (base,), {"__module__": module.__name__, **body})
+
+    derived = define("ScratchSpec")
+    assert (derived.name, derived.config_class, derived.impl) == (
+        "scratch_folder", ScratchConfig, "shiftlab.methods.scratch_folder.method:Scratch")
+    assert derived.needs_views   # derived from the derived config class
+    variant = define("ScratchBatchSpec", derived, name="scratch_batch")   # a variant: no ScratchBatchConfig here
+    assert (variant.name, variant.config_class, variant.impl) == (
+        "scratch_batch", ScratchConfig, "shiftlab.methods.scratch_folder.method:ScratchBatch")
+    declared = define("ScratchSpec", name="other", impl="elsewhere.module:Other", config_class=ViewMethodConfig)
+    assert (declared.name, declared.config_class, declared.impl) == (
+        "other", ViewMethodConfig, "elsewhere.module:Other")
+    assert define("ScratchSpec", refused="needs source data").impl == ""   # a refused method has no impl
+    outside = type("ScratchSpec", (MethodSpec,), {"__module__": __name__})   # a test's own spec: nothing derived
+    assert (outside.name, outside.impl, outside.config_class) == ("", "", specs.MethodConfig)
+    with pytest.raises(ValueError, match="impl must be 'package.module:Class'"), \
+            registered("scratch_folder", spec=type("Named", (MethodSpec,), {"__module__": module.__name__})):
+        pass
 
 
 @pytest.mark.parametrize("name", sorted(specs.spec_names()))

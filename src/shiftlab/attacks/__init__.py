@@ -10,7 +10,6 @@ Importing this package loads no torch (the CLI's checks and the labels in summar
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +49,7 @@ def list_attacks() -> list[str]:
 def get_attack_class(name: str) -> type[Attack]:
     """The class registered as `name`, imported from its spec's `impl` on first use; an unknown name is a
     one-line UnknownNameError (a ValueError)."""
-    spec = specs.spec(name)
-    if spec.name in ATTACKS:
-        return ATTACKS.get(spec.name)
-    module, _, qualname = spec.impl.partition(":")
-    cls = getattr(importlib.import_module(module), qualname)
-    if cls.__dict__.get("spec") is not spec:
-        raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
-    return ATTACKS.register(spec.name, cls)
+    return ATTACKS.implementation(specs.spec(name))
 
 
 def split_budgets(spec: Mapping[str, Any]) -> list[dict[str, Any]]:

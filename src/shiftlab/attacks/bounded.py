@@ -44,6 +44,30 @@ def project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str) -> torc
     return torch.clamp(x + unit(d, "L2") * radius, 0.0, 1.0)
 
 
+def attack_unbroken(model: Model, x: torch.Tensor, y: torch.Tensor, *, restarts: int, n_targets: int | None,
+                    every: bool, attempt: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAttack's schedule of runs (APGD, FAB-T) -> (images, (B,) bool: broken). For each target rank (None alone
+    with `n_targets` None: untargeted; else the classes ranked 2nd, 3rd, ... on the clean image, at most `n_targets`
+    and C - 1), `restarts` runs, each `attempt(x, y, clean_logits, rank, restart) -> (images, (n,) bool: broken)` on
+    the samples still unbroken (those `model` classifies correctly, or all with `every`), in float32; a sample a run
+    breaks takes its image, one never broken keeps its clean image."""
+    x = x.detach().clone().float()
+    with torch.no_grad():
+        clean_logits = model(x)
+    todo = (clean_logits.argmax(dim=1) == y) | every
+    adv, broken = x.clone(), torch.zeros_like(todo)
+    ranks = [None] if n_targets is None else list(range(2, min(n_targets, clean_logits.shape[1] - 1) + 2))
+    for rank in ranks:
+        for restart in range(restarts):
+            idx = todo.nonzero().flatten()
+            if idx.numel() == 0:
+                return adv, broken
+            out, hit = attempt(x[idx], y[idx], clean_logits[idx], rank, restart)
+            adv[idx[hit]], broken[idx[hit]], todo[idx[hit]] = out[hit], True, False
+    return adv, broken
+
+
 def to_uint8(x_adv: torch.Tensor, clean_u8: torch.Tensor, config: BudgetConfig) -> torch.Tensor:
     """A float result (3, S, S) -> uint8 within the budget. L-inf: `quantize` (round or truncate, then the
     8-bit eps-ball). L2: each pixel's change rounded toward zero, so no pixel moves further than the float

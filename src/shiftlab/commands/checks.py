@@ -73,25 +73,26 @@ def fraction_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:   # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+def float_where(ok: Callable[[float], bool], expected: str, must: str, name: str) -> Callable[[str], float]:
+    """A parser of a number `ok` accepts: text that is no number is refused as "expected <expected>", a number `ok`
+    refuses as "must be <must>" (one line each)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return value
+    parse.__name__ = name
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (a concentration, a scale)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+# seconds (nan refused too)
+non_negative_float = float_where(lambda v: v >= 0, "a number of seconds", "0 or more", "non_negative_float")
+# a finite number > 0 (a concentration, a scale)
+positive_float = float_where(lambda v: math.isfinite(v) and v > 0, "a number > 0", "a finite number > 0",
+                             "positive_float")
 
 
 def method_names(text: str) -> list[str]:

@@ -36,8 +36,24 @@ def is_inside(root_real: str, path_real: str) -> bool:
     return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
+class LabelledSamples:
+    """The labels of a dataset holding `samples` ((source, label) pairs) and `classnames` (label -> class name):
+    FolderDataset, ObjectDataset."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)   # type: ignore[attr-defined]
+
+    @property
+    def labels(self) -> list[int]:
+        return [label for _, label in self.samples]   # type: ignore[attr-defined]
+
+    def label(self, i: int) -> int:
+        return self.samples[i][1]   # type: ignore[attr-defined]
+
+
 @dataclass(repr=False)   # its own one-line __repr__, not the whole sample list
-class FolderDataset:
+class FolderDataset(LabelledSamples):
     root: Path  # the dataset folder itself (after resolving a parent root)
     samples: list[tuple[str, int]]  # (relative posix path, label), sorted by path
     classnames: list[str]  # label -> CLIP class name
@@ -68,9 +84,6 @@ class FolderDataset:
         from .imageio import decode_image  # numpy and PIL, loaded with the first image: the table reads no image
         return decode_image(self.path(i))
 
-    def label(self, i: int) -> int:
-        return self.samples[i][1]
-
     def source(self, i: int) -> str:
         """Where sample i's bytes come from, as a person reads it (a file; `shard.tar/member`; `file#row`)."""
         return str(self.path(i))
@@ -82,14 +95,6 @@ class FolderDataset:
     def content_digest(self, i: int) -> str:
         """SHA-256 of sample i's encoded bytes: its identity in a feature store, whatever the layout."""
         return hashlib.sha256(self.read_bytes(i)).hexdigest()
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classnames)
-
-    @property
-    def labels(self) -> list[int]:
-        return [label for _, label in self.samples]
 
     def require_complete(self, max_empty_fraction: float = MAX_EMPTY_FRACTION) -> None:
         """Raise ``DatasetError`` when more than ``max_empty_fraction`` of the classes have no sample:

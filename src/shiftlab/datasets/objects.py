@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import DatasetError
+from .base import DatasetError, LabelledSamples
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -61,7 +61,7 @@ def _to_pil(image: Any, where: str) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array)).convert("RGB")
 
 
-class ObjectDataset:
+class ObjectDataset(LabelledSamples):
     """A map-style dataset object as a run's dataset (see the module docstring); `base` is the object."""
 
     found_layout = "a dataset object"
@@ -84,17 +84,6 @@ class ObjectDataset:
     def __repr__(self) -> str:
         return (f"ObjectDataset({self.name!r}, {type(self.base).__name__}, {len(self.samples)} samples, "
                 f"{len(self.classnames)} classes)")
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classnames)
-
-    @property
-    def labels(self) -> list[int]:
-        return [label for _, label in self.samples]
-
-    def label(self, i: int) -> int:
-        return self.samples[i][1]
 
     def image(self, i: int) -> Image.Image:
         return _to_pil(self.base[i][0], self.source(i))

@@ -15,7 +15,6 @@ Every config field declares its valid range beside its default (`shiftlab.params
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -381,13 +380,7 @@ def get_method_class(name: str) -> type[Method]:
     problem = method_specs.refusal(spec.name)
     if problem:
         raise ValueError(problem)
-    if spec.name in _REGISTRY:
-        return _REGISTRY.get(spec.name)
-    module, _, qualname = spec.impl.partition(":")
-    cls = getattr(importlib.import_module(module), qualname)
-    if cls.__dict__.get("spec") is not spec:
-        raise TypeError(f"{spec.impl} does not name {spec.__qualname__} as its spec")
-    return _REGISTRY.register(spec.name, cls)
+    return _REGISTRY.implementation(spec)
 
 
 def describe(protocol: str, name: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..bounded import BoundedAttack, Model, project, unit
+from ..bounded import BoundedAttack, Model, attack_unbroken, project, unit
 from .spec import APGDCESpec
 
 LOSSES = ("ce", "dlr-targeted")
@@ -102,25 +102,17 @@ def apgd(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, norm: st
     `"dlr-targeted"`: for each of the `n_targets` classes ranked 2nd, 3rd, ... on the clean image (at most
     C - 1), `restarts` runs on the targeted DLR loss, each on the samples still unbroken. `every`: attack the
     misclassified samples too (each gets its last iterate, which only climbs the true class's loss)."""
-    x = x.detach().clone().float()
-    with torch.no_grad():
-        clean_logits = model(x)
-    todo = (clean_logits.argmax(dim=1) == y) | every
-    adv, broken = x.clone(), torch.zeros_like(todo)
-    ranks = [None] if loss == "ce" else list(range(2, min(n_targets, clean_logits.shape[1] - 1) + 2))
-    for rank in ranks:
-        for _ in range(restarts):
-            idx = todo.nonzero().flatten()
-            if idx.numel() == 0:
-                return adv, broken
-            target = None
-            if rank is not None:
-                with torch.no_grad():
-                    target = model(x[idx]).sort(dim=1)[1][:, -rank]
-            out, hit, _, _ = apgd_run(model, x[idx], y[idx], eps=eps, norm=norm, steps=steps, rho=rho, loss=loss,
-                                target=target)
-            adv[idx[hit]], broken[idx[hit]], todo[idx[hit]] = out[hit], True, False
-    return adv, broken
+    def attempt(xs: torch.Tensor, ys: torch.Tensor, clean_logits: torch.Tensor, rank: int | None, restart: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        target = None
+        if rank is not None:
+            with torch.no_grad():
+                target = model(xs).sort(dim=1)[1][:, -rank]
+        out, hit, _, _ = apgd_run(model, xs, ys, eps=eps, norm=norm, steps=steps, rho=rho, loss=loss, target=target)
+        return out, hit
+
+    return attack_unbroken(model, x, y, restarts=restarts, n_targets=None if loss == "ce" else n_targets, every=every,
+                           attempt=attempt)
 
 
 class APGDCE(BoundedAttack):

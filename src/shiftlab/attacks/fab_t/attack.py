@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from ..bounded import BoundedAttack, Model, flat_norm
+from ..bounded import BoundedAttack, Model, attack_unbroken, flat_norm
 from .spec import FABTSpec
 
 L2_ACTIVE = 1e-8   # an L2 step leaves a pixel whose weight is below this alone (the original's threshold)
@@ -111,24 +111,17 @@ def fab_t(model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, norm: s
     from the clean image, the others from a random start) on the samples still unbroken; a sample is broken
     when the closest adversarial point found lies within `eps`. A sample not broken (or misclassified
     already, without `every`) keeps its clean image, as in the original."""
-    x = x.detach().clone().float()
-    with torch.no_grad():
-        clean_logits = model(x)
-    todo = (clean_logits.argmax(dim=1) == y) | every
-    adv, broken = x.clone(), torch.zeros_like(todo)
-    for rank in range(2, min(n_targets, clean_logits.shape[1] - 1) + 2):
-        for restart in range(restarts):
-            idx = todo.nonzero().flatten()
-            if idx.numel() == 0:
-                return adv, broken
-            target = clean_logits[idx].sort(dim=1)[1][:, -rank]
-            start = random_start(x[idx], eps, norm) if restart > 0 else None
-            out, _ = fab_run(model, x[idx], y[idx], target, norm=norm, steps=steps, alpha_max=alpha_max, eta=eta,
-                             beta=beta, start=start)
-            with torch.no_grad():
-                hit = (model(out).argmax(dim=1) != y[idx]) & (flat_norm(out - x[idx], norm).flatten() <= eps)
-            adv[idx[hit]], broken[idx[hit]], todo[idx[hit]] = out[hit], True, False
-    return adv, broken
+    def attempt(xs: torch.Tensor, ys: torch.Tensor, clean_logits: torch.Tensor, rank: int, restart: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        target = clean_logits.sort(dim=1)[1][:, -rank]
+        start = random_start(xs, eps, norm) if restart > 0 else None
+        out, _ = fab_run(model, xs, ys, target, norm=norm, steps=steps, alpha_max=alpha_max, eta=eta, beta=beta,
+                         start=start)
+        with torch.no_grad():
+            hit = (model(out).argmax(dim=1) != ys) & (flat_norm(out - xs, norm).flatten() <= eps)
+        return out, hit
+
+    return attack_unbroken(model, x, y, restarts=restarts, n_targets=n_targets, every=every, attempt=attempt)
 
 
 class FABT(BoundedAttack):

@@ -142,4 +142,4 @@ class AdaContrast(OwnOODScoreMethod):
         losses = [self.adapt_once(pixels, step) for step in range(self.config.steps)]
         self.batches += 1
         logits, scores = self.scored_logits(pixels)
-        return logits, [{"ood_score": float(sc), "loss": losses[0], "last_loss": losses[-1]} for sc in scores]
+        return logits, self.scored_extras(scores, losses)

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 # the strong augmentations their --aug_type offers (configuration.py:278; common/moco_augment.strong_view)
 AUG_TYPES = ("moco-v2", "moco-v1")
@@ -53,12 +52,6 @@ class AdaContrastConfig(NormTTAConfig):
     ood_logit_scale: float = param(1.0, gt=0)
 
 
-class AdaContrastSpec(MethodSpec):
-    name = "adacontrast"
-    impl = "shiftlab.methods.adacontrast.method:AdaContrast"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = AdaContrastConfig
-    own_ood_score = ("AdaContrast's returned score (`score`: max_prob at logit scale 1; "
-                     "ttavlm/methods/abstract_model.py get_scores)")
+class AdaContrastSpec(ReturnedScoreSpec):
     # the registry-wide tests: a small queue
     test_config = {"queue_size": 16}

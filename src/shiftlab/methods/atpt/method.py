@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common.confidence import marginal_entropy
-from ..common.prompt_tuning import PromptTuning
+from ..common.prompt_tuning import PenalisedPromptTuning
 from ..kinds import EpisodicMethod
 from .spec import ATPTSpec
 
@@ -25,17 +24,14 @@ def min_angles(text_features: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.acos(gram.max(dim=-1).values.clamp(-tau, tau))
 
 
-class ATPT(PromptTuning, EpisodicMethod):
+class ATPT(PenalisedPromptTuning, EpisodicMethod):
     """A-TPT: TPT's marginal entropy -/+ lambda x the mean nearest-class angle of the class features."""
     spec = ATPTSpec
 
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        cfg = self.config
-        entropy_loss = marginal_entropy(selected_logits)
-        angle = min_angles(text_features, cfg.tau).mean(-1)
-        sign = -1.0 if cfg.objective == "maximize" else 1.0
-        return entropy_loss + sign * cfg.lambda_angular * angle, {"entropy_loss": entropy_loss, "min_angle": angle}
+    penalty_name = "min_angle"
 
-    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        logits, _ = super().readout(image_features, text_features)
-        return logits, {"min_angle_after": min_angles(text_features, self.config.tau).mean(-1)}
+    def penalty(self, text_features: torch.Tensor) -> torch.Tensor:
+        return min_angles(text_features, self.config.tau).mean(-1)
+
+    def penalty_weight(self) -> float:
+        return (-1.0 if self.config.objective == "maximize" else 1.0) * self.config.lambda_angular

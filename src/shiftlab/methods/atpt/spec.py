@@ -26,6 +26,4 @@ class ATPTConfig(PromptTuningConfig):
 
 
 class ATPTSpec(PromptTuningSpec):
-    name = "atpt"
-    impl = "shiftlab.methods.atpt.method:ATPT"
-    config_class = ATPTConfig
+    """A-TPT: TPT's spec, with the angular term's fields (`ATPTConfig`)."""

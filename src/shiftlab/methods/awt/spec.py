@@ -48,9 +48,6 @@ class AWTConfig(ViewMethodConfig):
 
 
 class AWTSpec(MethodSpec):
-    name = "awt"
-    impl = "shiftlab.methods.awt.method:AWT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = AWTConfig
     text_head = "awt_descriptions"
     test_config = {"n_descriptions": 0}

@@ -36,11 +36,8 @@ class BayesTTAConfig(NormTTAConfig):
 
 
 class BayesTTASpec(MethodSpec):
-    name = "bayestta"
-    impl = "shiftlab.methods.bayestta.method:BayesTTA"
     # class Gaussians updated from every batch, and the image tower's LayerNorms (ViT) or BatchNorms named `bn`
     # (ResNet) stepped and averaged: the state carried from batch to batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = BayesTTAConfig
     # the registry-wide tests' batches are small: the shared covariance without the first batch's test
     test_config = {"covariance": "shared", "lr": 0.01}

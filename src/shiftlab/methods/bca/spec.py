@@ -21,9 +21,6 @@ class BCAConfig(ViewMethodConfig):
 
 
 class BCASpec(MethodSpec):
-    name = "bca"
-    impl = "shiftlab.methods.bca.method:BCA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = BCAConfig
     # thresholds every sample passes on the tiny CLIP, and a light centre weight, so that the state moves
     test_config = {"center_threshold": 0.0, "prior_threshold": 0.0, "center_count": 2}

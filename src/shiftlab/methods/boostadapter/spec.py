@@ -47,11 +47,8 @@ class BoostAdapterConfig(TDAConfig):
 
 
 class BoostAdapterSpec(MethodSpec):
-    name = "boostadapter"
-    impl = "shiftlab.methods.boostadapter.method:BoostAdapter"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     supports_pure_fp16 = True   # as TDA's: --set boostadapter.precision=fp16-pure, the authors' half model (CUDA)
-    config_class = BoostAdapterConfig
     # TDA's, and 2 boosting views of 8
     test_config = {"pos_capacity": 2, "neg_entropy_lower": 0.0, "neg_entropy_upper": 1.0, "view_ratio": 0.25,
                    "delta": 1}

@@ -32,10 +32,7 @@ class CALIPConfig(MethodConfig):
 
 
 class CALIPSpec(MethodSpec):
-    name = "calip"
-    impl = "shiftlab.methods.calip.method:CALIP"
     # the image tower's spatial tokens are not in the frozen (pooled) features: it runs the tower on view 0's pixels
     # itself, once, and reads the global feature from the same pass
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    config_class = CALIPConfig
     test_config = {}

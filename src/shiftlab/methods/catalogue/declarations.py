@@ -3,10 +3,11 @@
 Every method lives in a folder `shiftlab/methods/<name>/` (CONTRIBUTING.md):
 
     spec.py      the config dataclass (cited defaults, declared ranges), a `MethodSpec` subclass: the
-                 method's name, capabilities, a small `test_config`, and `impl`, where its class
-                 lives ("shiftlab.methods.mta.method:MTA"); imports only the standard library and
-                 shiftlab's torch-free modules (tests/methods/test_specs.py imports each in a fresh
-                 interpreter and checks)
+                 method's capabilities and a small `test_config`; its name (the folder's), `config_class`
+                 (the module's `<Stem>Config`) and `impl`, where its class lives ("shiftlab.methods.mta.
+                 method:MTA"), follow from the folder and the class name (`derive_declarations`) unless
+                 declared; imports only the standard library and shiftlab's torch-free modules
+                 (tests/methods/test_specs.py imports each in a fresh interpreter and checks)
     method.py    the torch code: a `Method` subclass naming its spec (`spec = MTASpec`)
     card.toml    its facts as data (summary, paper, protocols, published numbers, fidelity, per-dataset
                  values, label, aliases, cost rows; `cards`), set on its spec class when the class is defined
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -200,6 +202,33 @@ def tower_problem(cls: Any, tower: str | None, model: str) -> str | None:
             + (f": {cls.towers_why}" if cls.towers_why else ""))
 
 
+def method_folder(module: str) -> str | None:
+    """The method folder whose spec module `module` is ("shiftlab.methods.rmt.spec" -> "rmt"), or None (a spec
+    defined anywhere else: a script's, a test's, a shared base in methods/common/)."""
+    package, _, leaf = module.rpartition(".")
+    parent, _, folder = package.rpartition(".")
+    return folder if leaf == "spec" and parent == _PACKAGE and folder not in SHARED_FOLDERS else None
+
+
+def derive_declarations(cls: type[MethodSpec]) -> None:
+    """Set what a spec class in a method folder (`methods/<folder>/spec.py`) leaves undeclared and its folder and
+    class name tell: `name` is the folder's ("rmt"); `config_class` is the `<Stem>Config` its module holds
+    (RMTSpec: RMTConfig), where it holds one (else inherited); `impl` is "shiftlab.methods.<folder>.method:<Stem>"
+    (RMTSpec: ...rmt.method:RMT), a refused spec having none. A declared value always wins: a family folder's
+    variants declare their names (tpt/: ctpt, rtpt), a config named otherwise is declared (dmn_zs: DMNConfig)."""
+    folder = method_folder(cls.__module__)
+    stem = cls.__name__.removesuffix("Spec")
+    if folder is None or stem == cls.__name__:
+        return
+    if "name" not in cls.__dict__:
+        cls.name = folder
+    config = getattr(sys.modules.get(cls.__module__), f"{stem}Config", None)
+    if "config_class" not in cls.__dict__ and isinstance(config, type) and issubclass(config, MethodConfig):
+        cls.config_class = config
+    if "impl" not in cls.__dict__ and not cls.__dict__.get("refused"):
+        cls.impl = f"{_PACKAGE}.{folder}.method:{stem}"
+
+
 class MethodSpec:
     """A method's declaration: subclass it in `methods/<folder>/spec.py` (one class per registered name).
 
@@ -254,6 +283,7 @@ class MethodSpec:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        derive_declarations(cls)
         if cls.__dict__.get("name"):   # its facts: the card beside its spec module (methods/<folder>/card.toml)
             for fact, value in card_facts(cls.__module__, cls.__dict__["name"]).items():
                 if fact in cls.__dict__:
@@ -379,7 +409,8 @@ def register_spec(cls: type[MethodSpec], replace: bool = False) -> type[MethodSp
     if getattr(cls, "refused", "") and cls.impl:
         raise ValueError(f"{cls.__qualname__}: a refused method has no impl, got {cls.impl!r}")
     if not getattr(cls, "refused", "") and (not cls.impl or ":" not in cls.impl):
-        raise ValueError(f"{cls.__qualname__}.impl must be 'package.module:Class', got {cls.impl!r}")
+        raise ValueError(f"{cls.__qualname__}.impl must be 'package.module:Class' (in a method folder, a class "
+                         f"named '<Method>Spec' derives it), got {cls.impl!r}")
     # a spec's `aliases` are the spellings of published tables (shiftlab.results.published), not run names
     return SPECS.register(cls.name, cls, replace=replace)
 

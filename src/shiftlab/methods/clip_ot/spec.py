@@ -42,12 +42,9 @@ class ClipOTConfig(NormTTAConfig):
 
 
 class ClipOTSpec(MethodSpec):
-    name = "clip_ot"
-    impl = "shiftlab.methods.clip_ot.method:ClipOT"
     # the image tower's LayerNorms adapt on whole batches, the state carried from batch to batch (main.py never
     # calls ClipOTMethod.reset)
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = ClipOTConfig
     # its code adapts nn.LayerNorm only (clipot.py:78-83, 100-107): a ResNet tower has none, and their AdamW stops on
     # an empty parameter list
     towers = ("vit",)

@@ -42,9 +42,6 @@ class CLIPArTTConfig(NormTTAConfig):
 
 
 class CLIPArTTSpec(MethodSpec):
-    name = "clipartt"
-    impl = "shiftlab.methods.clipartt.method:CLIPArTT"
     # the image tower's normalisation layers adapt on whole batches, reset before every batch
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
-    config_class = CLIPArTTConfig
     test_config = {"steps": 1, "top_k": 2}

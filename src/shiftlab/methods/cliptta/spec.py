@@ -62,11 +62,8 @@ _PAPER = {"logit_scale": 100.0}
 
 
 class CLIPTTASpec(MethodSpec):
-    name = "cliptta"
-    impl = "shiftlab.methods.cliptta.method:CLIPTTA"
     # the image tower's normalisation layers adapt on whole batches, the state (and the memory) carried along
     capabilities = NORM_TTA
-    config_class = CLIPTTAConfig
     # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
     # (max_prob by default), the score their open-set evaluation reports AUROC/FPR95 with
     own_ood_score = "CLIPTTA's score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py get_scores)"
@@ -78,8 +75,6 @@ class CLIPTTAOODSpec(CLIPTTASpec):
     """CLIPTTA's OOD-aware variant (OCE in the paper): its own OOD score, thresholded by Otsu on each batch, the
     threshold learnt with an ID/OOD separation loss, and only the images above it adapting."""
     name = "cliptta_ood"
-    impl = "shiftlab.methods.cliptta.method:CLIPTTAOOD"
-    config_class = CLIPTTAOODConfig
     own_ood_score = ("CLIPTTA's OOD-aware score (`score`: max_log_prob at logit scale 1, thresholded by Otsu; "
                      "ttavlm/methods/abstract_model.py get_scores)")
     test_config = {"steps": 1, "num_shots": 1, "sample_size": 1}

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA
 from ..common.roid_config import RoidConfig
 
 
@@ -34,9 +35,6 @@ class CMFConfig(RoidConfig):
 
 
 class CMFSpec(MethodSpec):
-    name = "cmf"
-    impl = "shiftlab.methods.cmf.method:CMF"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = CMFConfig
+    capabilities = NORM_TTA
     test_config = {"lr": 0.01}

@@ -15,8 +15,9 @@ What TENT, EATA, SAR (and DeYO, CLIPArTT, WATT, CLIPTTA) share, as the CLIP tool
   image of the batch through the adapted tower: the subclass's `adapt`), the episodic / continual switch
   (`config.episodic`).
 
-A subclass implements `adapt(pixels) -> (logits, extras)` with the helpers `logits(pixels)` and `step(loss)`,
-and may keep state of its own (`extra_state` / `load_extra_state` / `reset_extra`).
+A subclass implements `adapt(pixels) -> (logits, extras)` with the helpers `logits(pixels)` and `step(loss)`
+(`adapt_on_loss(pixels, loss)` where an update is one step on a loss of the batch's logits: TENT, RPL), and may
+keep state of its own (`extra_state` / `load_extra_state` / `reset_extra`).
 """
 from __future__ import annotations
 
@@ -200,7 +201,24 @@ def cloned(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
-class NormTTAMethod(BatchMethod):
+class HeadAtScale:
+    """The class head and logit scale a config with `text_head` and `logit_scale` fields chooses (the classic TTA
+    methods on CLIP, `norm_config.NormTTAConfig`; the statistics methods, `norm_statistics.StatsTowerMethod`)."""
+    config: Any
+    heads: Any
+    model: Any
+
+    @property
+    def head(self) -> torch.Tensor:
+        """(C, D) unit class features: "a photo of a {}." or the 80-template ensemble."""
+        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
+
+    @property
+    def scale(self) -> float:
+        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
+
+
+class NormTTAMethod(HeadAtScale, BatchMethod):
     """Base of the classic batch TTA methods on CLIP (a spec with `Capabilities(reads=OWN_TOWER, state=ONLINE,
     batches=True)` and a config subclassing `norm_config.NormTTAConfig`)."""
 
@@ -240,6 +258,23 @@ class NormTTAMethod(BatchMethod):
         """Adapt on a batch's normalised pixels (B, 3, S, S); return its logits (B, C) and one extras dict per image."""
         raise NotImplementedError
 
+    def adapt_on_loss(self, pixels: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
+                      ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """`adapt` for a method whose update is one optimiser step on `loss(logits)` ((B, C) -> scalar) of the
+        batch's logits, `steps` times (TENT, RPL). Its outputs: the logits of the last forward that adapted, or
+        with the config's `predict_after_update`, of a forward after the updates."""
+        losses, logits = [], None
+        for _ in range(self.config.steps):
+            logits = self.logits(pixels)
+            value = loss(logits)
+            losses.append(float(value.detach()))
+            self.step(value)
+        if self.config.predict_after_update or logits is None:
+            with torch.no_grad():
+                logits = self.logits(pixels)
+        extras = {"loss": losses[0], "last_loss": losses[-1]}
+        return logits.detach(), [dict(extras) for _ in range(pixels.shape[0])]
+
     def extra_state(self) -> dict[str, Any]:
         """The method's own state carried across batches (tensors, numbers, None), for `state_dict`."""
         return {}
@@ -250,16 +285,7 @@ class NormTTAMethod(BatchMethod):
     def reset_extra(self) -> None:
         """Return the method's own state to its initial value."""
 
-    # -- the tower and the head ---------------------------------------------------------------------------
-    @property
-    def head(self) -> torch.Tensor:
-        """(C, D) unit class features: "a photo of a {}." or the 80-template ensemble."""
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
-
+    # -- the tower ----------------------------------------------------------------------------------------------
     def encode(self, pixels: torch.Tensor, tower: nn.Module | None = None) -> torch.Tensor:
         """(B, 3, S, S) normalised pixels -> (B, D) unit features through the adapted tower, or through `tower` (a
         mean teacher's, an anchor's), gradients kept."""

@@ -11,9 +11,10 @@ A method's spec subclasses `NormTTAConfig` and re-declares a field where its own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig
+from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodConfig, MethodSpec
 
 # the OOD scores CLIPTTA's get_scores computes from one view (abstract_model.py:517-538): CLIPTTA's OOD variant,
 # UniEnt and OSTTA record one as their own (`common/ood_scores.py`)
@@ -51,3 +52,17 @@ class NormTTAConfig(MethodConfig):
     # (configuration.py:174, tent.py:46) whatever the model
     logit_scale: float | None = param(None, gt=0)
     text_head: str = param("zeroshot", choices=TEXT_HEADS)  # their default template "A photo of a {}." on ImageNet
+
+
+class ReturnedScoreSpec(MethodSpec):
+    """The spec of a classic TTA method of CLIPTTA's toolkit that returns its `get_scores` (abstract_model.py:517-538)
+    of the adapted tower's cosines with the batch's logits (OSTTA, SoTTA, STAMP, UniEnt, AdaContrast, RoTTA): its
+    config's `score` (max_prob by default) at `ood_logit_scale` (1), recorded as its own OOD score, named after
+    its label unless it declares `own_ood_score`."""
+    capabilities = NORM_TTA
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name and "own_ood_score" not in cls.__dict__:
+            cls.own_ood_score = (f"{cls.label or cls.name}'s returned score (`score`: max_prob at logit scale 1; "
+                                 "ttavlm/methods/abstract_model.py get_scores)")

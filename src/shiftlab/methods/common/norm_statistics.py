@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from ...models.lora_tower import shared_copy
 from ..base import Method
-from .norm_adaptation import BatchStatisticsError, _check_batch_statistics
+from ..context import SampleContext
+from .norm_adaptation import BatchStatisticsError, HeadAtScale, _check_batch_statistics
 
 STATISTICS = ("batch", "alpha", "ema", "source")
 
@@ -125,19 +126,11 @@ class StatsTower(nn.Module):
         return self.visual(x)
 
 
-class StatsTowerMethod(Method):
+class StatsTowerMethod(HeadAtScale, Method):
     """A method on a `StatsTower` (`self.tower`, built by the subclass): its class head (`text_head`), its logit
     scale (`logit_scale`, else the model's) and the tower's logits, a batch too small for its statistics refused in
     one line (norm_stats, TTAug, MEMO)."""
     tower: StatsTower
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self.heads.ensemble if self.config.text_head == "ensemble" else self.heads.zeroshot
-
-    @property
-    def scale(self) -> float:
-        return self.config.logit_scale if self.config.logit_scale is not None else self.model.logit_scale
 
     def tower_logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) normalised pixels, one batch through the tower (its statistics) -> (B, C) float logits."""
@@ -149,3 +142,10 @@ class StatsTowerMethod(Method):
         except BatchStatisticsError as exc:
             raise ValueError(f"{self.name}: {self.model.name}: {exc}") from None
         return self.scale * F.normalize(features.float(), dim=-1) @ self.head.T
+
+    def recipe_views(self, ctx: SampleContext, why: str) -> torch.Tensor:
+        """(V, 3, S, S) the sample's views of the method's recipe on the model's device; a one-line ValueError
+        "<name> <why>, not stored features" where the context holds features alone (a feature store's)."""
+        if ctx.views is None:
+            raise ValueError(f"{self.name} {why}, not stored features")
+        return ctx.views[:self.view_recipe.n_views].to(self.model.device)

@@ -3,7 +3,8 @@ one view's cosine logits at a scale of their own, reduced as their `get_scores` 
 `ttavlm/methods/abstract_model.py:517-538`). The kinds, torch-free: `norm_config.SCORES`."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -38,6 +39,16 @@ class OwnOODScoreMethod(NormTTAMethod):
         with torch.no_grad():
             cosines = self.encode(pixels) @ self.head.T
             return self.scale * cosines, ood_scores(cosines, self.config.score, self.config.ood_logit_scale)
+
+    @staticmethod
+    def scored_extras(scores: torch.Tensor, losses: Sequence[float],
+                      per_image: Mapping[str, Sequence[Any]] | None = None, **batch: Any) -> list[dict[str, Any]]:
+        """One extras dict per image of a batch: its OOD score (`scores`, (B,)), its `per_image` values ({name: one
+        value per image}), the `batch` values, then the first and last update's losses (None where none ran)."""
+        first, last = (losses[0], losses[-1]) if losses else (None, None)
+        per_image = per_image or {}
+        return [{"ood_score": float(score), **{k: v[i] for k, v in per_image.items()}, **batch, "loss": first,
+                 "last_loss": last} for i, score in enumerate(scores)]
 
     def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         outs = super().adapt_batch(ctxs)

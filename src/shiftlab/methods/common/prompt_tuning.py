@@ -177,5 +177,30 @@ class PromptTuning(Method):
         return outputs
 
 
+class PenalisedPromptTuning(PromptTuning):
+    """TPT's marginal entropy of the selected views + a signed weight x a penalty of the class text features, in
+    the same forward pass (C-TPT, O-TPT, N-TPT, A-TPT); the loss's extras hold both terms, the readout's the penalty
+    of the tuned features (`<penalty_name>_after`)."""
+    penalty_name = ""
+
+    def penalty(self, text_features: torch.Tensor) -> torch.Tensor:
+        """(B, C, D) class features -> (B,) the penalty."""
+        raise NotImplementedError
+
+    def penalty_weight(self) -> float:
+        """The penalty's signed weight in the loss."""
+        raise NotImplementedError
+
+    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        entropy_loss = marginal_entropy(selected_logits)
+        penalty = self.penalty(text_features)
+        return (entropy_loss + self.penalty_weight() * penalty,
+                {"entropy_loss": entropy_loss, self.penalty_name: penalty})
+
+    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        logits, _ = super().readout(image_features, text_features)
+        return logits, {f"{self.penalty_name}_after": self.penalty(text_features)}
+
+
 def _scalar(value: torch.Tensor):
     return float(value) if value.numel() == 1 else value.tolist()

@@ -10,18 +10,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...params import param
-from .norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from .norm_config import TOP_LAYER_RULES
+from .sgd_nesterov_config import SGDNesterovConfig
 
 
 @dataclass
-class RoidConfig(NormTTAConfig):
-    """ROID's fields (conf.py:262-270 `_C.ROID`, the yaml's `OPTIM`); CMF's config adds its filter's."""
+class RoidConfig(SGDNesterovConfig):
+    """ROID's fields (conf.py:262-270 `_C.ROID`, the yaml's `OPTIM`: its SGD in `sgd_nesterov_config.py`); CMF's
+    config adds its filter's."""
     method: ClassVar[str] = "roid"      # the name its messages give
-    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (roid.yaml, cmf.yaml)
     lr: float = param(0.00025, gt=0)                        # OPTIM.LR 0.00025 (roid.yaml, cmf.yaml)
-    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
-    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
-    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
     # every BatchNorm, LayerNorm and GroupNorm adapts (roid.py:138-152)
     skip_top_layers: str = param("none", choices=TOP_LAYER_RULES)
     # diversity and certainty weighting of the loss, the less diverse half masked out (ROID.USE_WEIGHTING True,

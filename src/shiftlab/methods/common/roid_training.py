@@ -108,11 +108,8 @@ class RoidTTAMethod(NormTTAMethod):
     def augment(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(B, 3, S, S) normalised -> one random augmentation of the batch (their `tta_transform` on the images in
         [0, 1]: `get_tta_transforms(img_size, padding_mode="reflect", cotta_augs=False)`), normalised."""
-        mean = self.model.mean.to(pixels.device, pixels.dtype)
-        std = self.model.std.to(pixels.device, pixels.dtype)
-        images01 = pixels * std + mean
-        from .tta_transforms import tta_transform  # torchvision, only where the consistency loss runs
-        return self.model.normalize(tta_transform(images01, generator, padding_mode="reflect", cotta_augs=False))
+        from .tta_transforms import augment_normalized  # torchvision, only where the consistency loss runs
+        return augment_normalized(self.model, pixels, generator, padding_mode="reflect", cotta_augs=False)
 
     def loss(self, logits: torch.Tensor, pixels: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,6 +3,7 @@ cliptta at f4221f4, `ttavlm/optimizers/sam.py`, from davda54/sam), shared by SAR
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,3 +38,21 @@ def memory_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Paramete
                 p.copy_(old)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+class MemoryReplay:
+    """Mixed in before the method's base by SoTTA and STAMP (a `memory_loss` of a batch of remembered test images,
+    the config's `sam` and `rho`): their update on the remembered images."""
+    config: Any
+    optimizer: torch.optim.Optimizer
+    tower: Any
+
+    def memory_loss(self, images: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step_on_memory(self, images: torch.Tensor) -> float:
+        """One optimiser step on `memory_loss(images)` (SAM's with `sam`: `memory_step`); the loss's value."""
+        loss = self.memory_loss(images)
+        memory_step(self.optimizer, self.tower.adapted_parameters(), loss, lambda: self.memory_loss(images),
+                    self.config.rho, self.config.sam)
+        return float(loss.detach())

@@ -16,6 +16,7 @@ as theirs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torchvision.transforms.functional as TF
@@ -104,3 +105,11 @@ def tta_transform(images: torch.Tensor, generator: torch.Generator, *, soft: boo
         noise = torch.randn(out.size(), generator=generator) * gaussian_std + 0.0
         out = out + noise.to(out.device)
     return out.clamp(0.0, 1.0)
+
+
+def augment_normalized(model: Any, pixels: torch.Tensor, generator: torch.Generator, **options: Any) -> torch.Tensor:
+    """(B, 3, S, S) normalised by `model` (a ClipModel: its `mean`, `std` and `normalize`) -> one draw of
+    `tta_transform(images, generator, **options)` on the batch's images in [0, 1], normalised again."""
+    mean = model.mean.to(pixels.device, pixels.dtype)
+    std = model.std.to(pixels.device, pixels.dtype)
+    return model.normalize(tta_transform(pixels * std + mean, generator, **options))

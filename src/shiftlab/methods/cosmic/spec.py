@@ -47,12 +47,9 @@ class COSMICConfig(ViewMethodConfig):
 
 
 class COSMICSpec(MethodSpec):
-    name = "cosmic"
-    impl = "shiftlab.methods.cosmic.method:COSMIC"
     # the CLIP view features, and view 0 through DINOv2: a frozen encoding the engine computes once per sample and a
     # feature store holds beside the CLIP features (`COSMIC.frozen_encoder`; none with dino_model=None)
     capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=ONLINE)
-    config_class = COSMICConfig
     # their README and repository hold no result table or image: nothing published to cite
     published: tuple = ()
     offline_config = {"dino_pretrained": "none", "dino_model": "vit_small_patch14_reg4_dinov2"}

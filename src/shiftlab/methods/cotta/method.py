@@ -24,7 +24,7 @@ import torch
 
 from ..common.ema_teacher import MeanTeacher, TeacherAndUpdates, anchor_tower, stochastic_restore_, update_generator
 from ..common.norm_adaptation import NormTower, NormTTAMethod
-from ..common.tta_transforms import tta_transform
+from ..common.tta_transforms import augment_normalized
 from .spec import CoTTASpec
 
 
@@ -50,11 +50,11 @@ class CoTTA(TeacherAndUpdates, NormTTAMethod):
         return student
 
     # -- the computation -------------------------------------------------------------------------------------------
-    def augment(self, images01: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """(B, 3, S, S) in [0, 1] -> one random augmentation of the batch, normalised."""
+    def augment(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(B, 3, S, S) normalised -> one random augmentation of the batch, normalised."""
         cfg = self.config
-        return self.model.normalize(tta_transform(images01, generator, soft=cfg.soft_augmentations,
-                                                  gaussian_std=cfg.gaussian_std))
+        return augment_normalized(self.model, pixels, generator, soft=cfg.soft_augmentations,
+                                  gaussian_std=cfg.gaussian_std)
 
     def teacher_prediction(self, pixels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, bool, float]:
         """The teacher's logits for the batch (augmentation-averaged when the anchor is unsure), whether they were
@@ -63,10 +63,7 @@ class CoTTA(TeacherAndUpdates, NormTTAMethod):
         with torch.no_grad():
             confidence = float(self.logits(pixels, self.anchor).softmax(1).max(1).values.mean(0))
             if confidence < cfg.confidence_threshold:
-                mean = self.model.mean.to(pixels.device, pixels.dtype)
-                std = self.model.std.to(pixels.device, pixels.dtype)
-                images01 = pixels * std + mean
-                outputs = [self.logits(self.augment(images01, generator), self.teacher.tower)
+                outputs = [self.logits(self.augment(pixels, generator), self.teacher.tower)
                            for _ in range(cfg.n_augmentations)]
                 return torch.stack(outputs).mean(0), True, confidence
             return self.logits(pixels, self.teacher.tower), False, confidence

@@ -10,22 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, TOP_LAYER_RULES
+from ..common.sgd_nesterov_config import SGDNesterovConfig
 
 # the consistency losses of cotta.py:131-138: "symmetric" (ImageNet: half each way), "teacher_ce" (CIFAR)
 LOSSES = ("symmetric", "teacher_ce")
 
 
 @dataclass
-class CoTTAConfig(NormTTAConfig):
+class CoTTAConfig(SGDNesterovConfig):
     """mariodoebler's CoTTA (`methods/cotta.py`) with its ImageNet config (`cfgs/imagenet_others/cotta.yaml`); the
-    shared fields in `common/norm_config.py`."""
-    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (cotta.yaml)
+    shared fields in `common/sgd_nesterov_config.py`."""
     lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (cotta.yaml)
-    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
-    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
-    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
     # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; cotta.py:21, 82-88)
     teacher_momentum: float = param(0.999, ge=0, le=1)
     # each entry of each adapted weight restored to the source's with this probability after every step
@@ -48,10 +45,7 @@ class CoTTAConfig(NormTTAConfig):
 
 
 class CoTTASpec(MethodSpec):
-    name = "cotta"
-    impl = "shiftlab.methods.cotta.method:CoTTA"
     # every weight and bias of the image tower adapts on whole batches, with its teacher carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = CoTTAConfig
+    capabilities = NORM_TTA
     test_config = {"n_augmentations": 2, "confidence_threshold": 1.0, "restore_probability": 0.05,
                    "teacher_momentum": 0.9}

@@ -73,12 +73,9 @@ class DeYOConfig(NormTTAConfig):
 
 
 class DeYOSpec(MethodSpec):
-    name = "deyo"
-    impl = "shiftlab.methods.deyo.method:DeYO"
     # the image tower's normalisation layers adapt on whole batches; the state (parameters, momentum, the shuffles'
     # generator) carried from batch to batch
     capabilities = NORM_TTA
-    config_class = DeYOConfig
     # one step; the tiny random CLIP's entropies are near ln C and its PLPDs near 0: both filters opened so that the
     # state moves
     test_config = {"steps": 1, "entropy_margin": 10.0, "plpd_threshold": -1.0}

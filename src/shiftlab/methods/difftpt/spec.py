@@ -31,9 +31,6 @@ class DiffTPTConfig(PromptTuningConfig):
 
 
 class DiffTPTSpec(PromptTuningSpec):
-    name = "difftpt"
-    impl = "shiftlab.methods.difftpt.method:DiffTPT"
-    config_class = DiffTPTConfig
     # the generated views are a frozen encoding of view 0's image (read from the folder, encoded by the frozen
     # tower), which the engine computes once per sample and a feature store holds beside the CLIP features
     capabilities = Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER), state=EPISODIC)

@@ -34,8 +34,6 @@ class DMNConfig(ViewMethodConfig):
 
 
 class DMNZeroShotSpec(MethodSpec):
-    name = "dmn_zs"
-    impl = "shiftlab.methods.dmn_zs.method:DMNZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = DMNConfig
     # the memory fills on a short stream

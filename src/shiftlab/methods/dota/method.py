@@ -15,7 +15,7 @@ import torch
 
 from ..base import MethodOutput
 from ..common.confidence import select_confident
-from ..common.online_common import view_features
+from ..common.online_common import OnlineStateAndHead, view_features
 from ..context import SampleContext
 from ..head_kinds import text_head
 from ..kinds import OnlineMethod
@@ -73,7 +73,7 @@ def shrunk(cov: torch.Tensor, epsilon: float) -> torch.Tensor:
     return (1 - epsilon) * cov + epsilon * eye
 
 
-class DOTA(OnlineMethod):
+class DOTA(OnlineStateAndHead, OnlineMethod):
     """DOTA: online per-class Gaussian estimates of the test features (training-free).
 
     Per sample: zero-shot logits of every view with the text head; the 10% lowest-entropy views
@@ -84,13 +84,6 @@ class DOTA(OnlineMethod):
     recomputed. As in the authors' code, a sample is predicted BEFORE it updates the estimates.
     """
     spec = DOTASpec
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.reset()
-
-    def prepare(self) -> None:
-        _ = text_head(self)
 
     def reset(self) -> None:
         cfg = self.config

@@ -35,10 +35,7 @@ class DOTAConfig(ViewMethodConfig):
 
 
 class DOTASpec(MethodSpec):
-    name = "dota"
-    impl = "shiftlab.methods.dota.method:DOTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = DOTAConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA), as TDA's
     # a fusion weight that matters on a short stream
     test_config = {"text_head": "zeroshot", "rho": 1.0}

@@ -39,10 +39,7 @@ class DPEConfig(ViewMethodConfig):
 
 
 class DPESpec(MethodSpec):
-    name = "dpe"
-    impl = "shiftlab.methods.dpe.method:DPE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = DPEConfig
     supports_pure_fp16 = True   # the authors' half model (`clip.load` on CUDA) under --protocol paper
     cupl_templates = "clip80"   # its tip_cupl head pools CLIP's 80 templates (utils.py:88-89), not Tip-Adapter's 7
     # the cache fills on a short stream

@@ -36,10 +36,7 @@ class DynaPromptConfig(ViewMethodConfig):
 
 
 class DynaPromptSpec(MethodSpec):
-    name = "dynaprompt"
-    impl = "shiftlab.methods.dynaprompt.method:DynaPrompt"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = DynaPromptConfig
     min_views = 2
     min_views_why = "its probability-difference statistic compares view 0 with the other views (one view: NaN)"
     # --protocol paper (ImageNet-R): TPT's fp16 autocast with GradScaler(init_scale=1000)

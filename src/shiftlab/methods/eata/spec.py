@@ -41,8 +41,5 @@ class EATAConfig(NormTTAConfig):
 
 
 class EATASpec(MethodSpec):
-    name = "eata"
-    impl = "shiftlab.methods.eata.method:EATA"
     capabilities = NORM_TTA
-    config_class = EATAConfig
     test_config = {"steps": 1}

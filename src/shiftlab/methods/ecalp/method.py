@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..base import MethodOutput
+from ..common.online_common import FloatTextHead
 from ..context import SampleContext
-from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .spec import ECALPSpec
 
@@ -145,19 +145,9 @@ def propagate(edges: torch.Tensor, weights: torch.Tensor, carried: torch.Tensor,
     return y
 
 
-class ECALP(OnlineMethod):
+class ECALP(FloatTextHead, OnlineMethod):
     """ECALP: label propagation over a growing kNN graph of text and test features (training-free)."""
     spec = ECALPSpec
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.reset()
-
-    def text(self) -> torch.Tensor:
-        return text_head(self).float()
-
-    def prepare(self) -> None:
-        _ = self.text()
 
     def reset(self) -> None:
         self.graph: Graph | None = None

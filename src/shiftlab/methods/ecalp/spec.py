@@ -30,9 +30,6 @@ class ECALPConfig(MethodConfig):
 
 
 class ECALPSpec(MethodSpec):
-    name = "ecalp"
-    impl = "shiftlab.methods.ecalp.method:ECALP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = ECALPConfig
     # neighbours exist on a short stream
     test_config = {"k_image": 3}

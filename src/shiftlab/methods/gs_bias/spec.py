@@ -36,12 +36,9 @@ class GSBiasConfig(ViewMethodConfig):
 
 
 class GSBiasSpec(MethodSpec):
-    name = "gs_bias"
-    impl = "shiftlab.methods.gs_bias.method:GSBias"
     # the views' frozen features (the global bias) and view 0's patch tokens, which the frozen pooled features do
     # not hold: it runs the tower on view 0's pixels itself (the spatial bias)
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
-    config_class = GSBiasConfig
     # clip/model.py: a ViT's patch tokens through ln_post and proj; for RN50 their code reads layer3's unprojected
     # 1024-channel map against the 1024-d class head, which no other CLIP ResNet's widths allow
     towers = ("vit",)

@@ -31,10 +31,7 @@ class HisTPTConfig(ViewMethodConfig):
 
 
 class HisTPTSpec(MethodSpec):
-    name = "histpt"
-    impl = "shiftlab.methods.histpt.method:HisTPT"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = HisTPTConfig
     text_head = "prompt"
     # a short memory so that the banks fill and evict on the registry-wide tests' streams
     test_config = {"memory_size": 3, "hard_topk": 2}

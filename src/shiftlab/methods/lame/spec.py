@@ -41,11 +41,8 @@ class LAMEConfig(MethodConfig):
 
 
 class LAMESpec(MethodSpec):
-    name = "lame"
-    impl = "shiftlab.methods.lame.method:LAME"
     # one frozen feature per image (view 0), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
-    config_class = LAMEConfig
     test_config = {"max_steps": 20}
     # recorded on open-set runs beside MCM (Lame.forward_and_adapt returns get_scores(Y), lame.py:47)
     own_ood_score = ("CLIPTTA's score of LAME (`ood_logit_scale`: max_prob of its assignments Y at scale 1; "

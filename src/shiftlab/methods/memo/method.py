@@ -79,10 +79,7 @@ class MEMO(StatsTowerMethod, EpisodicMethod):
         return self.tower_logits(pixels)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        if ctx.views is None:
-            raise ValueError(f"{self.name} adapts the image tower on the image's views and needs their pixels, not "
-                             "stored features")
-        views = ctx.views[:self.view_recipe.n_views].to(self.model.device)
+        views = self.recipe_views(ctx, "adapts the image tower on the image's views and needs their pixels")
         self.reset()
         losses = []
         with torch.enable_grad():

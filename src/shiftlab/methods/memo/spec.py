@@ -44,12 +44,9 @@ class MEMOConfig(ViewMethodConfig):
 
 
 class MEMOSpec(MethodSpec):
-    name = "memo"
-    impl = "shiftlab.methods.memo.method:MEMO"
     # each image alone (MODEL.EPISODIC True, memo.yaml): every weight and bias of its own tower adapts on the
     # image's augmented views, then predicts the original; reset before the next image
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    config_class = MEMOConfig
     # the loss reads the augmented views (at least one beside the original)
     min_views = 2
     min_views_why = "the marginal entropy is over the augmented views, view 0 is predicted"

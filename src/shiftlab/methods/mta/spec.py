@@ -21,10 +21,7 @@ class MTAConfig(ViewMethodConfig):
 
 
 class MTASpec(MethodSpec):
-    name = "mta"
-    impl = "shiftlab.methods.mta.method:MTA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = MTAConfig
     min_views_why = "each view's bandwidth needs k = int(neighbour_ratio * (N - 1)) >= 1 nearest neighbours"
     @classmethod
     def needed_views(cls, config: Any) -> int:

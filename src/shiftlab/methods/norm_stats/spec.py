@@ -36,10 +36,7 @@ class NormStatsConfig(MethodConfig):
 
 
 class NormStatsSpec(MethodSpec):
-    name = "norm_stats"
-    impl = "shiftlab.methods.norm_stats.method:NormStats"
     # the image tower's BatchNorm layers normalise with the batch's statistics; "ema" carries running statistics
     # from batch to batch (the others carry nothing: their state is empty)
     capabilities = NORM_TTA
-    config_class = NormStatsConfig
     test_config = {"statistics": "ema"}

@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common.confidence import marginal_entropy
-from ..common.prompt_tuning import PromptTuning
+from ..common.prompt_tuning import PenalisedPromptTuning
 from ..kinds import EpisodicMethod
 from .spec import NTPTSpec
 
@@ -26,16 +25,14 @@ def simplex_penalty(text_features: torch.Tensor) -> torch.Tensor:
     return ((cos - 1.0 / (1 - k)) ** 2).sum((-2, -1)) / (k * (k - 1))
 
 
-class NTPT(PromptTuning, EpisodicMethod):
+class NTPT(PenalisedPromptTuning, EpisodicMethod):
     """N-TPT: TPT's marginal entropy + lambda x the simplex penalty of the class features."""
     spec = NTPTSpec
 
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        entropy_loss = marginal_entropy(selected_logits)
-        penalty = simplex_penalty(text_features)
-        return entropy_loss + self.config.lambda_simplex * penalty, {"entropy_loss": entropy_loss,
-                                                                     "simplex": penalty}
+    penalty_name = "simplex"
 
-    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        logits, _ = super().readout(image_features, text_features)
-        return logits, {"simplex_after": simplex_penalty(text_features)}
+    def penalty(self, text_features: torch.Tensor) -> torch.Tensor:
+        return simplex_penalty(text_features)
+
+    def penalty_weight(self) -> float:
+        return self.config.lambda_simplex

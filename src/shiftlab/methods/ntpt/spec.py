@@ -16,6 +16,4 @@ class NTPTConfig(PromptTuningConfig):
 
 
 class NTPTSpec(PromptTuningSpec):
-    name = "ntpt"
-    impl = "shiftlab.methods.ntpt.method:NTPT"
-    config_class = NTPTConfig
+    """N-TPT: TPT's spec, with the simplex penalty's weight (`NTPTConfig`)."""

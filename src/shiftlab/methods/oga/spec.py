@@ -35,10 +35,7 @@ class OGAConfig(MethodConfig):
 
 
 class OGASpec(MethodSpec):
-    name = "oga"
-    impl = "shiftlab.methods.oga.method:OGA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = OGAConfig
     supports_pure_fp16 = True
     # classes fill up: slots replaced, the covariance estimated
     test_config = {"shot_capacity": 3}
@@ -49,7 +46,6 @@ class OGABatchSpec(OGASpec):
     order, the class means and the covariance are re-estimated once, then the batch is predicted
     (runner.py:199-258 with main.py:17's batch_size 32). The state carries from batch to batch."""
     name = "oga_batch"
-    impl = "shiftlab.methods.oga.method:OGABatch"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE, batches=True)
     # one image per batch in the registry-wide tests (its batches: tests/test_oga.py)
     test_config = {"shot_capacity": 3}

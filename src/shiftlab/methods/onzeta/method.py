@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ..base import MethodOutput
+from ..common.online_common import FloatTextHead
 from ..context import SampleContext
-from ..head_kinds import text_head
 from ..kinds import OnlineMethod
 from .spec import OnZetaSpec
 
@@ -40,21 +40,10 @@ def proxy_step(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor, t: torch.Tenso
     return F.normalize(w - (step / tau_i) * torch.outer(v - t, x), dim=1)
 
 
-class OnZeta(OnlineMethod):
+class OnZeta(FloatTextHead, OnlineMethod):
     """OnZeta: online label learning (a dual variable per class) and online proxy learning (a vision
     proxy per class) on view 0's feature; output beta_t p_proxy + (1 - beta_t) p_text (training-free)."""
     spec = OnZetaSpec
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.reset()
-
-    def text(self) -> torch.Tensor:
-        """(C, D) float32 text head (their `.float()` after the half model)."""
-        return text_head(self).float()
-
-    def prepare(self) -> None:
-        _ = self.text()
 
     def reset(self) -> None:
         self.proxy: torch.Tensor | None = None   # (C, D); None: still the text head

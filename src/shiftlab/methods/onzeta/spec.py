@@ -43,10 +43,7 @@ class OnZetaConfig(MethodConfig):
 
 
 class OnZetaSpec(MethodSpec):
-    name = "onzeta"
-    impl = "shiftlab.methods.onzeta.method:OnZeta"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
-    config_class = OnZetaConfig
     supports_pure_fp16 = True
     # the proxy's weight ramps over the tests' 24-sample stream
     test_config = {"stream_length": 24}

@@ -69,6 +69,4 @@ class OSTTA(OwnOODScoreMethod):
             losses.append(float(loss.detach()))
             self.step(loss)
         logits, scores = self.scored_logits(pixels)
-        extras = [{"ood_score": float(s), "kept": bool(k), "loss": losses[0], "last_loss": losses[-1]}
-                  for s, k in zip(scores, kept)]
-        return logits, extras
+        return logits, self.scored_extras(scores, losses, {"kept": [bool(k) for k in kept]})

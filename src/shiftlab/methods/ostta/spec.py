@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import MethodSpec
-from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 
 @dataclass
@@ -28,14 +27,6 @@ class OSTTAConfig(NormTTAConfig):
     ood_logit_scale: float = param(1.0, gt=0)
 
 
-class OSTTASpec(MethodSpec):
-    name = "ostta"
-    impl = "shiftlab.methods.ostta.method:OSTTA"
-    capabilities = NORM_TTA
-    config_class = OSTTAConfig
-    # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
-    # (max_prob by default), returned with the batch's logits (ostta.py:66-70)
-    own_ood_score = ("OSTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
-                     "get_scores)")
+class OSTTASpec(ReturnedScoreSpec):
     # the registry-wide tests: their defaults (one step)
     test_config = {"steps": 1}

@@ -31,10 +31,7 @@ class RLCFConfig(PromptTuningConfig):
 
 
 class RLCFSpec(PromptTuningSpec):
-    name = "rlcf"
-    impl = "shiftlab.methods.rlcf.method:RLCF"
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC)
-    config_class = RLCFConfig
     # no number in their repository (README.md, assets/, no logs)
     published: tuple = ()
     offline_config = {"reward_model": "shiftlab-tiny", "reward_pretrained": "none", "reward_seed": 1}

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from ..common.ema_teacher import MeanTeacher, TeacherAndUpdates, update_generator
+from ..common.augmented_self_training import AugmentedSelfTraining
+from ..common.ema_teacher import MeanTeacher, TeacherAndUpdates
 from ..common.norm_adaptation import NormTower, NormTTAMethod
-from ..common.tta_transforms import tta_transform
 from .spec import RMTSpec
 
 # the parts of their RMT that need the source (ImageNet training) data, each with what it is
@@ -38,7 +38,7 @@ def symmetric_cross_entropy(x: torch.Tensor, x_ema: torch.Tensor, alpha: float =
             - alpha * (x.softmax(1) * x_ema.log_softmax(1)).sum(1))
 
 
-class RMT(TeacherAndUpdates, NormTTAMethod):
+class RMT(TeacherAndUpdates, AugmentedSelfTraining, NormTTAMethod):
     """RMT, source-free: a student trained on the symmetric cross-entropy to its EMA teacher."""
     spec = RMTSpec
 
@@ -56,28 +56,18 @@ class RMT(TeacherAndUpdates, NormTTAMethod):
         return NormTower(clip, skip, adapt="weights")
 
     # -- the computation -------------------------------------------------------------------------------------------
-    def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        cfg = self.config
-        mean = self.model.mean.to(pixels.device, pixels.dtype)
-        std = self.model.std.to(pixels.device, pixels.dtype)
-        images01 = pixels * std + mean
-        losses, outputs = [], None
-        for _ in range(cfg.steps):
-            generator = update_generator(cfg.augment_seed, self.updates)
-            student = self.logits(pixels)
-            augmented = self.logits(self.model.normalize(tta_transform(
-                images01, generator, soft=cfg.soft_augmentations, gaussian_std=cfg.gaussian_std)))
-            with torch.no_grad():
-                teacher = self.logits(pixels, self.teacher.tower)
-            loss = cfg.lambda_ce_trg * (0.5 * symmetric_cross_entropy(student, teacher)
-                                        + 0.5 * symmetric_cross_entropy(augmented, teacher)).mean(0)
-            losses.append(float(loss.detach()))
-            outputs = (student + teacher).detach()
-            self.step(loss)
-            self.teacher.update(self.tower, cfg.teacher_momentum)
-            self.updates += 1
-        extras = {"loss": losses[0], "last_loss": losses[-1]}
-        return outputs, [dict(extras) for _ in range(pixels.shape[0])]
+    def objective(self, pixels: torch.Tensor, student: torch.Tensor, augmented: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The symmetric cross-entropy of the student's logits, of the batch and of its augmentation, to the
+        teacher's; the outputs: student + teacher."""
+        with torch.no_grad():
+            teacher = self.logits(pixels, self.teacher.tower)
+        loss = self.config.lambda_ce_trg * (0.5 * symmetric_cross_entropy(student, teacher)
+                                            + 0.5 * symmetric_cross_entropy(augmented, teacher)).mean(0)
+        return loss, (student + teacher).detach()
+
+    def after_step(self) -> None:
+        self.teacher.update(self.tower, self.config.teacher_momentum)
 
 
 def ensemble_state_logits(method: RMT, views01: torch.Tensor) -> torch.Tensor:

@@ -13,19 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, TOP_LAYER_RULES
+from ..common.sgd_nesterov_config import SGDNesterovConfig
 
 
 @dataclass
-class RMTConfig(NormTTAConfig):
+class RMTConfig(SGDNesterovConfig):
     """mariodoebler's RMT (`methods/rmt.py`) with its ImageNet config (`cfgs/imagenet_others/rmt.yaml`), source-free;
-    the shared fields in `common/norm_config.py`."""
-    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (rmt.yaml)
+    the shared fields in `common/sgd_nesterov_config.py`."""
     lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (rmt.yaml)
-    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
-    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
-    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
     # the teacher's EMA momentum (M_TEACHER.MOMENTUM, conf.py:149; rmt.py:302-308)
     teacher_momentum: float = param(0.999, ge=0, le=1)
     # the self-training term's weight (RMT.LAMBDA_CE_TRG 1.0, conf.py:184; rmt.py:258-260)
@@ -48,8 +45,5 @@ class RMTConfig(NormTTAConfig):
 
 
 class RMTSpec(MethodSpec):
-    name = "rmt"
-    impl = "shiftlab.methods.rmt.method:RMT"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = RMTConfig
+    capabilities = NORM_TTA
     test_config = {"teacher_momentum": 0.9}

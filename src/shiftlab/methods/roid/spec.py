@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA
 from ..common.roid_config import RoidConfig
 
 
@@ -19,9 +20,6 @@ class ROIDConfig(RoidConfig):
 
 
 class ROIDSpec(MethodSpec):
-    name = "roid"
-    impl = "shiftlab.methods.roid.method:ROID"
     # the image tower's normalisation layers adapt on whole batches, the state carried from batch to batch
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = ROIDConfig
+    capabilities = NORM_TTA
     test_config = {"lr": 0.01}

@@ -108,7 +108,5 @@ class RoTTA(OwnOODScoreMethod):
         else:
             logits, scores = self.scored_logits(pixels)
         done = [x for x in losses if x is not None]
-        extras = [{"ood_score": float(s), "admitted": a, "memory": len(self.memory), "updates": len(losses),
-                   "loss": done[0] if done else None, "last_loss": done[-1] if done else None}
-                  for s, a in zip(scores, admitted)]
-        return logits, extras
+        return logits, self.scored_extras(scores, done, {"admitted": admitted}, memory=len(self.memory),
+                                          updates=len(losses))

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 # the student's soft target: "logits", the teacher's cosine logits themselves (CLIPTTA hands them to
 # F.cross_entropy as class probabilities, rotta.py:92); "softmax", their softmax (BIT-DA core/adapter/rotta.py:60
@@ -46,12 +45,6 @@ class RoTTAConfig(NormTTAConfig):
     ood_logit_scale: float = param(1.0, gt=0)
 
 
-class RoTTASpec(MethodSpec):
-    name = "rotta"
-    impl = "shiftlab.methods.rotta.method:RoTTA"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = RoTTAConfig
-    own_ood_score = ("RoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
-                     "get_scores)")
+class RoTTASpec(ReturnedScoreSpec):
     # the registry-wide tests: a memory of 4 trained after every batch of the tests' streams
     test_config = {"capacity": 4, "update_frequency": 2, "nu": 0.1}

@@ -33,16 +33,4 @@ class RPL(NormTTAMethod):
     spec = RPLSpec
 
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        cfg = self.config
-        losses = []
-        logits = None
-        for _ in range(cfg.steps):
-            logits = self.logits(pixels)
-            loss = generalized_cross_entropy(logits, cfg.q).mean(0)
-            losses.append(float(loss.detach()))
-            self.step(loss)
-        if cfg.predict_after_update or logits is None:
-            with torch.no_grad():
-                logits = self.logits(pixels)
-        extras = {"loss": losses[0], "last_loss": losses[-1]}
-        return logits.detach(), [dict(extras) for _ in range(pixels.shape[0])]
+        return self.adapt_on_loss(pixels, lambda logits: generalized_cross_entropy(logits, self.config.q).mean(0))

@@ -32,8 +32,5 @@ class RPLConfig(NormTTAConfig):
 
 
 class RPLSpec(MethodSpec):
-    name = "rpl"
-    impl = "shiftlab.methods.rpl.method:RPL"
     capabilities = NORM_TTA
-    config_class = RPLConfig
     test_config = {"lr": 0.01}

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from ..common.ema_teacher import anchor_tower, update_generator
+from ..common.augmented_self_training import AugmentedSelfTraining
+from ..common.ema_teacher import anchor_tower
 from ..common.norm_adaptation import NormTower, NormTTAMethod
-from ..common.tta_transforms import tta_transform
 from .spec import SANTASpec
 
 
@@ -34,7 +34,7 @@ def anchored_cross_entropy(x: torch.Tensor, x_aug: torch.Tensor, anchor: torch.T
     return -(1 - alpha) * (x.softmax(1) * target).sum(1) - alpha * (x_aug.softmax(1) * target).sum(1)
 
 
-class SANTA(NormTTAMethod):
+class SANTA(AugmentedSelfTraining, NormTTAMethod):
     """SANTA, source-free: the norm parameters pulled towards the source model's predictions."""
     spec = SANTASpec
 
@@ -63,23 +63,10 @@ class SANTA(NormTTAMethod):
         """The parameters and the optimiser; their global generator runs on, as the count of updates does here."""
         self.reset_tower()
 
-    def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        cfg = self.config
-        mean = self.model.mean.to(pixels.device, pixels.dtype)
-        std = self.model.std.to(pixels.device, pixels.dtype)
-        images01 = pixels * std + mean
-        losses, outputs = [], None
-        for _ in range(cfg.steps):
-            generator = update_generator(cfg.augment_seed, self.updates)
-            student = self.logits(pixels)
-            augmented = self.logits(self.model.normalize(tta_transform(
-                images01, generator, soft=cfg.soft_augmentations, gaussian_std=cfg.gaussian_std)))
-            with torch.no_grad():
-                anchor = self.logits(pixels, self.anchor)
-            loss = cfg.lambda_ce_trg * anchored_cross_entropy(student, augmented, anchor).mean(0)
-            losses.append(float(loss.detach()))
-            outputs = student.detach()
-            self.step(loss)
-            self.updates += 1
-        extras = {"loss": losses[0], "last_loss": losses[-1]}
-        return outputs, [dict(extras) for _ in range(pixels.shape[0])]
+    def objective(self, pixels: torch.Tensor, student: torch.Tensor, augmented: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Their AugCrossEntropy of the student's logits, of the batch and of its augmentation, to the source
+        model's; the outputs: the student's."""
+        with torch.no_grad():
+            anchor = self.logits(pixels, self.anchor)
+        return self.config.lambda_ce_trg * anchored_cross_entropy(student, augmented, anchor).mean(0), student.detach()

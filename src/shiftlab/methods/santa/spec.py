@@ -12,19 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import ONLINE, OWN_TOWER, Capabilities, MethodSpec
-from ..common.norm_config import OPTIMIZERS, TOP_LAYER_RULES, NormTTAConfig
+from ..catalogue.declarations import MethodSpec
+from ..common.norm_config import NORM_TTA, TOP_LAYER_RULES
+from ..common.sgd_nesterov_config import SGDNesterovConfig
 
 
 @dataclass
-class SANTAConfig(NormTTAConfig):
+class SANTAConfig(SGDNesterovConfig):
     """mariodoebler's SANTA (`methods/santa.py`) with its ImageNet config (`cfgs/imagenet_others/santa.yaml`),
-    source-free; the shared fields in `common/norm_config.py`."""
-    optimizer: str = param("sgd", choices=OPTIMIZERS)       # OPTIM.METHOD SGD (santa.yaml)
+    source-free; the shared fields in `common/sgd_nesterov_config.py`."""
     lr: float = param(0.01, gt=0)                           # OPTIM.LR 0.01 (santa.yaml)
-    momentum: float = param(0.9, ge=0, lt=1)                # OPTIM.MOMENTUM 0.9 (conf.py:134)
-    nesterov: bool = True                                   # OPTIM.NESTEROV True (conf.py:140, base.py:182-189)
-    adam_eps: float = param(1e-8, gt=0)                     # their Adam / AdamW take torch's eps (base.py:170-179)
     # the self-training term's weight (SANTA.LAMBDA_CE_TRG 1.0, conf.py:191; santa.py:197-198)
     lambda_ce_trg: float = param(1.0, ge=0)
     # the contrastive loss to the source class prototypes (SANTA.LAMBDA_CONT 1.0, conf.py:192; santa.py:111-197):
@@ -41,8 +38,5 @@ class SANTAConfig(NormTTAConfig):
 
 
 class SANTASpec(MethodSpec):
-    name = "santa"
-    impl = "shiftlab.methods.santa.method:SANTA"
-    capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = SANTAConfig
+    capabilities = NORM_TTA
     test_config = {"lr": 0.01}

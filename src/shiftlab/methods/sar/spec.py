@@ -36,9 +36,6 @@ class SARConfig(NormTTAConfig):
 
 
 class SARSpec(MethodSpec):
-    name = "sar"
-    impl = "shiftlab.methods.sar.method:SAR"
     capabilities = NORM_TTA
-    config_class = SARConfig
     # one step; every image reliable (the tiny random CLIP's entropies are near ln C): the state moves
     test_config = {"steps": 1, "entropy_margin": 10.0}

@@ -93,12 +93,9 @@ class SCAPConfig(ViewMethodConfig):
 
 
 class SCAPSpec(MethodSpec):
-    name = "scap"
-    impl = "shiftlab.methods.scap.method:SCAP"
     # image prompts inside the ViT's attention and per-class text prompts, tuned on each batch's cliques and on
     # each image's views; the prompts, their EMAs, the cliques' retention prompts and AdamW's moments carry on
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE, batches=True)
-    config_class = SCAPConfig
     text_head = "scap_templates"
     # my_clip_CSTP.py:516-594: the prompt is a key/value prefix of a ViT block's attention
     towers = ("vit",)

@@ -21,7 +21,7 @@ import torch
 
 from ..common.confidence import entropy
 from ..common.ood_scores import OwnOODScoreMethod, ood_scores
-from ..common.sam import memory_step
+from ..common.sam import MemoryReplay
 from .spec import SoTTASpec
 
 
@@ -83,7 +83,7 @@ class BalancedMemory:
         self.rng.setstate((state["rng_version"], tuple(state["rng"].tolist()), None))
 
 
-class SoTTA(OwnOODScoreMethod):
+class SoTTA(MemoryReplay, OwnOODScoreMethod):
     """SoTTA: entropy minimisation on a class-balanced memory of confident test images."""
     spec = SoTTASpec
 
@@ -114,17 +114,9 @@ class SoTTA(OwnOODScoreMethod):
         admitted = [self.memory.add(image.detach().clone(), int(c), float(s))
                     for image, c, s in zip(pixels, cosines.argmax(-1).tolist(), confidence)]
         losses = []
-        params = self.tower.adapted_parameters()
         for _ in range(cfg.steps):
             images = self.memory.contents()
-            if images is None:
-                continue
-            loss = self.memory_loss(images)
-            losses.append(float(loss.detach()))
-            memory_step(self.optimizer, params, loss, lambda images=images: self.memory_loss(images), cfg.rho,
-                        cfg.sam)
+            if images is not None:
+                losses.append(self.step_on_memory(images))
         logits, scores = self.scored_logits(pixels)
-        first, last = (losses[0], losses[-1]) if losses else (None, None)
-        extras = [{"ood_score": float(s), "admitted": a, "memory": len(self.memory), "loss": first,
-                   "last_loss": last} for s, a in zip(scores, admitted)]
-        return logits, extras
+        return logits, self.scored_extras(scores, losses, {"admitted": admitted}, memory=len(self.memory))

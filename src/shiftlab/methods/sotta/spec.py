@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import MethodSpec
-from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 # what the adaptation step's loss covers: "all", the mean entropy of every image in the memory; "first", the
 # entropy of the memory's first image alone (their `_forward_and_adapt` hands the memory to get_features as a list
@@ -41,13 +40,6 @@ class SoTTAConfig(NormTTAConfig):
     ood_logit_scale: float = param(1.0, gt=0)
 
 
-class SoTTASpec(MethodSpec):
-    name = "sotta"
-    impl = "shiftlab.methods.sotta.method:SoTTA"
-    # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
-    capabilities = NORM_TTA
-    config_class = SoTTAConfig
-    own_ood_score = ("SoTTA's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
-                     "get_scores)")
+class SoTTASpec(ReturnedScoreSpec):
     # the registry-wide tests: their defaults but a memory of 4 admitting every image, so that it fills and evicts
     test_config = {"steps": 1, "ood_logit_scale": 100.0, "confidence_threshold": 0.0, "capacity": 4}

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..common.confidence import entropy
 from ..common.norm_adaptation import NormTower
 from ..common.ood_scores import OwnOODScoreMethod
-from ..common.sam import memory_step
+from ..common.sam import MemoryReplay
 from .spec import STAMPSpec
 
 
@@ -85,7 +85,7 @@ def reliability_weighted_entropy(logits: torch.Tensor, capacity: int) -> torch.T
     return (h * (weights / weights.sum() * capacity)).mean()
 
 
-class STAMP(OwnOODScoreMethod):
+class STAMP(MemoryReplay, OwnOODScoreMethod):
     """STAMP: entropy minimisation on a class-balanced memory of low-entropy test images."""
     spec = STAMPSpec
 
@@ -126,20 +126,13 @@ class STAMP(OwnOODScoreMethod):
 
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         cfg = self.config
-        params = self.tower.adapted_parameters()
         losses, reliable = [], None
         for _ in range(cfg.steps):
             reliable = self.remember(pixels)
-            if not len(self.memory):
-                continue
-            images = self.memory.replay()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.memory_loss(images)
-            losses.append(float(loss.detach()))
-            memory_step(self.optimizer, params, loss, lambda images=images: self.memory_loss(images), cfg.rho,
-                        cfg.sam)
+            if len(self.memory):
+                images = self.memory.replay()
+                self.optimizer.zero_grad(set_to_none=True)
+                losses.append(self.step_on_memory(images))
         logits, scores = self.scored_logits(pixels)
-        first, last = (losses[0], losses[-1]) if losses else (None, None)
-        extras = [{"ood_score": float(s), "reliable": bool(r), "memory": len(self.memory), "loss": first,
-                   "last_loss": last} for s, r in zip(scores, reliable)]
-        return logits, extras
+        return logits, self.scored_extras(scores, losses, {"reliable": [bool(r) for r in reliable]},
+                                          memory=len(self.memory))

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import MethodSpec
-from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 
 @dataclass
@@ -38,14 +37,7 @@ class STAMPConfig(NormTTAConfig):
     ood_logit_scale: float = param(1.0, gt=0)
 
 
-class STAMPSpec(MethodSpec):
-    name = "stamp"
-    impl = "shiftlab.methods.stamp.method:STAMP"
-    # the image tower's normalisation layers adapt on the memory, memory and parameters carried from batch to batch
-    capabilities = NORM_TTA
-    config_class = STAMPConfig
-    own_ood_score = ("STAMP's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
-                     "get_scores)")
+class STAMPSpec(ReturnedScoreSpec):
     # the registry-wide tests: their defaults but a small memory admitting every image (the tiny model's entropies
     # are near ln C)
     test_config = {"steps": 1, "memory_length": 4, "entropy_margin": 1.0}

@@ -30,9 +30,6 @@ class StatAConfig(MethodConfig):
 
 
 class StatASpec(MethodSpec):
-    name = "stata"
-    impl = "shiftlab.methods.stata.method:StatA"
     # one feature per image (their pre_load_features), nothing carried from batch to batch, whole batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, batches=True)
-    config_class = StatAConfig
     supports_pure_fp16 = True

@@ -48,12 +48,9 @@ class TAPTConfig(ViewMethodConfig):
 
 
 class TAPTSpec(MethodSpec):
-    name = "tapt"
-    impl = "shiftlab.methods.tapt.method:TAPT"
     # the prompts live inside the image tower: it runs the tower on its views' pixels itself
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
     towers = ("vit",)
     towers_why = "its visual prompts are tokens inside the ViT's blocks (their VPT design; their scripts run ViT-B)"
-    config_class = TAPTConfig
     # its statistics files cannot be downloaded (the authors' are not published): the entropy alone
     offline_config = {"align": False}

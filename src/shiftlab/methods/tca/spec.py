@@ -37,12 +37,9 @@ class TCAConfig(MethodConfig):
 
 
 class TCASpec(MethodSpec):
-    name = "tca"
-    impl = "shiftlab.methods.tca.method:TCA"
     # the class tokens of every block and the condensed token sequence live inside the image tower: it runs the
     # tower on view 0's pixels itself, once per image
     capabilities = Capabilities(reads=(OWN_TOWER,), state=ONLINE)
-    config_class = TCAConfig
     # runner.py:24 `--backbone choices=['ViT-B/16']`: the condensation prunes and merges a ViT's tokens
     towers = ("vit",)
     towers_why = "it condenses the ViT's patch tokens inside its blocks (their runner.py offers ViT-B/16 only)"

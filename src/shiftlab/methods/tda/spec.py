@@ -6,8 +6,6 @@ from ..common.tda_cache_config import TDAConfig
 
 
 class TDASpec(MethodSpec):
-    name = "tda"
-    impl = "shiftlab.methods.tda.method:TDA"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=ONLINE)
     config_class = TDAConfig
     supports_pure_fp16 = True   # --set tda.precision=fp16-pure: the authors' half model (on CUDA)

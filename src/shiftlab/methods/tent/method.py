@@ -36,16 +36,4 @@ class Tent(NormTTAMethod):
     spec = TentSpec
 
     def adapt(self, pixels: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        cfg = self.config
-        losses = []
-        logits = None
-        for _ in range(cfg.steps):
-            logits = self.logits(pixels)
-            loss = tent_loss(logits, cfg.mean_entropy_weight)
-            losses.append(float(loss.detach()))
-            self.step(loss)
-        if cfg.predict_after_update or logits is None:
-            with torch.no_grad():
-                logits = self.logits(pixels)
-        extras = {"loss": losses[0], "last_loss": losses[-1]}
-        return logits.detach(), [dict(extras) for _ in range(pixels.shape[0])]
+        return self.adapt_on_loss(pixels, lambda logits: tent_loss(logits, self.config.mean_entropy_weight))

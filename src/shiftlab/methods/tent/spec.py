@@ -23,9 +23,6 @@ class TentConfig(NormTTAConfig):
 
 
 class TentSpec(MethodSpec):
-    name = "tent"
-    impl = "shiftlab.methods.tent.method:Tent"
     capabilities = NORM_TTA
-    config_class = TentConfig
     # a small config for the registry-wide tests: one step
     test_config = {"steps": 1}

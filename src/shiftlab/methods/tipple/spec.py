@@ -42,9 +42,6 @@ class TIPPLEConfig(PromptTuningConfig):
 
 
 class TIPPLESpec(PromptTuningSpec):
-    name = "tipple"
-    impl = "shiftlab.methods.tipple.method:TIPPLE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
-    config_class = TIPPLEConfig
     # the registry-wide tests: one epoch over the tiny set in batches of 4 (stage II: one step, as the default)
     test_config = {"task_epochs": 1, "task_batch_size": 4}

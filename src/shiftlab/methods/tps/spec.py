@@ -42,8 +42,5 @@ class TPSConfig(ViewMethodConfig):
 
 
 class TPSSpec(MethodSpec):
-    name = "tps"
-    impl = "shiftlab.methods.tps.method:TPS"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = TPSConfig
     published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.confidence import marginal_entropy, mean_entropy
-from ..common.prompt_tuning import PromptTuning
+from ..common.confidence import mean_entropy
+from ..common.prompt_tuning import PenalisedPromptTuning, PromptTuning
 from ..kinds import EpisodicMethod
 from .spec import (
     CTPTSpec,
@@ -72,33 +72,30 @@ class TPT(PromptTuning, EpisodicMethod):
     spec = TPTSpec
 
 
-class CTPT(PromptTuning, EpisodicMethod):
+class CTPT(PenalisedPromptTuning, EpisodicMethod):
     """C-TPT: TPT's loss - lambda * ATFD of the class features in the same forward pass."""
     spec = CTPTSpec
 
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        entropy_loss = marginal_entropy(selected_logits)
-        atfd = text_dispersion(text_features)
-        return entropy_loss - self.config.lambda_atfd * atfd, {"entropy_loss": entropy_loss, "atfd": atfd}
+    penalty_name = "atfd"
 
-    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        logits, extras = super().readout(image_features, text_features)
-        return logits, {"atfd_after": text_dispersion(text_features)}
+    def penalty(self, text_features: torch.Tensor) -> torch.Tensor:
+        return text_dispersion(text_features)
+
+    def penalty_weight(self) -> float:
+        return -self.config.lambda_atfd
 
 
-class OTPT(PromptTuning, EpisodicMethod):
+class OTPT(PenalisedPromptTuning, EpisodicMethod):
     """O-TPT: TPT's loss + lambda * the orthogonality penalty of the class features in the same forward pass."""
     spec = OTPTSpec
 
-    def loss(self, selected_logits: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        entropy_loss = marginal_entropy(selected_logits)
-        penalty = orthogonality_penalty(text_features)
-        return entropy_loss + self.config.lambda_ortho * penalty, {"entropy_loss": entropy_loss,
-                                                                   "orthogonality": penalty}
+    penalty_name = "orthogonality"
 
-    def readout(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        logits, _ = super().readout(image_features, text_features)
-        return logits, {"orthogonality_after": orthogonality_penalty(text_features)}
+    def penalty(self, text_features: torch.Tensor) -> torch.Tensor:
+        return orthogonality_penalty(text_features)
+
+    def penalty_weight(self) -> float:
+        return self.config.lambda_ortho
 
 
 class RTPT(PromptTuning, EpisodicMethod):

@@ -29,25 +29,18 @@ class RTPTConfig(PromptTuningConfig):
 
 
 class TPTSpec(PromptTuningSpec):
-    name = "tpt"
-    impl = "shiftlab.methods.tpt.method:TPT"
+    """TPT: the prompt tuners' shared spec as it stands (`PromptTuningSpec`), under its own name."""
 
 
 class CTPTSpec(PromptTuningSpec):
     name = "ctpt"
-    impl = "shiftlab.methods.tpt.method:CTPT"
-    config_class = CTPTConfig
 
 
 class OTPTSpec(PromptTuningSpec):
     name = "otpt"
-    impl = "shiftlab.methods.tpt.method:OTPT"
-    config_class = OTPTConfig
 
 
 class RTPTSpec(PromptTuningSpec):
     name = "rtpt"
-    impl = "shiftlab.methods.tpt.method:RTPT"
-    config_class = RTPTConfig
     min_views = 2
     min_views_why = "its reliability weights rank each view's neighbours (one view has none: NaN weights)"

@@ -23,9 +23,6 @@ class TransCLIPConfig(MethodConfig):
 
 
 class TransCLIPSpec(MethodSpec):
-    name = "transclip"
-    impl = "shiftlab.methods.transclip.method:TransCLIP"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC, reads_ahead="test_set")
-    config_class = TransCLIPConfig
     supports_pure_fp16 = True   # their main.py: clip.load(backbone) on CUDA, the half model
     test_config = {"iterations": 2}

@@ -30,8 +30,5 @@ class TTAug(StatsTowerMethod, EpisodicMethod):
         return self.tower_logits(views)
 
     def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        if ctx.views is None:
-            raise ValueError(f"{self.name} normalises its views with their own statistics and needs the image's "
-                             "pixels, not stored features")
-        views = ctx.views[:self.view_recipe.n_views].to(self.model.device)
+        views = self.recipe_views(ctx, "normalises its views with their own statistics and needs the image's pixels")
         return MethodOutput(self.view_logits(views).mean(0))

@@ -36,9 +36,6 @@ class TTAugConfig(ViewMethodConfig):
 
 
 class TTAugSpec(MethodSpec):
-    name = "ttaug"
-    impl = "shiftlab.methods.ttaug.method:TTAug"
     # each image alone: its views through the tower whose BatchNorm layers mix in the views' statistics
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    config_class = TTAugConfig
     test_config = {"views": ViewRecipe(n_views=4, augmix=True)}

@@ -29,9 +29,6 @@ class TTCConfig(MethodConfig):
 
 
 class TTCSpec(MethodSpec):
-    name = "ttc"
-    impl = "shiftlab.methods.ttc.method:TTC"
     # it perturbs view 0's pixels and runs the frozen tower on them (with gradient): no stored feature serves it
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
-    config_class = TTCConfig
     test_config = {"steps": 1}

@@ -31,9 +31,6 @@ class TTLConfig(ViewMethodConfig):
 
 
 class TTLSpec(MethodSpec):
-    name = "ttl"
-    impl = "shiftlab.methods.ttl.method:TTL"
     capabilities = Capabilities(reads=(OWN_TOWER), state=EPISODIC)
-    config_class = TTLConfig
     # nothing per dataset: ttl.py:255-271 sets only the class names, the same recipe for every set
     dataset_values: dict[str, dict[str, Any]] = {}

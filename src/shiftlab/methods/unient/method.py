@@ -102,6 +102,4 @@ class UniEnt(OwnOODScoreMethod):
             losses.append(float(loss.detach()))
             self.step(loss)
         logits, scores = self.scored_logits(pixels)
-        extras = [{"ood_score": float(s), "id_weight": float(w), "loss": losses[0], "last_loss": losses[-1]}
-                  for s, w in zip(scores, id_weights)]
-        return logits, extras
+        return logits, self.scored_extras(scores, losses, {"id_weight": [float(w) for w in id_weights]})

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import MethodSpec
-from ..common.norm_config import NORM_TTA, SCORES, NormTTAConfig
+from ..common.norm_config import SCORES, NormTTAConfig, ReturnedScoreSpec
 
 
 @dataclass
@@ -35,14 +34,6 @@ class UniEntConfig(NormTTAConfig):
     mixture_seed: int = param(0, ge=0)
 
 
-class UniEntSpec(MethodSpec):
-    name = "unient"
-    impl = "shiftlab.methods.unient.method:UniEnt"
-    capabilities = NORM_TTA
-    config_class = UniEntConfig
-    # their get_scores (abstract_model.py:517-538) of the adapted tower's cosines at --ood_logit_scale 1, `score`
-    # (max_prob by default), returned with the batch's logits (unient.py:147-151)
-    own_ood_score = ("UniEnt's returned score (`score`: max_prob at logit scale 1; ttavlm/methods/abstract_model.py "
-                     "get_scores)")
+class UniEntSpec(ReturnedScoreSpec):
     # the registry-wide tests: one step
     test_config = {"steps": 1}

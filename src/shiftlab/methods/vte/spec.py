@@ -23,10 +23,7 @@ class VTEConfig(ViewMethodConfig):
 
 
 class VTESpec(MethodSpec):
-    name = "vte"
-    impl = "shiftlab.methods.vte.method:VTE"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = VTEConfig
     # cfgs/imagenet_others/vte.yaml: 64 views (TEST.N_AUGMENTATIONS), the ensemble head; conf.py:286
     # CLIP.PRECISION fp16: open_clip's weights in half precision (models/model.py get_model)
     supports_pure_fp16 = True   # --set vte.precision=fp16-pure: their half model (on CUDA)

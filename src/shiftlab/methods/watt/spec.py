@@ -37,9 +37,6 @@ class WATTConfig(NormTTAConfig):
 
 
 class WATTSpec(MethodSpec):
-    name = "watt"
-    impl = "shiftlab.methods.watt.method:WATT"
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC, batches=True)
-    config_class = WATTConfig
     # one template: the registry-wide tests run one step per batch (the averaging: tests/methods/test_watt.py)
     test_config = {"steps_per_template": 1, "repetitions": 1, "templates": ("a photo of a {}",)}

@@ -19,7 +19,4 @@ class ZeroConfig(ViewMethodConfig):
 
 
 class ZeroSpec(MethodSpec):
-    name = "zero"
-    impl = "shiftlab.methods.zero.method:Zero"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = ZeroConfig

@@ -13,20 +13,15 @@ class ViewEnsembleConfig(ViewMethodConfig):
 
 
 class ZeroShotSpec(MethodSpec):
-    name = "zeroshot"
-    impl = "shiftlab.methods.zeroshot.method:ZeroShot"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
 
 
 class PromptEnsembleSpec(MethodSpec):
     name = "prompt_ensemble"
-    impl = "shiftlab.methods.zeroshot.method:PromptEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     text_head = "ensemble"
 
 
 class ViewEnsembleSpec(MethodSpec):
     name = "view_ensemble"
-    impl = "shiftlab.methods.zeroshot.method:ViewEnsemble"
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
-    config_class = ViewEnsembleConfig
