@@ -148,7 +148,10 @@ def test_a_spec_is_built_from_the_class_its_impl_names_once_and_only_if_that_cla
     from shiftlab.methods.tent.method import Tent
     from shiftlab.registry import Registry
 
-    registry = Registry("method")
+    class ClassRegistry(Registry):   # as the methods' registry: a registered class is not renamed (test_kinds)
+        names_classes = False
+
+    registry = ClassRegistry("method")
     stranger = type("StrangerSpec", (MethodSpec,), {"name": "stranger", "impl": "shiftlab.methods.tent.method:Tent"})
     with pytest.raises(TypeError, match="does not name StrangerSpec as its spec"):
         registry.implementation(stranger)
