@@ -73,7 +73,7 @@ class TokenAlignmentTuning(Method):
     inputs)`, `alignment(out, layers)` (its stored statistics against the views') and `statistics_files`
     ({target: (means field, vars field)} of its config, whose files `load_targets` reads)."""
     statistics_files: ClassVar[dict[str, tuple[str, str]]]
-    statistics_files_are: ClassVar[str]    # the files' names, for the refusal when a field is unset
+    statistics_file_names: ClassVar[str]    # the files' names, for the refusal when a field is unset
     initial: Prompts
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -96,7 +96,7 @@ class TokenAlignmentTuning(Method):
         if missing:
             listed = " and ".join(missing) if len(missing) <= 2 else ", ".join(missing)
             raise ValueError(f"{self.name} aligns token statistics: set {listed} (their "
-                             f"{self.statistics_files_are} files), or align=False")
+                             f"{self.statistics_file_names} files), or align=False")
         visual = self.model.clip.visual
         tokens, width = visual.positional_embedding.shape[0] + cfg.n_ctx, visual.conv1.out_channels
 
