@@ -119,3 +119,11 @@ class SampleContext:
     def zeroshot_logits(self) -> torch.Tensor:
         """(C,) zero-shot logits of view 0."""
         return self.model.logit_scale * self.base_feature @ self.heads.zeroshot.T
+
+
+def batch_pixels(ctxs: Sequence[SampleContext], device: torch.device | str, refusal: str) -> torch.Tensor:
+    """The normalised pixels of the samples' view 0 (B, 3, S, S) on `device`, for a method that runs the image tower
+    itself; `refusal` (one line) when a sample came from a feature store (no pixels)."""
+    if any(c.views is None for c in ctxs):
+        raise ValueError(refusal)
+    return torch.cat([c.views[:1] for c in ctxs]).to(device)

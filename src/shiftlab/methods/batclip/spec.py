@@ -36,11 +36,8 @@ class BatclipConfig(NormTTAConfig):
 
 
 class BatclipSpec(MethodSpec):
-    name = "batclip"
-    impl = "shiftlab.methods.batclip.method:Batclip"
     # the norms of both towers adapt on whole batches, carried from batch to batch (MODEL.EPISODIC False,
     # ours.yaml:26; their reset_each_shift resets per corruption, a run of its own here)
     capabilities = NORM_TTA
-    config_class = BatclipConfig
     # a small config for the registry-wide tests: a step that visibly moves the tiny models
     test_config = {"lr": 0.01}

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ...models.lora_tower import shared_copy
 from ...options import say
 from ..base import MethodOutput
-from ..context import SampleContext
+from ..context import SampleContext, batch_pixels
 from ..kinds import BatchMethod
 
 # the layers whose affine parameters adapt (abstract_model.py:609 and :644 of CLIPTTA; tent.py:60 of mariodoebler's)
@@ -337,11 +337,10 @@ class NormTTAMethod(HeadAtScale, BatchMethod):
     def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         if not ctxs:
             return []
-        if any(c.views is None for c in ctxs):
-            raise ValueError(f"{self.name} adapts the image tower and needs the images' pixels, not stored features")
+        pixels = batch_pixels(ctxs, self.model.device,
+                              f"{self.name} adapts the image tower and needs the images' pixels, not stored features")
         if self.config.episodic:
             self.episodic_reset()
-        pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
         try:
             with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
                 logits, extras = self.adapt(pixels)

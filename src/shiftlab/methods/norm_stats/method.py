@@ -13,7 +13,7 @@ import torch
 
 from ..base import MethodOutput
 from ..common.norm_statistics import StatsTower, StatsTowerMethod
-from ..context import SampleContext
+from ..context import SampleContext, batch_pixels
 from ..kinds import BatchMethod
 from .spec import NormStatsSpec
 
@@ -44,10 +44,8 @@ class NormStats(StatsTowerMethod, BatchMethod):
     def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         if not ctxs:
             return []
-        if any(c.views is None for c in ctxs):
-            raise ValueError(f"{self.name} normalises the image tower with the batch's statistics and needs the "
-                             "images' pixels, not stored features")
-        pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
+        pixels = batch_pixels(ctxs, self.model.device, f"{self.name} normalises the image tower with the batch's "
+                              "statistics and needs the images' pixels, not stored features")
         logits = self.tower_logits(pixels)
         self.seen += len(ctxs)
         return [MethodOutput(row.float()) for row in logits]

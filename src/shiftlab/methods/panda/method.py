@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..base import MethodOutput
-from ..context import SampleContext
+from ..context import SampleContext, batch_pixels
 from ..head_kinds import text_head
 from ..kinds import BatchMethod
 from .spec import PandaSpec
@@ -130,11 +130,9 @@ class Panda(BatchMethod):
     def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         if not ctxs:
             return []
-        if any(c.views is None for c in ctxs):
-            raise ValueError(f"{self.name} cuts the batch's images into patch mosaics and needs their pixels, not "
-                             "stored features")
+        pixels = batch_pixels(ctxs, self.model.device, f"{self.name} cuts the batch's images into patch mosaics and "
+                              "needs their pixels, not stored features")
         features = torch.stack([c.base_feature.float() for c in ctxs])
-        pixels = torch.cat([c.views[:1] for c in ctxs]).to(self.model.device)
         ids = [c.sample_id if c.sample_id is not None else i for i, c in enumerate(ctxs)]
         logits, negatives = self.batch_logits(features, pixels, ids,
                                               lambda x: self.model.encode_views(x, self.precision))

@@ -30,11 +30,8 @@ class PandaConfig(MethodConfig):
 
 
 class PandaSpec(MethodSpec):
-    name = "panda"
-    impl = "shiftlab.methods.panda.method:Panda"
     # the batch's view-0 features (frozen) and its pixels, cut into the mosaics the frozen tower encodes; nothing is
     # learnt and nothing crosses batches
     capabilities = Capabilities(reads=(FROZEN_FEATURES, OWN_TOWER), state=EPISODIC, batches=True)
-    config_class = PandaConfig
     # the golden 64 px images hold 2 x 2 patches of 32: 16 px patches make 4 x 4 mosaics
     test_config = {"patch_size": 16}

@@ -2,7 +2,8 @@
 statistics to ImageNet's, as `test_time_adapt_eval` and `test_time_tuning` compute it
 (github.com/jameelhassan/PromptAlign@9290564, trainers/prompt_align.py:648-812).
 
-Per image (episodic: every image starts from the loaded MaPLe prompts), its N views (view 0 the image):
+Per image (episodic: every image starts from the loaded MaPLe prompts), its N views (view 0 the image), the loop of
+methods/common/token_alignment.py:
 
 1. the class prompts through the text tower with the text context and deep text prompts, the views through the ViT
    with their projections as deep visual prompts (methods/common/maple_prompts.py, deep_visual_prompts.py):
@@ -18,71 +19,44 @@ Per image (episodic: every image starts from the loaded MaPLe prompts), its N vi
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..base import MethodOutput
-from ..common.confidence import entropy, lowest, marginal_entropy_as_tpt
-from ..common.deep_visual_prompts import load_statistics, prompted_forward, view_statistics
+from ..common.deep_visual_prompts import prompted_forward
 from ..common.maple_prompts import MaPLePrompts, MaPLeText, initial_maple_prompts, load_maple_checkpoint
-from ..context import SampleContext
+from ..common.token_alignment import TokenAlignmentTuning, TokenStatistics
+from ..common.token_alignment import align_loss as statistics_align_loss
 from ..kinds import EpisodicMethod
 from .spec import PromptAlignSpec
-
-LOSS_SCALE = 1000.0   # torch.cuda.amp.GradScaler(init_scale=1000) (prompt_align.py:640), under fp16 only
-FILES = ("means", "vars", "prompts")
 
 
 def align_loss(means: torch.Tensor, variances: torch.Tensor, target_means: torch.Tensor, target_vars: torch.Tensor,
                layers: range) -> torch.Tensor:
-    """Sum over `layers` of 0.5 L1(mean) + 0.5 L1(var), each the mean absolute difference ((layers, L, width))."""
-    total = means.new_zeros(())
-    for layer in layers:
-        total = total + 0.5 * F.l1_loss(means[layer], target_means[layer].to(means)) \
-            + 0.5 * F.l1_loss(variances[layer], target_vars[layer].to(variances))
-    return total
+    """Sum over `layers` of 0.5 L1(mean) + 0.5 L1(var), each the mean absolute difference ((layers, L, width)):
+    `distr_align_loss`'s arguments (prompt_align.py:797-810)."""
+    return statistics_align_loss(TokenStatistics(means, variances), TokenStatistics(target_means, target_vars), layers)
 
 
-class PromptAlign(EpisodicMethod):
+class PromptAlign(TokenAlignmentTuning, EpisodicMethod):
     """Tune MaPLe's prompts per image on its confident views (entropy + token-statistics alignment)."""
     spec = PromptAlignSpec
+    statistics_files = {"imagenet": ("means", "vars")}
+    statistics_file_names = "ImgNetpre_vis_{means,vars}.pt"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
         clip = self.model.clip
-        visual = clip.visual
-        self.blocks = len(visual.transformer.resblocks)
-        width = visual.conv1.out_channels
-        if cfg.align and not cfg.align_layer_from < cfg.align_layer_to - 1 <= self.blocks:
-            raise ValueError(f"promptalign: align_layer_from={cfg.align_layer_from} and "
-                             f"align_layer_to={cfg.align_layer_to} must give blocks range(from, to - 1) inside the "
-                             f"tower's {self.blocks}")
         self.text = MaPLeText(clip, self.classnames, cfg.n_ctx, cfg.ctx_init, cfg.seed)
-        text_width = self.text.init_ctx.shape[-1]
+        text_width, width = self.text.init_ctx.shape[-1], clip.visual.conv1.out_channels
         if cfg.prompts is None:
             initial = initial_maple_prompts(self.text.init_ctx, cfg.depth, width, cfg.seed)
         else:
             initial = load_maple_checkpoint(cfg.prompts, cfg.depth, cfg.n_ctx, text_width, width)
         self.initial = initial.to(self.model.device)
-        self.targets: tuple[torch.Tensor, torch.Tensor] | None = None
-        if cfg.align:
-            missing = [f for f in ("means", "vars") if getattr(cfg, f) is None]
-            if missing:
-                raise ValueError(f"promptalign aligns token statistics: set {' and '.join(missing)} (their "
-                                 "ImgNetpre_vis_{means,vars}.pt files), or align=False")
-            tokens = visual.positional_embedding.shape[0] + cfg.n_ctx
-            means, variances = (load_statistics(getattr(cfg, f), self.blocks, tokens, width).to(self.model.device)
-                                for f in ("means", "vars"))
-            self.targets = (means, variances)
-
-    def loaded_weights(self) -> dict[str, Any]:
-        files = [f for f in FILES if getattr(self.config, f) is not None]
-        return {f"{f}_sha256": hashlib.sha256(Path(getattr(self.config, f)).read_bytes()).hexdigest() for f in files}
+        self.targets: TokenStatistics | None = self.load_targets().get("imagenet")
 
     def forward(self, views: torch.Tensor, prompts: MaPLePrompts) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Normalised views (N, 3, S, S) -> (N, C) logits and the image blocks' inputs, with `prompts`."""
@@ -92,60 +66,6 @@ class PromptAlign(EpisodicMethod):
         image = F.normalize(out.features.float(), dim=-1)
         return self.model.logit_scale * image @ F.normalize(text.float(), dim=-1).T, out.block_inputs
 
-    def loss(self, logits: torch.Tensor, block_inputs: list[torch.Tensor], entropy_views: torch.Tensor,
-             align_views: torch.Tensor) -> torch.Tensor:
-        """The step's loss (module docstring, 3) from all views' logits and block inputs."""
-        cfg = self.config
-        loss = logits.new_zeros(())
-        if cfg.entropy_loss:
-            loss = marginal_entropy_as_tpt(logits[entropy_views])
-        if cfg.align:
-            means, variances = view_statistics(block_inputs, align_views)
-            layers = range(cfg.align_layer_from, cfg.align_layer_to - 1)
-            aligned = align_loss(means.float(), variances.float(), *self.targets, layers)
-            loss = loss + cfg.align_weight / (cfg.align_layer_to - cfg.align_layer_from) * aligned
-        return loss
-
-    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entropy views, alignment views) of the first step: the lowest-entropy views, lowest first."""
-        scores = entropy(logits.detach())
-        return lowest(scores, self.config.selection_ratio), lowest(scores, self.config.align_ratio)
-
-    def tune(self, views: torch.Tensor) -> tuple[MaPLePrompts, list[float]]:
-        """The prompts after `steps` AdamW steps from the initial ones on one image's views, and each step's loss."""
-        cfg = self.config
-        prompts = MaPLePrompts(*(t.clone().requires_grad_(True) for t in self.initial))
-        optimizer = torch.optim.AdamW(list(prompts), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scaled = self.precision.loss_scaling
-        chosen = None
-        losses = []
-        for _ in range(cfg.steps):
-            with torch.enable_grad():
-                logits, inputs = self.forward(views, prompts)
-                if chosen is None:
-                    chosen = self.select(logits)
-                    entropy_views, align_views = chosen
-                else:      # their later steps index the outputs with the alignment views (prompt_align.py:751)
-                    entropy_views = align_views = chosen[1]
-                loss = self.loss(logits, inputs, entropy_views, align_views)
-                losses.append(float(loss.detach()))
-                optimizer.zero_grad(set_to_none=True)
-                (loss * LOSS_SCALE if scaled else loss).backward()
-            if scaled:
-                grads = [t.grad for t in prompts if t.grad is not None]
-                for g in grads:
-                    g.div_(LOSS_SCALE)
-                if not all(bool(torch.isfinite(g).all()) for g in grads):
-                    continue       # GradScaler skips the step on overflow
-            optimizer.step()
-        return MaPLePrompts(*(t.detach() for t in prompts)), losses
-
-    def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        if ctx.views is None:
-            raise ValueError("promptalign runs its prompts inside the image tower and needs the views' pixels, "
-                             "not stored features")
-        views = ctx.views.float()
-        prompts, losses = self.tune(views)
-        with torch.no_grad():
-            logits, _ = self.forward(views[:1], prompts)
-        return MethodOutput(logits[0], extras={"loss": losses[0]} if losses else {})
+    def alignment(self, out: TokenStatistics, layers: range) -> torch.Tensor:
+        """A against ImageNet's statistics (module docstring, 3)."""
+        return align_loss(*out, *self.targets, layers)

@@ -41,12 +41,9 @@ class PromptAlignConfig(ViewMethodConfig):
 
 
 class PromptAlignSpec(MethodSpec):
-    name = "promptalign"
-    impl = "shiftlab.methods.promptalign.method:PromptAlign"
     # the visual prompts live inside the image tower: it runs the tower on its views' pixels itself
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
     towers = ("vit",)
     towers_why = "MaPLe's visual prompts are tokens inside the ViT's blocks (their scripts run ViT-B/16)"
-    config_class = PromptAlignConfig
     # its statistics files cannot be downloaded here (the authors' are on Google Drive): the entropy alone
     offline_config = {"align": False}

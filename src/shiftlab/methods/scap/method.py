@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..base import MethodOutput
 from ..common.confidence import marginal_entropy_as_tpt as marginal_entropy
 from ..common.confidence import select_confident
-from ..context import SampleContext
+from ..context import SampleContext, batch_pixels
 from ..kinds import BatchMethod
 from .prompts import TemplateText, check_tower, prompted_image_features
 from .spec import SCAPSpec
@@ -231,12 +231,10 @@ class SCAP(BatchMethod):
     def adapt_batch(self, ctxs: Sequence[SampleContext]) -> list[MethodOutput]:
         if not ctxs:
             return []
-        if any(c.views is None for c in ctxs):
-            raise ValueError("scap tunes prompts inside the image tower and needs the images' pixels, "
-                             "not stored features")
-        self._start()
         device = self.model.device
-        base = torch.cat([c.views[:1] for c in ctxs]).to(device)
+        base = batch_pixels(ctxs, device, "scap tunes prompts inside the image tower and needs the images' pixels, "
+                            "not stored features")
+        self._start()
         outputs = []
         with torch.enable_grad():       # a caller's no_grad block must not stop the adaptation
             if self.config.cliques:

@@ -1,7 +1,8 @@
 """TAPT-V: test-time adversarial prompt tuning of deep visual prompts, as `test_time_adv_adapt_eval` and
 `test_time_adv_tuning` compute it (github.com/xinwong/TAPT@14d8d0e, trainers/adv_v.py:879-1031).
 
-Per image (episodic: every image starts from the same prompts), its N views (view 0 the image):
+Per image (episodic: every image starts from the same prompts), its N views (view 0 the image), the loop of
+methods/common/token_alignment.py:
 
 1. the views through the ViT with the deep prompts (methods/common/deep_visual_prompts.py) against the fixed
    "a photo of a {}." head: logits (N, C) and every block's input tokens;
@@ -15,30 +16,26 @@ Per image (episodic: every image starts from the same prompts), its N views (vie
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..base import MethodOutput
-from ..common.confidence import entropy, lowest, marginal_entropy_as_tpt
 from ..common.deep_visual_prompts import (
     dataset_statistics,
     initial_prompts,
-    load_statistics,
     load_vpt_checkpoint,
     prompt_layers,
     prompted_forward,
-    view_statistics,
 )
-from ..context import SampleContext
+from ..common.token_alignment import TokenAlignmentTuning, TokenStatistics, align_loss
 from ..kinds import EpisodicMethod
 from .spec import TAPTSpec
 
-LOSS_SCALE = 1000.0   # torch.cuda.amp.GradScaler(init_scale=1000) (adv_v.py:867), under fp16 only
+Statistics = TokenStatistics   # the name its scripts import from here
+# the statistics files' config fields, in the order `loaded_weights` lists them
 STATISTICS = ("means_adv", "vars_adv", "means_clean", "vars_clean")
 
 
@@ -65,55 +62,23 @@ def save_statistics(stats: Statistics, folder: str | Path, tower: str, variant: 
         write_file(folder / f"V_{kind}_{tower}_{split}_{variant}.pt", buffer.getvalue())
 
 
-class Statistics(NamedTuple):
-    means: torch.Tensor    # (blocks, L, width)
-    vars: torch.Tensor
-
-
-def align_loss(out: Statistics, target: Statistics, layers: range, kind: str = "l1") -> torch.Tensor:
-    """Sum over `layers` of 0.5 d(mean) + 0.5 d(var), d the mean absolute (l1) or squared (l2) difference."""
-    distance = F.l1_loss if kind == "l1" else F.mse_loss
-    total = out.means.new_zeros(())
-    for layer in layers:
-        total = total + 0.5 * distance(out.means[layer], target.means[layer].to(out.means)) \
-            + 0.5 * distance(out.vars[layer], target.vars[layer].to(out.vars))
-    return total
-
-
-class TAPT(EpisodicMethod):
+class TAPT(TokenAlignmentTuning, EpisodicMethod):
     """Tune deep visual prompts per image on its confident views (entropy + token-statistics alignment)."""
     spec = TAPTSpec
+    statistics_files = {"adv": ("means_adv", "vars_adv"), "clean": ("means_clean", "vars_clean")}
+    statistics_file_names = "V_{means,vars}_..._{adv,clean}.pt"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
         visual = self.model.clip.visual
-        self.blocks = len(visual.transformer.resblocks)
-        width = visual.conv1.out_channels
-        if cfg.align and not cfg.align_layer_from < cfg.align_layer_to - 1 <= self.blocks:
-            raise ValueError(f"tapt: align_layer_from={cfg.align_layer_from} and align_layer_to={cfg.align_layer_to} "
-                             f"must give blocks range(from, to - 1) inside the tower's {self.blocks}")
         layers = prompt_layers(visual, cfg.depth)
         self.loaded = (None if cfg.prompts is None else
-                       load_vpt_checkpoint(cfg.prompts, layers, cfg.n_ctx, width))
+                       load_vpt_checkpoint(cfg.prompts, layers, cfg.n_ctx, visual.conv1.out_channels))
         drawn = initial_prompts(visual, cfg.depth, cfg.n_ctx, cfg.seed)
         self.initial = (self.loaded if self.loaded is not None and cfg.keep_loaded_prompts else drawn)
         self.initial = self.initial.to(self.model.device)
-        tokens = visual.positional_embedding.shape[0] + cfg.n_ctx
-        self.targets: dict[str, Statistics] = {}
-        if cfg.align:
-            missing = [f for f in STATISTICS if getattr(cfg, f) is None]
-            if missing:
-                raise ValueError(f"tapt aligns token statistics: set {', '.join(missing)} (their "
-                                 "V_{means,vars}_..._{adv,clean}.pt files), or align=False")
-            values = {f: load_statistics(getattr(cfg, f), self.blocks, tokens, width).to(self.model.device)
-                      for f in STATISTICS}
-            self.targets = {"adv": Statistics(values["means_adv"], values["vars_adv"]),
-                            "clean": Statistics(values["means_clean"], values["vars_clean"])}
-
-    def loaded_weights(self) -> dict[str, Any]:
-        files = [f for f in (*STATISTICS, "prompts") if getattr(self.config, f) is not None]
-        return {f"{f}_sha256": hashlib.sha256(Path(getattr(self.config, f)).read_bytes()).hexdigest() for f in files}
+        self.targets = self.load_targets()
 
     def set_initial_prompts(self, prompts: torch.Tensor) -> None:
         """Start every image from `prompts` (layers, n_ctx, width) instead of the drawn ones."""
@@ -128,53 +93,11 @@ class TAPT(EpisodicMethod):
         feats = F.normalize(out.features.float(), dim=-1)
         return self.model.logit_scale * feats @ self.heads.zeroshot.float().T, out.block_inputs
 
-    def loss(self, logits: torch.Tensor, block_inputs: list[torch.Tensor], entropy_views: torch.Tensor,
-             align_views: torch.Tensor) -> torch.Tensor:
-        """The step's loss (module docstring, 3) from all views' logits and block inputs."""
+    def alignment(self, out: Statistics, layers: range) -> torch.Tensor:
+        """gamma * A(adv) + (1 - gamma) * A(clean) (module docstring, 3)."""
         cfg = self.config
-        loss = logits.new_zeros(())
-        if cfg.entropy_loss:
-            loss = marginal_entropy_as_tpt(logits[entropy_views])
-        if cfg.align:
-            means, variances = view_statistics(block_inputs, align_views)
-            out = Statistics(means.float(), variances.float())
-            layers = range(cfg.align_layer_from, cfg.align_layer_to - 1)
-            both = (cfg.gamma * align_loss(out, self.targets["adv"], layers, cfg.align_type)
-                    + (1 - cfg.gamma) * align_loss(out, self.targets["clean"], layers, cfg.align_type))
-            loss = loss + cfg.align_weight / (cfg.align_layer_to - cfg.align_layer_from) * both
-        return loss
-
-    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entropy views, alignment views) of the first step: the lowest-entropy views, lowest first."""
-        scores = entropy(logits.detach())
-        return lowest(scores, self.config.selection_ratio), lowest(scores, self.config.align_ratio)
-
-    def tune(self, views: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-        """The prompts after `steps` AdamW steps from the initial ones on one image's views, and each step's loss."""
-        cfg = self.config
-        prompts = self.initial.clone().requires_grad_(True)
-        optimizer = torch.optim.AdamW([prompts], lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scaled = self.precision.loss_scaling
-        chosen = None
-        losses = []
-        for _ in range(cfg.steps):
-            with torch.enable_grad():
-                logits, inputs = self.forward(views, prompts)
-                if chosen is None:
-                    chosen = self.select(logits)
-                    entropy_views, align_views = chosen
-                else:      # their later steps index the outputs with the alignment views (adv_v.py:983-984)
-                    entropy_views = align_views = chosen[1]
-                loss = self.loss(logits, inputs, entropy_views, align_views)
-                losses.append(float(loss.detach()))
-                optimizer.zero_grad(set_to_none=True)
-                (loss * LOSS_SCALE if scaled else loss).backward()
-            if scaled:
-                prompts.grad.div_(LOSS_SCALE)
-                if not bool(torch.isfinite(prompts.grad).all()):
-                    continue       # GradScaler skips the step on overflow
-            optimizer.step()
-        return prompts.detach(), losses
+        return (cfg.gamma * align_loss(out, self.targets["adv"], layers, cfg.align_type)
+                + (1 - cfg.gamma) * align_loss(out, self.targets["clean"], layers, cfg.align_type))
 
     def token_statistics(self, image_batches: Iterable[torch.Tensor],
                          prompts: torch.Tensor | None = None) -> Statistics:
@@ -191,13 +114,3 @@ class TAPT(EpisodicMethod):
                 with torch.no_grad(), self.precision.autocast():
                     yield prompted_forward(self.model.clip.visual, x.to(self.model.input_dtype), prompts).block_inputs
         return Statistics(*dataset_statistics(_Twice(block_inputs)))
-
-    def predict_context(self, ctx: SampleContext) -> MethodOutput:
-        if ctx.views is None:
-            raise ValueError("tapt runs its prompts inside the image tower and needs the views' pixels, "
-                             "not stored features")
-        views = ctx.views.float()
-        prompts, losses = self.tune(views)
-        with torch.no_grad():
-            logits, _ = self.forward(views[:1], prompts)
-        return MethodOutput(logits[0], extras={"loss": losses[0]} if losses else {})
