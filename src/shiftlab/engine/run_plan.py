@@ -219,8 +219,8 @@ class RunPlan:
                          "preprocessing, the device type and:")
             try:
                 keys = {t: self.store_keys(t, dataset) for t in self.device_types()}
-            except ValueError as exc:   # a frozen encoder's file: said on its method's line too
-                lines.append(f"    (not all of them: {exc})")
+            except ValueError:   # a frozen encoder's file that cannot be read: its method's line says why
+                lines.append("    (not listed: a frozen encoder above cannot be had)")
                 continue
             for device_type, device_keys in keys.items():
                 for key in device_keys:
