@@ -112,20 +112,27 @@ def data(tmp_path_factory):
 @pytest.mark.slow
 def test_dry_run_prints_the_plan_without_torch_and_writes_nothing(data, tmp_path):
     out = tmp_path / "run"
-    argv = ["run", "--data", str(data), "--out", str(out), "--methods", "tpt,tda", "--views", "8",
-            "--set", "tda.pos_alpha=2", "--allow-partial", "--features", str(tmp_path / "fs"), "--dry-run"]
+    argv = ["run", "--data", str(data), "--out", str(out), "--methods", "tpt,tda,cosmic", "--views", "8",
+            "--set", "tda.pos_alpha=2", "--set", "cosmic.dino_pretrained=none", "--allow-partial", "--features",
+            str(tmp_path / "fs"), "--dry-run"]
     proc = subprocess.run([sys.executable, "-c", DRY_RUN, json.dumps(argv)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     *printed, last = proc.stdout.strip().splitlines()
     assert json.loads(last) == {"code": 0, "heavy": []}
     text = "\n".join(printed)
-    assert text.startswith("methods: tpt, tda  (protocol leaderboard, precision auto)")
+    assert text.startswith("methods: tpt, tda, cosmic  (protocol leaderboard, precision auto)")
     assert "  tda (online, reads frozen_features): 8 view(s), precision auto; pos_capacity=3, pos_alpha=2.0," in text
     assert "  views encoded: 8 at precision auto" in text
     # the feature-store entry on either device "auto" may find, without torch: fp16 autocast on CUDA, fp32 on the CPU
     assert "    8 view(s) on cuda: precision fp16, seed 0, storage fp16, recipe {" in text
     assert "    8 view(s) on cpu: precision fp32, seed 0, storage fp16, recipe {" in text
+    # COSMIC's DINOv2 (random weights of seed 0): its identity, the key of its entry, computed without torch
+    dino = ('{"checkpoint_sha256": null, "encoder": "cosmic.dinov2", '
+            '"model": "vit_large_patch14_reg4_dinov2.lvd142m", "random_seed": 0, '
+            '"reads": "view 0, CLIP-normalised, float32", "returns": "L2-normalised x_norm_clstoken", "version": 1}')
+    assert f"    cosmic reads view 0 through its frozen encoder {dino}" in text
+    assert f"    cosmic's frozen encoder of view 0 {dino} on cpu: precision fp32, seed 0, storage fp16" in text
     assert not out.exists() and not (tmp_path / "fs").exists()
 
 

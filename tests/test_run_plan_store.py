@@ -68,14 +68,19 @@ def test_dry_run_lists_the_store_keys_the_run_then_writes_and_the_frozen_encoder
     tiny = hashlib.sha256((setup / "tiny.pt").read_bytes()).hexdigest()[:16]
     assert f"model: shiftlab-tiny ({setup / 'tiny.pt'}: file, sha256 {tiny}); device cpu" in printed
     assert f"    difftpt reads diffusion_views={setup / 'generated'} (folder)" in printed
-    assert "    difftpt reads view 0 through a frozen encoder of its own" in printed
     assert f"  feature store {setup / 'fs'}: entries keyed by" in printed
     assert cli_main(argv) == 0
     from shiftlab.rundir.feature_store import FeatureStore
     stored = [e.key for e in FeatureStore(setup / "fs")]
     assert len(stored) == 3 and sum("encoder" in k for k in stored) == 1
-    written = sorted(key_line({**{f: k[f] for f in KEY_FIELDS}, **({"encoder_of": "difftpt"} if "encoder" in k
-                                                                        else {})}, None) for k in stored)
+    # the encoder entry's key, identity included, is the one planned and printed: the folder's manifest digest
+    (encoder,) = [k["encoder"] for k in stored if "encoder" in k]
+    manifest = hashlib.sha256((setup / "generated" / "manifest.json").read_bytes()).hexdigest()
+    assert encoder == {"encoder": "difftpt-diffusion-views", "manifest_sha256": manifest, "n_views": 2}
+    assert f"    difftpt reads view 0 through its frozen encoder {json.dumps(encoder, sort_keys=True)}" in printed
+    written = sorted(key_line({**{f: k[f] for f in KEY_FIELDS},
+                               **({"encoder": k["encoder"], "encoder_of": "difftpt"} if "encoder" in k else {})}, None)
+                     for k in stored)
     listed = sorted(line.strip() for line in printed.splitlines() if line.startswith("    ") and " recipe {" in line)
     assert listed == written
     assert sorted(k["n_views"] for k in stored) == [1, 3, 3]
@@ -94,6 +99,32 @@ def test_the_plans_keys_follow_the_device_and_the_run_precision():
     attacked = resolve_plan(RunConfig(**config, attack={"name": "pgd"}))
     assert attacked.store_keys("cpu") == [] and "attacked setting" in attacked.store_skipped()
     assert "no feature store" in resolve_plan(RunConfig(methods=["zeroshot"])).text()
+
+
+def test_the_plan_keys_a_frozen_encoder_by_its_identity_only_where_the_config_uses_one(tiny_model, tmp_path):
+    from shiftlab import create_method
+    from shiftlab.engine.config import RunConfig
+
+    def plan(**cosmic):
+        return resolve_plan(RunConfig(methods=["zeroshot", "cosmic"], views=8, features="fs",
+                                      method_config={"cosmic": cosmic}))
+    clip_only = plan(dino_model=None)   # the CLIP-only variant: no DINOv2, no entry of its own
+    assert not clip_only.method_plans()["cosmic"].reads_frozen_encoder
+    assert [k for k in clip_only.store_keys("cpu") if "encoder" in k or "encoder_of" in k] == []
+    assert "    cosmic uses no frozen encoder of its own under this config" in clip_only.text()
+    (tmp_path / "dino.pth").write_bytes(b"not really weights")
+    dino = plan(dino_pretrained=str(tmp_path / "dino.pth"))
+    assert dino.method_plans()["cosmic"].reads_frozen_encoder
+    (entry,) = [k for k in dino.store_keys("cpu") if "encoder" in k]
+    assert entry["encoder"]["checkpoint_sha256"] == hashlib.sha256(b"not really weights").hexdigest()
+    assert (entry["n_views"], entry["encoder_of"]) == (1, "cosmic")
+    built = create_method("cosmic", tiny_model, ["cat", "dog"], dino_pretrained=str(tmp_path / "dino.pth"))
+    assert entry["encoder"] == built.frozen_encoder().key_fields()     # what the run keys its entry with
+    # a checkpoint that is not there: the dry run says so in one line, as the run would
+    text = plan(dino_pretrained=str(tmp_path / "nope.pth")).text()
+    (line,) = [line for line in text.splitlines() if "cosmic reads view 0" in line]
+    assert line.startswith("    cosmic reads view 0 through its frozen encoder, which cannot be had: cosmic: DINOv2 "
+                           f"weights '{tmp_path / 'nope.pth'}' not found")
 
 
 def test_dry_run_lists_a_methods_own_model_and_files(setup, capsys, tmp_path):

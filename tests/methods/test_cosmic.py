@@ -190,6 +190,11 @@ def test_the_frozen_encoder_declaration_is_checked_at_registration():
     with pytest.raises(TypeError, match="cosmic: a method reading a frozen encoder of its own .* must define "
                                         "frozen_encoder"):
         type(qualname, (OnlineMethod,), body)
+    # and its spec says the encoder's identity under a config (what a run plan keys the store entry with)
+    from shiftlab.methods.catalogue.declarations import MethodSpec
+    with pytest.raises(TypeError, match="NoIdentitySpec: reads 'frozen_encoder' and must define "
+                                        "frozen_encoder_identity"):
+        type("NoIdentitySpec", (MethodSpec,), {"capabilities": Capabilities(reads=(FROZEN_FEATURES, FROZEN_ENCODER))})
 
 
 def test_the_dino_key_is_its_checkpoint_digest_model_and_seed(model, tmp_path):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..methods.catalogue.declarations import FROZEN_ENCODER
 from ..methods.catalogue.method_plan import MethodPlan, plan_method
 
 if TYPE_CHECKING:
@@ -122,10 +123,11 @@ class RunPlan:
 
     def store_keys(self, device_type: str, dataset: str | None = None) -> list[dict[str, Any]]:
         """The fields this plan decides of every feature-store entry (`rundir.feature_store.feature_key`) a run
-        reads and writes on a device of `device_type`: one per encoding (`encodings`), then one per method that
-        reads a frozen encoder of its own (its view 0, `"encoder_of"`: the method; the run keys it by the
-        encoder's identity, known when the method is built). The rest of a key (the samples, the model's
-        weights and preprocessing, the device) is the run's. Empty where `store_skipped` says why."""
+        reads and writes on a device of `device_type`: one per encoding (`encodings`), then one per method whose
+        config reads view 0 through a frozen encoder of its own, keyed by its `"encoder"` (the encoder's identity,
+        `MethodPlan.frozen_encoder_identity`; `"encoder_of"`, not part of the key: the method). The rest of a key
+        (the samples, the model's weights and preprocessing, the device) is the run's. Empty where `store_skipped`
+        says why; a one-line ValueError where an encoder's file cannot be read."""
         if self.store_skipped(dataset):
             return []
         from ..models.precision import precision_key
@@ -134,7 +136,8 @@ class RunPlan:
         keys = [{"recipe": json.loads(family), "n_views": n, "precision": precision, **shared}
                 for family, precision, n in self.encodings(device_type, dataset)]
         keys += [{"recipe": json.loads(recipe_key(m.recipe)), "n_views": 1,
-                  "precision": precision_key(m.precision, device_type, c.precision), **shared, "encoder_of": name}
+                  "precision": precision_key(m.precision, device_type, c.precision), **shared,
+                  "encoder": m.frozen_encoder_identity, "encoder_of": name}
                  for name, m in self.method_plans(dataset).items() if m.reads_frozen_encoder]
         return keys
 
@@ -203,9 +206,8 @@ class RunPlan:
                           f"{e.seed})" for e in models.get(name, [])]
                 lines += [f"    {name} reads {field}={path} ({_file_identity(path)})"
                           for field, path in m.files.items()]
-                if m.reads_frozen_encoder:
-                    lines.append(f"    {name} reads view 0 through a frozen encoder of its own where its config uses "
-                                 "one: computed once per sample, stored beside the view features")
+                if FROZEN_ENCODER in m.reads:
+                    lines.append(f"    {name} {_encoder_line(m)}")
             for (family, precision), n in self.view_groups(dataset).items():
                 recipe = {k: v for k, v in json.loads(family).items() if k != "n_views"}
                 lines.append(f"  views encoded: {n} at precision {precision}, recipe {json.dumps(recipe)}")
@@ -215,17 +217,35 @@ class RunPlan:
                 continue
             lines.append(f"  feature store {c.features}: entries keyed by the samples, the model's weights and "
                          "preprocessing, the device type and:")
-            for device_type in self.device_types():
-                for key in self.store_keys(device_type, dataset):
+            try:
+                keys = {t: self.store_keys(t, dataset) for t in self.device_types()}
+            except ValueError:   # a frozen encoder's file that cannot be read: its method's line says why
+                lines.append("    (not listed: a frozen encoder above cannot be had)")
+                continue
+            for device_type, device_keys in keys.items():
+                for key in device_keys:
                     lines.append(f"    {key_line(key, device_type if len(self.device_types()) > 1 else None)}")
         return "\n".join(lines)
+
+
+def _encoder_line(m: MethodPlan) -> str:
+    """What method `m` (whose spec reads `FROZEN_ENCODER`) reads through a frozen encoder of its own under its
+    config: the encoder's identity, none, or why its file cannot be read."""
+    try:
+        identity = m.frozen_encoder_identity
+    except ValueError as exc:
+        return f"reads view 0 through its frozen encoder, which cannot be had: {exc}"
+    if identity is None:
+        return "uses no frozen encoder of its own under this config"
+    return (f"reads view 0 through its frozen encoder {json.dumps(identity, sort_keys=True)}: computed once per "
+            "sample, stored beside the view features")
 
 
 def key_line(key: dict[str, Any], device_type: str | None) -> str:
     """One feature-store key of a plan as one line (`RunPlan.store_keys`)."""
     recipe = {k: v for k, v in key["recipe"].items() if k != "n_views"}
-    what = (f"{key['encoder_of']}'s frozen encoder of view 0 (where its config uses one)" if "encoder_of" in key
-            else f"{key['n_views']} view(s)")
+    what = (f"{key['encoder_of']}'s frozen encoder of view 0 {json.dumps(key['encoder'], sort_keys=True)}"
+            if "encoder" in key else f"{key['n_views']} view(s)")
     on = f" on {device_type}" if device_type else ""
     return (f"{what}{on}: precision {key['precision']}, seed {key['seed']}, storage {key['storage']}, "
             f"recipe {json.dumps(recipe, sort_keys=True)}")

@@ -4,7 +4,9 @@ Like the frozen CLIP tower, it maps a sample's view 0 to a fixed vector that not
 it once per sample (one image at a time, as the method would), hands it to the method in
 `SampleContext.encoded[encoder.id]`, and a feature store holds it beside the CLIP view features, keyed by the
 encoder's `identity` (its model, its checkpoint's SHA-256 or its random-weight seed, what it reads and returns).
-A method declaring the capability returns one from `Method.frozen_encoder()` (None: this config runs without it).
+A method declaring the capability returns one from `Method.frozen_encoder()` (None: this config runs without it),
+built with the identity its spec declares (`MethodSpec.frozen_encoder_identity(config)`, torch-free: a run plan
+keys the store entry with it before torch is imported).
 """
 from __future__ import annotations
 

@@ -310,6 +310,10 @@ class MethodSpec:
         if not isinstance(cls.capabilities, Capabilities):
             raise TypeError(f"{cls.__qualname__}.capabilities must be a Capabilities, got "
                             f"{type(cls.capabilities).__name__}")
+        declared = any("frozen_encoder_identity" in k.__dict__ for k in cls.__mro__ if k is not MethodSpec)
+        if cls.capabilities.reads_frozen_encoder and not declared:
+            raise TypeError(f"{cls.__qualname__}: reads {FROZEN_ENCODER!r} and must define frozen_encoder_identity "
+                            "(its encoder's identity under a config, or None where the config uses none)")
         if not (isinstance(cls.config_class, type) and issubclass(cls.config_class, MethodConfig)):
             raise TypeError(f"{cls.__qualname__}.config_class must subclass MethodConfig")
         if not (isinstance(cls.towers, tuple) and cls.towers and set(cls.towers) <= set(TOWERS)):
@@ -332,6 +336,16 @@ class MethodSpec:
         folder of generated views it reads is unset or missing; `attacked`: in a run with an attacked setting, the
         generated views of an attacked image), as one line, or None. Torch-free: a run plan
         (`engine.run_plan.resolve_plan`) asks it before torch is imported."""
+        return None
+
+    @classmethod
+    def frozen_encoder_identity(cls, config: Any) -> dict[str, Any] | None:
+        """The identity of the frozen encoder of its own that reads view 0 under `config` (a method whose
+        capabilities read `FROZEN_ENCODER`: COSMIC's DINOv2, DiffTPT's generated views), or None where this config
+        uses none: every input that decides the encoder's output, JSON data, the `encoder` of its feature-store
+        entry. Its one owner: the method builds its `FrozenEncoder` with it (`Method.frozen_encoder`) and a run plan
+        keys the entry with it before torch is imported. A file it names that cannot be read is a one-line
+        ValueError."""
         return None
 
     @classmethod

@@ -12,6 +12,8 @@ the method it builds; nothing else resolves a method's config.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -68,10 +70,25 @@ class MethodPlan:
         method that may load a model of its own (`Method.extra_models`)."""
         return OWN_TOWER in self.reads
 
+    @functools.cached_property
+    def frozen_encoder_identity(self) -> dict[str, Any] | None:
+        """The identity of the frozen encoder of its own that reads view 0 under its config
+        (`MethodSpec.frozen_encoder_identity`, what the built method's `FrozenEncoder` holds: the `encoder` of its
+        feature-store entry, as that key holds it), or None where the config uses none. A file it names that cannot
+        be read (COSMIC's DINOv2 checkpoint) is a one-line ValueError, as in the run."""
+        if FROZEN_ENCODER not in self.reads:
+            return None
+        identity = method_spec(self.name).frozen_encoder_identity(self.config)
+        return None if identity is None else json.loads(json.dumps(identity, sort_keys=True))
+
     @property
     def reads_frozen_encoder(self) -> bool:
-        """Reads view 0 through a frozen encoder of its own (`Method.frozen_encoder`), when its config uses one."""
-        return FROZEN_ENCODER in self.reads
+        """Reads view 0 through a frozen encoder of its own (`Method.frozen_encoder`): its config uses one (one whose
+        file cannot be read too: `frozen_encoder_identity` says why)."""
+        try:
+            return self.frozen_encoder_identity is not None
+        except ValueError:
+            return True
 
     @property
     def files(self) -> dict[str, str]:

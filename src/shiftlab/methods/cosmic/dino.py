@@ -10,45 +10,15 @@ conversion, or runs with random weights (`dino_pretrained="none"`: tests, bench)
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ...options import say_set
 from ..context import SampleContext
+from .dino_checkpoint import DinoLoadError, checkpoint_path
 
-META_URL = "https://dl.fbaipublicfiles.com/dinov2/{arch}/{arch}_reg4_pretrain.pth"
 _LOADED: dict[tuple, torch.nn.Module] = {}
-_DIGESTS: dict[str, str] = {}
-DINO_FEATURE_VERSION = 1   # what dino_identity's feature is; a change of how it is computed is a new version
-
-
-class DinoLoadError(ValueError):
-    """COSMIC's DINOv2 weights cannot be had (one line: what to download and where)."""
-
-
-def _meta_arch(model: str) -> str:
-    size = model.split("_")[1]                       # vit_large_patch14_reg4_dinov2 -> large
-    return {"large": "dinov2_vitl14", "base": "dinov2_vitb14", "small": "dinov2_vits14",
-            "giant": "dinov2_vitg14"}.get(size, model)
-
-
-def checkpoint_path(config: Any) -> str:
-    """The DINOv2 checkpoint file of `config` ("none": random weights); a missing file is a one-line DinoLoadError
-    saying what to download and where."""
-    path = config.dino_pretrained
-    if path == "none":
-        return path
-    path = os.path.expanduser(path)
-    if not os.path.isfile(path):
-        arch = _meta_arch(config.dino_model.split(".")[0])
-        raise DinoLoadError(
-            f"cosmic: DINOv2 weights {path!r} not found: download {META_URL.format(arch=arch)} to that path "
-            f"(or pass {say_set('cosmic', 'dino_pretrained', 'FILE')}; {say_set('cosmic', 'dino_model', None)} "
-            f"runs the CLIP-only variant)")
-    return path
 
 
 def load_dino(config: Any, device: torch.device) -> torch.nn.Module:
@@ -73,29 +43,6 @@ def load_dino(config: Any, device: torch.device) -> torch.nn.Module:
     model = model.to(device).eval().requires_grad_(False)
     _LOADED[key] = model
     return model
-
-
-def weights_sha256(path: str) -> str:
-    """SHA-256 of a DINOv2 checkpoint file (read in 1 MiB blocks), once per process and path."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if path not in _DIGESTS:
-        import hashlib
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        _DIGESTS[path] = digest.hexdigest()
-    return _DIGESTS[path]
-
-
-def dino_identity(config: Any) -> dict[str, Any]:
-    """Everything that decides the DINOv2 feature of a view 0 besides its pixels: the timm model, its checkpoint's
-    SHA-256 (or, with random weights, their seed), what it reads and returns; a feature-store key's `encoder`."""
-    random = config.dino_pretrained == "none"
-    return {"encoder": "cosmic.dinov2", "version": DINO_FEATURE_VERSION, "model": config.dino_model,
-            "checkpoint_sha256": None if random else weights_sha256(checkpoint_path(config)),
-            "random_seed": config.dino_seed if random else None,
-            "reads": "view 0, CLIP-normalised, float32", "returns": "L2-normalised x_norm_clstoken"}
 
 
 def encode_view0(config: Any, device: torch.device, view0: torch.Tensor) -> torch.Tensor:

@@ -205,18 +205,19 @@ class COSMIC(OnlineMethod):
         cfg = self.config
         if cfg.dino_model is None or cfg.dino_pretrained == "none":
             return {"dino_checkpoint_sha256": None}
-        from .dino import weights_sha256
+        from .dino_checkpoint import weights_sha256
         return {"dino_checkpoint_sha256": weights_sha256(cfg.dino_pretrained)}
 
     def frozen_encoder(self) -> FrozenEncoder | None:
         """DINOv2 over view 0 (None: the CLIP-only variant): the engine encodes it once per sample, and a feature
         store holds it keyed by the checkpoint's digest (or the random seed) and the model."""
         cfg = self.config
-        if cfg.dino_model is None:
-            return None
         if self._encoder is None:
-            from .dino import dino_identity, encode_view0
-            self._encoder = FrozenEncoder(dino_identity(cfg), lambda view0: encode_view0(cfg, self.model.device, view0))
+            identity = self.spec.frozen_encoder_identity(cfg)
+            if identity is None:
+                return None
+            from .dino import encode_view0
+            self._encoder = FrozenEncoder(identity, lambda view0: encode_view0(cfg, self.model.device, view0))
         return self._encoder
 
     def reset(self) -> None:

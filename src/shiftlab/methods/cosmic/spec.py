@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..catalogue.declarations import FROZEN_ENCODER, FROZEN_FEATURES, ONLINE, Capabilities, MethodSpec, ViewMethodConfig
+from .dino_checkpoint import dino_identity
 
 # hf618/COSMIC@34fde07: scripts/cosmic_ood.sh (the natural-shift run), cosmic_main.py, utils/utils_cosmic.py,
 # utils/DualMems.py, configs_l/imagenet_r.yaml
@@ -55,3 +57,9 @@ class COSMICSpec(MethodSpec):
     offline_config = {"dino_pretrained": "none", "dino_model": "vit_small_patch14_reg4_dinov2"}
     random_weights_config = {"dino_pretrained": "none"}
     test_config = {"clip_shots": 2, "dino_shots": 2, "dino_model": None}
+
+    @classmethod
+    def frozen_encoder_identity(cls, config: Any) -> dict[str, Any] | None:
+        """DINOv2's (`dino_identity`: the model, the checkpoint's SHA-256 or the random seed); None for the
+        CLIP-only variant (dino_model=None)."""
+        return None if config.dino_model is None else dino_identity(config)

@@ -19,7 +19,7 @@ from ..common.prompt_tuning import PromptTuning
 from ..frozen_encoder import FrozenEncoder
 from ..kinds import EpisodicMethod
 from .spec import DiffTPTSpec
-from .views_folder import folder_digest, read_manifest, view0_key
+from .views_folder import read_manifest, view0_key
 
 
 def cosine_then_confident(view_logits: torch.Tensor, cosine_ratio: float, entropy_ratio: float) -> torch.Tensor:
@@ -49,10 +49,9 @@ class DiffTPT(PromptTuning, EpisodicMethod):
                 raise ValueError(f"{self.name}.diffusion_views: {self._folder} is keyed by {size} px views but "
                                  f"{self.model.name} takes {self.model.image_size} px; generate the folder for this "
                                  "model's input size")
-            self._digest = folder_digest(self._folder)
-            self._encoder = FrozenEncoder(identity={"encoder": "difftpt-diffusion-views",
-                                                    "manifest_sha256": self._digest, "n_views": cfg.n_diffusion},
-                                          encode=self.encode_generated)
+            identity = self.spec.frozen_encoder_identity(cfg)
+            self._digest = identity["manifest_sha256"]
+            self._encoder = FrozenEncoder(identity, encode=self.encode_generated)
 
     def frozen_encoder(self) -> FrozenEncoder | None:
         return self._encoder

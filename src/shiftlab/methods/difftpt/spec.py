@@ -9,7 +9,7 @@ from ...options import say_set
 from ...params import param
 from ..catalogue.declarations import EPISODIC, FROZEN_ENCODER, FROZEN_FEATURES, Capabilities
 from ..common.prompt_tuning_config import PromptTuningConfig, PromptTuningSpec
-from .views_folder import ViewsFolderError, fewest_views, read_manifest
+from .views_folder import ViewsFolderError, fewest_views, folder_digest, read_manifest
 
 
 @dataclass
@@ -64,3 +64,14 @@ class DiffTPTSpec(PromptTuningSpec):
                     f"image, fewer than n_diffusion={config.n_diffusion}; lower it with "
                     f"{say_set(cls.name, 'n_diffusion', fewest)} or generate more")
         return None
+
+    @classmethod
+    def frozen_encoder_identity(cls, config: Any) -> dict[str, Any] | None:
+        """The generated views' (the folder's manifest digest, which names every view's SHA-256, and how many are
+        read); None without them (n_diffusion=0)."""
+        if config.n_diffusion == 0:
+            return None
+        if config.diffusion_views is None:
+            raise ValueError(cls.config_problem(config))
+        return {"encoder": "difftpt-diffusion-views", "manifest_sha256": folder_digest(config.diffusion_views),
+                "n_views": config.n_diffusion}
