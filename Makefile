@@ -21,8 +21,9 @@ $(BIN)/shiftlab: pyproject.toml constraints.txt
 	# MLflow's client (tests/test_trackers.py reads its file store back) needs requests >= 2.28.1, which
 	# torchattacks 3.5.1 (PGD's reference in the tests) declares it cannot take (requests ~= 2.25.1) though it
 	# runs with it: installed second, with that one pin raised; pip then warns about torchattacks' declaration.
+	# `shiftlab[mlflow]`, not `-e .[mlflow]`: the extra read from the editable install just made, not built again.
 	sed 's/^requests==.*/requests==$(MLFLOW_REQUESTS)/' constraints.txt > $(VENV)/constraints-mlflow.txt
-	$(BIN)/python -m pip install -q --no-compile -c $(VENV)/constraints-mlflow.txt -e '.[mlflow]' requests==$(MLFLOW_REQUESTS)
+	$(BIN)/python -m pip install -q --no-compile -c $(VENV)/constraints-mlflow.txt 'shiftlab[mlflow]' requests==$(MLFLOW_REQUESTS)
 	touch $(BIN)/shiftlab
 
 # Downloads ImageNet-R and the OpenAI RN50 weights on first use (needs internet),
