@@ -150,7 +150,7 @@ def test_a_method_registered_at_run_time_is_listed_and_checked(capsys):
     assert "test_scale" not in catalogue.names()
 
 
-def test_a_command_reads_the_catalogue_once_and_sees_a_spec_registered_or_changed(monkeypatch):
+def test_a_command_reads_the_catalogue_once_and_sees_a_spec_registered_or_changed(monkeypatch, tmp_path, capsys):
     want = catalogue.entries()
     made = []
     real_entry = catalogue.entry
@@ -163,6 +163,10 @@ def test_a_command_reads_the_catalogue_once_and_sees_a_spec_registered_or_change
         with registered("test_scale", _Scale):   # a spec registered inside: read again, with it
             assert "test_scale" in [e["name"] for e in catalogue.entries()]
         assert catalogue.entries() == want
+    made.clear()   # a run's checks (refused here at its --data, before torch) make the entries once
+    assert cli_main(["run", "--data", str(tmp_path / "none"), "--model", "shiftlab-tiny", "--methods", "tpt,tda",
+                     "--out", str(tmp_path / "run")]) == 1
+    assert "none" in capsys.readouterr().err and len(made) == len(catalogue.names())
     # outside one command every call reads the specs: a spec changed between two commands is seen
     monkeypatch.setattr(catalogue.spec("tpt"), "summary", "test: tpt's summary changed")
     assert {e["name"]: e["summary"] for e in catalogue.entries()}["tpt"] == "test: tpt's summary changed"
