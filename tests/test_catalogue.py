@@ -166,7 +166,7 @@ def test_a_command_reads_the_catalogue_once_and_sees_a_spec_registered_or_change
     made.clear()   # a run's checks (refused here at its --data, before torch) make the entries once
     assert cli_main(["run", "--data", str(tmp_path / "none"), "--model", "shiftlab-tiny", "--methods", "tpt,tda",
                      "--out", str(tmp_path / "run")]) == 1
-    assert "none" in capsys.readouterr().err and len(made) == len(catalogue.names())
+    assert "imagenet-r root does not exist" in capsys.readouterr().err and len(made) == len(catalogue.names())
     # outside one command every call reads the specs: a spec changed between two commands is seen
     monkeypatch.setattr(catalogue.spec("tpt"), "summary", "test: tpt's summary changed")
     assert {e["name"]: e["summary"] for e in catalogue.entries()}["tpt"] == "test: tpt's summary changed"
