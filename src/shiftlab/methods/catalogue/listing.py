@@ -148,7 +148,7 @@ def entries() -> list[dict[str, Any]]:
     """Every method's entry (see the module docstring), sorted by name, as JSON reads it back; inside
     `read_once`, made once (per set of specs) and read back from its JSON after."""
     held = _ONE_READING.get()
-    key = tuple((n, id(spec(n))) for n in names()) if held is not None else None
+    key = tuple((n, spec(n)) for n in names()) if held is not None else None   # the classes themselves
     text = held.get(key) if held is not None else None
     if text is None:
         text = json.dumps([entry(n) for n in names()], default=str)
@@ -165,12 +165,13 @@ def read_once() -> Iterator[None]:
     """Inside, `entries()` is computed once for one set of registered specs: a command's checks read the
     catalogue five times (~20 ms each, most of a tiny run's checks; `commands.run.refusal`). One command's
     checks, not the process: a test may change a spec between two commands; a spec registered inside is a
-    new key, hence a new reading."""
-    token = _ONE_READING.set({})
+    new key, hence a new reading. Nested, the outer reading is kept."""
+    token = _ONE_READING.set({}) if _ONE_READING.get() is None else None
     try:
         yield
     finally:
-        _ONE_READING.reset(token)
+        if token is not None:
+            _ONE_READING.reset(token)
 
 
 def _published_facts(name: str) -> dict[str, Any]:
