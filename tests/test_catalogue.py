@@ -148,3 +148,25 @@ def test_a_method_registered_at_run_time_is_listed_and_checked(capsys):
         assert cli_main(["methods"]) == 0
         assert "test: a method only this test registers" in capsys.readouterr().out
     assert "test_scale" not in catalogue.names()
+
+
+def test_a_command_reads_the_catalogue_once_and_sees_a_spec_registered_or_changed(monkeypatch, tmp_path, capsys):
+    want = catalogue.entries()
+    made = []
+    real_entry = catalogue.entry
+    monkeypatch.setattr(catalogue, "entry", lambda name: made.append(name) or real_entry(name))
+    with catalogue.read_once():
+        first = catalogue.entries()
+        first[0]["summary"] = "changed by a caller"   # a caller's copy: the next reading is not changed
+        assert catalogue.entries() == want != first
+        assert len(made) == len(catalogue.names())   # made once, read back twice
+        with registered("test_scale", _Scale):   # a spec registered inside: read again, with it
+            assert "test_scale" in [e["name"] for e in catalogue.entries()]
+        assert catalogue.entries() == want
+    made.clear()   # a run's checks (refused here at its --data, before torch) make the entries once
+    assert cli_main(["run", "--data", str(tmp_path / "none"), "--model", "shiftlab-tiny", "--methods", "tpt,tda",
+                     "--out", str(tmp_path / "run")]) == 1
+    assert "imagenet-r root does not exist" in capsys.readouterr().err and len(made) == len(catalogue.names())
+    # outside one command every call reads the specs: a spec changed between two commands is seen
+    monkeypatch.setattr(catalogue.spec("tpt"), "summary", "test: tpt's summary changed")
+    assert {e["name"]: e["summary"] for e in catalogue.entries()}["tpt"] == "test: tpt's summary changed"

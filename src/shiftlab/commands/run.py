@@ -315,7 +315,13 @@ def refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     need the registry, everything but the last is said before torch is imported. Every dataset (and OOD set)
     is listed here, before torch, with its folder's problems (a missing, empty or wrong-layout folder, a
     class-name count, too few OOD images) said at once; `prepare` then uses the datasets listed
-    (`args.listed_datasets`). The weights are `engine.prepare`'s."""
+    (`args.listed_datasets`). The weights are `engine.prepare`'s. These checks read the method catalogue five
+    times: it is made once for them (`catalogue.read_once`)."""
+    with catalogue.read_once():
+        return _refusal(args)
+
+
+def _refusal(args: argparse.Namespace) -> tuple[int, list[str]]:
     problem = classnames_problem(args) or unknown_dataset(args) or flag_problem(args)
     if problem:
         return 2, [problem]

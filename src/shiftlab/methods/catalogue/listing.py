@@ -23,9 +23,12 @@ block under its own label, so that their numbers never sit in one column with th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ... import params
@@ -142,8 +145,33 @@ def own_ood_score(method: str) -> str:
 
 
 def entries() -> list[dict[str, Any]]:
-    """Every method's entry (see the module docstring), sorted by name, as JSON reads it back."""
-    return json.loads(json.dumps([entry(n) for n in names()], default=str))
+    """Every method's entry (see the module docstring), sorted by name, as JSON reads it back; inside
+    `read_once`, made once (per set of specs) and read back from its JSON after."""
+    held = _ONE_READING.get()
+    key = tuple((n, spec(n)) for n in names()) if held is not None else None   # the classes themselves
+    text = held.get(key) if held is not None else None
+    if text is None:
+        text = json.dumps([entry(n) for n in names()], default=str)
+        if held is not None:
+            held[key] = text
+    return json.loads(text)
+
+
+_ONE_READING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("catalogue_entries", default=None)
+
+
+@contextlib.contextmanager
+def read_once() -> Iterator[None]:
+    """Inside, `entries()` is computed once for one set of registered specs: a command's checks read the
+    catalogue five times (~20 ms each, most of a tiny run's checks; `commands.run.refusal`). One command's
+    checks, not the process: a test may change a spec between two commands; a spec registered inside is a
+    new key, hence a new reading. Nested, the outer reading is kept."""
+    token = _ONE_READING.set({}) if _ONE_READING.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _ONE_READING.reset(token)
 
 
 def _published_facts(name: str) -> dict[str, Any]:
