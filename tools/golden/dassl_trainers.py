@@ -18,6 +18,18 @@ def node(**kw) -> types.SimpleNamespace:
     return types.SimpleNamespace(**kw)
 
 
+def config(t: dict, section: str, trainer: types.SimpleNamespace, **more: types.SimpleNamespace
+           ) -> types.SimpleNamespace:
+    """Their cfg as the loop reads it: the test-time section `section` (TAPT, TPT: its keys are prefixed by the
+    section's name where theirs are) from the values `t`, `trainer` under TRAINER, the tiny ViT's 64-pixel input,
+    DATASET.<section> "golden", and `more` sections as given."""
+    keys = ("LR", "TTA_STEPS", f"{section}_THRESHOLD", "ALIGN_THRESHOLD", "ALIGN_LAYER_FROM", "ALIGN_LAYER_TO",
+            "DISTR_ALIGN", f"{section}_LOSS", "DISTR_LOSS_W", "BATCH_SIZE", "RUN", "COCOOP")
+    return node(SEED=t["SEED"], MODEL=node(BACKBONE=node(NAME="ViT-B/16"), INIT_WEIGHTS=""),
+                INPUT=node(SIZE=(64, 64)), TRAINER=trainer, DATASET=node(**{section: "golden"}),
+                **{section: node(**{k: t[k] for k in keys})}, **more)
+
+
 def stub_dassl(loop: str, record_logits: list | None = None) -> list[str]:
     """dassl and fvcore as the trainers' imports need them. With `record_logits`, dassl.utils.tpt_tools too
     (PromptAlign's meters, printing only; its `accuracy` appends view 0's final logits there). `loop` names the loop
