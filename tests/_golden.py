@@ -118,6 +118,23 @@ def online_fixture(golden_dir: Path, name: str) -> tuple[dict[str, torch.Tensor]
     return torch.load(golden_dir / "online" / f"{name}.pt", map_location="cpu", weights_only=True), info
 
 
+def batch_fixture(golden_dir: Path, folder: str, variant: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """A batch method's golden `variant` (tensors) and its entry in `folder`/`folder`.json's "fixtures" (what ran,
+    on which tiny model, which parameters adapted)."""
+    import json
+    info = json.loads((golden_dir / folder / f"{folder}.json").read_text())["fixtures"][variant]
+    return torch.load(golden_dir / folder / f"{variant}.pt", map_location="cpu", weights_only=True), info
+
+
+def fixture_model(info: dict, golden_vit: tuple, golden_model: tuple) -> tuple:
+    """(model, class names, class heads) of the golden tiny model a fixture's entry says it ran on."""
+    if info["model"] == "shiftlab-tiny-vit":
+        return golden_vit
+    from shiftlab.methods.context import ClassHeads
+    model, names = golden_model
+    return model, names, ClassHeads(model, names)
+
+
 def stream_views(golden_dir: Path, n_views: int) -> list[torch.Tensor]:
     """The online fixtures' stream: per sample, (n_views, 3, 64, 64) float views in [0, 1]."""
     stream = torch.load(golden_dir / "online" / "stream.pt", weights_only=True)

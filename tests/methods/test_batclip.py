@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import shiftlab
-from _golden import assert_close, assert_top1_margin, fixture_tolerances, stream_views
+from _golden import assert_close, assert_top1_margin, fixture_model, fixture_tolerances, stream_views
 from shiftlab.methods.batclip.method import batclip_loss, loss_scale_after
-from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,11 +121,7 @@ def test_batclip_matches_their_code_batch_by_batch(golden_vit, golden_model, gol
     info = json.loads((golden_dir / "batclip" / "batclip.json").read_text())
     assert info["reference"]["commit"] == "ba2e3381873ef58e76a90148ee3835864349e985"
     info = info["fixtures"][variant]
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("batclip", model, names, heads=heads, **VARIANTS[variant])
     assert (info["optimizer"].lower(), info["lr"], info["steps"]) == (method.config.optimizer, method.config.lr,
                                                                      method.config.steps)

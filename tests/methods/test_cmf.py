@@ -8,8 +8,6 @@ parameters and the hidden ones (NORM_PARAMS), SGD's momentum buffers (GRAD_RTOL 
 mean prediction (LOSS) and the filter's variance (a float computed in Python by both: 1e-12)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -22,9 +20,11 @@ from _golden import (
     ROID_RESNET_GRAD_RTOL,
     TUNED_LOGITS,
     assert_close,
+    batch_fixture,
+    fixture_model,
     stream_views,
 )
-from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,17 +55,12 @@ def test_a_scaled_q_of_one_or_more_is_refused_in_one_line(golden_vit):
 @pytest.mark.golden
 @pytest.mark.parametrize(("folder", "variant", "options"), GOLDEN, ids=[v for _, v, _ in GOLDEN])
 def test_cmf_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, folder, variant, options):
-    want = torch.load(golden_dir / folder / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / folder / f"{folder}.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, folder, variant)
     assert info["n_batches"] == 3 and info["reference"]["commit"].startswith("8b2ed63")
     consistency = info["argv"][info["argv"].index("ROID.USE_CONSISTENCY") + 1]
     assert consistency is options.get("use_consistency", True)
     options = {**options, "augment_seed": info.get("seed", 0)}
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("cmf", model, names, heads=heads, **options)
     assert method.tower.parameter_names == info["adapted"]
     assert method.q == pytest.approx(info["q"], rel=1e-12)      # their count: the tower's norms and ln_final

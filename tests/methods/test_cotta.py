@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, LOGITS, TUNED_LOGITS, assert_close, stream_views
+from _golden import FEATURES, LOGITS, TUNED_LOGITS, assert_close, batch_fixture, fixture_model, stream_views
 from _mean_teacher_golden import check_weights
-from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,14 +95,9 @@ def test_augmentation_draws_what_torchvision_draws_from_the_global_generator(sof
 @pytest.mark.golden
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_cotta_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "cotta" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "cotta" / "cotta.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, "cotta", variant)
     assert info["n_batches"] == 3
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("cotta", model, names, heads=heads, augment_seed=info["seed"],
                                     **VARIANTS[variant])
     assert method.tower.parameter_names == info["adapted"]

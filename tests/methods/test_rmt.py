@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, TUNED_LOGITS, assert_close, stream_views
+from _golden import FEATURES, TUNED_LOGITS, assert_close, batch_fixture, fixture_model, stream_views
 from _mean_teacher_golden import check_weights
-from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,14 +50,9 @@ def test_the_parts_that_need_source_data_are_refused_in_one_line(golden_vit, fie
 @pytest.mark.golden
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rmt_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "rmt" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "rmt" / "rmt.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, "rmt", variant)
     assert info["n_batches"] == 3
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("rmt", model, names, heads=heads, augment_seed=info["seed"], **VARIANTS[variant])
     assert method.tower.parameter_names == info["adapted"]
     assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")

@@ -9,7 +9,6 @@ ROID_RESNET_GRAD_RTOL on the ResNet) and the
 running mean prediction (LOSS)."""
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -24,10 +23,12 @@ from _golden import (
     ROID_RESNET_GRAD_RTOL,
     TUNED_LOGITS,
     assert_close,
+    batch_fixture,
+    fixture_model,
     stream_views,
 )
 from shiftlab.methods.common.roid_training import min_max, prior_corrected, roid_weights, soft_likelihood_ratio
-from shiftlab.methods.context import ClassHeads, SampleContext
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,17 +128,12 @@ def test_consistency_is_their_symmetric_cross_entropy_on_the_kept_images(tiny_mo
 @pytest.mark.golden
 @pytest.mark.parametrize(("folder", "variant", "options"), GOLDEN, ids=[v for _, v, _ in GOLDEN])
 def test_roid_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, folder, variant, options):
-    want = torch.load(golden_dir / folder / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / folder / f"{folder}.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, folder, variant)
     assert info["n_batches"] == 3 and info["reference"]["commit"].startswith("8b2ed63")
     consistency = info["argv"][info["argv"].index("ROID.USE_CONSISTENCY") + 1]
     assert consistency is options.get("use_consistency", True)
     options = {**options, "augment_seed": info.get("seed", 0)}
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("roid", model, names, heads=heads, **options)
     assert method.tower.parameter_names == info["adapted"]
     assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")

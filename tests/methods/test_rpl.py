@@ -6,14 +6,21 @@ and 0.003 on the ResNet (continual). After every batch: the logits (TUNED_LOGITS
 parameters (NORM_PARAMS; 5e-7) and SGD's momentum buffers (GRAD_RTOL of their largest; 2.6e-5)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, GRAD_RTOL, NORM_PARAMS, TUNED_LOGITS, assert_close, stream_views
-from shiftlab.methods.context import ClassHeads, SampleContext
+from _golden import (
+    FEATURES,
+    GRAD_RTOL,
+    NORM_PARAMS,
+    TUNED_LOGITS,
+    assert_close,
+    batch_fixture,
+    fixture_model,
+    stream_views,
+)
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,14 +45,9 @@ def test_generalized_cross_entropy_against_a_straightforward_computation():
 @pytest.mark.golden
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rpl_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "rpl" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "rpl" / "rpl.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, "rpl", variant)
     assert info["n_batches"] == 3
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("rpl", model, names, heads=heads, **VARIANTS[variant])
     assert method.tower.parameter_names == info["adapted"]
     assert_close(heads.zeroshot, want["prototypes"], FEATURES, "text head")

@@ -8,14 +8,21 @@ RESNET_LAST_LOGITS), the norm parameters (NORM_PARAMS)
 and SGD's momentum buffers (GRAD_RTOL of their largest)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import shiftlab
-from _golden import FEATURES, GRAD_RTOL, NORM_PARAMS, TUNED_LOGITS, assert_close, stream_views
-from shiftlab.methods.context import ClassHeads, SampleContext
+from _golden import (
+    FEATURES,
+    GRAD_RTOL,
+    NORM_PARAMS,
+    TUNED_LOGITS,
+    assert_close,
+    batch_fixture,
+    fixture_model,
+    stream_views,
+)
+from shiftlab.methods.context import SampleContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,14 +55,9 @@ def test_the_contrastive_term_that_needs_source_data_is_refused_in_one_line(gold
 @pytest.mark.golden
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_santa_matches_their_code_batch_by_batch(golden_vit, golden_model, golden_dir, variant):
-    want = torch.load(golden_dir / "santa" / f"{variant}.pt", map_location="cpu", weights_only=True)
-    info = json.loads((golden_dir / "santa" / "santa.json").read_text())["fixtures"][variant]
+    want, info = batch_fixture(golden_dir, "santa", variant)
     assert info["n_batches"] == 3
-    if info["model"] == "shiftlab-tiny-vit":
-        model, names, heads = golden_vit
-    else:
-        model, names = golden_model
-        heads = ClassHeads(model, names)
+    model, names, heads = fixture_model(info, golden_vit, golden_model)
     method = shiftlab.create_method("santa", model, names, heads=heads, augment_seed=info["seed"],
                                     **VARIANTS[variant])
     assert method.tower.parameter_names == info["adapted"]
