@@ -65,6 +65,24 @@ def _no_head_cache(tmp_path_factory):
             os.environ[k] = v
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _temp_files_inside_pytests_folder(tmp_path_factory):
+    # What the tests, their subprocesses and the libraries under them (torchrun's agent, torch's compiler,
+    # wandb) put in the temp folder lands in pytest's own folder, removed with it (pyproject's
+    # tmp_path_retention_policy), instead of piling up in /tmp run after run on a machine whose disk CI shares.
+    import os
+    import tempfile
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None
+    yield
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
 @pytest.fixture(scope="session")
 def golden_dir(tmp_path_factory) -> Path:
     """The golden fixtures (tests/fixtures/golden, stored compactly) in the format the tests read."""

@@ -631,6 +631,19 @@ def test_custom_architectures_go_through_open_clips_registry():
     assert not hasattr(M, "load_model_config")
 
 
+def test_registering_an_architecture_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    # Every process that registered a config used to leave a shiftlab-model-configs-* folder behind
+    # (thousands after a day of test runs); the registered config must survive its file's removal.
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = dict(TINY_CONFIG, embed_dim=24)
+    architectures.register_architecture("shiftlab-tiny-embed24", cfg)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("shiftlab-")]   # (torch's own may appear)
+    assert open_clip.get_model_config("shiftlab-tiny-embed24")["embed_dim"] == 24
+    model = open_clip.create_model("shiftlab-tiny-embed24", pretrained=None)
+    assert model.text_projection.shape[-1] == 24
+
+
 # -- checkpoint errors are one line and accurate -----------------------------------------------------
 
 def _assert_one_line_corrupt(path: Path) -> str:

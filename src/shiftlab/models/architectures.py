@@ -30,7 +30,6 @@ TINY_CLIP_NAME = "shiftlab-tiny"
 # (configs/shiftlab-tiny-vit.json). What methods that tune the image tower's attention (TTL) are made golden on.
 TINY_VIT_NAME = "shiftlab-tiny-vit"
 CONFIGS = Path(__file__).parent / "configs"
-_CONFIG_DIR: Path | None = None
 _REGISTERED: set[str] = set()
 _BUILTIN_DONE = False
 
@@ -40,7 +39,6 @@ def register_architecture(name: str, config: dict[str, Any] | str | Path) -> str
     `open_clip.add_model_config`; returns `name`. Re-registering a name replaces its config;
     open_clip's own architectures cannot be replaced."""
     import open_clip
-    global _CONFIG_DIR
     if not isinstance(config, dict):
         path = Path(config).expanduser()
         try:
@@ -53,11 +51,14 @@ def register_architecture(name: str, config: dict[str, Any] | str | Path) -> str
     existing = open_clip.get_model_config(name)
     if name not in _REGISTERED and existing is not None and existing != config:
         raise ModelLoadError(f"{name!r} is an open_clip architecture; register the custom config under another name")
-    if _CONFIG_DIR is None:
-        _CONFIG_DIR = Path(tempfile.mkdtemp(prefix="shiftlab-model-configs-"))
-    target = _CONFIG_DIR / f"{name}.json"
-    writes.write_file(target, json.dumps(config))
-    open_clip.add_model_config(target)
+    # open_clip registers a config by reading a file; it keeps what it read, so the file (and its folder) is
+    # removed at once rather than left behind in the temp folder by every process that registers one.
+    with tempfile.TemporaryDirectory(prefix="shiftlab-model-config-") as folder:
+        target = Path(folder) / f"{name}.json"
+        writes.write_file(target, json.dumps(config))
+        open_clip.add_model_config(target)
+    if open_clip.get_model_config(name) != config:
+        raise ModelLoadError(f"open_clip did not keep the config registered as {name!r} once its file was removed")
     _REGISTERED.add(name)
     return name
 
