@@ -320,3 +320,33 @@ def test_a_run_reads_the_folder_stores_its_encoding_and_records_its_identity(tmp
     assert comparable(json_lines(tmp_path / "stored" / "records.jsonl")) == reference
     (entry,) = [e for e in FeatureStore(tmp_path / "fs") if "encoder" in e.key]
     assert entry.key["encoder"]["manifest_sha256"] == digest and entry.features(0).shape[0] == 1
+
+
+def test_a_replaced_view_is_an_error_record_of_its_sample_and_the_run_goes_on(tmp_path, tiny_model):
+    # the folder's views are verified when read: one that is not its manifest's fails DiffTPT on that image alone
+    from _runs import json_lines
+    from _synthetic import make_image_folder
+    from shiftlab import RunConfig, run
+    from shiftlab.datasets import build_dataset
+    from shiftlab.datasets.imageio import decode_image
+    root = make_image_folder(tmp_path / "data", ["cat", "dog", "car"], size=(40, 30))
+    data = build_dataset("imagefolder", root)
+    keys = []
+    for path in sorted(root.rglob("*.png")):
+        view0 = to_uint8_tensor(base_view(decode_image(path), tiny_model.image_size, tiny_model.preprocess))
+        keys.append(view0_key(view0.numpy().tobytes()))
+    write_folder(tmp_path / "generated", {k: [random_image(100 + 2 * i + j, 48) for j in range(2)]
+                                          for i, k in enumerate(keys)}, tiny_model.image_size)
+    replaced = data.samples.index(next(s for s in data.samples if s[0].startswith("dog/")))
+    random_image(999, 48).save(tmp_path / "generated" / keys[replaced] / "1.png")
+    config = RunConfig(dataset="imagefolder", methods=["difftpt", "zeroshot"], views=3, workers=0, progress=False,
+                       method_config={"difftpt": {"n_diffusion": 2, "diffusion_views": str(tmp_path / "generated"),
+                                                  "steps": 1}},
+                       batch_size=2, out=str(tmp_path / "out"), device="cpu")
+    run(config, model=tiny_model, dataset=data)
+    records = json_lines(tmp_path / "out" / "records.jsonl")
+    errors = [r for r in records if "error" in r]
+    assert [(r["id"], r["method"]) for r in errors] == [(replaced, "difftpt")]
+    assert "1.png differs from its SHA-256" in errors[0]["error"]
+    assert sorted((r["id"], r["method"]) for r in records if "error" not in r) == sorted(
+        [(i, "zeroshot") for i in range(3)] + [(i, "difftpt") for i in range(3) if i != replaced])

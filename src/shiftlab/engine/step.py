@@ -246,6 +246,9 @@ class Runner:
         # each method's own frozen encoder of view 0 (COSMIC's DINOv2), computed once per sample and stored
         self.encoders = {n: e for n in self.methods if self.evaluator.methods[n].spec.capabilities.reads_frozen_encoder
                          and (e := self.evaluator.methods[n].frozen_encoder()) is not None}
+        # (method, sample id) -> why its own encoder failed on that sample's view 0 (DiffTPT's view not its manifest's):
+        # that method's error record for that sample alone (`_predict`), never a stopped run
+        self.encoder_failures: dict[tuple[str, int], str] = {}
 
     def recipe_of(self, method: str) -> str:
         """The key of the recipe family a method reads (`recipe_key`)."""
@@ -284,10 +287,11 @@ class Runner:
         return self.features.key(method.view_recipe, method.precision.key, 1, encoder=self.encoders[name].key_fields())
 
     def _attach_encoded(self, names: Sequence[str], ctxs: list[SampleContext], ids: list[int], features: list[dict],
-                        wanted: Mapping[str, Sequence[int]] | None, store: bool) -> None:
+                        wanted: Mapping[str, Sequence[int]] | None, store: bool, failures: dict | None = None) -> None:
         """Put each of `names`' own frozen encoder's output in the contexts (`SampleContext.encoded`): read from the
         store where the item was served by it, else encoded from view 0, one image at a time as the method itself
-        would (the same numbers whatever the batch), and written to the store when `store` (a clean step)."""
+        would (the same numbers whatever the batch), and written to the store when `store` (a clean step).
+        `failures`: where an encoding that raises is said ((method, sample id) -> the error), instead of raising."""
         from ..rundir.feature_store import key_digest
         dev = self.evaluator.model.device
         for name in names:
@@ -305,7 +309,13 @@ class Runner:
                     ctx.encoded[encoder.id] = stored[0].to(dev)
                     continue
                 with self.timer.phase("encode_own"):
-                    ctx.encoded[encoder.id] = encoder.encode(ctx.views[:1])
+                    try:
+                        ctx.encoded[encoder.id] = encoder.encode(ctx.views[:1])
+                    except Exception as exc:
+                        if failures is None:
+                            raise
+                        failures[(name, ids[i])] = f"{type(exc).__name__}: {exc}"
+                        continue
                 if store and key is not None:
                     self.features.put(key, ids[i], ctx.encoded[encoder.id].unsqueeze(0))
 
@@ -362,7 +372,7 @@ class Runner:
             key = self.features.key(methods[group[0]].view_recipe, precision.key, n_max) if clean else None
             reads = any(methods[n].spec.reads_features for n in group)
             ctxs = self._stored_contexts(views, ids, key if reads else None, n_max, precision, features, reads)
-            self._attach_encoded(group, ctxs, ids, features, wanted, store=clean)
+            self._attach_encoded(group, ctxs, ids, features, wanted, store=clean, failures=self.encoder_failures)
             by_count: dict[int, list[SampleContext]] = {n_max: ctxs}
             for n in group:
                 k = methods[n].view_recipe.n_views
@@ -491,6 +501,12 @@ class Runner:
     def _predict(self, name: str, setting: str, ids: list[int], todo: list[int], ctxs: list[SampleContext],
                  attack_info: dict[int, dict], per_sample: dict[int, list[Record]]) -> None:
         """Method `name` on the contexts `todo` of `ids`, its records (or one failure per sample) into `per_sample`."""
+        failed = {i: self.encoder_failures.pop((name, ids[i])) for i in todo if (name, ids[i]) in self.encoder_failures}
+        for i, error in failed.items():
+            per_sample[ids[i]].append(Record.failure(**self._base(ids[i], setting), method=name, error=error))
+        todo = [i for i in todo if i not in failed]
+        if not todo:
+            return
         self.timer.current_method = name
         t0 = self.timer.now()
         try:

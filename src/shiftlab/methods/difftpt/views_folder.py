@@ -11,7 +11,8 @@ KEY is `view0_key`: the first 16 hex of the SHA-256 of the test image's view 0 a
 crop at the model's input size S, 8-bit RGB, channels first), so a run finds an image's views from its pixels alone,
 whichever dataset layout it came from, and a feature store can hold their encoding like any frozen feature. The
 folder's identity (what a run records, and a feature store's key) is the SHA-256 of manifest.json, which names every
-view's SHA-256; a view that does not match its manifest entry is refused when read.
+view's SHA-256; a view that does not match its manifest entry is refused when read (in a run: DiffTPT's error
+record for that image, naming the file; the other images and methods go on).
 """
 from __future__ import annotations
 
