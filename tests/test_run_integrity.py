@@ -255,6 +255,38 @@ def test_resume_quarantines_and_names_file_and_line(finished, tmp_path, model, d
     assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
 
 
+def test_two_different_records_of_one_key_are_both_quarantined_and_redone(finished, tmp_path, model, dataset,
+                                                                          capsys):
+    # shards of a merge that disagree (one swapped in from another run, or edited): keeping whichever file sorts
+    # first would trust a record by its place; an identical copy (its seconds aside) is only a duplicate
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    path = out / "records.jsonl"
+    recs = _lines(path)
+    kept, duplicated = [r for r in recs if r["method"] == "zeroshot"][:2]
+    other = next(c for c in kept["top5"] if c != kept["pred"])
+    forged = {**kept, "pred": other, "top5": [other] + [c for c in kept["top5"] if c != other],
+              "correct": other == kept["label"], "true_prob": 0.0 if other != kept["label"] else kept["confidence"]}
+    (out / "shards").mkdir()
+    (out / "shards" / "rank000.jsonl").write_text(json.dumps(forged) + "\n")
+    (out / "shards" / "rank001.jsonl").write_text(json.dumps({**duplicated, "seconds": 9.0}) + "\n")
+    assert cli_main(["merge", str(out)]) == 0
+    err = capsys.readouterr().err
+    line = 1 + recs.index(kept)
+    assert (f"{path}:{line}: damaged record (another record of its sample, method and setting differs: "
+            "shards/rank000.jsonl; neither is kept)") in err
+    assert f"{out / 'shards' / 'rank000.jsonl'}:1: damaged record (another record of its sample, method and setting " \
+           "differs: records.jsonl; neither is kept)" in err
+    assert sorted((q["file"], q["line"]) for q in _lines(out / record_files.QUARANTINE)) == [
+        ("records.jsonl", line), ("shards/rank000.jsonl", 1)]
+    merged = _lines(path)
+    assert records.record_key(kept) not in {records.record_key(r) for r in merged}
+    assert [r["seconds"] for r in merged if records.record_key(r) == records.record_key(duplicated)] == [
+        duplicated["seconds"]]
+    run(_cfg(out, resume=True), model=model, dataset=dataset)                # the sample is redone
+    assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
+
+
 def test_online_record_deleted_mid_stream_is_redone_by_replaying_the_stream(tmp_path, model, dataset, capsys):
     cfg = dict(methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=4, limit=None,
                online_checkpoint_seconds=0)

@@ -122,8 +122,11 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     run_dir = Path(run_dir)
     moved = 0
-    for path in record_files(run_dir):
-        bad = [line for line in scan(path, schema=schema) if line.record is None]
+    files = record_files(run_dir)
+    conflicting = _conflicting_lines(run_dir, files, schema)
+    for path in files:
+        bad = sorted([line for line in scan(path, schema=schema) if line.record is None] + conflicting.get(path, []),
+                     key=lambda line: line.number)
         if not bad:
             continue
         lines = "".join(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
@@ -149,6 +152,37 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
                      f"lines {lines[0]}, ...); their samples are redone")
         moved += len(bad)
     return moved
+
+
+def _conflicting_lines(run_dir: Path, files: Sequence[Path], schema: RecordSchema | None) -> dict[Path, list[Line]]:
+    """Per file, its valid lines whose key (sample, method, setting) another valid line holds with another record (its
+    `seconds` aside): which of the two is this run's cannot be told from their files' names or order (a shard swapped
+    in from another run, a line edited by hand), so every copy goes and the sample is redone. Copies that agree are
+    duplicates, left to the readers (the first is read)."""
+    where: dict[Key, tuple[Path, int]] = {}
+    repeated: set[Key] = set()
+    for path in files:
+        for line in scan(path, schema=schema):
+            if line.record is not None and where.setdefault(record_key(line.record), (path, line.number)) != (
+                    path, line.number):
+                repeated.add(record_key(line.record))
+    if not repeated:
+        return {}
+    copies: dict[Key, list[tuple[Path, Line]]] = {}
+    for path in files:
+        for line in scan(path, schema=schema):
+            if line.record is not None and record_key(line.record) in repeated:
+                copies.setdefault(record_key(line.record), []).append((path, line))
+    out: dict[Path, list[Line]] = {}
+    for found in copies.values():
+        if len({json.dumps({k: v for k, v in line.record.items() if k != "seconds"}, sort_keys=True)
+                for _, line in found}) == 1:
+            continue
+        for path, line in found:
+            others = ", ".join(dict.fromkeys(str(p.relative_to(run_dir)) for p, other in found if other is not line))
+            out.setdefault(path, []).append(Line(line.number, line.raw, None, "another record of its sample, method "
+                                                 f"and setting differs: {others}; neither is kept"))
+    return out
 
 
 def _sort_key(rec: Mapping[str, Any]) -> tuple:
