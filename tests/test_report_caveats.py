@@ -222,3 +222,16 @@ def test_robust_accuracy_rising_with_eps_across_runs_is_a_caveat(tmp_path):
     fine = _robust_run(tmp_path / "eps4b", 4 / 255, [False] * 4)
     html = build_report([small, fine], tmp_path / "out2", n_resamples=10).read_text()
     assert not [n for n in caveat_notes(html) if n.startswith("Sanity check failed")]
+
+
+def test_a_transfer_attack_is_said_to_be_one_in_summary_md_and_the_report(tmp_path):
+    # a "robust top-1" beside a test-time defense reads as its robustness; under the default target the attack
+    # never saw the method's adaptation, and both outputs must say so (docs/ROBUSTNESS.md, threat model)
+    run = _robust_run(tmp_path / "eps4", 4 / 255, [True, False, False, False])
+    md = summary_markdown(json.loads((run / "summary.json").read_text()))
+    assert ("robust top-1: transfer, the attack's images made against zero-shot CLIP and every method scored on "
+            "them, its adaptation unseen by the attack (--attack-target adaptive or attack_target=\"adaptive\" attacks "
+            "each method's own prediction)") in md
+    html = build_report([run], tmp_path / "out", n_resamples=10).read_text()
+    section = html[html.index('id="robust"'):]
+    assert "Transfer settings (apgd_ce eps=4/255): the attack's images are made against zero-shot CLIP" in section

@@ -26,6 +26,7 @@ from shiftlab.report.streams import orders_section, stream_section
 from shiftlab.results import metrics, suite_table
 from shiftlab.results.display import model_label
 from shiftlab.results.published import canonical_method, published_for_run
+from shiftlab.rundir.records import is_adaptive
 
 Section = tuple[str, str, str]   # (anchor, heading, HTML)
 
@@ -308,8 +309,12 @@ def robust_section(data: ReportData) -> Section | None:
     headers = (["method", "clean top-1 %"] + [h for lab in attacked for h in (f"{lab} top-1 %", f"{lab} − clean")]
                + [f"{lab}: transfer − adaptive" for lab in paired])
     png = plots.grouped_bars(keys, columns, data.out / "clean_vs_robust.png", "Clean vs. robust accuracy")
+    transfer = sorted({s.setting_label for s in data.series if s.setting != "clean" and not is_adaptive(s.setting)})
+    said = (f" Transfer settings ({esc(', '.join(transfer))}): the attack's images are made against zero-shot CLIP "
+            "and every method is scored on them, its adaptation unseen by the attack (an adaptive setting attacks "
+            "each method's own prediction).") if transfer else ""
     return ("robust", "Clean vs. robust accuracy",
-            "<p>Robust accuracy: top-1 on the adversarial images of each attack setting.</p>"
+            f"<p>Robust accuracy: top-1 on the adversarial images of each attack setting.{said}</p>"
             + image(png, "clean vs robust accuracy") + table(headers, rows, id_="robust-table"))
 
 

@@ -380,6 +380,13 @@ def summary_markdown(summary: dict, published: dict[str, dict] | None = None) ->
         notes.append(f"attack {described}, success rate on zero-shot {_fmt(a.get('success_rate'))}%"
                      + (f" (uniform noise of the same budget: {_fmt(a['noise_success_rate'])}%)"
                         if a.get("noise_success_rate") is not None else ""))
+    if robust:   # the default target: a test-time method's "robust top-1" is not an attack on its adaptation
+        target = OPTIONS["attack_target"]
+        notes.append("robust top-1: transfer, the attack's images made against zero-shot CLIP and every method scored "
+                     "on them, its adaptation unseen by the attack (" + (
+                         "the adaptive columns attack" if adaptive else
+                         f"{target.flag} adaptive or {target.keyword}\"adaptive\" attacks")
+                     + " each method's own prediction)")
     if adaptive:
         notes.append(f"adaptive: the attack through each method's own prediction (mode: the method's spec, "
                      f"docs/ROBUSTNESS.md), {summary['attack'].get('eot', 1)} draw(s) of its random views per gradient")
