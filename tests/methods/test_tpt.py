@@ -450,6 +450,30 @@ def test_ctx_checkpoint(model, heads, tmp_path):
     assert torch.isfinite(out.logits).all()
 
 
+def test_a_ctx_checkpoint_is_part_of_the_identity_and_a_wrong_one_is_refused_in_one_line(model, heads, tmp_path):
+    # another CoOp checkpoint of the same shape under the same path must not resume a run (run.json's identity)
+    import hashlib
+    paths = []
+    for seed in (0, 1):
+        paths.append(tmp_path / f"coop{seed}.pth")
+        torch.save({"state_dict": {"prompt_learner.ctx": torch.randn(4, 64, generator=torch.Generator().manual_seed(
+            seed))}}, paths[-1])
+    for name, extra in (("tpt", {}), ("difftpt", {"n_diffusion": 0}), ("ctpt", {})):
+        digests = [shiftlab.create_method(name, model, NAMES, heads=heads, ctx_checkpoint=str(p), **extra)
+                   .loaded_weights()["ctx_checkpoint_sha256"] for p in paths]
+        assert digests == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    assert "ctx_checkpoint_sha256" not in shiftlab.create_method("tpt", model, NAMES, heads=heads).loaded_weights()
+    torch.save({"state_dict": {"prompt_learner.token_prefix": torch.zeros(4, 64)}}, tmp_path / "noctx.pth")
+    torch.save([1, 2], tmp_path / "list.pth")
+    torch.save({"prompt_learner.ctx": torch.zeros(4, 32)}, tmp_path / "narrow.pth")
+    (tmp_path / "text.pth").write_text("not a checkpoint")
+    for bad, why in (("noctx", "holds no context tensor"), ("list", "holds no context tensor"),
+                     ("narrow", r"context of shape \(4, 32\); .* takes \(n_ctx, 64\)"),
+                     ("text", "cannot be read as a checkpoint")):
+        with pytest.raises(ValueError, match=rf"tpt.ctx_checkpoint: .*{bad}.pth.*{why}"):
+            shiftlab.create_method("tpt", model, NAMES, heads=heads, ctx_checkpoint=str(tmp_path / f"{bad}.pth"))
+
+
 def test_invalid_precision(model):
     with pytest.raises(ValueError, match="precision"):
         shiftlab.create_method("tpt", model, NAMES, precision="fp8")

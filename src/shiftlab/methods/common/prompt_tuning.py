@@ -13,6 +13,7 @@ images one at a time.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,36 @@ from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
 
 
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_ctx_checkpoint(path: str, field: str, width: int) -> torch.Tensor:
+    """The learnt context (n_ctx, width) of a CoOp checkpoint (its state_dict's `...ctx` tensor); a file that is not
+    one is refused in one line naming `field`."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise ValueError(f"{field}: {path}: {exc.strerror or exc}") from None
+    except Exception as exc:   # pickle's, zipfile's and torch's own errors: not a checkpoint
+        raise ValueError(f"{field}: {path} cannot be read as a checkpoint ({type(exc).__name__})") from None
+    state = state.get("state_dict", state) if isinstance(state, dict) else None
+    ctx = next((v for k, v in state.items() if str(k).endswith("ctx")), None) if isinstance(state, dict) else None
+    if not isinstance(ctx, torch.Tensor):
+        raise ValueError(f"{field}: {path} holds no context tensor (a CoOp checkpoint's state_dict has "
+                         "prompt_learner.ctx)")
+    if ctx.dim() == 3 and ctx.shape[0] == 1:
+        ctx = ctx[0]
+    if ctx.dim() != 2 or ctx.shape[1] != width:
+        raise ValueError(f"{field}: {path} holds a context of shape {tuple(ctx.shape)}; the model's text tower takes "
+                         f"(n_ctx, {width})")
+    return ctx
+
+
 class PromptTuning(Method):
     """TPT's recipe: the marginal entropy of the confident views, predict view 0; a variant overrides `loss`,
     `readout` or `on_selection` (its spec: a `PromptTuningSpec`)."""
@@ -33,12 +64,17 @@ class PromptTuning(Method):
         cfg = self.config
         init: str | torch.Tensor | None = cfg.ctx_init
         if cfg.ctx_checkpoint:
-            state = torch.load(cfg.ctx_checkpoint, map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state)
-            init = next(v for k, v in state.items() if k.endswith("ctx"))
+            init = read_ctx_checkpoint(cfg.ctx_checkpoint, f"{self.name}.ctx_checkpoint",
+                                       self.model.clip.token_embedding.weight.shape[1])
         self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init,
                                     share_prefix=cfg.share_prefix)
         self.prompt.ctx.requires_grad_(False)
+
+    def loaded_weights(self) -> dict[str, Any]:
+        """The CoOp checkpoint's SHA-256 where the context starts from one: another file of the same shape under
+        the same path is another run (a --resume with it is refused)."""
+        path = self.config.ctx_checkpoint
+        return {"ctx_checkpoint_sha256": file_sha256(path)} if path else {}
 
     def prepare(self) -> None:
         super().prepare()
