@@ -182,6 +182,25 @@ def test_report_pairs_runs_only_on_the_same_sample_list(tmp_path, model):
 
 # -- 3. one writer per run directory -----------------------------------------------------------
 
+def test_a_file_a_methods_config_names_is_in_the_identity_by_its_content(tmp_path, model, monkeypatch):
+    # a CuPL file replaced by another (same classes, other sentences) under the same path must not resume a run
+    names = ["cat", "dog"]
+    methods = []
+    for k, word in enumerate(("small", "large")):
+        path = tmp_path / f"cupl{k}.json"
+        path.write_text(json.dumps({n: [f"a {word} photo of a {n}."] for n in names}))
+        methods.append(shiftlab.create_method("dmn_zs", model, names, text_head="tip_cupl", cupl_file=str(path)))
+    entries = [identity.method_config(m) for m in methods]
+    assert [e["cupl_file_sha256"] for e in entries] == [
+        identity.file_sha256(tmp_path / f"cupl{k}.json") for k in range(2)]
+    assert entries[0]["cupl_file_sha256"] != entries[1]["cupl_file_sha256"]
+    # a setting that merely names an existing file in the working folder is not read as one
+    (tmp_path / "ensemble").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    plain = identity.method_config(shiftlab.create_method("dmn_zs", model, names))
+    assert not [k for k in plain if k.endswith("_sha256")]
+
+
 def test_a_second_writer_is_refused_at_once(tmp_path, model, dataset):
     out = tmp_path / "run"
     out.mkdir()

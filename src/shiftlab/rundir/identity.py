@@ -4,7 +4,8 @@
                 "pretrained", "checkpoint_sha256", "weights_source", "model_seed", "weights_sha256",
                 "protocol", "views", "augmix", "seed", "order", "limit", "attack", "precision", "image_size",
                 "delta", "stream_seed", "orders", "order_seeds", "batch_size", "corruption", "open_set"},
-     "methods": {name: effective config (dataclasses.asdict(method.config)) + Method.loaded_weights()},
+     "methods": {name: effective config (dataclasses.asdict(method.config)) + <field>_sha256 of each file it
+                 names + Method.loaded_weights()},
      "shiftlab": version, "config": the summary's config, "self_sha256": SHA-256 of the rest}
 
 `--resume` continues a run only when the identity matches (`check_resume`), and otherwise
@@ -123,10 +124,15 @@ def jsonable(value: Any) -> Any:
 
 
 def method_config(method: Any) -> dict[str, Any]:
-    """A method's effective config and the weights it loaded itself (`Method.loaded_weights`: RLCF's reward
-    model), which decide its records as much as its config does."""
+    """A method's effective config, the SHA-256 of each file it names (`<field>_sha256`: a CuPL file, a CoOp
+    checkpoint; another file under the same path is another run) and the weights it loaded itself
+    (`Method.loaded_weights`: RLCF's reward model), which decide its records as much as its config does."""
     cfg = getattr(method, "config", None)
     out = jsonable(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else {}
+    if dataclasses.is_dataclass(cfg):
+        from ..methods.catalogue.method_plan import named_files
+        out |= {f"{field}_sha256": file_sha256(Path(path)) for field, path in named_files(cfg).items()
+                if os.path.isfile(path)}
     loaded = getattr(method, "loaded_weights", None)
     return {**out, **jsonable(loaded())} if callable(loaded) else out
 

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ...params import field_range
 from ...views.recipe import ViewRecipe
 from .declarations import FROZEN_ENCODER, OWN_TOWER, MethodConfig
 from .method_config import effective_config, method_spec
@@ -30,11 +31,13 @@ _NOT_FILES = ("precision", "views")
 def named_files(config: MethodConfig) -> dict[str, str]:
     """{field: path} of the config's text fields whose value names an existing file or folder (DiffTPT's
     `diffusion_views`, TAPT's statistics files, COSMIC's DINOv2 checkpoint, a CoOp `ctx_checkpoint`): what the
-    method reads from disk besides the run's data and model, in field order."""
+    method reads from disk besides the run's data and model, in field order. A field of declared choices (a text
+    head's name) is a setting, whatever the working folder holds."""
     out = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in _NOT_FILES or not isinstance(value, str) or not value.strip():
+        if (f.name in _NOT_FILES or not isinstance(value, str) or not value.strip()
+                or getattr(field_range(f), "choices", None)):
             continue
         path = os.path.expanduser(value)
         if os.path.exists(path):
