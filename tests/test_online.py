@@ -579,3 +579,22 @@ def test_resume_on_another_stream_is_refused(data, tmp_path):
         run(RunConfig(**{**base, "limit": None}, seed=2, resume=True), model=tiny_clip(0), dataset=dataset)
     run(RunConfig(**{**base, "limit": None}, seed=1, resume=True), model=tiny_clip(0), dataset=dataset)
     assert len(record_files.load_records(tmp_path / "run")) == len(dataset)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a checkpoint"])
+def test_a_damaged_checkpoint_is_said_and_the_stream_replayed(data, tmp_path, capsys, damage):
+    """online_state.pt cut short or overwritten: nothing of it is trusted (a warning naming it, the stream replayed from
+    the initial state), and the records equal an uninterrupted run's, instead of torch.load's traceback."""
+    base = dict(data=str(data), methods=["tda"], method_config=FAST, views=4, workers=0, progress=False,
+                batch_size=2, device="cpu", online_checkpoint_seconds=0, seed=1)
+    dataset, model = build_dataset("imagenet-r", data), tiny_clip(0)
+    run(RunConfig(**base, limit=6, out=str(tmp_path / "whole")), model=model, dataset=dataset)
+    out = tmp_path / "run"
+    run(RunConfig(**base, limit=4, out=str(out)), model=model, dataset=dataset)
+    state = out / "online_state.pt"
+    state.write_bytes(state.read_bytes()[:200] if damage == "truncated" else b"garbage")
+    capsys.readouterr()
+    run(RunConfig(**base, limit=6, out=str(out), resume=True), model=model, dataset=dataset)
+    err = capsys.readouterr().err
+    assert f"shiftlab: warning: {state} is damaged or not an online checkpoint" in err
+    assert _records(out) == _records(tmp_path / "whole")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -69,12 +70,18 @@ class OnlineState:
         held-back records of `new` methods (not in run.json: made with unknown settings) are ignored."""
         if not self.path.is_file():
             return False
-        blob = torch.load(self.path, map_location="cpu", weights_only=True)
-        blob["states"] = {n: state for n, state in blob["states"].items() if n not in new}
-        vectors = blob.get("last_probs") or [None] * len(blob["last_records"])   # --save-probs (shiftlab.rundir.probs)
-        kept = [(r, p) for r, p in zip(blob["last_records"], vectors) if r.get("method") not in new]
-        blob["last_records"], self.last_probs = [r for r, _ in kept], [p for _, p in kept]
-        processed = list(blob["processed"])
+        try:
+            blob = torch.load(self.path, map_location="cpu", weights_only=True)
+            blob["states"] = {n: state for n, state in blob["states"].items() if n not in new}
+            vectors = blob.get("last_probs") or [None] * len(blob["last_records"])   # --save-probs (rundir.probs)
+            kept = [(r, p) for r, p in zip(blob["last_records"], vectors) if r.get("method") not in new]
+            blob["last_records"], self.last_probs = [r for r, _ in kept], [p for _, p in kept]
+            processed = [int(sid) for sid in blob["processed"]]
+        except Exception as exc:   # cut short, overwritten, another file: torch's, pickle's or a missing key's error
+            print(f"shiftlab: warning: {self.path} is damaged or not an online checkpoint ({type(exc).__name__}); "
+                  "the online methods replay the stream from its start", file=sys.stderr, flush=True)
+            self.last_probs = []
+            return False
         if stream is not None and list(stream[:len(processed)]) != processed:
             raise ValueError(f"{self.path} was built along a different stream (another {name_of('seed')}, "
                              f"{name_of('order')} or dataset); resuming would continue that state on this stream. "
