@@ -347,6 +347,25 @@ def test_entries_say_which_sample_each_row_is_and_print_readably(tmp_path):
                            "stored fp32; 3 samples>")
 
 
+def test_a_key_file_edited_or_damaged_is_said_never_listed_as_another_key(tmp_path, capsys):
+    # key.json names an entry for find() and iteration; one that is not its folder's key would list an empty entry
+    # under the edited key and hide the stored one
+    paths, feats = _files(tmp_path, 2), torch.randn(2, 4, 8)
+    _fill(tmp_path / "fs", paths, _key(), feats)
+    _fill(tmp_path / "fs", paths, _key(seed=1), feats)
+    edited, damaged = (tmp_path / "fs" / key_digest(k) / "key.json" for k in (_key(), _key(seed=1)))
+    edited.write_text(json.dumps({**_key(), "n_views": 32}))
+    damaged.write_text('{"format": 2, "mod')
+    store = FeatureStore(tmp_path / "fs")
+    assert store.keys() == [] and list(store) == []
+    err = capsys.readouterr().err
+    assert f"feature store: {edited} is not the key of its entry {edited.parent.name} (edited or moved)" in err
+    assert f"feature store: {damaged} is unreadable" in err
+    with pytest.raises(ValueError, match="no entry of .* matches"):
+        store.find(n_views=32)
+    assert torch.equal(store.entry(_key()).features(1, paths[1]), feats[1])   # a run keys entries itself
+
+
 def feature_store_info(path, label):
     from shiftlab.rundir.feature_store import file_digest, sample_info
     return sample_info(f"src/{path.name}", file_digest(path), label)

@@ -289,12 +289,21 @@ class FeatureStore:
 
     # reading
     def keys(self) -> list[dict[str, Any]]:
+        """The key of every entry whose key.json is that entry's (its digest names the folder); any other is said
+        (one warning) and left out: an edited key would list an empty entry and hide the stored one."""
         out = []
         for path in sorted(self.root.glob("*/key.json")):
             try:
-                out.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
+                key = json.loads(path.read_text())
+                digest = key_digest(key) if isinstance(key, dict) else None
+            except (OSError, ValueError, TypeError) as exc:
+                _warn(f"feature store: {path} is unreadable ({type(exc).__name__}); its entry is not listed")
                 continue
+            if digest != path.parent.name:
+                _warn(f"feature store: {path} is not the key of its entry {path.parent.name} (edited or moved); "
+                      "the entry is not listed")
+                continue
+            out.append(key)
         return out
 
     def entry(self, key: Mapping[str, Any]) -> Entry:
