@@ -123,10 +123,20 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
     run_dir = Path(run_dir)
     moved = 0
     files = record_files(run_dir)
-    conflicting = _conflicting_lines(run_dir, files, schema)
+    invalid: dict[Path, list[Line]] = {}
+    seen: set[Key] = set()
+    repeated: set[Key] = set()   # keys held by more than one valid line: compared only then (a second read)
     for path in files:
-        bad = sorted([line for line in scan(path, schema=schema) if line.record is None] + conflicting.get(path, []),
-                     key=lambda line: line.number)
+        for line in scan(path, schema=schema):
+            if line.record is None:
+                invalid.setdefault(path, []).append(line)
+            elif (key := record_key(line.record)) in seen:
+                repeated.add(key)
+            else:
+                seen.add(key)
+    conflicting = _conflicting_lines(run_dir, files, schema, repeated) if repeated else {}
+    for path in files:
+        bad = sorted(invalid.get(path, []) + conflicting.get(path, []), key=lambda line: line.number)
         if not bad:
             continue
         lines = "".join(json.dumps({"file": str(path.relative_to(run_dir)), "line": line.number,
@@ -154,20 +164,12 @@ def quarantine(run_dir: Path, warn: Callable[[str], None] | None = None, schema:
     return moved
 
 
-def _conflicting_lines(run_dir: Path, files: Sequence[Path], schema: RecordSchema | None) -> dict[Path, list[Line]]:
-    """Per file, its valid lines whose key (sample, method, setting) another valid line holds with another record (its
-    `seconds` aside): which of the two is this run's cannot be told from their files' names or order (a shard swapped
-    in from another run, a line edited by hand), so every copy goes and the sample is redone. Copies that agree are
-    duplicates, left to the readers (the first is read)."""
-    where: dict[Key, tuple[Path, int]] = {}
-    repeated: set[Key] = set()
-    for path in files:
-        for line in scan(path, schema=schema):
-            if line.record is not None and where.setdefault(record_key(line.record), (path, line.number)) != (
-                    path, line.number):
-                repeated.add(record_key(line.record))
-    if not repeated:
-        return {}
+def _conflicting_lines(run_dir: Path, files: Sequence[Path], schema: RecordSchema | None,
+                       repeated: set[Key]) -> dict[Path, list[Line]]:
+    """Per file, its valid lines of a `repeated` key (sample, method, setting) that another valid line holds with
+    another record (its `seconds` aside): which of the two is this run's cannot be told from their files' names or
+    order (a shard swapped in from another run, a line edited by hand), so every copy goes and the sample is redone.
+    Copies that agree are duplicates, left to the readers (the first is read)."""
     copies: dict[Key, list[tuple[Path, Line]]] = {}
     for path in files:
         for line in scan(path, schema=schema):
