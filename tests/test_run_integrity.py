@@ -306,6 +306,17 @@ def test_two_different_records_of_one_key_are_both_quarantined_and_redone(finish
     assert _strip(_lines(path)) == _strip(_lines(finished / "records.jsonl"))
 
 
+def test_a_stream_json_edited_by_hand_does_not_decide_which_records_a_merge_keeps(finished, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    stream = json.loads((out / "stream.json").read_text())
+    (out / "stream.json").write_text(json.dumps({**stream, "ids": stream["ids"][:2]}))   # four samples "not in it"
+    before = _lines(out / "records.jsonl")
+    assert cli_main(["merge", str(out)]) == 0
+    assert "stream.json does not match its own checksum" in capsys.readouterr().err
+    assert not (out / record_files.QUARANTINE).exists() and _lines(out / "records.jsonl") == before
+
+
 def test_online_record_deleted_mid_stream_is_redone_by_replaying_the_stream(tmp_path, model, dataset, capsys):
     cfg = dict(methods=["tda", "dmn_zs", "zeroshot"], method_config=FAST, views=4, limit=None,
                online_checkpoint_seconds=0)

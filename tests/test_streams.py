@@ -78,3 +78,26 @@ def test_streams_are_permutations_with_counts_kept():
     for kind, delta in (("shuffled", None), ("sorted", None), ("class-sorted", None), ("dirichlet", 0.5)):
         order = stream_order(30, kind, 1, labels=labels, delta=delta)
         assert Counter(order) == Counter(range(30)), kind
+
+
+def test_stream_json_is_read_only_as_written(tmp_path, capsys):
+    # stream.json decides which ids a merge keeps (the run's schema) and what the report draws: one edited by hand
+    # (its ids, its kind) or of the wrong shape is said and not read, never trusted for what it claims
+    from shiftlab.rundir.stream import STREAM_FILE, read_stream, write_stream
+    write_stream(tmp_path, [2, 0, 1], "shuffled", 7, None, ["tda"], None)
+    stream = read_stream(tmp_path)
+    assert (stream["ids"], stream["order"], stream["seed"], stream["online"]) == ([2, 0, 1], "shuffled", 7, ["tda"])
+    path = tmp_path / STREAM_FILE
+    written = json.loads(path.read_text())
+    for edit in ({"ids": [2, 0]}, {"order": "sorted"}, {"online": []}):
+        path.write_text(json.dumps({**written, **edit}))
+        assert read_stream(tmp_path) is None
+        assert f"shiftlab: warning: {path} does not match its own checksum" in capsys.readouterr().err
+    old = {k: v for k, v in written.items() if k != "self_sha256"}   # written before the checksum: read as before
+    path.write_text(json.dumps(old))
+    assert read_stream(tmp_path)["ids"] == [2, 0, 1]
+    for shape in ({**old, "ids": [1, "x"]}, {**old, "order": 5}, {**old, "online": [3]}, {**old, "delta": "0.1"},
+                  [1, 2]):
+        path.write_text(json.dumps(shape))
+        assert read_stream(tmp_path) is None
+        assert f"shiftlab: warning: {path} is not a stream record" in capsys.readouterr().err

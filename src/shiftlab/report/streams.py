@@ -53,7 +53,7 @@ def domain_accuracy(s: Series, stream: dict) -> list[float]:
 
 def _domain_table(run, stream: dict) -> str:
     rows = [[s.key, s.setting_label, *[num(a) for a in domain_accuracy(s, stream)]] for s in run.series]
-    return ("<p>Top-1 % per domain, in stream order (" + esc(stream["order"]) + "):</p>"
+    return ("<p>Top-1 % per domain, in stream order (" + esc(stream.get("order", "recorded")) + "):</p>"
             + table(["method", "setting", *stream["domains"]], rows, text_cols=2))
 
 
@@ -74,7 +74,8 @@ def stream_section(data: ReportData) -> Section | None:
             lines = [(s.key, *running_accuracy(s, stream["ids"]))]
             if ref is not None:
                 lines.append((f"{ref.key} (reference)", *running_accuracy(ref, stream["ids"])))
-            kind = stream["order"] + (f", delta {stream['delta']:g}" if stream.get("delta") is not None else "")
+            delta = stream.get("delta")
+            kind = stream.get("order", "recorded") + (f", delta {delta:g}" if delta is not None else "")
             title = f"{s.key} over the {kind} stream ({run.name}, {s.setting_label})"
             png = plots.stream_accuracy(lines, data.out / f"stream_{run.name}_{s.key}_{s.setting}.png".replace(
                 "/", "_"), title, boundaries)

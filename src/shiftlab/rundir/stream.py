@@ -20,15 +20,19 @@ Stream kinds (docs/PROTOCOLS.md says where each comes from):
 
 ``stream.json`` in a run directory records the stream as run (`write_stream`): its kind, seed, delta, the
 sample ids in order and which of the run's methods are online, so that the report can draw accuracy over the
-stream without rebuilding it.
+stream without rebuilding it, and `shiftlab merge` knows the run's samples. It carries `self_sha256`, the SHA-256
+of the rest: one edited by hand, or not of this shape, is said and not read (`read_stream`); one written before the
+checksum has none and is read as before.
 
 ``order_seeds(seed, k)``: the seeds of ``--orders K`` streams, as OGA draws its runs' shuffles (cfuchs2023/OGA
 runner.py:54-55, ``default_rng(master_seed).choice(range(10000 * n_runs), n_runs, replace=False)``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -191,15 +195,43 @@ def write_stream(run_dir: Path | str, ids: Sequence[int], kind: str, seed: int, 
     if domains is not None and domain_index is not None:
         data["domains"] = list(domains)
         data["domain_of"] = [int(domain_index[i]) for i in ids]
+    data[SELF_CHECKSUM] = _checksum(data)
     writes.write_file(path, json.dumps(data) + "\n", writes.resume_advice())
 
 
+SELF_CHECKSUM = "self_sha256"
+
+
+def _checksum(data: dict[str, Any]) -> str:
+    body = {k: v for k, v in data.items() if k != SELF_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def read_stream(run_dir: Path | str) -> dict[str, Any] | None:
-    """A run directory's recorded stream, or None (a run made before streams were recorded, or a damaged file)."""
+    """A run directory's recorded stream, or None: a run made before streams were recorded, or a file that is not
+    one as written (damaged, edited by hand, another shape: said in one warning)."""
+    path = Path(run_dir) / STREAM_FILE
     try:
-        data = json.loads((Path(run_dir) / STREAM_FILE).read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    if not (isinstance(data, dict) and isinstance(data.get("ids"), list) and isinstance(data.get("online"), list)):
-        return None
+    except (OSError, ValueError) as exc:
+        return _unread(f"{path} is not a stream record ({type(exc).__name__})")
+    if not (isinstance(data, dict) and isinstance(data.get("ids"), list) and all(map(_is_int, data["ids"]))
+            and isinstance(data.get("online"), list) and all(isinstance(n, str) for n in data["online"])
+            and isinstance(data.get("order", ""), str)
+            and (data.get("delta") is None or (isinstance(data["delta"], (int, float)) and not isinstance(
+                data["delta"], bool)))):
+        return _unread(f"{path} is not a stream record (order, ids, online)")
+    if SELF_CHECKSUM in data and data[SELF_CHECKSUM] != _checksum(data):
+        return _unread(f"{path} does not match its own checksum (edited by hand?)")
     return data
+
+
+def _unread(why: str) -> None:
+    print(f"shiftlab: warning: {why}; it is not read", file=sys.stderr, flush=True)
+    return None
