@@ -75,6 +75,17 @@ def test_text_tower_with_deep_prompts_by_hand(vit):
     assert not torch.allclose(got, plain, atol=1e-3)
 
 
+def test_a_maple_checkpoint_holding_python_objects_is_not_unpickled_unless_trusted(vit, tmp_path):
+    import argparse
+    files = _files(tmp_path)
+    state = torch.load(files["prompts"], weights_only=True)
+    torch.save({**state, "args": argparse.Namespace(lr=0.1)}, files["prompts"])
+    with pytest.raises(ValueError, match=r"model.pth.tar-2: untrusted pickle.*argparse.Namespace"):
+        shiftlab.create_method("promptalign", vit, CLASSNAMES, **files)
+    method = shiftlab.create_method("promptalign", vit, CLASSNAMES, trust_checkpoint=True, **files)
+    assert torch.equal(method.initial.ctx, state["state_dict"]["prompt_learner.ctx"])
+
+
 def test_checkpoint_statistics_and_loss_in_their_formats(vit, tmp_path):
     files = _files(tmp_path)
     ckpt = torch.load(files["prompts"], weights_only=False)["state_dict"]

@@ -131,6 +131,24 @@ def test_statistics_files_and_checkpoints_in_their_format(vit, tmp_path):
     assert set(kept.loaded_weights()) == {"prompts_sha256"}
 
 
+def test_a_prompt_checkpoint_holding_python_objects_is_not_unpickled_unless_trusted(vit, tmp_path):
+    # a pickle beyond plain tensors can run code when loaded: refused as the run's own checkpoint is, unless
+    # --trust-checkpoint (trust_checkpoint=True); nothing in it is run to say so
+    import argparse
+    ckpt = _driver().stand_in_checkpoint(4, 2, 64)
+    torch.save({**ckpt, "args": argparse.Namespace(lr=0.1)}, tmp_path / "model.pth.tar-1")
+    (tmp_path / "garbage.pth").write_bytes(b"PK\x03\x04 not a zip")
+    path = str(tmp_path / "model.pth.tar-1")
+    with pytest.raises(ValueError, match=r"model.pth.tar-1: untrusted pickle.*argparse.Namespace.*"
+                                         r"pass trust_checkpoint=True if you trust this file"):
+        shiftlab.create_method("tapt", vit, CLASSNAMES, align=False, prompts=path)
+    with pytest.raises(ValueError, match=r"garbage.pth: corrupt checkpoint: not a readable PyTorch checkpoint"):
+        shiftlab.create_method("tapt", vit, CLASSNAMES, align=False, prompts=str(tmp_path / "garbage.pth"))
+    trusted = shiftlab.create_method("tapt", vit, CLASSNAMES, align=False, prompts=path, keep_loaded_prompts=True,
+                                     trust_checkpoint=True)
+    assert torch.equal(trusted.initial[1], ckpt["state_dict"]["image_encoder.transformer.resblocks.1.VPT_shallow"])
+
+
 def test_refusals_in_one_line(vit, tiny_model, tmp_path):
     with pytest.raises(ValueError, match="set means_adv, vars_adv, means_clean, vars_clean") as info:
         shiftlab.create_method("tapt", vit, CLASSNAMES, align_layer_to=4)

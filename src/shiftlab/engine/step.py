@@ -121,7 +121,7 @@ class Evaluator:
                  method_config: dict[str, dict] | None = None, precision: str = "auto",
                  text_timer: PhaseTimer | None = None, protocol: str = DEFAULT_PROTOCOL,
                  run_views: Mapping[str, Any] | None = None, dataset: str | None = None,
-                 configs: Mapping[str, Any] | None = None):
+                 configs: Mapping[str, Any] | None = None, trust_checkpoint: bool = False):
         self.model = model
         self.classnames = list(classnames)
         self.heads = ClassHeads(model, classnames)
@@ -132,11 +132,13 @@ class Evaluator:
             # the dataset's class list as published: CLIP's ImageNet names hold two duplicates
             if configs is not None:   # resolved already (a run's plan)
                 self.methods[n] = build_method(n, model, classnames, configs[n], heads=self.heads,
-                                               run_precision=precision, allow_duplicate_names=True)
+                                               run_precision=precision, allow_duplicate_names=True,
+                                               trust_checkpoint=trust_checkpoint)
                 continue
             self.methods[n] = create_method(n, model, classnames, heads=self.heads, run_precision=precision,
                                             protocol=protocol, dataset=dataset, run_views=run_views,
-                                            allow_duplicate_names=True, **dict(method_config.get(n, {})))
+                                            allow_duplicate_names=True, trust_checkpoint=trust_checkpoint,
+                                            **dict(method_config.get(n, {})))
         self.needs_views = any(m.spec.needs_views for m in self.methods.values())
         self._timers = contextlib.ExitStack()
         if text_timer is not None and text_timer.text:
@@ -153,7 +155,8 @@ class Evaluator:
         its protocol, dataset, --views, --augmix, --set and precision make them)."""
         config = plan.config
         return cls(model, classnames, config.methods, config.method_config, config.precision,
-                   protocol=config.protocol, configs=plan.method_configs(config.dataset))
+                   protocol=config.protocol, configs=plan.method_configs(config.dataset),
+                   trust_checkpoint=config.trust_checkpoint)
 
     def close(self) -> None:
         """Remove the text-tower timers (if any)."""

@@ -114,7 +114,7 @@ class Method(metaclass=_MethodType):
 
     def __init__(self, model: ClipModel, classnames: Sequence[str], config: Any = None,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
-                 allow_duplicate_names: bool = False):
+                 allow_duplicate_names: bool = False, trust_checkpoint: bool = False):
         if type(self).spec is None:   # a class of a script's that was never registered: its declared attributes
             type(self).spec = _spec_from_class(type(self).__name__.lower(), type(self))
         spec = self.spec
@@ -136,6 +136,9 @@ class Method(metaclass=_MethodType):
                 raise ValueError(problem)
         self.heads = heads if heads is not None else ClassHeads(model, self.classnames)
         self.run_precision = run_precision
+        # the run's --trust-checkpoint: a file the method reads that holds Python objects beyond tensors (a dassl
+        # prompt checkpoint) is unpickled only then (models.checkpoints.read_pickle)
+        self.trust_checkpoint = bool(trust_checkpoint)
         # the run's precision is a run setting; the method's own config wins unless it says "auto"
         self.precision: Precision = resolve_precision(getattr(self.config, "precision", "auto"), model.device,
                                                       run=run_precision)
@@ -394,28 +397,29 @@ def describe(protocol: str, name: str) -> dict[str, Any]:
 def create_method(name: str, model: ClipModel, classnames: Sequence[str], heads: ClassHeads | None = None,
                   run_precision: str = "auto", protocol: str = DEFAULT_PROTOCOL, dataset: str | None = None,
                   run_views: dict[str, Any] | None = None, allow_duplicate_names: bool = False,
-                  **config: Any) -> Method:
+                  trust_checkpoint: bool = False, **config: Any) -> Method:
     """Build a registered method as `protocol` runs it (shiftlab.methods.catalogue.protocols: "leaderboard", the
     defaults, or "paper", the authors' own recipe, with their per-dataset values for `dataset`),
     overridden by `config`, resolved as a run resolves each of its methods (`catalogue.method_plan.plan_method`,
     which `engine.run_plan.resolve_plan` calls too); `run_precision` is the run's precision setting,
     used where the method's own `precision` is "auto". `classnames`: a list of distinct names
-    (`check_classnames`). Bad values are one-line ValueErrors, an unknown field a TypeError."""
+    (`check_classnames`). `trust_checkpoint`: a checkpoint the method reads itself may hold pickled Python objects
+    (refused otherwise, as `load_model`'s). Bad values are one-line ValueErrors, an unknown field a TypeError."""
     get_method_class(name)
     check_model(model)
     check_classnames(classnames, allow_duplicate_names)
     cfg = plan_method(name, protocol, dataset, run_precision, run_views, **config).config
     return build_method(name, model, classnames, cfg, heads=heads, run_precision=run_precision,
-                        allow_duplicate_names=allow_duplicate_names)
+                        allow_duplicate_names=allow_duplicate_names, trust_checkpoint=trust_checkpoint)
 
 
 def build_method(name: str, model: ClipModel, classnames: Sequence[str], config: MethodConfig,
                  heads: ClassHeads | None = None, run_precision: str = "auto",
-                 allow_duplicate_names: bool = False) -> Method:
+                 allow_duplicate_names: bool = False, trust_checkpoint: bool = False) -> Method:
     """Build a registered method with a config already resolved (`create_method`'s, or a run plan's:
     `engine.run_plan.RunPlan.method_configs`)."""
     cls = get_method_class(name)
     check_model(model)
     names = check_classnames(classnames, allow_duplicate_names)
     return cls(model, names, config, heads=heads, run_precision=run_precision,
-               allow_duplicate_names=allow_duplicate_names)
+               allow_duplicate_names=allow_duplicate_names, trust_checkpoint=trust_checkpoint)

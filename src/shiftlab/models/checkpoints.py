@@ -123,7 +123,9 @@ def _untrusted(path: Path, objects: list[str]) -> ModelLoadError:
         f"loading them could run code from the file; pass {say('trust_checkpoint')} if you trust this file")
 
 
-def _read_pickle(path: Path, trust_checkpoint: bool) -> object:
+def read_pickle(path: Path, trust_checkpoint: bool) -> object:
+    """A torch-saved file, read weights-only; one holding other Python objects is `untrusted` (a ModelLoadError) unless
+    `trust_checkpoint`, and a damaged one `corrupt`: nothing in a refused file is run."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -180,7 +182,7 @@ def read_checkpoint(path: Path, trust_checkpoint: bool = False) -> tuple[dict[st
             raise _corrupt(path, "damaged zip archive", exc) from exc
         if torchscript:
             return _read_torchscript(path), True
-    sd = _read_pickle(path, trust_checkpoint)
+    sd = read_pickle(path, trust_checkpoint)
     if not isinstance(sd, dict):
         raise ModelLoadError(f"{path}: expected a state dict (a mapping of tensors), found {type(sd).__name__}")
     sd = _strip_prefix(sd)

@@ -94,6 +94,16 @@ def dataset_statistics(batches: Iterable[list[torch.Tensor]]) -> tuple[torch.Ten
     return mean, squares / (total - 1)
 
 
+def read_prompt_file(path: Path, trust_checkpoint: bool) -> object:
+    """A prompt checkpoint's contents as `models.checkpoints.read_pickle` reads a checkpoint (weights-only unless
+    trusted); its refusal as a one-line ValueError."""
+    from ...models.checkpoints import ModelLoadError, read_pickle
+    try:
+        return read_pickle(path, trust_checkpoint)
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def load_statistics(path: str | Path, layers: int, tokens: int, width: int) -> torch.Tensor:
     """One statistics file in TAPT's published format (a `torch.save`d float tensor (layers, L, width), e.g.
     `V_means_vitb16_train_adv.pt`, (12, 199, 768) for ViT-B/16 with 2 prompt tokens), checked against the tower."""
@@ -108,14 +118,16 @@ def load_statistics(path: str | Path, layers: int, tokens: int, width: int) -> t
     return value.float()
 
 
-def load_vpt_checkpoint(path: str | Path, layers: int, n_ctx: int, width: int) -> torch.Tensor:
+def load_vpt_checkpoint(path: str | Path, layers: int, n_ctx: int, width: int,
+                        trust_checkpoint: bool = False) -> torch.Tensor:
     """Trained VPT prompts in the dassl checkpoint format their `load_model` reads (`{"state_dict": ...}` with
     `image_encoder.VPT` and `image_encoder.transformer.resblocks.{i}.VPT_shallow`, MMoP's AdvVPT) -> (layers,
-    n_ctx, width)."""
+    n_ctx, width). A file holding Python objects beyond tensors is refused unless `trust_checkpoint`
+    (models.checkpoints.read_pickle)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"prompt checkpoint {path} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read_prompt_file(path, trust_checkpoint)
     state = state.get("state_dict", state) if isinstance(state, dict) else state
     keys = ["image_encoder.VPT"] + [f"image_encoder.transformer.resblocks.{i}.VPT_shallow" for i in range(1, layers)]
     missing = [k for k in keys if k not in state]

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models.text import tokenize
-from .deep_visual_prompts import PROMPT_INIT_STD
+from .deep_visual_prompts import PROMPT_INIT_STD, read_prompt_file
 
 CHECKPOINT_PREFIX = "prompt_learner."
 MAX_WORD_INIT = 4       # `if ctx_init and (n_ctx) <= 4`: longer contexts start random (prompt_align.py:134)
@@ -59,7 +59,8 @@ def checkpoint_keys(depth: int) -> dict[str, list[str]]:
             "deep_bias": [f"{p}compound_prompt_projections.{i}.bias" for i in deep]}
 
 
-def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: int, vision_width: int) -> MaPLePrompts:
+def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: int, vision_width: int,
+                          trust_checkpoint: bool = False) -> MaPLePrompts:
     """Trained MaPLe prompts from a dassl checkpoint (`{"state_dict": ..., "epoch": ...}`, MaPLe's published
     `MultiModalPromptLearner/model.pth.tar-2`), the first depth - 1 deep prompts of it: a deeper checkpoint's others
     are not read (their `load_state_dict(strict=False)` ignores keys the learner lacks: PromptAlign's depth 3 reads
@@ -67,7 +68,7 @@ def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"MaPLe checkpoint {path} does not exist (MaPLe's MultiModalPromptLearner/model.pth.tar-N)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read_prompt_file(path, trust_checkpoint)   # weights-only unless trusted
     state = state.get("state_dict", state) if isinstance(state, dict) else state
     if not isinstance(state, dict):
         raise ValueError(f"MaPLe checkpoint {path} holds no state_dict")

@@ -54,7 +54,7 @@ class PromptAlign(TokenAlignmentTuning, EpisodicMethod):
         if cfg.prompts is None:
             initial = initial_maple_prompts(self.text.init_ctx, cfg.depth, width, cfg.seed)
         else:
-            initial = load_maple_checkpoint(cfg.prompts, cfg.depth, cfg.n_ctx, text_width, width)
+            initial = load_maple_checkpoint(cfg.prompts, cfg.depth, cfg.n_ctx, text_width, width, self.trust_checkpoint)
         self.initial = initial.to(self.model.device)
         self.targets: TokenStatistics | None = self.load_targets().get("imagenet")
 

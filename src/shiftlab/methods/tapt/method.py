@@ -74,7 +74,8 @@ class TAPT(TokenAlignmentTuning, EpisodicMethod):
         visual = self.model.clip.visual
         layers = prompt_layers(visual, cfg.depth)
         self.loaded = (None if cfg.prompts is None else
-                       load_vpt_checkpoint(cfg.prompts, layers, cfg.n_ctx, visual.conv1.out_channels))
+                       load_vpt_checkpoint(cfg.prompts, layers, cfg.n_ctx, visual.conv1.out_channels,
+                                           self.trust_checkpoint))
         drawn = initial_prompts(visual, cfg.depth, cfg.n_ctx, cfg.seed)
         self.initial = (self.loaded if self.loaded is not None and cfg.keep_loaded_prompts else drawn)
         self.initial = self.initial.to(self.model.device)
