@@ -131,6 +131,15 @@ def test_statistics_files_and_checkpoints_in_their_format(vit, tmp_path):
     assert set(kept.loaded_weights()) == {"prompts_sha256"}
 
 
+def test_a_statistics_file_that_is_not_one_is_refused_in_one_line(tmp_path):
+    (tmp_path / "garbage.pt").write_bytes(b"garbage")
+    import argparse
+    torch.save(argparse.Namespace(lr=0.1), tmp_path / "object.pt")
+    for name in ("garbage", "object"):
+        with pytest.raises(ValueError, match=rf"token statistics file .*{name}.pt cannot be read as a tensor file"):
+            load_statistics(tmp_path / f"{name}.pt", 4, 19, 64)
+
+
 def test_a_prompt_checkpoint_holding_python_objects_is_not_unpickled_unless_trusted(vit, tmp_path):
     # a pickle beyond plain tensors can run code when loaded: refused as the run's own checkpoint is, unless
     # --trust-checkpoint (trust_checkpoint=True); nothing in it is run to say so

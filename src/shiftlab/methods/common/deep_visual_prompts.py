@@ -110,7 +110,11 @@ def load_statistics(path: str | Path, layers: int, tokens: int, width: int) -> t
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"token statistics file {path} does not exist")
-    value = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:   # a damaged or foreign file: torch's zip, pickle's or the weights-only refusal
+        raise ValueError(f"token statistics file {path} cannot be read as a tensor file ({type(exc).__name__})") \
+            from None
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != (layers, tokens, width):
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"token statistics file {path} holds {shape}, this tower needs ({layers}, {tokens}, {width})"
