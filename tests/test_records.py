@@ -145,6 +145,26 @@ def test_the_run_schema_refuses_other_runs_records():
     assert schema.check(error).method is None                   # a decode error covers every method
 
 
+def test_the_run_schema_refuses_records_of_another_attack_config():
+    # a record says what attacked its sample (eps, steps...): one of another budget is not this run's, whatever
+    # file it sits in (records of an eps=4/255 run copied into an eps=1/255 one were resumed and scored as 1/255)
+    ident = {"shared": {"attack": {"name": "pgd", "eps": 1 / 255, "steps": 7, "alpha": None}, "n_samples": 4},
+             "methods": {"m": {}}}
+    schema = records.RecordSchema.of_run(ident)
+    hit = {**_good(2), "setting": "pgd", "attack": {"name": "pgd", "eps": 1 / 255, "steps": 7, "flipped": False}}
+    assert schema.check(hit).id == 2
+    for change, reason in [({"eps": 4 / 255}, "its attack's eps 0.0156"), ({"steps": 2}, "its attack's steps 2"),
+                           ({"name": "fgsm"}, "attack 'fgsm' is not the run's (pgd)")]:
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            schema.check({**hit, "attack": {**hit["attack"], **change}})
+    listed = records.RecordSchema.of_run({**ident, "shared": {**ident["shared"], "attack": {
+        "name": "pgd", "eps": [1 / 255, 4 / 255], "steps": 7}}})
+    four = {**hit, "setting": "pgd@eps4", "attack": {**hit["attack"], "eps": 4 / 255}}
+    assert listed.check(four).setting == "pgd@eps4"
+    with pytest.raises(ValueError, match=re.escape("its attack's eps 0.0039")):
+        listed.check({**four, "attack": {**four["attack"], "eps": 1 / 255}})   # the eps1 budget's under eps4
+
+
 def test_reader_refuses_nan_and_infinity_literals(tmp_path):
     path = tmp_path / "records.jsonl"
     good = json.dumps(_good())

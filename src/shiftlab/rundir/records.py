@@ -321,9 +321,12 @@ class RecordSchema:
     ids: frozenset[int] | None = None           # the run's stream (its --limit prefix)
     samples: Sequence[tuple[Any, int]] | None = None   # (path, label) of each id, when the dataset is at hand
     n_classes: int | None = None
+    attack: Mapping[str, Any] | None = None     # the run's attack config (run.json's `shared.attack`)
 
     def check(self, data: Any) -> Record:
         rec = check_record(data)
+        if self.attack is not None and rec.setting != "clean" and isinstance(rec.attack, Mapping):
+            self._check_attack(rec)
         if self.methods is not None and rec.method is not None and rec.method not in self.methods:
             raise ValueError(f"method {rec.method!r} is not one of the run's methods (run.json)")
         if self.settings is not None and rec.setting not in self.settings:
@@ -345,6 +348,27 @@ class RecordSchema:
                 raise ValueError(f"class {top} is not one of the run's {self.n_classes} classes")
         return rec
 
+    def _check_attack(self, rec: Record) -> None:
+        """An attacked record's `attack` fields that the run's attack config has are that config's (an eps list's:
+        its setting's budget's): a record of another budget, step count or attack is not this run's."""
+        want, got = self.attack, rec.attack
+        name = want.get("name")
+        if got.get("name") != name:
+            raise ValueError(f"attack {got.get('name')!r} is not the run's ({name})")
+        eps = want.get("eps")
+        setting = rec.setting.removesuffix(ADAPTIVE_SUFFIX)
+        k = next((i for i, e in enumerate(eps) if budget_setting(str(name), e) == setting), None) \
+            if isinstance(eps, list) else None
+        for key, value in want.items():
+            if key == "name" or key not in got:
+                continue
+            if isinstance(value, list):
+                if k is None or k >= len(value):
+                    continue
+                value = value[k]
+            if got[key] != value:
+                raise ValueError(f"its attack's {key} {got[key]!r} is not the run's ({value!r})")
+
     @classmethod
     def of_run(cls, identity: Mapping[str, Any] | None, **known: Any) -> RecordSchema:
         """The schema of the run whose run.json holds `identity` (methods, settings, number of samples),
@@ -354,6 +378,9 @@ class RecordSchema:
         shared = identity.get("shared") if isinstance(identity.get("shared"), Mapping) else {}
         methods = identity.get("methods") if isinstance(identity.get("methods"), Mapping) else {}
         n = shared.get("n_samples")
+        attack = shared.get("attack")
+        if isinstance(attack, Mapping) and attack.get("name", "none") != "none" and "attack" not in known:
+            known["attack"] = attack
         return cls(methods=frozenset(methods),
                    settings=frozenset(run_settings(shared.get("attack"), bool(shared.get("clean_and_robust")),
                                                    shared.get("attack_target", TRANSFER))),
