@@ -598,3 +598,22 @@ def test_a_damaged_checkpoint_is_said_and_the_stream_replayed(data, tmp_path, ca
     err = capsys.readouterr().err
     assert f"shiftlab: warning: {state} is damaged or not an online checkpoint" in err
     assert _records(out) == _records(tmp_path / "whole")
+
+
+def test_a_checkpoint_of_another_config_is_not_continued(data, tmp_path, capsys):
+    """online_state.pt copied from a run of other settings along the same stream (TDA's caches of capacity 1): its
+    state is not this run's, so the stream is replayed, said, and the records are an uninterrupted run's."""
+    base = dict(data=str(data), methods=["tda"], views=4, workers=0, progress=False, batch_size=2, device="cpu",
+                online_checkpoint_seconds=0, seed=1)
+    dataset, model = build_dataset("imagenet-r", data), tiny_clip(0)
+    run(RunConfig(**base, method_config=FAST, limit=6, out=str(tmp_path / "whole")), model=model, dataset=dataset)
+    run(RunConfig(**base, method_config=FAST, limit=4, out=str(tmp_path / "run")), model=model, dataset=dataset)
+    other = {"tda": {**FAST["tda"], "pos_capacity": 1}}
+    run(RunConfig(**base, method_config=other, limit=4, out=str(tmp_path / "other")), model=model, dataset=dataset)
+    (tmp_path / "run" / "online_state.pt").write_bytes((tmp_path / "other" / "online_state.pt").read_bytes())
+    capsys.readouterr()
+    run(RunConfig(**base, method_config=FAST, limit=6, out=str(tmp_path / "run"), resume=True), model=model,
+        dataset=dataset)
+    err = capsys.readouterr().err
+    assert "online_state.pt holds tda's state under other settings" in err
+    assert _records(tmp_path / "run") == _records(tmp_path / "whole")

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import io
+import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +37,15 @@ from ..options import name_of, say
 from ..writes import resume_advice
 from .record_files import RecordWriter, run_dir_error
 from .records import Record, RecordSchema, as_dict, record_key
+
+SETTINGS_KEY = "settings_sha256"   # each method's settings (run.json's entry) the saved state was made under
+
+
+def settings_digest(method: Any) -> str:
+    """SHA-256 of a method's settings as run.json records them (`identity.method_config`: config, files, weights)."""
+    from .identity import method_config
+    entry = method_config(getattr(method, "method", method))   # a SettingStates holds the method
+    return hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class OnlineState:
@@ -59,6 +70,12 @@ class OnlineState:
         self._pending_ids: list[int] = []
         self._pending_records: list[Record | dict] = []
         self._last_save = time.monotonic()
+        self._digests: dict[str, str] | None = None
+
+    def _settings_digests(self) -> dict[str, str]:
+        if self._digests is None:   # once: the settings do not change along a run (and a file is hashed once)
+            self._digests = {n: settings_digest(m) for n, m in self.methods.items()}
+        return self._digests
 
     @property
     def start(self) -> int:
@@ -72,6 +89,15 @@ class OnlineState:
             return False
         try:
             blob = torch.load(self.path, map_location="cpu", weights_only=True)
+            # a state saved under other settings (a checkpoint copied from another run of the same stream) is not
+            # this run's: that method has no state here (a replay), and its held-back records go with it
+            theirs, mine = blob.get(SETTINGS_KEY) or {}, self._settings_digests()
+            foreign = sorted(n for n in blob["states"] if n in theirs and n in mine and theirs[n] != mine[n])
+            for name in foreign:
+                print(f"shiftlab: warning: {self.path} holds {name}'s state under other settings (a checkpoint of "
+                      "another run?); the online methods replay the stream from its start", file=sys.stderr,
+                      flush=True)
+            new = [*new, *foreign]
             blob["states"] = {n: state for n, state in blob["states"].items() if n not in new}
             vectors = blob.get("last_probs") or [None] * len(blob["last_records"])   # --save-probs (rundir.probs)
             kept = [(r, p) for r, p in zip(blob["last_records"], vectors) if r.get("method") not in new]
@@ -148,7 +174,8 @@ class OnlineState:
         self.processed.extend(ids)
         blob = {"states": {n: m.state_dict() for n, m in self.methods.items()},
                 "processed": self.processed, "last_records": [as_dict(r) for r in online_records],
-                "last_probs": [getattr(r, "probs", None) for r in online_records]}
+                "last_probs": [getattr(r, "probs", None) for r in online_records],
+                SETTINGS_KEY: self._settings_digests()}
         buffer = io.BytesIO()   # serialised in memory: the bytes reach the disk through shiftlab.writes
         torch.save(blob, buffer)
         try:
