@@ -147,6 +147,24 @@ def test_suite_table_marks_limited_and_incomplete_datasets(tmp_path):
     assert suite_table.partial_mark({"limit": None, "n_samples": None}, [3]) == ""
 
 
+def test_a_dataset_folder_of_another_model_or_weights_is_left_out_of_the_table_and_named(tmp_path):
+    # each dataset's summary.json is read back: one run with another backbone, other weights or another protocol
+    # (a folder copied in, a dataset rerun otherwise) is not averaged with the suite's as if it were its row
+    suite_dir = tmp_path / "three"
+    suite = suites.resolve_suite(None, "imagenet-r,imagenet-a,imagenet-v2")
+    suite_runs.write_manifest(suite_dir, suite, {"methods": ["zeroshot"], "model": "RN50", "pretrained": "openai",
+                                                 "protocol": "paper"})
+    write_records(suite_dir / "imagenet-r", "imagenet-r", "RN50", {"zeroshot": [True] * 4}, sha256="a" * 64)
+    write_records(suite_dir / "imagenet-a", "imagenet-a", "ViT-B-16", {"zeroshot": [False] * 4}, sha256="a" * 64)
+    write_records(suite_dir / "imagenet-v2", "imagenet-v2", "RN50", {"zeroshot": [False] * 4}, sha256="b" * 64)
+    table = suite_table.suite_table(suite_dir)
+    assert table["top1"]["zeroshot"] == {"imagenet-r": 100.0} and table["average"]["zeroshot"] is None
+    assert table["mismatched"] == {"imagenet-a": "model ViT-B-16, not RN50",
+                                   "imagenet-v2": f"weights_sha256 {'b' * 64}, not {'a' * 64}"}
+    md = suite_table.table_markdown(table)
+    assert "left out (run otherwise than this suite): -A (model ViT-B-16, not RN50)" in md
+
+
 def test_published_suite_numbers_are_sourced_and_add_up():
     cited = sources()
     for suite, model, backbone in [("natural-shift", "RN50", "RN50"), ("cross-dataset", "RN50-quickgelu", "RN50"),

@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import writes
 from ..datasets.specs import DATASETS
@@ -45,6 +46,21 @@ def suite_from_manifest(manifest: dict) -> Suite:
 
 # ------------------------------------------------------------------ the table
 
+# what a suite's datasets must share to be one table: the backbone, its weights and the protocol that ran
+_SUITE_IDENTITY = ("model", "pretrained", "weights_sha256", "protocol")
+
+
+def _what_ran(summary: dict) -> dict[str, Any]:
+    """`_SUITE_IDENTITY` of a dataset's run: its run identity's (what ran), else its config's (`run_identity`)."""
+    from .published_suites import run_identity
+    shared = (summary.get("identity") or {}).get("shared") if isinstance(summary.get("identity"), dict) else None
+    if isinstance(shared, dict) and shared.get("model") is not None:
+        return {"model": shared.get("model"), "pretrained": shared.get("pretrained"),
+                "weights_sha256": shared.get("checkpoint_sha256") or shared.get("weights_sha256"),
+                "protocol": shared.get("protocol")}
+    return {k: v for k, v in run_identity(summary).items() if k in _SUITE_IDENTITY}
+
+
 def _read_summary(run_dir: Path) -> dict | None:
     """A dataset run's summary.json (written at the end of its run and by `shiftlab merge`), or None when
     it has none yet or it is not a summary."""
@@ -77,10 +93,23 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
     counts: dict[str, dict[str, int]] = {}
     partial: dict[str, str] = {}
     missing, identity = [], {}
+    mismatched: dict[str, str] = {}
+    first: dict[str, Any] | None = None
     for name in suite.datasets:
         summary = _read_summary(dataset_dir(suite_dir, name))
         if summary is None:
             missing.append(name)
+            continue
+        # each dataset's summary is read back: one run otherwise than the suite's first (another backbone, weights
+        # or protocol: a folder copied in, a dataset rerun with other flags) is left out and named, never averaged
+        ran = _what_ran(summary)
+        if first is None:
+            first = ran
+        by_digest = bool(ran["weights_sha256"] and first["weights_sha256"])   # then a moved file is the same weights
+        differ = [f"{k} {ran[k]}, not {first[k]}" for k in _SUITE_IDENTITY
+                  if ran[k] != first[k] and not (k == "pretrained" and by_digest)]
+        if differ:
+            mismatched[name] = "; ".join(differ)
             continue
         identity = identity or (run_identity(summary) if summary.get("config") else {})
         accounted = []
@@ -111,6 +140,7 @@ def suite_table(suite_dir: str | Path, setting: str = "clean") -> dict:
             "protocol": identity.get("protocol"),
             "top1": top1, "ece": ece, "n": counts, "partial": partial, "missing": missing,
             "rewrote": list(manifest.get("rewrote") or suite.datasets), "kept": list(manifest.get("kept") or []),
+            "mismatched": mismatched,
             "average": {m: mean_over(m, suite.datasets) for m in methods},
             "ood_average": {m: mean_over(m, suite.ood) for m in methods} if suite.ood else {}}
     if suite.kind == "corruption":
@@ -207,6 +237,9 @@ def table_markdown(table: dict) -> str:
                      + "; averages over them are not comparable with published numbers")
     if table["missing"]:
         notes.append("no records yet for: " + ", ".join(table["missing"]))
+    if table.get("mismatched"):
+        notes.append("left out (run otherwise than this suite): " + ", ".join(
+            f"{column_title(d)} ({why})" for d, why in table["mismatched"].items()))
     if table.get("kept"):
         notes.append(f"last written by a run of {', '.join(table['rewrote'])}; {', '.join(table['kept'])} "
                      "kept from earlier runs of the same configuration")
