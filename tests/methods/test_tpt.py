@@ -458,11 +458,12 @@ def test_a_ctx_checkpoint_is_part_of_the_identity_and_a_wrong_one_is_refused_in_
         paths.append(tmp_path / f"coop{seed}.pth")
         torch.save({"state_dict": {"prompt_learner.ctx": torch.randn(4, 64, generator=torch.Generator().manual_seed(
             seed))}}, paths[-1])
+    from shiftlab.rundir.identity import method_config
     for name, extra in (("tpt", {}), ("difftpt", {"n_diffusion": 0}), ("ctpt", {})):
-        digests = [shiftlab.create_method(name, model, NAMES, heads=heads, ctx_checkpoint=str(p), **extra)
-                   .loaded_weights()["ctx_checkpoint_sha256"] for p in paths]
+        digests = [method_config(shiftlab.create_method(name, model, NAMES, heads=heads, ctx_checkpoint=str(p),
+                                                        **extra))["ctx_checkpoint_sha256"] for p in paths]
         assert digests == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
-    assert "ctx_checkpoint_sha256" not in shiftlab.create_method("tpt", model, NAMES, heads=heads).loaded_weights()
+    assert "ctx_checkpoint_sha256" not in method_config(shiftlab.create_method("tpt", model, NAMES, heads=heads))
     torch.save({"state_dict": {"prompt_learner.token_prefix": torch.zeros(4, 64)}}, tmp_path / "noctx.pth")
     torch.save([1, 2], tmp_path / "list.pth")
     torch.save({"prompt_learner.ctx": torch.zeros(4, 32)}, tmp_path / "narrow.pth")

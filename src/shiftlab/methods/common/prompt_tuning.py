@@ -13,7 +13,6 @@ images one at a time.
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,14 +22,6 @@ from ...models.text import ContextPrompt
 from ..base import Method, MethodOutput, in_groups
 from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_ctx_checkpoint(path: str, field: str, width: int) -> torch.Tensor:
@@ -69,12 +60,6 @@ class PromptTuning(Method):
         self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init,
                                     share_prefix=cfg.share_prefix)
         self.prompt.ctx.requires_grad_(False)
-
-    def loaded_weights(self) -> dict[str, Any]:
-        """The CoOp checkpoint's SHA-256 where the context starts from one: another file of the same shape under
-        the same path is another run (a --resume with it is refused)."""
-        path = self.config.ctx_checkpoint
-        return {"ctx_checkpoint_sha256": file_sha256(path)} if path else {}
 
     def prepare(self) -> None:
         super().prepare()

@@ -57,7 +57,7 @@ class DiffTPT(PromptTuning, EpisodicMethod):
         return self._encoder
 
     def loaded_weights(self) -> dict[str, Any]:
-        return super().loaded_weights() | ({} if self._encoder is None else {"diffusion_views_sha256": self._digest})
+        return {} if self._encoder is None else {"diffusion_views_sha256": self._digest}
 
     def select(self, view_logits: torch.Tensor) -> torch.Tensor:
         return cosine_then_confident(view_logits, self.config.cosine_ratio, self.config.selection_ratio)

@@ -88,9 +88,8 @@ class RLCF(PromptTuning, EpisodicMethod):
 
     def loaded_weights(self) -> dict[str, Any]:
         r = self.reward
-        return super().loaded_weights() | {
-            "reward_checkpoint_sha256": r.checkpoint_sha256, "reward_weights_source": r.weights_source,
-            "reward_weights_sha256": None if r.checkpoint_sha256 else r.weights_sha256}
+        return {"reward_checkpoint_sha256": r.checkpoint_sha256, "reward_weights_source": r.weights_source,
+                "reward_weights_sha256": None if r.checkpoint_sha256 else r.weights_sha256}
 
     def prepare(self) -> None:
         super().prepare()
