@@ -81,6 +81,9 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--attack", "fgsm"], ["--attack", "unknown attack 'fgsm'", "pgd"]),
     (["--device", "tpu"], ["--device", "unknown device 'tpu'", "cuda:N"]),
     (["--online-checkpoint-seconds", "-1"], ["--online-checkpoint-seconds", "0 or more"]),
+    # a seed seeds numpy's and torch's generators: below 0 every sample was an error record, at 2**64 a traceback
+    (["--seed", "-1"], ["--seed", "between 0 and 18446744073709551615, got -1"]),
+    (["--seed", str(2 ** 64)], ["--seed", "between 0 and 18446744073709551615"]),
 ])
 def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragments):
     out = tmp_path / "run"

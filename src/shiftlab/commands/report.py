@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import checks
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -23,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the method every other one is compared with (default zeroshot)")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N",
                    help="paired bootstrap resamples for the 95%% interval (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=checks.int_in(0, 2 ** 64 - 1), default=0, help="bootstrap seed (default 0)")
     p.add_argument("--title", default=None, help="page title")
     p.add_argument("--figure-format", type=_formats, default=["png"], metavar="FMT",
                    help="also write every figure as pdf and/or svg beside its png (comma-separated, e.g. pdf,svg; "

@@ -52,7 +52,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: each method's recipe, 64 for most)")
     p.add_argument("--augmix", action="store_true",
                    help="AugMix on every method's augmented views (default: each method's recipe)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=checks.int_in(0, 2 ** 64 - 1), default=0,
                    help="seeds the stream order and every sample's views (and random weights, see --model-seed)")
     p.add_argument("--model-seed", type=checks.int_in(0, 2 ** 64 - 1), default=None,
                    help="seed of the random weights of --pretrained none (default: --seed); the same seed gives "
@@ -123,7 +123,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "summary AUROC, FPR95, AUPR")
     c.add_argument("--ood-ratio", type=checks.ood_ratio, default=1.0,
                    help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
-    c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
+    c.add_argument("--ood-seed", type=checks.int_in(0, 2 ** 64 - 1), default=None,
                    help="seed of the OOD draw (default: --seed)")
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",
