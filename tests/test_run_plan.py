@@ -56,6 +56,20 @@ def test_all_is_expanded_and_the_attack_filled_in():
     assert plan.attack["name"] == "pgd" and plan.attack["eps"] == pytest.approx(1 / 255) and len(plan.attack) > 2
 
 
+def test_the_plan_says_what_all_leaves_out_and_why():
+    """`--dry-run --methods all` used to list the methods it runs and say nothing of those it leaves out (the run
+    itself warns): the ViT-only methods on a ResNet, DiffTPT without its folder of generated views."""
+    from shiftlab.methods.catalogue.declarations import spec_names
+    plan = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny"))
+    vit_only = [n for n in spec_names() if "resnet" not in spec(n).towers]
+    assert vit_only and not set(vit_only) & set(plan.method_plans())
+    lines = plan.text().splitlines()
+    assert f"methods 'all' leaves out {', '.join(vit_only)} (another image tower only)" in lines
+    (difftpt,) = [line for line in lines if line.startswith("methods 'all' leaves out difftpt")]
+    assert "difftpt" not in plan.method_plans() and "diffusion_views is unset" in difftpt
+    assert "leaves out" not in resolve_plan(RunConfig(methods=["zeroshot"])).text()
+
+
 def test_a_refused_setting_is_one_line():
     with pytest.raises(PlanError, match=r"^mta: needs at least 5 views .* got 4"):
         resolve_plan(RunConfig(methods=["mta"], views=4))
