@@ -55,6 +55,10 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--batch-size", "0"], ["--batch-size", "at least 1"]),
     (["--methods", ","], ["--methods", "names no method", "zeroshot"]),
     (["--methods", "tpt,nosuch"], ["--methods", "unknown method nosuch; registered:"]),
+    # the names as the README and the papers spell them: the registered name is suggested (no suggestion before)
+    (["--methods", "TPT"], ["--methods", "unknown method TPT (did you mean tpt?)"]),
+    (["--methods", "zeroshot,C-TPT,DMN-ZS"], ["--methods", "unknown method C-TPT (did you mean ctpt?), DMN-ZS (did "
+                                              "you mean dmn_zs?)"]),
     (["--set", "nosuch.lr=1"], ["--set", "unknown method nosuch"]),
     (["--set", "tpt.lr=abc"], ["--set", "tpt.lr: 'abc' is not a float; must be a finite float >= 0"]),
     (["--set", "tpt.steps=1.5"], ["--set", "tpt.steps: 1.5 is not an integer; must be an integer >= 0"]),
