@@ -450,6 +450,26 @@ def test_ctx_checkpoint(model, heads, tmp_path):
     assert torch.isfinite(out.logits).all()
 
 
+@pytest.mark.parametrize("content, says", [
+    (None, "no such file"),
+    (b"not a checkpoint", "cannot be read as a torch checkpoint"),
+    ({"state_dict": {"prompt_learner.weight": torch.zeros(3)}}, "holds no context tensor (a key ending in 'ctx'"),
+    (torch.zeros(4, 64), "holds no context tensor"),
+], ids=["missing", "not-torch", "no-ctx", "bare-tensor"])
+def test_a_ctx_checkpoint_that_cannot_serve_is_refused_in_one_line(model, heads, tmp_path, content, says):
+    """The last three used to end in a traceback (StopIteration, torch.load's page of advice, AttributeError); a
+    missing file in `No such file or directory: PATH`, naming no setting."""
+    path = tmp_path / "coop.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        torch.save(content, path)
+    with pytest.raises(ValueError) as info:
+        shiftlab.create_method("tpt", model, NAMES, heads=heads, ctx_checkpoint=str(path))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"tpt.ctx_checkpoint: {path}") and says in msg
+
+
 def test_invalid_precision(model):
     with pytest.raises(ValueError, match="precision"):
         shiftlab.create_method("tpt", model, NAMES, precision="fp8")

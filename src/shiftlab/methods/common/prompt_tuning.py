@@ -13,6 +13,7 @@ images one at a time.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,24 @@ from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
 
 
+def load_ctx_checkpoint(path: str, where: str) -> torch.Tensor:
+    """The context tensor of a CoOp checkpoint (`{"state_dict": {"prompt_learner.ctx": (n_ctx, width)}}`, or the
+    state dict itself: its first key ending in "ctx"); a file that is missing, is no torch checkpoint or holds no
+    such tensor is a one-line ValueError naming `where` (the setting) and the path."""
+    if not os.path.isfile(os.path.expanduser(path)):
+        raise ValueError(f"{where}: {path}: no such file")
+    try:
+        state = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=True)
+    except Exception as exc:   # torch.load's errors (unpickling, a zip that is not one) run over many lines
+        raise ValueError(f"{where}: {path} cannot be read as a torch checkpoint ({type(exc).__name__})") from None
+    state = state.get("state_dict", state) if isinstance(state, dict) else {}
+    found = [v for k, v in state.items() if str(k).endswith("ctx") and isinstance(v, torch.Tensor)]
+    if not found:
+        raise ValueError(f"{where}: {path} holds no context tensor (a key ending in 'ctx', as CoOp's "
+                         "prompt_learner.ctx)")
+    return found[0]
+
+
 class PromptTuning(Method):
     """TPT's recipe: the marginal entropy of the confident views, predict view 0; a variant overrides `loss`,
     `readout` or `on_selection` (its spec: a `PromptTuningSpec`)."""
@@ -33,9 +52,7 @@ class PromptTuning(Method):
         cfg = self.config
         init: str | torch.Tensor | None = cfg.ctx_init
         if cfg.ctx_checkpoint:
-            state = torch.load(cfg.ctx_checkpoint, map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state)
-            init = next(v for k, v in state.items() if k.endswith("ctx"))
+            init = load_ctx_checkpoint(cfg.ctx_checkpoint, f"{self.name}.ctx_checkpoint")
         self.prompt = ContextPrompt(self.model, self.classnames, n_ctx=cfg.n_ctx, ctx_init=init,
                                     share_prefix=cfg.share_prefix)
         self.prompt.ctx.requires_grad_(False)
