@@ -131,6 +131,18 @@ def test_statistics_files_and_checkpoints_in_their_format(vit, tmp_path):
     assert set(kept.loaded_weights()) == {"prompts_sha256"}
 
 
+@pytest.mark.parametrize("content", [b"\xff not a torch file", b""], ids=["garbage", "empty"])
+def test_a_statistics_or_prompt_file_that_is_no_torch_file_is_one_line(tmp_path, content):
+    """Such a file used to end in torch.load's traceback (UnpicklingError, EOFError) and its page of advice."""
+    path = tmp_path / "V_means.pt"
+    path.write_bytes(content)
+    for load in (lambda: load_statistics(path, 4, 19, 64), lambda: load_vpt_checkpoint(path, 4, 2, 64)):
+        with pytest.raises(ValueError) as info:
+            load()
+        msg = str(info.value)
+        assert "\n" not in msg and str(path) in msg and "cannot be read as a torch file" in msg
+
+
 def test_refusals_in_one_line(vit, tiny_model, tmp_path):
     with pytest.raises(ValueError, match="set means_adv, vars_adv, means_clean, vars_clean") as info:
         shiftlab.create_method("tapt", vit, CLASSNAMES, align_layer_to=4)

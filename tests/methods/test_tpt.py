@@ -452,7 +452,7 @@ def test_ctx_checkpoint(model, heads, tmp_path):
 
 @pytest.mark.parametrize("content, says", [
     (None, "no such file"),
-    (b"not a checkpoint", "cannot be read as a torch checkpoint"),
+    (b"not a checkpoint", "cannot be read as a torch file"),
     ({"state_dict": {"prompt_learner.weight": torch.zeros(3)}}, "holds no context tensor (a key ending in 'ctx'"),
     (torch.zeros(4, 64), "holds no context tensor"),
 ], ids=["missing", "not-torch", "no-ctx", "bare-tensor"])

@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from .torch_files import read_torch_file
+
 PROMPT_INIT_STD = 0.02   # nn.init.normal_(ctx_vectors, std=0.02): TAPT's and MaPLe's clip/model.py
 
 
@@ -100,7 +102,7 @@ def load_statistics(path: str | Path, layers: int, tokens: int, width: int) -> t
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"token statistics file {path} does not exist")
-    value = torch.load(path, map_location="cpu", weights_only=True)
+    value = read_torch_file(path, "token statistics file")
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != (layers, tokens, width):
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"token statistics file {path} holds {shape}, this tower needs ({layers}, {tokens}, {width})"
@@ -115,7 +117,7 @@ def load_vpt_checkpoint(path: str | Path, layers: int, n_ctx: int, width: int) -
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"prompt checkpoint {path} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read_torch_file(path, "prompt checkpoint", weights_only=False)
     state = state.get("state_dict", state) if isinstance(state, dict) else state
     keys = ["image_encoder.VPT"] + [f"image_encoder.transformer.resblocks.{i}.VPT_shallow" for i in range(1, layers)]
     missing = [k for k in keys if k not in state]

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ...models.text import tokenize
 from .deep_visual_prompts import PROMPT_INIT_STD
+from .torch_files import read_torch_file
 
 CHECKPOINT_PREFIX = "prompt_learner."
 MAX_WORD_INIT = 4       # `if ctx_init and (n_ctx) <= 4`: longer contexts start random (prompt_align.py:134)
@@ -67,7 +68,7 @@ def load_maple_checkpoint(path: str | Path, depth: int, n_ctx: int, text_width: 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"MaPLe checkpoint {path} does not exist (MaPLe's MultiModalPromptLearner/model.pth.tar-N)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read_torch_file(path, "MaPLe checkpoint", weights_only=False)
     state = state.get("state_dict", state) if isinstance(state, dict) else state
     if not isinstance(state, dict):
         raise ValueError(f"MaPLe checkpoint {path} holds no state_dict")

@@ -23,6 +23,7 @@ from ...models.text import ContextPrompt
 from ..base import Method, MethodOutput, in_groups
 from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
+from .torch_files import read_torch_file
 
 
 def load_ctx_checkpoint(path: str, where: str) -> torch.Tensor:
@@ -31,10 +32,7 @@ def load_ctx_checkpoint(path: str, where: str) -> torch.Tensor:
     such tensor is a one-line ValueError naming `where` (the setting) and the path."""
     if not os.path.isfile(os.path.expanduser(path)):
         raise ValueError(f"{where}: {path}: no such file")
-    try:
-        state = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=True)
-    except Exception as exc:   # torch.load's errors (unpickling, a zip that is not one) run over many lines
-        raise ValueError(f"{where}: {path} cannot be read as a torch checkpoint ({type(exc).__name__})") from None
+    state = read_torch_file(os.path.expanduser(path), f"{where}:")
     state = state.get("state_dict", state) if isinstance(state, dict) else {}
     found = [v for k, v in state.items() if str(k).endswith("ctx") and isinstance(v, torch.Tensor)]
     if not found:
