@@ -82,7 +82,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="DataLoader workers for decoding and views: auto (default: most CPU cores on CUDA, 1 on CPU) "
                         "or a count (0: in the main process)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
-                   help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
+                   help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere; fp16, "
+                        "bf16: autocast on CUDA (float32 elsewhere, with a warning)")
     p.add_argument("--batch-size", type=checks.int_in(1), default=8,
                    help="images per engine step; for a method that adapts on batches, the batch B of the "
                         "episodic-batch protocol (recorded; single-image methods give the same records at any B)")

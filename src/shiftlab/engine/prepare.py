@@ -90,6 +90,10 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
         for warning in dataset.warnings:
             warn(f"{name}: {warning}")
         built[name] = dataset
+    device_type = resolve_device(config.device).type if config.precision in ("fp16", "bf16") else "cuda"
+    if device_type != "cuda":   # models.precision: the autocast precisions are CUDA's only
+        warn(f"{spell('precision', config.precision)} is autocast on CUDA only: on {device_type} every computation "
+             "runs in float32")
     if model is None:
         try:
             say(f"loading {config.model} ({config.pretrained or 'random weights'}) ...")
