@@ -408,6 +408,15 @@ def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_pa
     assert "imagenet-r" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_datasets_with_a_data_root_that_is_not_there_says_so(tmp_path, capsys, json_flag):
+    """A misspelt --data listed every dataset as "found: no" and exited 0: nothing said the root was missing."""
+    missing = tmp_path / "nope"
+    assert cli_main(["datasets", "--data", str(missing), *json_flag]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"shiftlab datasets: error: --data {missing}: no such folder\n"
+
+
 def test_a_closed_pipe_is_not_an_error():
     # `shiftlab datasets | head -1`: head leaves early; no "error: Broken pipe" line
     proc = subprocess.run(f"{sys.executable} -m shiftlab datasets | head -1", shell=True, capture_output=True,
