@@ -329,6 +329,16 @@ def test_a_bootstrap_seed_no_generator_takes_is_refused_in_one_line(tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """It ended in "OUT: File exists (then run shiftlab report again)", which says neither what is wrong nor what to
+    do."""
+    out = tmp_path / "report.html"
+    out.write_text("mine")
+    assert _cli(["report", str(write_run(tmp_path / "run")), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: --out {out} is a file, not a folder; give a folder for the report\n"
+    assert out.read_text() == "mine"
+
+
 def test_page_renders_in_headless_chromium_without_js_errors(built, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

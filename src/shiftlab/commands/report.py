@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import checks
@@ -58,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 1:
         print("error: --bootstrap must be at least 1", file=sys.stderr)
+        return 2
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"error: --out {args.out} is a file, not a folder; give a folder for the report", file=sys.stderr)
         return 2
     try:
         path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs, reference=args.reference,
