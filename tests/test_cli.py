@@ -88,6 +88,8 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     # a seed seeds numpy's and torch's generators: below 0 every sample was an error record, at 2**64 a traceback
     (["--seed", "-1"], ["--seed", "between 0 and 18446744073709551615, got -1"]),
     (["--seed", str(2 ** 64)], ["--seed", "between 0 and 18446744073709551615"]),
+    # a feature store that is a file: the run started, then "FILE: File exists (the run's records are safe; ...)"
+    (["--features", __file__], ["--features", f"{__file__} is a file, not a folder"]),
 ])
 def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragments):
     out = tmp_path / "run"

@@ -385,6 +385,17 @@ def writable_dir(text: str) -> str:
     return text
 
 
+def folder_path(text: str) -> str:
+    """A folder that exists or can be made (a feature store: read-only ones are read, so writability is not asked):
+    refused when the path or one of its parents is a file. Nothing is created here."""
+    path = Path(text).expanduser()
+    for existing in (path, *path.parents):
+        if existing.exists() and not existing.is_dir():
+            where = "" if existing == path else f": {existing}"
+            raise argparse.ArgumentTypeError(f"{text}{where} is a file, not a folder")
+    return text
+
+
 def corruption_name(text: str) -> str:
     """A corruption of Hendrycks & Dietterich's (datasets/corruptions.py: data, no numpy)."""
     from ..datasets.corruptions import CORRUPTIONS

@@ -101,7 +101,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-checkpoint-samples", type=checks.int_in(1), default=64, metavar="N",
                    help="checkpoint online methods' state and write their records at least every N samples (never "
                         "more often than 10x the time a checkpoint takes), so a kill loses seconds of online work")
-    p.add_argument("--features", default=None, metavar="DIR",
+    p.add_argument("--features", type=checks.folder_path, default=None, metavar="DIR",
                    help="a feature store: read the view features stored there instead of decoding and encoding, "
                         "and store those this run encodes (docs/ARCHITECTURE.md: Feature store)")
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
