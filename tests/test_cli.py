@@ -394,6 +394,16 @@ def test_missing_dataset_hints_the_download_only_where_it_can_help(tmp_path, cap
     assert ("shiftlab download" in err) == (dataset == "imagenet-r")
 
 
+def test_class_names_that_do_not_fit_the_dataset_get_no_download_advice(data, tmp_path, capsys, tiny_checkpoint):
+    """A --classnames file of 2 names for ImageNet-R's 200 classes was answered "-> run `shiftlab download ...`"."""
+    names = tmp_path / "names.txt"
+    names.write_text("cat\ndog\n")
+    code = cli_main(run_argv(data, tiny_checkpoint, tmp_path / "run", "--classnames", str(names)))
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "got 2 class names for 200 classes" in err
+    assert "download" not in err
+
+
 def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_path, capsys):
     (tmp_path / "oxford_flowers").mkdir()
     (tmp_path / "imagenet-rendition" / "imagenet-r").mkdir(parents=True)
