@@ -39,7 +39,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the CLIP of --model whose text tower completes it, read as --pretrained is (e.g. openai; "
                         "docs/ROBUSTNESS.md: Robust backbones)")
     p.add_argument("--methods", type=checks.method_names, default=["all"],
-                   help="comma-separated method names, or 'all' (see `shiftlab methods`)")
+                   help="comma-separated method names, or 'all' (the default; see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.run_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01, or the "
                    "attack's, e.g. --set attack.eps=4/255 (repeatable; the value must have the field's type and lie "
