@@ -305,7 +305,7 @@ def test_a_root_that_is_a_file_is_refused_in_one_line(tmp_path, capsys):
         cli_main(["download", "imagenet-r", "--root", str(root), "--url", "file:///nowhere.tar"])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1
-    assert f"argument --root: {root} exists and is not a directory" in err[0] and root.read_text() == "mine"
+    assert f"argument --root: {root} is a file, not a folder" in err[0] and root.read_text() == "mine"
 
 
 def test_download_dataset_wrong_sha_leaves_nothing(server, tmp_path):
