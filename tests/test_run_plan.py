@@ -98,6 +98,14 @@ def test_all_leaves_out_the_methods_whose_files_the_run_has_not(tmp_path):
     assert {"cosmic", "promptalign", "tapt"} <= set(kept.method_plans()) and "leaves out cosmic" not in kept.text()
 
 
+def test_the_plan_says_which_set_values_no_method_of_the_run_reads():
+    """`--methods zeroshot --set tpt.lr=0.1` ran zero-shot alone and nothing said tpt.lr went unused."""
+    text = resolve_plan(RunConfig(methods=["zeroshot", "tda"], method_config={
+        "tpt": {"lr": 0.1, "steps": 2}, "tda": {"pos_alpha": 2.0}})).text()
+    assert "settings for methods the run does not run (not used): tpt (lr, steps)" in text.splitlines()
+    assert "not used" not in resolve_plan(RunConfig(methods=["tda"], method_config={"tda": {"pos_alpha": 2.0}})).text()
+
+
 def test_a_refused_setting_is_one_line():
     with pytest.raises(PlanError, match=r"^mta: needs at least 5 views .* got 4"):
         resolve_plan(RunConfig(methods=["mta"], views=4))

@@ -200,6 +200,13 @@ class RunPlan:
         for name, reason in self.left_out.items():
             by_reason.setdefault(reason, []).append(name)
         lines[1:1] = [f"methods 'all' leaves out {', '.join(names)} ({reason})" for reason, names in by_reason.items()]
+        from ..methods.catalogue.method_config import registered_name
+        run = {n for plans in self.methods.values() for n in plans}
+        run |= {registered_name(n) for n in run}   # a sweep's variant reads its base method's values
+        unused = {m: fields for m, fields in (c.method_config or {}).items() if m not in run}
+        if unused:   # the run keeps them (a shared config file may set them); nothing reads them
+            lines.insert(1, "settings for methods the run does not run (not used): "
+                         + "; ".join(f"{m} ({', '.join(fields)})" for m, fields in unused.items()))
         for dataset, plans in self.methods.items():
             lines.append(f"{dataset}:")
             models = self.method_models(dataset)
