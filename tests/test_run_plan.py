@@ -80,7 +80,7 @@ def test_all_leaves_out_the_methods_whose_files_the_run_has_not(tmp_path):
     assert not {"cosmic", "promptalign", "tapt"} & set(plan.method_plans()) and "tpt" in plan.method_plans()
     lines = plan.text().splitlines()
     assert "methods 'all' leaves out promptalign (promptalign aligns token statistics: set means and vars " \
-           "(their ImgNetpre_vis_{means,vars}.pt files), or promptalign's align=False" in " ".join(lines)
+           "(their ImgNetpre_vis_{means,vars}.pt files; e.g. promptalign's means='FILE'" in " ".join(lines)
     assert any(line.startswith("methods 'all' leaves out tapt (tapt aligns token statistics: set means_adv, ")
                for line in lines)
     assert any(line.startswith("methods 'all' leaves out cosmic (cosmic: DINOv2 weights ") for line in lines)

@@ -24,7 +24,7 @@ class TokenAlignmentSpec(MethodSpec):
         missing = [f for f in fields if getattr(config, f) is None]
         if missing:
             listed = " and ".join(missing) if len(missing) <= 2 else ", ".join(missing)
-            return (f"{cls.name} aligns token statistics: set {listed} (their {cls.statistics_file_names} files), "
-                    f"or {say_set(cls.name, 'align', False)}")
+            return (f"{cls.name} aligns token statistics: set {listed} (their {cls.statistics_file_names} files; "
+                    f"e.g. {say_set(cls.name, missing[0], 'FILE')}), or {say_set(cls.name, 'align', False)}")
         absent = [f for f in fields if not os.path.isfile(os.path.expanduser(getattr(config, f)))]
         return f"{cls.name}.{absent[0]}: no such file {getattr(config, absent[0])}" if absent else None
