@@ -237,6 +237,25 @@ def test_unknown_method_is_an_error(capsys):
     assert "nope" in capsys.readouterr().err
 
 
+def test_bench_all_is_every_method_the_bench_model_runs(monkeypatch, capsys):
+    """`--methods all` on the tiny CLIP left out COSMIC and DiffTPT, which the offline settings the bench gives them
+    run, and kept PromptAlign, TAPT and the other ViT-only methods, which its ResNet refuses."""
+    from shiftlab.methods.catalogue.declarations import spec, spec_names
+
+    class Stop(Exception):
+        pass
+
+    def measured(model, classnames, config, **kw):
+        seen["config"] = config
+        raise Stop
+    seen = {}
+    monkeypatch.setattr("shiftlab.bench.runner.run_bench", measured)
+    with pytest.raises(Stop):
+        main(["bench", "--tiny", "--methods", "all", "--images", "1", "--workers", "0"])
+    assert seen["config"].methods == [n for n in spec_names() if "resnet" in spec(n).towers]
+    assert seen["config"].method_config["cosmic"] == get_method_class("cosmic").spec.offline_config
+
+
 def test_text_tower_timer_restores_what_it_wraps(tiny_model):
     method = shiftlab.create_method("tpt", tiny_model, CLASSNAMES)
     backward, grad = torch.Tensor.backward, torch.autograd.grad

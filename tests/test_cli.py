@@ -55,6 +55,10 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--batch-size", "0"], ["--batch-size", "at least 1"]),
     (["--methods", ","], ["--methods", "names no method", "zeroshot"]),
     (["--methods", "tpt,nosuch"], ["--methods", "unknown method nosuch; registered:"]),
+    # the names as the README and the papers spell them: the registered name is suggested (no suggestion before)
+    (["--methods", "TPT"], ["--methods", "unknown method TPT (did you mean tpt?)"]),
+    (["--methods", "zeroshot,C-TPT,DMN-ZS"], ["--methods", "unknown method C-TPT (did you mean ctpt?), DMN-ZS (did "
+                                              "you mean dmn_zs?)"]),
     (["--set", "nosuch.lr=1"], ["--set", "unknown method nosuch"]),
     (["--set", "tpt.lr=abc"], ["--set", "tpt.lr: 'abc' is not a float; must be a finite float >= 0"]),
     (["--set", "tpt.steps=1.5"], ["--set", "tpt.steps: 1.5 is not an integer; must be an integer >= 0"]),
@@ -81,6 +85,11 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--attack", "fgsm"], ["--attack", "unknown attack 'fgsm'", "pgd"]),
     (["--device", "tpu"], ["--device", "unknown device 'tpu'", "cuda:N"]),
     (["--online-checkpoint-seconds", "-1"], ["--online-checkpoint-seconds", "0 or more"]),
+    # a seed seeds numpy's and torch's generators: below 0 every sample was an error record, at 2**64 a traceback
+    (["--seed", "-1"], ["--seed", "between 0 and 18446744073709551615, got -1"]),
+    (["--seed", str(2 ** 64)], ["--seed", "between 0 and 18446744073709551615"]),
+    # a feature store that is a file: the run started, then "FILE: File exists (the run's records are safe; ...)"
+    (["--features", __file__], ["--features", f"{__file__} is a file, not a folder"]),
 ])
 def test_bad_values_are_refused_before_any_work(tmp_path, capsys, flags, fragments):
     out = tmp_path / "run"
@@ -385,6 +394,16 @@ def test_missing_dataset_hints_the_download_only_where_it_can_help(tmp_path, cap
     assert ("shiftlab download" in err) == (dataset == "imagenet-r")
 
 
+def test_class_names_that_do_not_fit_the_dataset_get_no_download_advice(data, tmp_path, capsys, tiny_checkpoint):
+    """A --classnames file of 2 names for ImageNet-R's 200 classes was answered "-> run `shiftlab download ...`"."""
+    names = tmp_path / "names.txt"
+    names.write_text("cat\ndog\n")
+    code = cli_main(run_argv(data, tiny_checkpoint, tmp_path / "run", "--classnames", str(names)))
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "got 2 class names for 200 classes" in err
+    assert "download" not in err
+
+
 def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_path, capsys):
     (tmp_path / "oxford_flowers").mkdir()
     (tmp_path / "imagenet-rendition" / "imagenet-r").mkdir(parents=True)
@@ -399,6 +418,15 @@ def test_datasets_command_lists_names_layouts_downloads_and_what_is_found(tmp_pa
     assert rows["imagenet-r"]["download"] == "shiftlab download" and rows["imagenet"]["download"].startswith("by hand")
     assert cli_main(["datasets"]) == 0
     assert "imagenet-r" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_datasets_with_a_data_root_that_is_not_there_says_so(tmp_path, capsys, json_flag):
+    """A misspelt --data listed every dataset as "found: no" and exited 0: nothing said the root was missing."""
+    missing = tmp_path / "nope"
+    assert cli_main(["datasets", "--data", str(missing), *json_flag]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"shiftlab datasets: error: --data {missing}: no such folder\n"
 
 
 def test_a_closed_pipe_is_not_an_error():

@@ -54,6 +54,16 @@ def test_demo_without_out_names_a_kept_folder(tmp_path, monkeypatch, capsys):
     assert folder.parent.is_dir()   # kept: the run stays for shiftlab report
 
 
+def test_demo_runs_every_method_its_tiny_resnet_runs(tmp_path, monkeypatch):
+    """"every method": DiffTPT (and COSMIC) were left out, "all" expanded before their offline configs applied."""
+    from shiftlab.methods.catalogue.declarations import spec, spec_names
+    seen = {}
+    monkeypatch.setattr("shiftlab.engine.loop.run", lambda cfg, **kw: seen.update(methods=cfg.methods))
+    assert cli_main(["demo", "--images", "1", "--out", str(tmp_path / "run")]) == 0
+    assert seen["methods"] == [n for n in spec_names() if "resnet" in spec(n).towers]
+    assert {"difftpt", "cosmic"} <= set(seen["methods"])
+
+
 def test_demo_flags_have_help(capsys):
     with pytest.raises(SystemExit):
         cli_main(["demo", "--help"])

@@ -296,6 +296,18 @@ def test_download_dataset_records_checksum_and_builds(server, tmp_path, capsys):
     assert sorted(p.name for p in root.iterdir()) == ["imagenet-r.sha256"]
 
 
+def test_a_root_that_is_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """`shiftlab download imagenet-r --root FILE` ended in "FILE: File exists"."""
+    from shiftlab.cli import main as cli_main
+    root = tmp_path / "data.txt"
+    root.write_text("mine")
+    with pytest.raises(SystemExit) as info:
+        cli_main(["download", "imagenet-r", "--root", str(root), "--url", "file:///nowhere.tar"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1
+    assert f"argument --root: {root} is a file, not a folder" in err[0] and root.read_text() == "mine"
+
+
 def test_download_dataset_wrong_sha_leaves_nothing(server, tmp_path):
     server.files["/imagenet-r.tar"] = _imagenet_r_tarball(tmp_path)
     root = tmp_path / "data"

@@ -28,6 +28,16 @@ def test_run_config_pretrained_none_is_random_weights():
     assert check_run_config(shiftlab.RunConfig(pretrained="openai")).pretrained == "openai"
 
 
+@pytest.mark.parametrize("field", ["seed", "stream_seed", "ood_seed"])
+@pytest.mark.parametrize("value", [-1, 2 ** 64])
+def test_run_config_refuses_a_seed_no_generator_takes(field, value):
+    """seed=-1 used to run, every sample an error record ("expected non-negative integer"); 2**64 a traceback."""
+    from shiftlab.engine.config import check_run_config
+    with pytest.raises(ValueError, match=rf"RunConfig\.{field}: {value} is out of range"):
+        check_run_config(shiftlab.RunConfig(**{field: value}))
+    assert getattr(check_run_config(shiftlab.RunConfig(**{field: 2 ** 64 - 1})), field) == 2 ** 64 - 1
+
+
 @pytest.mark.parametrize("key", ["visual.conv1.weight", "text_projection", "logit_scale"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_a_checkpoint_with_non_finite_weights_is_refused_at_load_in_one_line(tmp_path, key, bad):

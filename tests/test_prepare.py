@@ -97,6 +97,17 @@ def test_prepare_keeps_given_datasets_and_model(sparse):
     assert prepared.model is model and prepared.datasets == {"imagenet-r": dataset}
 
 
+@pytest.mark.parametrize("precision, said", [("fp16", True), ("bf16", True), ("auto", False), ("fp32", False)])
+def test_a_precision_the_device_does_not_run_is_said(sparse, tiny_model, precision, said):
+    """`--precision fp16` (or bf16) on the CPU computed in float32 without a word."""
+    from shiftlab.datasets import build_dataset
+    heard: list[str] = []
+    prepare(_config(sparse, Path("unused"), precision=precision), model=tiny_model,
+            given={"imagenet-r": build_dataset("imagenet-r", sparse)}, warn=heard.append)
+    assert heard == ([f"precision={precision} is autocast on CUDA only: on cpu every computation runs in float32"]
+                     if said else [])
+
+
 def test_run_config_repr_is_one_readable_line():
     cfg = RunConfig(data="/data", methods=["tpt"], views=8, allow_partial=True)
     text = repr(cfg)

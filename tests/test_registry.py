@@ -131,6 +131,26 @@ def test_methods_json_says_what_each_field_accepts(capsys):
     assert rows["mta"]["min_views"] == 5 and rows["rtpt"]["min_views"] == 2 and rows["tpt"]["min_views"] == 1
 
 
+def test_methods_lists_the_methods_named_alone(capsys):
+    """`shiftlab methods tpt` was refused (unrecognized arguments): one method's defaults and recipes were found
+    only by reading all 70 entries."""
+    import json
+
+    from shiftlab.cli import main
+    assert main(["methods", "tpt,tda", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["tda", "tpt"]
+    assert main(["methods", "tpt"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if line and not line.startswith((" ", "==", "precision"))]
+    assert listed == ["tpt"]
+    assert main(["methods", "ctpt", "--bibtex"]) == 0
+    assert capsys.readouterr().out.count("@") == 1
+    with pytest.raises(SystemExit) as info:
+        main(["methods", "C-TPT"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "unknown method C-TPT (did you mean ctpt?)" in err[0]
+
+
 # -- the registry type itself (methods, attacks and datasets all use it) ----------------------------
 
 def test_list_methods_by_kind():

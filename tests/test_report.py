@@ -318,6 +318,27 @@ def test_missing_records_is_a_clear_error(tmp_path, capsys):
     assert _cli(["report", str(run), "--out", str(tmp_path / "o2"), "--compare", "nope,tpt"]) == 2
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 64)])
+def test_a_bootstrap_seed_no_generator_takes_is_refused_in_one_line(tmp_path, capsys, seed):
+    """`--seed -1` used to end in numpy's traceback ("expected non-negative integer") after the runs were read."""
+    with pytest.raises(SystemExit) as info:
+        _cli(["report", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--seed", seed])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err     # this bare parser prints its usage above the line
+    assert "argument --seed: must be between 0 and 18446744073709551615" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """It ended in "OUT: File exists (then run shiftlab report again)", which says neither what is wrong nor what to
+    do."""
+    out = tmp_path / "report.html"
+    out.write_text("mine")
+    assert _cli(["report", str(write_run(tmp_path / "run")), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: --out {out} is a file, not a folder; give a folder for the report\n"
+    assert out.read_text() == "mine"
+
+
 def test_page_renders_in_headless_chromium_without_js_errors(built, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

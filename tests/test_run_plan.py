@@ -56,6 +56,56 @@ def test_all_is_expanded_and_the_attack_filled_in():
     assert plan.attack["name"] == "pgd" and plan.attack["eps"] == pytest.approx(1 / 255) and len(plan.attack) > 2
 
 
+def test_the_plan_says_what_all_leaves_out_and_why():
+    """`--dry-run --methods all` used to list the methods it runs and say nothing of those it leaves out (the run
+    itself warns): the ViT-only methods on a ResNet, DiffTPT without its folder of generated views."""
+    from shiftlab.methods.catalogue.declarations import spec_names
+    plan = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny"))
+    vit_only = [n for n in spec_names() if "resnet" not in spec(n).towers]
+    assert vit_only and not set(vit_only) & set(plan.method_plans())
+    lines = plan.text().splitlines()
+    assert f"methods 'all' leaves out {', '.join(vit_only)} (another image tower only)" in lines
+    (difftpt,) = [line for line in lines if line.startswith("methods 'all' leaves out difftpt")]
+    assert "difftpt" not in plan.method_plans() and "diffusion_views is unset" in difftpt
+    assert "leaves out" not in resolve_plan(RunConfig(methods=["zeroshot"])).text()
+
+
+def test_all_leaves_out_the_methods_whose_files_the_run_has_not(tmp_path):
+    """`--methods all` on a ViT used to stop at the first method built without its files (COSMIC's DINOv2 checkpoint,
+    PromptAlign's and TAPT's token statistics: none can be downloaded), after the data and the model were loaded,
+    though the dry run had passed; a method named alone is refused before torch, as DiffTPT without its folder."""
+    from shiftlab.engine.config import catalogue_problem
+    config = RunConfig(methods=["all"], model="shiftlab-tiny-vit")
+    plan = resolve_plan(config)
+    assert not {"cosmic", "promptalign", "tapt"} & set(plan.method_plans()) and "tpt" in plan.method_plans()
+    lines = plan.text().splitlines()
+    assert "methods 'all' leaves out promptalign (promptalign aligns token statistics: set means and vars " \
+           "(their ImgNetpre_vis_{means,vars}.pt files; e.g. promptalign's means='FILE'" in " ".join(lines)
+    assert any(line.startswith("methods 'all' leaves out tapt (tapt aligns token statistics: set means_adv, ")
+               for line in lines)
+    assert any(line.startswith("methods 'all' leaves out cosmic (cosmic: DINOv2 weights ") for line in lines)
+    assert catalogue_problem(RunConfig(methods=["promptalign"], model="shiftlab-tiny-vit")).startswith(
+        "promptalign aligns token statistics: set means and vars")
+    with pytest.raises(PlanError, match="^tapt aligns token statistics"):
+        resolve_plan(RunConfig(methods=["tapt"], model="shiftlab-tiny-vit"))
+    missing = str(tmp_path / "nope.pt")
+    assert catalogue_problem(RunConfig(methods=["promptalign"], model="shiftlab-tiny-vit", method_config={
+        "promptalign": {"means": missing, "vars": missing}})) == f"promptalign.means: no such file {missing}"
+    assert "cosmic: DINOv2 weights" in catalogue_problem(RunConfig(methods=["cosmic"]))
+    # what makes them runnable keeps them in "all"
+    given = {"cosmic": {"dino_pretrained": "none"}, "promptalign": {"align": False}, "tapt": {"align": False}}
+    kept = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny-vit", method_config=given))
+    assert {"cosmic", "promptalign", "tapt"} <= set(kept.method_plans()) and "leaves out cosmic" not in kept.text()
+
+
+def test_the_plan_says_which_set_values_no_method_of_the_run_reads():
+    """`--methods zeroshot --set tpt.lr=0.1` ran zero-shot alone and nothing said tpt.lr went unused."""
+    text = resolve_plan(RunConfig(methods=["zeroshot", "tda"], method_config={
+        "tpt": {"lr": 0.1, "steps": 2}, "tda": {"pos_alpha": 2.0}})).text()
+    assert "settings for methods the run does not run (not used): tpt (lr, steps)" in text.splitlines()
+    assert "not used" not in resolve_plan(RunConfig(methods=["tda"], method_config={"tda": {"pos_alpha": 2.0}})).text()
+
+
 def test_a_refused_setting_is_one_line():
     with pytest.raises(PlanError, match=r"^mta: needs at least 5 views .* got 4"):
         resolve_plan(RunConfig(methods=["mta"], views=4))

@@ -61,6 +61,7 @@ OPTIONS: dict[str, Option] = {
     "reference": Option("reference=", "--reference"),
     "random_weights": Option("pretrained=None", "--pretrained none"),
     "batch_size": Option("batch_size=", "--batch-size"),
+    "precision": Option("precision=", "--precision"),
 }
 
 _CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("shiftlab_cli", default=False)

@@ -76,6 +76,15 @@ def test_descriptions_are_refused_clearly(tiny_model, tmp_path):
     assert out.logits.shape == (2,) and math.isfinite(float(out.logits.sum()))
 
 
+def test_a_description_file_the_config_would_not_read_is_refused(tiny_model, tmp_path):
+    """`--set awt.description_file=PATH` without n_descriptions ran the class prompt alone and said nothing (a
+    missing file too)."""
+    with pytest.raises(ValueError) as info:
+        shiftlab.create_method("awt", tiny_model, ["goldfish", "hen"], description_file=str(tmp_path / "d.json"))
+    assert str(info.value).startswith("awt.description_file is set but awt.n_descriptions is 0: the file would not "
+                                      "be read; set awt's n_descriptions=50") and "\n" not in str(info.value)
+
+
 # -- golden checks: their evaluate.py ---------------------------------------------------------------------------
 
 def stand_in_descriptions(classnames: list[str]) -> dict[str, list[str]]:

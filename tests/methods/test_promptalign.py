@@ -137,6 +137,16 @@ def test_refusals_in_one_line(vit, tiny_model, tmp_path):
         method.predict_context(SampleContext(vit, method.heads, None, image_features=torch.zeros(1, 32)))
 
 
+def test_a_maple_checkpoint_that_is_no_torch_file_is_one_line(tmp_path):
+    """It used to end in torch.load's traceback (UnpicklingError)."""
+    path = tmp_path / "model.pth.tar-2"
+    path.write_bytes(b"\xff not a torch file")
+    with pytest.raises(ValueError) as info:
+        load_maple_checkpoint(path, 3, 2, 32, 64)
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg and "corrupt checkpoint" in msg
+
+
 def test_resnet_is_refused_before_torch():
     import subprocess
     import sys

@@ -136,7 +136,7 @@ def test_a_statistics_file_that_is_not_one_is_refused_in_one_line(tmp_path):
     import argparse
     torch.save(argparse.Namespace(lr=0.1), tmp_path / "object.pt")
     for name in ("garbage", "object"):
-        with pytest.raises(ValueError, match=rf"token statistics file .*{name}.pt cannot be read as a tensor file"):
+        with pytest.raises(ValueError, match=rf"token statistics file .*{name}.pt cannot be read as a torch file"):
             load_statistics(tmp_path / f"{name}.pt", 4, 19, 64)
 
 
@@ -156,6 +156,19 @@ def test_a_prompt_checkpoint_holding_python_objects_is_not_unpickled_unless_trus
     trusted = shiftlab.create_method("tapt", vit, CLASSNAMES, align=False, prompts=path, keep_loaded_prompts=True,
                                      trust_checkpoint=True)
     assert torch.equal(trusted.initial[1], ckpt["state_dict"]["image_encoder.transformer.resblocks.1.VPT_shallow"])
+
+
+@pytest.mark.parametrize("content", [b"\xff not a torch file", b""], ids=["garbage", "empty"])
+def test_a_statistics_or_prompt_file_that_is_no_torch_file_is_one_line(tmp_path, content):
+    """Such a file used to end in torch.load's traceback (UnpicklingError, EOFError) and its page of advice."""
+    path = tmp_path / "V_means.pt"
+    path.write_bytes(content)
+    for load, says in ((lambda: load_statistics(path, 4, 19, 64), "cannot be read as a torch file"),
+                       (lambda: load_vpt_checkpoint(path, 4, 2, 64), "corrupt checkpoint")):
+        with pytest.raises(ValueError) as info:
+            load()
+        msg = str(info.value)
+        assert "\n" not in msg and str(path) in msg and says in msg
 
 
 def test_refusals_in_one_line(vit, tiny_model, tmp_path):

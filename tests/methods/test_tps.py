@@ -142,6 +142,9 @@ def test_the_loss_is_the_marginal_entropy():
     ({"shift": "per_view"}, "tps.shift: 'per_view' is not a choice; must be one of 'per_class', 'shared'"),
     ({"text_head": "cupl"}, "tps.text_head: 'cupl' is not a choice"),
     ({"text_head": "ensemble_descriptors"}, "tps.descriptors_file: text_head 'ensemble_descriptors' needs"),
+    # a file its head does not read was silently ignored: the run went on without the user's descriptors
+    ({"descriptors_file": "d.json"}, "tps.descriptors_file is set but tps.text_head is 'ensemble': the file would "
+                                     "not be read; set tps's text_head='ensemble_descriptors'"),
     ({"precision": "fp16-pure"}, "tps.precision: 'fp16-pure'"),
 ])
 def test_bad_values_are_refused_in_one_line(tiny_model, kw, message):

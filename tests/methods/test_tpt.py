@@ -470,9 +470,29 @@ def test_a_ctx_checkpoint_is_part_of_the_identity_and_a_wrong_one_is_refused_in_
     (tmp_path / "text.pth").write_text("not a checkpoint")
     for bad, why in (("noctx", "holds no context tensor"), ("list", "holds no context tensor"),
                      ("narrow", r"context of shape \(4, 32\); .* takes \(n_ctx, 64\)"),
-                     ("text", "cannot be read as a checkpoint")):
+                     ("text", "cannot be read as a torch file")):
         with pytest.raises(ValueError, match=rf"tpt.ctx_checkpoint: .*{bad}.pth.*{why}"):
             shiftlab.create_method("tpt", model, NAMES, heads=heads, ctx_checkpoint=str(tmp_path / f"{bad}.pth"))
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "no such file"),
+    (b"not a checkpoint", "cannot be read as a torch file"),
+    ({"state_dict": {"prompt_learner.weight": torch.zeros(3)}}, "holds no context tensor (a key ending in 'ctx'"),
+    (torch.zeros(4, 64), "holds no context tensor"),
+], ids=["missing", "not-torch", "no-ctx", "bare-tensor"])
+def test_a_ctx_checkpoint_that_cannot_serve_is_refused_in_one_line(model, heads, tmp_path, content, says):
+    """The last three used to end in a traceback (StopIteration, torch.load's page of advice, AttributeError); a
+    missing file in `No such file or directory: PATH`, naming no setting."""
+    path = tmp_path / "coop.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        torch.save(content, path)
+    with pytest.raises(ValueError) as info:
+        shiftlab.create_method("tpt", model, NAMES, heads=heads, ctx_checkpoint=str(path))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"tpt.ctx_checkpoint: {path}") and says in msg
 
 
 def test_invalid_precision(model):

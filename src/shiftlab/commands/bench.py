@@ -135,8 +135,12 @@ def _run(args: argparse.Namespace, heartbeat) -> int:
         return 2
     measured = settings(args, device.type)
     try:
-        method_config = own_models_config(expand_methods(measured["methods"] or default_methods()), info,
-                                          checks.method_config(args.method_config))
+        given = checks.method_config(args.method_config)
+        if "all" in (measured["methods"] or []):   # expanded under the settings the bench runs each method with
+            from ..methods import list_methods
+            measured["methods"] = expand_methods(measured["methods"], info["name"],
+                                                 own_models_config(list_methods(), info, given))
+        method_config = own_models_config(expand_methods(measured["methods"] or default_methods()), info, given)
     except KeyError as exc:
         print(f"shiftlab bench: {exc}", file=sys.stderr)
         return 2

@@ -108,13 +108,25 @@ def method_names(text: str) -> list[str]:
     unknown = [n for n in names if n != "all" and n not in known]
     if unknown:
         guesses = [f"{n} (did you mean {' or '.join(close)}?)" if close else n
-                   for n in unknown for close in [difflib.get_close_matches(n, known, n=3, cutoff=0.6)]]
+                   for n in unknown for close in [_close_method_names(n, known)]]
         if any("did you mean" in g for g in guesses):
             raise argparse.ArgumentTypeError(f"unknown method {', '.join(guesses)}; `shiftlab methods` lists the "
                                              f"{len(known)} registered ones (or give 'all')")
         raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown)}; registered: {', '.join(known)} "
                                          "(or 'all')")
     return names
+
+
+def _spelling(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def _close_method_names(name: str, known: list[str]) -> list[str]:
+    """The registered names `name` may mean: the one it spells as the papers and the README do ("C-TPT", "TPT",
+    "DMN-ZS": its label, or its name in other case or punctuation), else up to 3 close ones."""
+    same = [e["name"] for e in catalogue.entries()
+            if _spelling(name) in (_spelling(e["name"]), _spelling(e["label"]))]
+    return same or difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
 
 
 def workers(text: str) -> int:
@@ -370,6 +382,17 @@ def writable_dir(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: {existing} is not writable (permission denied or read-only)")
+    return text
+
+
+def folder_path(text: str) -> str:
+    """A folder that exists or can be made (a feature store: read-only ones are read, so writability is not asked):
+    refused when the path or one of its parents is a file. Nothing is created here."""
+    path = Path(text).expanduser()
+    for existing in (path, *path.parents):
+        if existing.exists() and not existing.is_dir():
+            where = "" if existing == path else f": {existing}"
+            raise argparse.ArgumentTypeError(f"{text}{where} is a file, not a folder")
     return text
 
 

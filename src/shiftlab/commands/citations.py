@@ -39,6 +39,7 @@ def render(names: list[str]) -> str:
     return "\n\n".join(blocks)
 
 
-def print_bibtex() -> int:
-    print(render(catalogue.names()))
+def print_bibtex(names: list[str] | None = None) -> int:
+    """Every method's citation, or those of `names`."""
+    print(render(catalogue.names() if names is None else names))
     return 0

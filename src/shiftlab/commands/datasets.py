@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 
@@ -71,6 +73,9 @@ def _found_text(r: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data and not os.path.isdir(os.path.expanduser(args.data)):   # else every dataset reads "found: no"
+        print(f"shiftlab datasets: error: --data {args.data}: no such folder", file=sys.stderr)
+        return 2
     rows = dataset_rows(args.data)
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -85,7 +85,11 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
 
     data = make_class_folders(root / "data", CLASSES, per_class=per_class)
     dataset = build_dataset("imagefolder", data)
-    methods = expand_methods(args.methods, "shiftlab-tiny")
+    from ..methods.catalogue.declarations import spec, spec_names
+    # "all" is expanded under the settings the demo runs with: a method that needs a file (DiffTPT's generated
+    # views, COSMIC's DINOv2) runs without it offline
+    offline = {n: dict(spec(n).offline_config) for n in spec_names() if spec(n).offline_config}
+    methods = expand_methods(args.methods, "shiftlab-tiny", offline)
     settings = {}
     for name in methods:
         cls = get_method_class(name)

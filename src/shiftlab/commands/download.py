@@ -6,6 +6,8 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
+from . import checks
+
 DEFAULT_ROOT = "~/.cache/shiftlab/data"  # same default as the Makefile's DATA
 
 
@@ -39,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "public URL (imagenet-sketch, imagenet) print what to fetch by hand and where to put it. "
                     "See docs/DATA.md.")
     parser.add_argument("dataset", choices=downloadable, metavar="DATASET", help="one of: %(choices)s")
-    parser.add_argument("--root", default=os.environ.get("SHIFTLAB_DATA", DEFAULT_ROOT),
+    parser.add_argument("--root", type=checks.folder_path, default=os.environ.get("SHIFTLAB_DATA", DEFAULT_ROOT),
                         help="data folder; the dataset lands in ROOT/imagenet-r (etc., see docs/DATA.md) "
                              "(default: $SHIFTLAB_DATA or %(default)s)")
     parser.add_argument("--url", help="download from this URL instead (http(s):// or file://)")

@@ -8,10 +8,13 @@ import argparse
 import json
 
 from ..methods.catalogue import listing as catalogue
+from . import checks
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
+    p.add_argument("names", nargs="*", type=checks.method_names, metavar="METHOD",
+                   help="only these methods (names or comma-separated lists; default: every one)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print as JSON")
     out.add_argument("--table", action="store_true",
@@ -22,10 +25,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    named = {n for names in args.names for n in names}
+    wanted = None if not named or "all" in named else named
     if args.bibtex:
         from .citations import print_bibtex
-        return print_bibtex()
-    rows = catalogue.entries()
+        return print_bibtex(None if wanted is None else sorted(wanted))
+    rows = [r for r in catalogue.entries() if wanted is None or r["name"] in wanted]
     if args.table:
         print(catalogue.readme_table(rows))
         return 0
@@ -37,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if members:
             print(f"\n== {label}" if block != catalogue.SINGLE_IMAGE else f"== {label}")
             _print_rows(members)
-    refused = catalogue.refused()
+    refused = {n: why for n, why in catalogue.refused().items() if wanted is None or n in wanted}
     if refused:
         print("\n== registered, not runnable on CLIP here")
         for name, reason in refused.items():

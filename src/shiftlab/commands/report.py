@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from . import checks
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the method every other one is compared with (default zeroshot)")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N",
                    help="paired bootstrap resamples for the 95%% interval (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=checks.int_in(0, 2 ** 64 - 1), default=0, help="bootstrap seed (default 0)")
     p.add_argument("--title", default=None, help="page title")
     p.add_argument("--figure-format", type=_formats, default=["png"], metavar="FMT",
                    help="also write every figure as pdf and/or svg beside its png (comma-separated, e.g. pdf,svg; "
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 1:
         print("error: --bootstrap must be at least 1", file=sys.stderr)
+        return 2
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"error: --out {args.out} is a file, not a folder; give a folder for the report", file=sys.stderr)
         return 2
     try:
         path = build_report(args.runs, args.out, compare=args.compare, pairs=args.pairs, reference=args.reference,

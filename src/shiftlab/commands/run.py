@@ -39,7 +39,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "the CLIP of --model whose text tower completes it, read as --pretrained is (e.g. openai; "
                         "docs/ROBUSTNESS.md: Robust backbones)")
     p.add_argument("--methods", type=checks.method_names, default=["all"],
-                   help="comma-separated method names, or 'all' (see `shiftlab methods`)")
+                   help="comma-separated method names, or 'all' (the default; see `shiftlab methods`)")
     p.add_argument("--set", dest="method_config", type=checks.run_override, action="append", default=[],
                    metavar="METHOD.FIELD=VALUE", help="override a method's config, e.g. --set tpt.lr=0.01, or the "
                    "attack's, e.g. --set attack.eps=4/255 (repeatable; the value must have the field's type and lie "
@@ -52,7 +52,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: each method's recipe, 64 for most)")
     p.add_argument("--augmix", action="store_true",
                    help="AugMix on every method's augmented views (default: each method's recipe)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=checks.int_in(0, 2 ** 64 - 1), default=0,
                    help="seeds the stream order and every sample's views (and random weights, see --model-seed)")
     p.add_argument("--model-seed", type=checks.int_in(0, 2 ** 64 - 1), default=None,
                    help="seed of the random weights of --pretrained none (default: --seed); the same seed gives "
@@ -82,7 +82,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="DataLoader workers for decoding and views: auto (default: most CPU cores on CUDA, 1 on CPU) "
                         "or a count (0: in the main process)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
-                   help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere")
+                   help="auto: fp16 autocast on CUDA as the authors ran (float32 on CPU); fp32 everywhere; fp16, "
+                        "bf16: autocast on CUDA (float32 elsewhere, with a warning)")
     p.add_argument("--batch-size", type=checks.int_in(1), default=8,
                    help="images per engine step; for a method that adapts on batches, the batch B of the "
                         "episodic-batch protocol (recorded; single-image methods give the same records at any B)")
@@ -100,7 +101,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-checkpoint-samples", type=checks.int_in(1), default=64, metavar="N",
                    help="checkpoint online methods' state and write their records at least every N samples (never "
                         "more often than 10x the time a checkpoint takes), so a kill loses seconds of online work")
-    p.add_argument("--features", default=None, metavar="DIR",
+    p.add_argument("--features", type=checks.folder_path, default=None, metavar="DIR",
                    help="a feature store: read the view features stored there instead of decoding and encoding, "
                         "and store those this run encodes (docs/ARCHITECTURE.md: Feature store)")
     p.add_argument("--features-dtype", choices=["fp16", "fp32"], default="fp16",
@@ -123,7 +124,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "summary AUROC, FPR95, AUPR")
     c.add_argument("--ood-ratio", type=checks.ood_ratio, default=1.0,
                    help="OOD images per ID image (default 1), drawn without replacement from the --ood sets")
-    c.add_argument("--ood-seed", type=checks.int_in(0), default=None,
+    c.add_argument("--ood-seed", type=checks.int_in(0, 2 ** 64 - 1), default=None,
                    help="seed of the OOD draw (default: --seed)")
     a = p.add_argument_group("adversarial evaluation (docs/ROBUSTNESS.md)")
     a.add_argument("--attack", type=checks.attack_name, default="none",

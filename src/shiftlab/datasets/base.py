@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = ["IMAGE_EXTENSIONS", "MAX_EMPTY_FRACTION", "DatasetError", "FolderDataset", "format_listing", "is_inside"]
+__all__ = ["IMAGE_EXTENSIONS", "MAX_EMPTY_FRACTION", "ClassNamesError", "DatasetError", "FolderDataset",
+           "format_listing", "is_inside"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 MAX_EMPTY_FRACTION = 0.05  # more empty classes than this: refused by `shiftlab run` unless --allow-partial
@@ -22,6 +23,10 @@ _MAX_LISTED = 10
 
 class DatasetError(ValueError):
     """The dataset folder is missing or does not have the expected layout."""
+
+
+class ClassNamesError(DatasetError):
+    """The class names given do not fit the dataset (their count): nothing is missing that a download would bring."""
 
 
 def format_listing(items: Sequence[Any]) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import say
-from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing, is_inside
+from .base import IMAGE_EXTENSIONS, ClassNamesError, DatasetError, FolderDataset, format_listing, is_inside
 from .specs import DatasetSpec
 
 __all__ = ["build_folder_dataset", "build_image_pool"]
@@ -204,7 +204,7 @@ def build_folder_dataset(spec: DatasetSpec, directory: Path, root: Path,
 
     classnames = list(classnames)
     if len(classnames) != len(folders):
-        raise DatasetError(f"{name}: got {len(classnames)} class names for {len(folders)} classes in {directory}")
+        raise ClassNamesError(f"{name}: got {len(classnames)} class names for {len(folders)} classes in {directory}")
 
     samples: list[tuple[str, int]] = []
     empty: list[str] = []

@@ -28,7 +28,7 @@ import posixpath
 from collections.abc import Sequence
 from pathlib import Path, PureWindowsPath
 
-from .base import IMAGE_EXTENSIONS, DatasetError, FolderDataset, format_listing, is_inside
+from .base import IMAGE_EXTENSIONS, ClassNamesError, DatasetError, FolderDataset, format_listing, is_inside
 from .classes import raw_names
 from .specs import COOP_DATASETS_MD, DatasetSpec
 
@@ -183,7 +183,7 @@ def build_split_dataset(spec: DatasetSpec, root: str | os.PathLike, classnames: 
 
     classnames = list(default_names if classnames is None else classnames)
     if len(classnames) != spec.num_classes:
-        raise DatasetError(f"{spec.name}: got {len(classnames)} class names for {spec.num_classes} classes")
+        raise ClassNamesError(f"{spec.name}: got {len(classnames)} class names for {spec.num_classes} classes")
     present = [(rel, label) for rel, label in listed if (image_dir / rel).is_file()]
     missing = len(listed) - len(present)
     if not present:

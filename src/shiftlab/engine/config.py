@@ -41,7 +41,7 @@ class RunConfig:
     protocol: str = field(default_factory=catalogue.default_protocol)
     views: int | None = param(None, ge=1)   # views per image for every view-reading method (None: each method's recipe)
     augmix: bool = False             # AugMix on every view-reading method's augmented views (as --set M.views=...)
-    seed: int = 0
+    seed: int = param(0, ge=0, le=2 ** 64 - 1)   # numpy's and torch's generators take [0, 2**64)
     limit: int | None = param(None, ge=1)
     out: str = "runs/run"
     resume: bool = False
@@ -55,7 +55,8 @@ class RunConfig:
     order: str = "shuffled"
     delta: float | None = None       # the dirichlet stream's concentration (RoTTA: 0.1; ImageNet-C runs 0.01)
     orders: int = 1                  # K seeded orders of the same samples (engine.orders; OGA's 100 runs)
-    stream_seed: int | None = None   # the stream's seed (None: `seed`); `--orders` sets one per order
+    # the stream's seed (None: `seed`); `--orders` sets one per order
+    stream_seed: int | None = param(None, ge=0, le=2 ** 64 - 1)
     # {"name": an attack, and any of its config fields}; the run fills the rest (shiftlab.attacks.attack_config)
     attack: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     clean_and_robust: bool = False
@@ -85,7 +86,7 @@ class RunConfig:
     severity: int = param(5, ge=1, le=5)   # Hendrycks & Dietterich's 1..5; 5: CLIPTTA's default
     ood: list[str] = field(default_factory=list)
     ood_ratio: float = param(1.0, gt=0, le=10)   # datasets.openset.MAX_OOD_RATIO
-    ood_seed: int | None = param(None, ge=0)
+    ood_seed: int | None = param(None, ge=0, le=2 ** 64 - 1)
     # run a dataset more than 5% of whose classes have no images (datasets.base.MAX_EMPTY_FRACTION)
     allow_partial: bool = False
 

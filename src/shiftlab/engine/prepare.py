@@ -90,6 +90,10 @@ def prepare(config: RunConfig, datasets: Sequence[str] | None = None, *, model: 
         for warning in dataset.warnings:
             warn(f"{name}: {warning}")
         built[name] = dataset
+    device_type = resolve_device(config.device).type if config.precision in ("fp16", "bf16") else "cuda"
+    if device_type != "cuda":   # models.precision: the autocast precisions are CUDA's only
+        warn(f"{spell('precision', config.precision)} is autocast on CUDA only: on {device_type} every computation "
+             "runs in float32")
     if model is None:
         try:
             say(f"loading {config.model} ({config.pretrained or 'random weights'}) ...")
@@ -179,10 +183,12 @@ def load_extra_models(config: RunConfig, datasets: Sequence[str], say: Say = _qu
 def download_hint(name: str, root: str, exc: Exception) -> str:
     """' -> run `shiftlab download ...`' only where that command can fetch what is missing: a known
     dataset with a download URL whose images (not only a split file) are missing."""
+    from ..datasets.base import ClassNamesError
     from ..datasets.build import expand_root, layout_of, locate
     from ..datasets.specs import DATASETS
     from ..datasets.splits import SplitFileMissing
-    if name not in DATASETS or isinstance(exc, SplitFileMissing) or getattr(exc, "found_instead", None):
+    if name not in DATASETS or isinstance(exc, (SplitFileMissing, ClassNamesError)) \
+            or getattr(exc, "found_instead", None):
         return ""   # (a hub folder beside the missing one holds the dataset: nothing to download)
     if getattr(exc, "dataset", name) != name:   # about another dataset (the OOD sets): its own advice is in exc
         return ""

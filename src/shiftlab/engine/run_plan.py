@@ -51,6 +51,8 @@ class RunPlan:
     datasets: tuple[str, ...]
     methods: dict[str, dict[str, MethodPlan]]     # dataset -> the run's method name -> its plan
     attack: dict[str, Any]
+    # what "all" left out and why (`left_out_of_all_names`), said in `text` as the run warns it
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def method_plans(self, dataset: str | None = None) -> dict[str, MethodPlan]:
         """The methods' plans on `dataset` (default: the run's, or a suite's first)."""
@@ -194,6 +196,17 @@ class RunPlan:
                  f"model: {c.model} ({weights}{base}); device {c.device}",
                  f"settings: {', '.join(c.settings())}; attack: {json.dumps(self.attack, sort_keys=True)}",
                  f"stream: {c.order}, seed {c.stream_seed_used()}, limit {c.limit}, batch size {c.batch_size}"]
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in self.left_out.items():
+            by_reason.setdefault(reason, []).append(name)
+        lines[1:1] = [f"methods 'all' leaves out {', '.join(names)} ({reason})" for reason, names in by_reason.items()]
+        from ..methods.catalogue.method_config import registered_name
+        run = {n for plans in self.methods.values() for n in plans}
+        run |= {registered_name(n) for n in run}   # a sweep's variant reads its base method's values
+        unused = {m: fields for m, fields in (c.method_config or {}).items() if m not in run}
+        if unused:   # the run keeps them (a shared config file may set them); nothing reads them
+            lines.insert(1, "settings for methods the run does not run (not used): "
+                         + "; ".join(f"{m} ({', '.join(fields)})" for m, fields in unused.items()))
         for dataset, plans in self.methods.items():
             lines.append(f"{dataset}:")
             models = self.method_models(dataset)
@@ -266,15 +279,30 @@ def _file_identity(path: str) -> str:
     return f"file, sha256 {digest.hexdigest()[:16]}"
 
 
-def expand_names(config: Any) -> list[str]:
-    """The run's method names with "all" expanded from the specs (no torch): every registered method whose image
-    towers include the one `config.model`'s name tells and whose config the run can use (`left_out_of_all`), in
-    registry order, each once (as `expand_methods`)."""
+def left_out_of_all_names(config: Any) -> dict[str, str]:
+    """{name: why} of the registered methods that "all" in `config.methods` leaves out (no torch; {} without "all"):
+    those bound to another image tower than the one `config.model`'s name tells, and those whose config the run
+    cannot use (`left_out_of_all`), in registry order (what `expand_methods` warns of)."""
+    if "all" not in config.methods:
+        return {}
     from ..methods.catalogue.declarations import left_out_of_all, spec_names, tower_of_name
     from ..methods.catalogue.method_config import method_spec
     tower = tower_of_name(config.model)
-    every = [n for n in spec_names() if (tower is None or tower in method_spec(n).towers)
-             and not left_out_of_all(n, config.method_config, config.settings() != ["clean"])]
+    out = {}
+    for n in spec_names():
+        reason = ("another image tower only" if tower is not None and tower not in method_spec(n).towers
+                  else left_out_of_all(n, config.method_config, config.settings() != ["clean"]))
+        if reason:
+            out[n] = reason
+    return out
+
+
+def expand_names(config: Any) -> list[str]:
+    """The run's method names with "all" expanded from the specs (no torch): every registered method that
+    `left_out_of_all_names` does not leave out, in registry order, each once (as `expand_methods`)."""
+    from ..methods.catalogue.declarations import spec_names
+    left_out = left_out_of_all_names(config)
+    every = [n for n in spec_names() if n not in left_out]
     return list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
 
 
@@ -335,4 +363,4 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     problem = next((p for p in unusable if p), None)
     if problem:
         raise PlanError(problem)
-    return RunPlan(resolved, tuple(plans), plans, attack)
+    return RunPlan(resolved, tuple(plans), plans, attack, left_out_of_all_names(config))

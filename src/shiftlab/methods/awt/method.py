@@ -9,6 +9,8 @@ entropic optimal transport (Sinkhorn, eps 0.1) between the view weights and the 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...models.text import encode_texts, load_descriptions
@@ -59,6 +61,14 @@ def awt_logits(image_features: torch.Tensor, text_features: torch.Tensor, scale:
 class AWT(EpisodicMethod):
     """AWT: entropy-weighted views x descriptions, per-class optimal transport."""
     spec = AWTSpec
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        if cfg.description_file and not cfg.n_descriptions:
+            raise ValueError(f"{self.name}.description_file is set but {self.name}.n_descriptions is 0: the file would "
+                             f"not be read; set {say_set(self.name, 'n_descriptions', 50)} (their evaluate.sh's, "
+                             "the paper protocol's) or leave out description_file")
 
     def prepare(self) -> None:
         _ = self.prompt_features

@@ -454,14 +454,22 @@ def refusal(name: str) -> str | None:
 def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> str | None:
     """Why `--methods all` leaves method `name` out under the run's `method_config` ({name: {field: value}}), or
     None: its config (its defaults <- the run's values for it) is in range but one a run cannot use
-    (`MethodSpec.config_problem`: DiffTPT without its folder of generated views). Named explicitly, it is refused
-    with that reason instead; a value out of range is left to the run's own check (None here)."""
+    (`MethodSpec.config_problem`: DiffTPT without its folder of generated views, PromptAlign without its token
+    statistics), or names a frozen encoder whose file cannot be read (`frozen_encoder_identity`: COSMIC without its
+    DINOv2 checkpoint). Named explicitly on the command line, it is refused with that reason instead; a value out
+    of range is left to the run's own check (None here)."""
     cls = spec(name)
     try:
         config = make_config(cls, **dict((method_config or {}).get(name, {})))
     except (TypeError, ValueError):
         return None
-    return cls.config_problem(config, attacked)
+    problem = cls.config_problem(config, attacked)
+    if problem is None and FROZEN_ENCODER in cls.capabilities.reads:
+        try:
+            cls.frozen_encoder_identity(config)
+        except ValueError as exc:
+            problem = str(exc)
+    return problem
 
 
 def spec(name: str) -> type[MethodSpec]:

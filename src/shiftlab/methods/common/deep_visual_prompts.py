@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from .torch_files import read_torch_file
+
 PROMPT_INIT_STD = 0.02   # nn.init.normal_(ctx_vectors, std=0.02): TAPT's and MaPLe's clip/model.py
 
 
@@ -110,11 +112,7 @@ def load_statistics(path: str | Path, layers: int, tokens: int, width: int) -> t
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"token statistics file {path} does not exist")
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:   # a damaged or foreign file: torch's zip, pickle's or the weights-only refusal
-        raise ValueError(f"token statistics file {path} cannot be read as a tensor file ({type(exc).__name__})") \
-            from None
+    value = read_torch_file(path, "token statistics file")
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != (layers, tokens, width):
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"token statistics file {path} holds {shape}, this tower needs ({layers}, {tokens}, {width})"

@@ -13,6 +13,7 @@ images one at a time.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,21 +23,21 @@ from ...models.text import ContextPrompt
 from ..base import Method, MethodOutput, in_groups
 from ..context import SampleContext
 from .confidence import marginal_entropy, select_confident
+from .torch_files import read_torch_file
 
 
 def read_ctx_checkpoint(path: str, field: str, width: int) -> torch.Tensor:
-    """The learnt context (n_ctx, width) of a CoOp checkpoint (its state_dict's `...ctx` tensor); a file that is not
-    one is refused in one line naming `field`."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except OSError as exc:
-        raise ValueError(f"{field}: {path}: {exc.strerror or exc}") from None
-    except Exception as exc:   # pickle's, zipfile's and torch's own errors: not a checkpoint
-        raise ValueError(f"{field}: {path} cannot be read as a checkpoint ({type(exc).__name__})") from None
+    """The learnt context (n_ctx, width) of a CoOp checkpoint (`{"state_dict": {"prompt_learner.ctx": ...}}` or the
+    state dict itself: its first key ending in "ctx"), read weights-only; a file that is missing, is no torch file,
+    holds no such tensor or one of another width is a one-line ValueError naming `field` (the setting) and the path."""
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{field}: {path}: no such file")
+    state = read_torch_file(path, f"{field}:")
     state = state.get("state_dict", state) if isinstance(state, dict) else None
     ctx = next((v for k, v in state.items() if str(k).endswith("ctx")), None) if isinstance(state, dict) else None
     if not isinstance(ctx, torch.Tensor):
-        raise ValueError(f"{field}: {path} holds no context tensor (a CoOp checkpoint's state_dict has "
+        raise ValueError(f"{field}: {path} holds no context tensor (a key ending in 'ctx', as CoOp's "
                          "prompt_learner.ctx)")
     if ctx.dim() == 3 and ctx.shape[0] == 1:
         ctx = ctx[0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -70,10 +70,8 @@ def like_prompts(prompts: Prompts, tensors: Sequence[torch.Tensor]) -> Prompts:
 
 class TokenAlignmentTuning(Method):
     """The loop above; a method gives `initial` (its Prompts), `forward(views, prompts) -> (logits (N, C), block
-    inputs)`, `alignment(out, layers)` (its stored statistics against the views') and `statistics_files`
-    ({target: (means field, vars field)} of its config, whose files `load_targets` reads)."""
-    statistics_files: ClassVar[dict[str, tuple[str, str]]]
-    statistics_file_names: ClassVar[str]    # the files' names, for the refusal when a field is unset
+    inputs)` and `alignment(out, layers)` (its stored statistics against the views'); its spec
+    (token_alignment_spec.TokenAlignmentSpec) names the statistics files `load_targets` reads."""
     initial: Prompts
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -89,24 +87,19 @@ class TokenAlignmentTuning(Method):
         """The stored statistics of each target ({} without alignment), checked against the tower (blocks, 1 +
         patches + n_ctx tokens, width)."""
         cfg = self.config
-        if not cfg.align:
+        if not cfg.align:   # with it, the spec's config_problem has refused a config without the files
             return {}
-        fields = [f for pair in self.statistics_files.values() for f in pair]
-        missing = [f for f in fields if getattr(cfg, f) is None]
-        if missing:
-            listed = " and ".join(missing) if len(missing) <= 2 else ", ".join(missing)
-            raise ValueError(f"{self.name} aligns token statistics: set {listed} (their "
-                             f"{self.statistics_file_names} files), or align=False")
         visual = self.model.clip.visual
         tokens, width = visual.positional_embedding.shape[0] + cfg.n_ctx, visual.conv1.out_channels
 
         def load(field: str) -> torch.Tensor:
             return load_statistics(getattr(cfg, field), self.blocks, tokens, width).to(self.model.device)
         return {target: TokenStatistics(load(means), load(variances))
-                for target, (means, variances) in self.statistics_files.items()}
+                for target, (means, variances) in self.spec.statistics_files.items()}
 
     def loaded_weights(self) -> dict[str, Any]:
-        return file_digests(self.config, [*(f for pair in self.statistics_files.values() for f in pair), "prompts"])
+        return file_digests(self.config, [*(f for pair in self.spec.statistics_files.values() for f in pair),
+                                          "prompts"])
 
     def forward(self, views: torch.Tensor, prompts: Prompts) -> tuple[torch.Tensor, list[torch.Tensor]]:
         raise NotImplementedError

@@ -42,8 +42,6 @@ def align_loss(means: torch.Tensor, variances: torch.Tensor, target_means: torch
 class PromptAlign(TokenAlignmentTuning, EpisodicMethod):
     """Tune MaPLe's prompts per image on its confident views (entropy + token-statistics alignment)."""
     spec = PromptAlignSpec
-    statistics_files = {"imagenet": ("means", "vars")}
-    statistics_file_names = "ImgNetpre_vis_{means,vars}.pt"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

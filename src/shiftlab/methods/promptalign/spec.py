@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, ViewMethodConfig
+from ..common.token_alignment_spec import TokenAlignmentSpec
 
 
 @dataclass
@@ -40,7 +41,9 @@ class PromptAlignConfig(ViewMethodConfig):
     seed: int = param(1, ge=0, le=2 ** 63 - 1)            # --seed 1: scripts/prompt_align/palign_dg.sh's $2
 
 
-class PromptAlignSpec(MethodSpec):
+class PromptAlignSpec(TokenAlignmentSpec):
+    statistics_files = {"imagenet": ("means", "vars")}
+    statistics_file_names = "ImgNetpre_vis_{means,vars}.pt"
     # the visual prompts live inside the image tower: it runs the tower on its views' pixels itself
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
     towers = ("vit",)

@@ -65,8 +65,6 @@ def save_statistics(stats: Statistics, folder: str | Path, tower: str, variant: 
 class TAPT(TokenAlignmentTuning, EpisodicMethod):
     """Tune deep visual prompts per image on its confident views (entropy + token-statistics alignment)."""
     spec = TAPTSpec
-    statistics_files = {"adv": ("means_adv", "vars_adv"), "clean": ("means_clean", "vars_clean")}
-    statistics_file_names = "V_{means,vars}_..._{adv,clean}.pt"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...params import param
-from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, MethodSpec, ViewMethodConfig
+from ..catalogue.declarations import EPISODIC, OWN_TOWER, Capabilities, ViewMethodConfig
+from ..common.token_alignment_spec import TokenAlignmentSpec
 
 ALIGN_TYPES = ("l1", "l2")
 
@@ -47,7 +48,9 @@ class TAPTConfig(ViewMethodConfig):
     seed: int = param(1, ge=0, le=2 ** 63 - 1)            # --seed 1: scripts/V/TAPT_V_0shots_b16.sh:9
 
 
-class TAPTSpec(MethodSpec):
+class TAPTSpec(TokenAlignmentSpec):
+    statistics_files = {"adv": ("means_adv", "vars_adv"), "clean": ("means_clean", "vars_clean")}
+    statistics_file_names = "V_{means,vars}_..._{adv,clean}.pt"
     # the prompts live inside the image tower: it runs the tower on its views' pixels itself
     capabilities = Capabilities(reads=(OWN_TOWER,), state=EPISODIC)
     towers = ("vit",)

@@ -111,6 +111,10 @@ class TPS(EpisodicMethod):
                                  f"{say_set('tps', 'descriptors_file', 'PATH')} "
                                  f"(or {say_set('tps', 'text_head', 'ensemble')})")
             self._descriptors = load_descriptors(cfg.descriptors_file, self.classnames)
+        elif cfg.descriptors_file:
+            raise ValueError(f"tps.descriptors_file is set but tps.text_head is {cfg.text_head!r}: the file would not "
+                             f"be read; set {say_set('tps', 'text_head', 'ensemble_descriptors')} (their README's "
+                             "recipe) or leave out descriptors_file")
         self.last_shifts: torch.Tensor | None = None    # (B, C or 1, D) of the last group tuned
 
     def prepare(self) -> None:
