@@ -116,6 +116,9 @@ def test_paper_protocol_refuses_dmn_zs_without_cupl_descriptions(data, tmp_path,
 def test_recorded_config_reruns_identically(data, cupl, tmp_path, monkeypatch):
     first, _, _, _ = _run(data, tmp_path / "a", "paper", monkeypatch, method_config=cupl)
     settings = first["config"]["method_settings"]
+    # the CuPL file's digest identifies the run (run.json) but is no setting a run takes back
+    run_json = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run_json["methods"]["dmn_zs"]["cupl_file_sha256"] and "cupl_file_sha256" not in settings["dmn_zs"]
     again, _, _, _ = _run(data, tmp_path / "b", "paper", monkeypatch, method_config=json.loads(json.dumps(settings)))
     assert again["config"]["method_settings"] == settings
     strip = lambda recs: sorted(json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)  # noqa: E731

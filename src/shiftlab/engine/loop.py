@@ -397,7 +397,9 @@ def _config_dict(config: RunConfig, model: ClipModel, dataset, run_identity: dic
     cfg["dataset_lost"] = list(getattr(dataset, "lost", []))
     # the transductive track (docs/PROTOCOLS.md): what each method reads beyond the current sample and its past
     cfg["reads_ahead"] = {n: m.spec.reads_ahead for n, m in methods.items() if m.spec.reads_ahead}
-    cfg["method_settings"] = run_identity["methods"]   # every method's effective config (incl. earlier ones)
+    # every method's effective config (incl. earlier ones), without the digests of what it read: a later run
+    # takes it back as its method_config
+    cfg["method_settings"] = {n: identity.method_settings(n, e) for n, e in run_identity["methods"].items()}
     cfg["checkpoint_sha256"] = getattr(model, "checkpoint_sha256", None)   # what published numbers compare by
     cfg["weights_source"] = getattr(model, "weights_source", None)         # ... with where the file came from
     return identity.jsonable(cfg)

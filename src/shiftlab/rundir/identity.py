@@ -123,6 +123,18 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def method_settings(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """A run.json method entry (`method_config`) less what identifies the files and weights it read (its
+    `<field>_sha256`, `loaded_weights`): the method's effective config, which summary.json records as
+    `method_settings` and a later run takes back as its `method_config`."""
+    from ..methods.catalogue import declarations
+    try:
+        fields = {f.name for f in dataclasses.fields(declarations.spec(name).config_class)}
+    except (KeyError, TypeError, ValueError):   # a method this install no longer registers: kept as written
+        return dict(entry)
+    return {k: v for k, v in entry.items() if k in fields}
+
+
 def method_config(method: Any) -> dict[str, Any]:
     """A method's effective config, the SHA-256 of each file it names (`<field>_sha256`: a CuPL file, a CoOp
     checkpoint; another file under the same path is another run) and the weights it loaded itself
