@@ -29,6 +29,8 @@ def _method(tiny_model, name, cupl_file=None, **kw):
         kw.setdefault("cupl_file", cupl_file)   # the paper's tip_cupl head reads the user's CuPL file
     if hasattr(get_method_class(name).spec.config_class, "descriptors_file") and kw.get("protocol") == "paper":
         kw.setdefault("descriptors_file", cupl_file)   # TPS's descriptor phrases: the same {class: [text]} format
+    if hasattr(get_method_class(name).spec.config_class, "description_file") and kw.get("protocol") == "paper":
+        kw.setdefault("description_file", cupl_file)   # AWT's descriptions: the same {class: [text]} format
     kw = {**get_method_class(name).spec.offline_config, **kw}   # RLCF: a random-weight reward model, no download
     if "resnet" not in get_method_class(name).spec.towers:      # TCA: a ViT only
         tiny_model = _tiny_vit()

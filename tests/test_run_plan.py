@@ -137,10 +137,11 @@ def _callers(function: str) -> list[tuple[str, str]]:
 
 def test_effective_config_has_one_production_call_site():
     # one function resolves a method's config: a run's plan asks it per method and dataset, `create_method` (the
-    # library) for the method it builds
+    # library) for the method it builds, `left_out_of_all` (what "all" leaves out) for each method "all" may run
     assert _callers("effective_config") == [("shiftlab/methods/catalogue/method_plan.py", "plan_method")]
     assert _callers("plan_method") == [("shiftlab/engine/run_plan.py", "resolve_plan"),
-                                       ("shiftlab/methods/base.py", "create_method")]
+                                       ("shiftlab/methods/base.py", "create_method"),
+                                       ("shiftlab/methods/catalogue/method_plan.py", "left_out_of_all")]
 
 
 DRY_RUN = """
@@ -205,3 +206,69 @@ def test_a_cli_run_resolves_its_plan_once(data, tmp_path, monkeypatch):
     assert code == 0
     assert calls == [["zeroshot"]]
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+# what the paper protocol's recipes read that is not shipped, as each method's refusal starts
+PAPER_FILES = {"awt": "awt.description_file: not set; AWT reads its authors' description files",
+               "dmn_zs": "dmn_zs.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions",
+               "dpe": "dpe.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions",
+               "tps": "tps.descriptors_file: text_head 'ensemble_descriptors' needs the class descriptors"}
+
+
+def test_all_under_the_paper_protocol_leaves_out_the_methods_whose_files_it_reads():
+    """`--methods all --protocol paper` left out only what the defaults lack (DiffTPT's folder, COSMIC's DINOv2):
+    its dry run passed, then the run stopped at DMN-ZS's CuPL file, then AWT's descriptions, DPE's, TPS's..."""
+    plan = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny", protocol="paper"))
+    lines = plan.text().splitlines()
+    for name, reason in PAPER_FILES.items():
+        assert name not in plan.method_plans() and plan.left_out[name].startswith(reason)
+        assert f"methods 'all' leaves out {name} ({plan.left_out[name]})" in lines
+    # the leaderboard protocol's defaults read none of them; the files given (or another head), paper keeps them
+    assert set(PAPER_FILES) <= set(resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny")).method_plans())
+    given = {"awt": {"n_descriptions": 0}, "dmn_zs": {"cupl_file": "cupl.json"}, "dpe": {"text_head": "ensemble"},
+             "tps": {"descriptors_file": "d.json"}}
+    kept = resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny", protocol="paper", method_config=given))
+    assert set(PAPER_FILES) <= set(kept.method_plans()) and not set(PAPER_FILES) & set(kept.left_out)
+    # per dataset: a suite leaves a method out where one of its datasets' values needs the file
+    assert "dmn_zs" in resolve_plan(RunConfig(methods=["all"], model="shiftlab-tiny", protocol="paper"),
+                                    ["imagenet-r", "flowers102"]).left_out
+
+
+REFUSED_BEFORE_TORCH = """
+import json, sys
+from shiftlab.cli import main
+codes = [main(argv) for argv in json.loads(sys.argv[1])]
+print(json.dumps({"codes": codes, "heavy": sorted(m for m in ("torch", "open_clip", "numpy") if m in sys.modules)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_paper_method_named_without_its_file_is_refused_before_torch(data, tmp_path):
+    argv = ["run", "--data", str(data), "--out", str(tmp_path / "run"), "--model", "shiftlab-tiny", "--pretrained",
+            "none", "--methods", "zeroshot,dmn_zs", "--protocol", "paper", "--allow-partial"]
+    proc = subprocess.run([sys.executable, "-c", REFUSED_BEFORE_TORCH, json.dumps([argv + ["--dry-run"], argv])],
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"codes": [2, 2], "heavy": []}, proc.stderr
+    refusals = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(refusals) == 2 and len(set(refusals)) == 1, proc.stderr
+    assert refusals[0].startswith(f"shiftlab run: error: {PAPER_FILES['dmn_zs']} (a JSON file, class name -> "
+                                  "sentences, not shipped): pass --set dmn_zs.cupl_file=PATH"), refusals
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_all_under_the_paper_protocol_runs_without_the_files_it_left_out(data, tmp_path, capsys, caplog):
+    from shiftlab.cli import main as cli_main
+    from shiftlab.methods.catalogue.declarations import spec_names
+    argv = ["run", "--data", str(data), "--out", str(tmp_path / "run"), "--model", "shiftlab-tiny", "--pretrained",
+            "none", "--methods", "all", "--protocol", "paper", "--allow-partial", "--limit", "2", "--workers", "0",
+            "--no-progress", "--set", "rlcf.reward_model=shiftlab-tiny", "--set", "rlcf.reward_pretrained=none"]
+    assert cli_main([*argv, "--dry-run"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("methods 'all' leaves out")]
+    left_out = {n for line in said for n in line.removeprefix("methods 'all' leaves out ").split(" (")[0].split(", ")}
+    assert set(PAPER_FILES) | {"cosmic", "difftpt"} <= left_out
+    assert cli_main(argv) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(spec_names()) - set(summary["methods"]) == left_out and summary["errors"] == 0
+    warned = [r.getMessage() for r in caplog.records]   # the run says it in the dry run's words
+    assert all(line in warned for line in said if "another image tower only" not in line), (said, warned)

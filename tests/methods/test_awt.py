@@ -17,6 +17,7 @@ import shiftlab
 from _golden import FEATURES, FIXTURES, LOGITS, assert_close
 from shiftlab import ClassHeads, SampleContext
 from shiftlab.methods.awt.method import entropy_weights, sinkhorn
+from shiftlab.methods.catalogue.method_plan import plan_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +67,9 @@ def test_descriptions_are_refused_clearly(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="awt.description_file: not set"):
         shiftlab.create_method("awt", tiny_model, names, heads=heads, n_descriptions=50).predict_context(ctx)
     # their 50 descriptions under --protocol paper; without their file the default reads the class prompt alone
-    assert shiftlab.create_method("awt", tiny_model, names, heads=heads, protocol="paper").config.n_descriptions == 50
+    assert plan_method("awt", "paper").config.n_descriptions == 50
+    with pytest.raises(ValueError, match="^awt.description_file: not set"):   # refused as it is built, before a sample
+        shiftlab.create_method("awt", tiny_model, names, heads=heads, protocol="paper")
     short = tmp_path / "d.json"
     short.write_text(json.dumps({"goldfish": ["a"], "hen": ["b", "c"]}))
     with pytest.raises(ValueError, match="fewer than n_descriptions=2"):

@@ -190,10 +190,11 @@ def catalogue_problem(config: RunConfig, datasets: Sequence[str] | None = None) 
                or run_augmix_problem(config, [n for n in names if n in entries and entries[n]["uses_views"]]))
     if problem:
         return problem
-    from ..methods.catalogue.declarations import left_out_of_all  # torch-free: a spec's config_problem
+    from ..methods.catalogue.method_plan import left_out_of_all  # torch-free: a spec's config_problem
     for name in config.methods:   # named: a config a run cannot use (DiffTPT without its folder); "all" leaves it out
-        problem = left_out_of_all(name, config.method_config, config.settings() != ["clean"]) if name in entries \
-            else None
+        problem = left_out_of_all(name, config.method_config, config.settings() != ["clean"], config.protocol,
+                                  datasets or [config.dataset], config.precision, config.run_views()) \
+            if name in entries else None
         if problem:
             return problem
     undecided = catalogue_undecided(config, datasets)
@@ -274,14 +275,17 @@ def resolve_workers(workers: int, device: torch.device, dist: distributed.DistCo
 
 
 def expand_methods(names: Sequence[str], model: str | None = None,
-                   method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> list[str]:
+                   method_config: Mapping[str, Any] | None = None, attacked: bool = False,
+                   run: RunConfig | None = None, datasets: Sequence[str] | None = None) -> list[str]:
     """Method names with "all" expanded, in registry order, each once. Where `model`'s name tells its image tower,
-    "all" leaves out the methods bound to another tower (their spec's `towers`), and those whose config under
-    `method_config` a run (`attacked`: with an attacked setting) cannot use (`left_out_of_all`: DiffTPT without its
-    folder), saying so in one logged line
-    each; a method named explicitly stays (and is refused in one line: `settings_problem`)."""
+    "all" leaves out the methods bound to another tower (their spec's `towers`), and those whose effective config
+    (under `method_config`; `run`'s protocol, views and precision on each of `datasets`, default its dataset) a run
+    (`attacked`: with an attacked setting) cannot use (`left_out_of_all`: DiffTPT without its folder, DMN-ZS
+    without its CuPL file under --protocol paper), saying so in one logged line each, in the dry run's words
+    (`RunPlan.text`); a method named explicitly stays (and is refused in one line: `settings_problem`)."""
     from ..methods.base import get_method_class, list_methods
-    from ..methods.catalogue.declarations import left_out_of_all, spec, tower_of_name
+    from ..methods.catalogue.declarations import spec, tower_of_name
+    from ..methods.catalogue.method_plan import left_out_of_all
     tower = tower_of_name(model) if model else None
     every = list_methods()
     fitting = [n for n in every if tower is None or tower in spec(n).towers]
@@ -290,7 +294,9 @@ def expand_methods(names: Sequence[str], model: str | None = None,
                                             ", ".join(n for n in every if n not in fitting))
     if "all" in names:
         for n in list(fitting):
-            reason = left_out_of_all(n, method_config, attacked)
+            reason = (left_out_of_all(n, method_config, attacked) if run is None else
+                      left_out_of_all(n, method_config, attacked, run.protocol, datasets or [run.dataset],
+                                      run.precision, run.run_views()))
             if reason:
                 fitting.remove(n)
                 logging.getLogger(__name__).warning("methods 'all' leaves out %s (%s)", n, reason)

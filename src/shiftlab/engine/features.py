@@ -123,7 +123,7 @@ def encode(config: RunConfig, model: ClipModel | None = None, dataset: Any = Non
     dist = distributed.context()
     device = resolve_device(config.device)
     # a copy: the caller's config is not changed; methods that need pixels have nothing to store
-    names = expand_methods(config.methods, config.model, config.method_config)
+    names = expand_methods(config.methods, config.model, config.method_config, run=config)
     kept = [n for n in names if not method_spec(n).needs_pixels]
     if plan is not None and plan.config == dataclasses.replace(config, methods=names):
         plan = plan.only(kept)   # the run's plan without them: nothing resolved again

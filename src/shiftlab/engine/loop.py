@@ -107,7 +107,7 @@ def run(config: RunConfig, model: ClipModel | None = None, dataset: Any = None,
         dataset = as_dataset(dataset, name=None if config.dataset in DATASETS else config.dataset)
         config.dataset = dataset.name
     config.methods = expand_methods(config.methods, config.model, config.method_config,
-                                    config.settings() != ["clean"])
+                                    config.settings() != ["clean"], run=config)
     hooks = hooks or RunHooks()
     dist = distributed.context()
     device = resolve_device(config.device)

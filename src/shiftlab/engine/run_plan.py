@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..methods.catalogue.declarations import FROZEN_ENCODER
-from ..methods.catalogue.method_plan import MethodPlan, plan_method
+from ..methods.catalogue.method_plan import MethodPlan, left_out_of_all, plan_method
 
 if TYPE_CHECKING:
     from ..methods.catalogue.declarations import MethodConfig
@@ -279,29 +279,33 @@ def _file_identity(path: str) -> str:
     return f"file, sha256 {digest.hexdigest()[:16]}"
 
 
-def left_out_of_all_names(config: Any) -> dict[str, str]:
+def left_out_of_all_names(config: Any, datasets: Sequence[str] | None = None) -> dict[str, str]:
     """{name: why} of the registered methods that "all" in `config.methods` leaves out (no torch; {} without "all"):
-    those bound to another image tower than the one `config.model`'s name tells, and those whose config the run
-    cannot use (`left_out_of_all`), in registry order (what `expand_methods` warns of)."""
+    those bound to another image tower than the one `config.model`'s name tells, and those whose effective config
+    under the run's protocol, on one of `datasets` (default: the run's), the run cannot use (`left_out_of_all`:
+    a file it needs and was not given), in registry order (what `expand_methods` warns of)."""
     if "all" not in config.methods:
         return {}
-    from ..methods.catalogue.declarations import left_out_of_all, spec_names, tower_of_name
+    from ..methods.catalogue.declarations import spec_names, tower_of_name
     from ..methods.catalogue.method_config import method_spec
     tower = tower_of_name(config.model)
     out = {}
     for n in spec_names():
         reason = ("another image tower only" if tower is not None and tower not in method_spec(n).towers
-                  else left_out_of_all(n, config.method_config, config.settings() != ["clean"]))
+                  else left_out_of_all(n, config.method_config, config.settings() != ["clean"], config.protocol,
+                                       datasets or [config.dataset], config.precision, config.run_views()))
         if reason:
             out[n] = reason
     return out
 
 
-def expand_names(config: Any) -> list[str]:
+def expand_names(config: Any, datasets: Sequence[str] | None = None,
+                 left_out: dict[str, str] | None = None) -> list[str]:
     """The run's method names with "all" expanded from the specs (no torch): every registered method that
-    `left_out_of_all_names` does not leave out, in registry order, each once (as `expand_methods`)."""
+    `left_out_of_all_names` (or `left_out`, what it returned) does not leave out, in registry order, each once (as
+    `expand_methods`)."""
     from ..methods.catalogue.declarations import spec_names
-    left_out = left_out_of_all_names(config)
+    left_out = left_out_of_all_names(config, datasets) if left_out is None else left_out
     every = [n for n in spec_names() if n not in left_out]
     return list(dict.fromkeys(n for name in config.methods for n in (every if name == "all" else [name])))
 
@@ -320,7 +324,8 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     from .attack_target import adaptive_problem, adaptive_views_problem
     from .shifts import shift_problem
 
-    names = expand_names(config)
+    left_out = left_out_of_all_names(config, datasets)
+    names = expand_names(config, datasets, left_out)
     for name in names:      # a registered method that cannot run here (GTTA): its reason
         problem = refusal(registered_name(name)) if isinstance(name, str) else None
         if problem:
@@ -363,4 +368,4 @@ def resolve_plan(config: Any, datasets: Sequence[str] | None = None) -> RunPlan:
     problem = next((p for p in unusable if p), None)
     if problem:
         raise PlanError(problem)
-    return RunPlan(resolved, tuple(plans), plans, attack, left_out_of_all_names(config))
+    return RunPlan(resolved, tuple(plans), plans, attack, left_out)

@@ -123,7 +123,8 @@ def run_suite(config: RunConfig, suite: Suite, model: ClipModel | None = None, d
     config = check_run_config(config)
     # "all" -> names, in order
     config = dataclasses.replace(config, methods=expand_methods(config.methods, config.model, config.method_config,
-                                                                config.settings() != ["clean"]))
+                                                                config.settings() != ["clean"], run=config,
+                                                                datasets=suite.datasets))
     if model is None or set(datasets or {}) < set(suite.datasets):   # as `shiftlab run --suite` starts
         prepared = prepare(config, suite.datasets, model=model, given=datasets)
         model, datasets = prepared.model, prepared.datasets

@@ -138,12 +138,24 @@ def check_cupl_file(method: Any) -> str:
     return _cupl_path(method.name, method.config)
 
 
+def cupl_problem(name: str, config: object) -> str | None:
+    """Why method `name` cannot use `config`: its text head is `tip_cupl` but no CuPL file is given (one line),
+    or None. Torch-free: a spec's `config_problem` (a run plan, `--methods all`) asks it before torch."""
+    if getattr(config, "text_head", None) == TIP_CUPL and hasattr(config, "cupl_file") and not config.cupl_file:
+        return _no_cupl_file(name)
+    return None
+
+
+def _no_cupl_file(name: str) -> str:
+    return (f"{name}.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON file, class name -> "
+            f"sentences, not shipped): pass {say_set(name, 'cupl_file', 'PATH')} "
+            f"(or {say_set(name, 'text_head', 'ensemble')})")
+
+
 def _cupl_path(name: str, config: object) -> str:
     path = config.cupl_file
     if not path:
-        raise ValueError(f"{name}.cupl_file: text_head 'tip_cupl' needs CuPL's class descriptions (a JSON "
-                         f"file, class name -> sentences, not shipped): pass {say_set(name, 'cupl_file', 'PATH')} "
-                         f"(or {say_set(name, 'text_head', 'ensemble')})")
+        raise ValueError(_no_cupl_file(name))
     if os.path.isdir(os.path.expanduser(path)):   # dataset_cupl_file picks the file when the run has a dataset
         raise ValueError(f"{name}.cupl_file: {path!r} is a directory; the run's dataset picks the file in it "
                          f"({name_of('dataset')} or {name_of('suite')}), without one pass the file itself")

@@ -81,12 +81,7 @@ class AWT(EpisodicMethod):
         shared = self.heads.shared
         if key not in shared:
             names = [c.replace("_", " ") for c in self.classnames]
-            if cfg.n_descriptions:
-                if not cfg.description_file:
-                    raise ValueError(f"{self.name}.description_file: not set; AWT reads its authors' description "
-                                     "files (MCG-NJU/AWT AWT_zero_shot/descriptions/image_datasets/<set>.json): "
-                                     f"{say_set(self.name, 'description_file', 'PATH')}, or "
-                                     f"{say_set(self.name, 'n_descriptions', 0)}")
+            if cfg.n_descriptions:   # with a description_file: the spec's config_problem refused a config without
                 described = load_descriptions(cfg.description_file, self.classnames, f"{self.name}.description_file")
                 short = [n for n, d in zip(names, described) if len(d) < cfg.n_descriptions]
                 if short:

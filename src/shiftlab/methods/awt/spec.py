@@ -3,7 +3,9 @@ prediction entropy and aligned by optimal transport; training-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from ...options import say_set
 from ...params import param
 from ...views.recipe import ViewRecipe
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
@@ -51,3 +53,11 @@ class AWTSpec(MethodSpec):
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     text_head = "awt_descriptions"
     test_config = {"n_descriptions": 0}
+
+    @classmethod
+    def config_problem(cls, config: Any, attacked: bool = False) -> str | None:
+        if config.n_descriptions and not config.description_file:
+            return (f"{cls.name}.description_file: not set; AWT reads its authors' description files (MCG-NJU/AWT "
+                    f"AWT_zero_shot/descriptions/image_datasets/<set>.json): "
+                    f"{say_set(cls.name, 'description_file', 'PATH')}, or {say_set(cls.name, 'n_descriptions', 0)}")
+        return super().config_problem(config, attacked)

@@ -335,8 +335,10 @@ class MethodSpec:
         """Why a run (or `create_method`) cannot use `config` although each field is in its range (DiffTPT: the
         folder of generated views it reads is unset or missing; `attacked`: in a run with an attacked setting, the
         generated views of an attacked image), as one line, or None. Torch-free: a run plan
-        (`engine.run_plan.resolve_plan`) asks it before torch is imported."""
-        return None
+        (`engine.run_plan.resolve_plan`) asks it before torch is imported. By default: a `tip_cupl` text head
+        without its CuPL file (DMN-ZS, DPE and COSMIC under `--protocol paper`)."""
+        from ..head_kinds import cupl_problem
+        return cupl_problem(cls.name, config)
 
     @classmethod
     def frozen_encoder_identity(cls, config: Any) -> dict[str, Any] | None:
@@ -449,27 +451,6 @@ def refusal(name: str) -> str | None:
     method."""
     reason = refused_methods().get(name)
     return f"{name} is registered but cannot run here: {reason}" if reason else None
-
-
-def left_out_of_all(name: str, method_config: Mapping[str, Any] | None = None, attacked: bool = False) -> str | None:
-    """Why `--methods all` leaves method `name` out under the run's `method_config` ({name: {field: value}}), or
-    None: its config (its defaults <- the run's values for it) is in range but one a run cannot use
-    (`MethodSpec.config_problem`: DiffTPT without its folder of generated views, PromptAlign without its token
-    statistics), or names a frozen encoder whose file cannot be read (`frozen_encoder_identity`: COSMIC without its
-    DINOv2 checkpoint). Named explicitly on the command line, it is refused with that reason instead; a value out
-    of range is left to the run's own check (None here)."""
-    cls = spec(name)
-    try:
-        config = make_config(cls, **dict((method_config or {}).get(name, {})))
-    except (TypeError, ValueError):
-        return None
-    problem = cls.config_problem(config, attacked)
-    if problem is None and FROZEN_ENCODER in cls.capabilities.reads:
-        try:
-            cls.frozen_encoder_identity(config)
-        except ValueError as exc:
-            problem = str(exc)
-    return problem
 
 
 def spec(name: str) -> type[MethodSpec]:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,20 @@ class MethodPlan:
         """The files and folders its config names (`named_files`)."""
         return named_files(self.config)
 
+    def problem(self, attacked: bool = False) -> str | None:
+        """Why a run (`attacked`: with an attacked setting) cannot use its effective config although each field is
+        in range, as one line, or None: its spec's `config_problem` (a file or folder it needs and was not given:
+        DiffTPT's generated views, DMN-ZS's CuPL file under `--protocol paper`), or a frozen encoder whose file
+        cannot be read (COSMIC's DINOv2 checkpoint)."""
+        spec = method_spec(self.name)
+        problem = spec.config_problem(self.config, attacked)
+        if problem is None and FROZEN_ENCODER in self.reads:
+            try:
+                _ = self.frozen_encoder_identity
+            except ValueError as exc:
+                problem = str(exc)
+        return problem
+
     def to_dict(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self.config)
         fields.pop("views", None)
@@ -115,3 +130,26 @@ def plan_method(name: str, protocol: str = DEFAULT_PROTOCOL, dataset: str | None
     cfg = effective_config(name, protocol, dataset, run_precision, run_views, **config)
     spec = method_spec(name)
     return MethodPlan(name, spec.kind(), cfg, tuple(spec.capabilities.reads))
+
+
+def left_out_of_all(name: str, method_config: dict[str, Any] | None = None, attacked: bool = False,
+                    protocol: str = DEFAULT_PROTOCOL, datasets: Sequence[str | None] = (None,),
+                    run_precision: str = "auto", run_views: dict[str, Any] | None = None) -> str | None:
+    """Why `--methods all` leaves method `name` out, or None: `MethodPlan.problem` of its effective config as the
+    run gives it (`plan_method`: its defaults <- `protocol`, with its values for each of `datasets` <- the run's
+    views <- its `method_config` values), on the first of `datasets` where there is one. Named explicitly, it is
+    refused with that reason instead; a value out of range is left to the run's own check (None here). The one
+    place this is decided: the run plan's list (`engine.run_plan.left_out_of_all_names`), the run's expansion of
+    "all" (`engine.config.expand_methods`) and the CLI's check of a method named (`catalogue_problem`) ask it."""
+    from ...datasets.specs import DATASETS
+    for dataset in dict.fromkeys(datasets or (None,)):
+        canonical = DATASETS.canonical(dataset) if dataset in DATASETS else None
+        try:
+            plan = plan_method(name, protocol, canonical, run_precision, run_views,
+                               **dict((method_config or {}).get(name, {})))
+        except (TypeError, ValueError):
+            return None
+        problem = plan.problem(attacked)
+        if problem:
+            return problem
+    return None

@@ -104,12 +104,7 @@ class TPS(EpisodicMethod):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         cfg = self.config
-        if cfg.text_head in ("descriptors", "ensemble_descriptors"):
-            if not cfg.descriptors_file:
-                raise ValueError(f"tps.descriptors_file: text_head {cfg.text_head!r} needs the class descriptors "
-                                 f"(their gpt4_descriptors/<set>-gpt4.json, not shipped): pass "
-                                 f"{say_set('tps', 'descriptors_file', 'PATH')} "
-                                 f"(or {say_set('tps', 'text_head', 'ensemble')})")
+        if cfg.text_head in ("descriptors", "ensemble_descriptors"):   # the spec's config_problem: a file is given
             self._descriptors = load_descriptors(cfg.descriptors_file, self.classnames)
         elif cfg.descriptors_file:
             raise ValueError(f"tps.descriptors_file is set but tps.text_head is {cfg.text_head!r}: the file would not "

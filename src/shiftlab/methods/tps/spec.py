@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from ...options import say_set
 from ...params import param
 from ..catalogue.declarations import EPISODIC, FROZEN_FEATURES, Capabilities, MethodSpec, ViewMethodConfig
 from ..head_kinds import register_head
@@ -44,3 +46,11 @@ class TPSConfig(ViewMethodConfig):
 class TPSSpec(MethodSpec):
     capabilities = Capabilities(reads=(FROZEN_FEATURES,), state=EPISODIC)
     published: tuple = ()    # their repository (README.md, scripts/) holds no result table or log
+
+    @classmethod
+    def config_problem(cls, config: Any, attacked: bool = False) -> str | None:
+        if config.text_head in ("descriptors", "ensemble_descriptors") and not config.descriptors_file:
+            return (f"tps.descriptors_file: text_head {config.text_head!r} needs the class descriptors (their "
+                    f"gpt4_descriptors/<set>-gpt4.json, not shipped): pass {say_set('tps', 'descriptors_file', 'PATH')}"
+                    f" (or {say_set('tps', 'text_head', 'ensemble')})")
+        return super().config_problem(config, attacked)
