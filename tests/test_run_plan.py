@@ -272,3 +272,18 @@ def test_all_under_the_paper_protocol_runs_without_the_files_it_left_out(data, t
     assert set(spec_names()) - set(summary["methods"]) == left_out and summary["errors"] == 0
     warned = [r.getMessage() for r in caplog.records]   # the run says it in the dry run's words
     assert all(line in warned for line in said if "another image tower only" not in line), (said, warned)
+
+
+@pytest.mark.slow
+def test_a_run_warns_once_of_set_values_for_methods_it_does_not_run(data, tmp_path, capsys):
+    """`--methods zeroshot --set tpt.lr=0.1`: the dry run said tpt.lr was not used, the run itself said nothing."""
+    from shiftlab.cli import main as cli_main
+    argv = ["run", "--data", str(data), "--out", str(tmp_path / "run"), "--model", "shiftlab-tiny", "--pretrained",
+            "none", "--methods", "zeroshot", "--limit", "1", "--allow-partial", "--no-progress", "--workers", "0",
+            "--set", "tpt.lr=0.1", "--set", "tpt.steps=2"]
+    assert cli_main([*argv, "--dry-run"]) == 0
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if "not used" in line]
+    assert said == "settings for methods the run does not run (not used): tpt (lr, steps)"
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "not used" in line] == [f"shiftlab run: warning: {said}"], err

@@ -516,6 +516,9 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.suite import run_suite
     from ..results.suite_table import table_markdown
     distributed.context()  # under torchrun: process group, this rank's GPU and CPU threads before loading
+    unused = plan.unused_settings() if plan is not None else None
+    if unused and distributed.context().rank == 0:   # once, in the dry run's words
+        print(f"shiftlab run: warning: {unused}", file=sys.stderr)
     try:
         try:
             cfg, model, datasets = prepare(args)

@@ -182,6 +182,19 @@ class RunPlan:
                                     for k, n in self.view_groups(d).items()] for d in self.datasets},
                 "store_keys": {d: {t: self.store_keys(t, d) for t in self.device_types()} for d in self.datasets}}
 
+    def unused_settings(self) -> str | None:
+        """The line that names the method_config values (--set) of methods the run does not run, or None: the run
+        keeps them (a shared config file may set them), nothing reads them. The dry run prints it, the run warns
+        it."""
+        from ..methods.catalogue.method_config import registered_name
+        run = {n for plans in self.methods.values() for n in plans}
+        run |= {registered_name(n) for n in run}   # a sweep's variant reads its base method's values
+        unused = {m: fields for m, fields in (self.config.method_config or {}).items() if m not in run}
+        if not unused:
+            return None
+        return ("settings for methods the run does not run (not used): "
+                + "; ".join(f"{m} ({', '.join(fields)})" for m, fields in unused.items()))
+
     def text(self) -> str:
         """The plan in readable lines: per dataset, each method's kind, views, precision and config fields, what
         it reads of its own (its files, models and frozen encoder), the view groups the engine encodes and the
@@ -200,13 +213,9 @@ class RunPlan:
         for name, reason in self.left_out.items():
             by_reason.setdefault(reason, []).append(name)
         lines[1:1] = [f"methods 'all' leaves out {', '.join(names)} ({reason})" for reason, names in by_reason.items()]
-        from ..methods.catalogue.method_config import registered_name
-        run = {n for plans in self.methods.values() for n in plans}
-        run |= {registered_name(n) for n in run}   # a sweep's variant reads its base method's values
-        unused = {m: fields for m, fields in (c.method_config or {}).items() if m not in run}
-        if unused:   # the run keeps them (a shared config file may set them); nothing reads them
-            lines.insert(1, "settings for methods the run does not run (not used): "
-                         + "; ".join(f"{m} ({', '.join(fields)})" for m, fields in unused.items()))
+        unused = self.unused_settings()
+        if unused:
+            lines.insert(1, unused)
         for dataset, plans in self.methods.items():
             lines.append(f"{dataset}:")
             models = self.method_models(dataset)
