@@ -271,7 +271,7 @@ def test_all_under_the_paper_protocol_runs_without_the_files_it_left_out(data, t
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(spec_names()) - set(summary["methods"]) == left_out and summary["errors"] == 0
     warned = [r.getMessage() for r in caplog.records]   # the run says it in the dry run's words
-    assert all(line in warned for line in said if "another image tower only" not in line), (said, warned)
+    assert all(line in warned for line in said) and "another image tower only" in " ".join(said), (said, warned)
 
 
 @pytest.mark.slow

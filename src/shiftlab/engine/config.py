@@ -290,7 +290,7 @@ def expand_methods(names: Sequence[str], model: str | None = None,
     every = list_methods()
     fitting = [n for n in every if tower is None or tower in spec(n).towers]
     if "all" in names and len(fitting) < len(every):
-        logging.getLogger(__name__).warning("methods 'all' on %s leaves out %s (another image tower only)", model,
+        logging.getLogger(__name__).warning("methods 'all' leaves out %s (another image tower only)",   # as the plan
                                             ", ".join(n for n in every if n not in fitting))
     if "all" in names:
         for n in list(fitting):
