@@ -82,6 +82,9 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--set", "tpt.views={'n_view': 8}"], ["--set", "tpt.views: unknown recipe field(s) ['n_view']"]),
     (["--eps", "2"], ["--eps", "between 0 and 1", "got 2"]),
     (["--eps=-1/255"], ["--eps", "between 0 and 1"]),
+    # a negative fraction after a space was taken for a flag: "argument --eps: expected one argument"
+    (["--attack", "pgd", "--eps", "-1/255"], ["--eps", "between 0 and 1", "got -1/255"]),
+    (["--attack", "pgd", "--alpha", "-2/255"], ["--alpha", "between 0 and 1", "got -2/255"]),
     (["--attack", "fgsm"], ["--attack", "unknown attack 'fgsm'", "pgd"]),
     (["--device", "tpu"], ["--device", "unknown device 'tpu'", "cuda:N"]),
     (["--online-checkpoint-seconds", "-1"], ["--online-checkpoint-seconds", "0 or more"]),

@@ -16,7 +16,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import commands, writes
 from .commands import config_file
@@ -33,7 +33,13 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its usage block replaced by a pointer to --help: an error is one line; an unknown
-    flag, subcommand or choice gets the closest known one."""
+    flag, subcommand or choice gets the closest known one. A value that starts like a negative number
+    ('--eps -1/255') is the flag's value, refused by its range check, never taken for a flag (as Python 3.13's
+    argparse reads it; 3.11 took only '-1' and '-0.5' for numbers)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
