@@ -437,3 +437,24 @@ def test_a_closed_pipe_is_not_an_error():
     proc = subprocess.run(f"{sys.executable} -m shiftlab datasets | head -1", shell=True, capture_output=True,
                           text=True)
     assert proc.stdout.startswith("caltech101") and "error" not in proc.stderr
+
+
+def test_shiftlabs_logged_warnings_are_said_as_the_cli_says_its_warnings(tmp_path, capsys, monkeypatch):
+    """A new user saw `WARNING:shiftlab.engine.config:methods 'all' on ... leaves out ...`: open_clip's
+    `logging.info` installs Python's default logging set-up (logging.basicConfig), whose format printed it."""
+    import logging
+    default = logging.StreamHandler(sys.stderr)   # what logging.basicConfig installs on the root logger
+    default.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logging.getLogger().addHandler(default)
+    monkeypatch.setattr("shiftlab.engine.loop.run", lambda cfg, **kw: None)   # the methods "all" names, no run
+    try:
+        assert cli_main(["demo", "--images", "1", "--out", str(tmp_path / "run")]) == 0
+    finally:
+        logging.getLogger().removeHandler(default)
+    err = capsys.readouterr().err.splitlines()
+    assert not [line for line in err if re.match(r"[A-Z]+:[\w.]+:", line)], err
+    said = [line for line in err if "leaves out" in line]
+    assert len(said) == 1 and said[0].startswith("shiftlab demo: warning: methods 'all' on shiftlab-tiny leaves out ")
+    assert said[0].endswith(" (another image tower only)")
+    shiftlab_log = logging.getLogger("shiftlab")   # a library user's logging is as it was
+    assert shiftlab_log.propagate and not shiftlab_log.handlers

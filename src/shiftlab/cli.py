@@ -8,14 +8,16 @@ after N of M samples; continue with --resume", from rank 0 only under torchrun) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
 import importlib
+import logging
 import os
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from . import commands, writes
@@ -86,9 +88,37 @@ def describe_os_error(exc: OSError) -> str:
     return text
 
 
+class _WarningLine(logging.Handler):
+    """A record logged by shiftlab as the command's other warnings: '<command>: warning: <message>', one line."""
+
+    def __init__(self, command: Callable[[], str]):
+        super().__init__(logging.WARNING)
+        self.command = command
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().split())
+        print(f"{self.command()}: {record.levelname.lower()}: {message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def shiftlab_log_as_lines(command: Callable[[], str]) -> Iterator[None]:
+    """Within: what shiftlab logs (`logging.getLogger(__name__).warning`) is said by `_WarningLine`, never by the
+    root logger, whose format is Python's default one ('WARNING:shiftlab.engine.config:...') once a library
+    has called `logging.info` (open_clip does: it installs `logging.basicConfig`)."""
+    logger = logging.getLogger(__package__)
+    handler, propagate = _WarningLine(command), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
-    with interrupt.handling_signals(), speaking_cli():   # messages name flags, not keyword arguments
+    with interrupt.handling_signals(), speaking_cli(), shiftlab_log_as_lines(lambda: command):
         try:
             parser = build_parser()
             try:   # --config FILE: the file's flags go before the typed ones (commands/config_file.py)
