@@ -237,6 +237,16 @@ def test_unknown_method_is_an_error(capsys):
     assert "nope" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 64), "x"])
+def test_a_seed_out_of_range_is_refused_while_parsing(capsys, seed):
+    """`shiftlab bench --seed -1` loaded the model, then said "expected non-negative integer"; 2**64 ran."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--tiny", "--seed", seed])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("shiftlab bench: error: argument --seed: ") and "0 and 18446744073709551615" in err[0]
+
+
 def test_bench_all_is_every_method_the_bench_model_runs(monkeypatch, capsys):
     """`--methods all` on the tiny CLIP left out COSMIC and DiffTPT, which the offline settings the bench gives them
     run, and kept PromptAlign, TAPT and the other ViT-only methods, which its ResNet refuses."""

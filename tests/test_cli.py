@@ -82,6 +82,9 @@ def one_line_error(capsys, code: int, *fragments: str) -> str:
     (["--set", "tpt.views={'n_view': 8}"], ["--set", "tpt.views: unknown recipe field(s) ['n_view']"]),
     (["--eps", "2"], ["--eps", "between 0 and 1", "got 2"]),
     (["--eps=-1/255"], ["--eps", "between 0 and 1"]),
+    # a negative fraction after a space was taken for a flag: "argument --eps: expected one argument"
+    (["--attack", "pgd", "--eps", "-1/255"], ["--eps", "between 0 and 1", "got -1/255"]),
+    (["--attack", "pgd", "--alpha", "-2/255"], ["--alpha", "between 0 and 1", "got -2/255"]),
     (["--attack", "fgsm"], ["--attack", "unknown attack 'fgsm'", "pgd"]),
     (["--device", "tpu"], ["--device", "unknown device 'tpu'", "cuda:N"]),
     (["--online-checkpoint-seconds", "-1"], ["--online-checkpoint-seconds", "0 or more"]),
@@ -434,3 +437,24 @@ def test_a_closed_pipe_is_not_an_error():
     proc = subprocess.run(f"{sys.executable} -m shiftlab datasets | head -1", shell=True, capture_output=True,
                           text=True)
     assert proc.stdout.startswith("caltech101") and "error" not in proc.stderr
+
+
+def test_shiftlabs_logged_warnings_are_said_as_the_cli_says_its_warnings(tmp_path, capsys, monkeypatch):
+    """A new user saw `WARNING:shiftlab.engine.config:methods 'all' on ... leaves out ...`: open_clip's
+    `logging.info` installs Python's default logging set-up (logging.basicConfig), whose format printed it."""
+    import logging
+    default = logging.StreamHandler(sys.stderr)   # what logging.basicConfig installs on the root logger
+    default.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logging.getLogger().addHandler(default)
+    monkeypatch.setattr("shiftlab.engine.loop.run", lambda cfg, **kw: None)   # the methods "all" names, no run
+    try:
+        assert cli_main(["demo", "--images", "1", "--out", str(tmp_path / "run")]) == 0
+    finally:
+        logging.getLogger().removeHandler(default)
+    err = capsys.readouterr().err.splitlines()
+    assert not [line for line in err if re.match(r"[A-Z]+:[\w.]+:", line)], err
+    said = [line for line in err if "leaves out" in line]
+    assert len(said) == 1 and said[0].startswith("shiftlab demo: warning: methods 'all' on shiftlab-tiny leaves out ")
+    assert said[0].endswith(" (another image tower only)")
+    shiftlab_log = logging.getLogger("shiftlab")   # a library user's logging is as it was
+    assert shiftlab_log.propagate and not shiftlab_log.handlers

@@ -64,6 +64,22 @@ def test_demo_runs_every_method_its_tiny_resnet_runs(tmp_path, monkeypatch):
     assert {"difftpt", "cosmic"} <= set(seen["methods"])
 
 
+@pytest.mark.parametrize("flags, short", [
+    (["--views", "4"], ["mta (5)"]),
+    (["--views", "1", "--methods", "zeroshot,mta,rtpt"], ["mta (5)", "rtpt (2)"]),
+])
+def test_too_few_views_are_refused_with_the_demos_own_flags(tmp_path, monkeypatch, capsys, flags, short):
+    """`shiftlab demo --views 4` said "raise --views or --set mta.views=5": the demo has no --set."""
+    monkeypatch.setattr("shiftlab.engine.loop.run", lambda cfg, **kw: pytest.fail("refused before the run"))
+    assert cli_main(["demo", "--images", "1", "--out", str(tmp_path / "run"), *flags]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if ": warning: " not in line]   # (what all leaves out)
+    most = max(int(s.split("(")[1].rstrip(")")) for s in short)
+    assert err == [f"shiftlab demo: error: --views {flags[1]} is too few for {', '.join(short)}: the number of views "
+                   f"(incl. the original) each needs; raise --views to {most}, or leave "
+                   f"{'it' if len(short) == 1 else 'them'} out with --methods"], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_demo_flags_have_help(capsys):
     with pytest.raises(SystemExit):
         cli_main(["demo", "--help"])

@@ -85,6 +85,17 @@ def test_writer_names_the_path_when_the_folder_is_a_file(tmp_path):
         record_files.ensure_run_dir(blocker / "run")
 
 
+def test_a_run_folder_that_cannot_be_made_says_only_what_failed(tmp_path):
+    """`shiftlab run --out /proc/x` said "(then rerun with --resume: the records written so far are kept)" when
+    the folder could not even be made: nothing was written."""
+    from shiftlab.options import speaking_cli
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with speaking_cli(), pytest.raises(record_files.RunDirError) as info:
+        record_files.ensure_run_dir(blocker / "run")
+    assert str(info.value) == f"{blocker / 'run'}: {info.value.strerror}"
+
+
 @pytest.mark.parametrize("change,reason", [
     ({"label": None}, "label must be an integer >= 0"),
     ({"id": True}, "id must be an integer >= 0"),

@@ -151,6 +151,20 @@ def test_methods_lists_the_methods_named_alone(capsys):
     assert info.value.code == 2 and len(err) == 1 and "unknown method C-TPT (did you mean ctpt?)" in err[0]
 
 
+def test_methods_lists_a_refused_method_named_alone_with_its_reason(capsys):
+    """`shiftlab methods gtta` was refused with GTTA's refusal; `shiftlab methods` lists it with its reason."""
+    from shiftlab.cli import main
+    from shiftlab.methods.catalogue import listing
+    (name, reason), = listing.refused().items()
+    assert main(["methods", name]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^{name} +refused +{re.escape(reason)}$", out, flags=re.MULTILINE), out
+    assert not re.findall(r"^(\S+) +(?:episodic|online) ", out, flags=re.MULTILINE)   # no other method
+    assert main(["methods", f"tpt,{name}"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^(\S+) +(?:episodic|online|refused) ", out, flags=re.MULTILINE) == ["tpt", name]
+
+
 # -- the registry type itself (methods, attacks and datasets all use it) ----------------------------
 
 def test_list_methods_by_kind():

@@ -140,8 +140,16 @@ def _advice(run_dir_word: str | None) -> Callable[[str, dict], str]:
     def advice(path: str, d: dict) -> str:
         if path.startswith(str(d["fs"])):
             return "the feature store can be deleted"
+        if making_run_folder("_mkdir", path, d):
+            return ""   # the folder could not be made: nothing in it to resume (`fail_and_recover` checks)
         return run_dir_word or ""
     return advice
+
+
+def making_run_folder(op: str, path: str, d: dict) -> bool:
+    """Whether the call made a run folder itself (the run's, the suite's or a suite dataset's): one that could
+    not be made holds no records, and its line says nothing of a resume (`--out /proc/x` did)."""
+    return op == "_mkdir" and Path(path) in (d["run"], *(d["run"] / name for name in SUITE))
 
 
 def stored(root: Path) -> dict:
@@ -192,6 +200,7 @@ def fail_and_recover(scenario: Scenario, disk: FailingDisk, root: Path, n: int, 
     assert line.startswith(f"shiftlab {scenario.argv(d)[0]}: error: "), (where, line)
     assert target(path).replace(str(root), "ROOT") in line and os.strerror(err) in line, (where, line)
     assert scenario.advice(path, d) in line, (where, line)
+    assert not making_run_folder(op, path, d) or "resume" not in line, (where, line)
     # the command again, on a disk that works: exactly what an uninterrupted command leaves
     assert cli_main(scenario.again(d)) == 0, where
     capsys.readouterr()

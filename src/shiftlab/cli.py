@@ -8,15 +8,17 @@ after N of M samples; continue with --resume", from rank 0 only under torchrun) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
 import importlib
+import logging
 import os
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NoReturn
 
 from . import commands, writes
 from .commands import config_file
@@ -33,7 +35,13 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its usage block replaced by a pointer to --help: an error is one line; an unknown
-    flag, subcommand or choice gets the closest known one."""
+    flag, subcommand or choice gets the closest known one. A value that starts like a negative number
+    ('--eps -1/255') is the flag's value, refused by its range check, never taken for a flag (as Python 3.13's
+    argparse reads it; 3.11 took only '-1' and '-0.5' for numbers)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
@@ -80,9 +88,37 @@ def describe_os_error(exc: OSError) -> str:
     return text
 
 
+class _WarningLine(logging.Handler):
+    """A record logged by shiftlab as the command's other warnings: '<command>: warning: <message>', one line."""
+
+    def __init__(self, command: Callable[[], str]):
+        super().__init__(logging.WARNING)
+        self.command = command
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().split())
+        print(f"{self.command()}: {record.levelname.lower()}: {message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def shiftlab_log_as_lines(command: Callable[[], str]) -> Iterator[None]:
+    """Within: what shiftlab logs (`logging.getLogger(__name__).warning`) is said by `_WarningLine`, never by the
+    root logger, whose format is Python's default one ('WARNING:shiftlab.engine.config:...') once a library
+    has called `logging.info` (open_clip does: it installs `logging.basicConfig`)."""
+    logger = logging.getLogger(__package__)
+    handler, propagate = _WarningLine(command), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def main(argv: list[str] | None = None) -> int:
     command = "shiftlab"
-    with interrupt.handling_signals(), speaking_cli():   # messages name flags, not keyword arguments
+    with interrupt.handling_signals(), speaking_cli(), shiftlab_log_as_lines(lambda: command):
         try:
             parser = build_parser()
             try:   # --config FILE: the file's flags go before the typed ones (commands/config_file.py)

@@ -54,9 +54,10 @@ class Range:
                 and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
 
     def bounds_text(self) -> str:
-        """'in (0, 1]', '> 0', '>= 1', '' (no bounds)."""
-        low = f"({self.gt:g}" if self.gt is not None else f"[{self.ge:g}" if self.ge is not None else None
-        high = f"{self.lt:g})" if self.lt is not None else f"{self.le:g}]" if self.le is not None else None
+        """'in (0, 1]', '> 0', '>= 1', 'in [0, 18446744073709551615]' (an integer bound whole), '' (no bounds)."""
+        gt, ge, lt, le = (None if b is None else _number(b) for b in (self.gt, self.ge, self.lt, self.le))
+        low = f"({gt}" if gt is not None else f"[{ge}" if ge is not None else None
+        high = f"{lt})" if lt is not None else f"{le}]" if le is not None else None
         if low and high:
             return f"in {low}, {high}"
         if low:
@@ -78,6 +79,11 @@ class Range:
     def from_json(cls, data: dict[str, Any]) -> Range:
         choices = data.get("choices")
         return cls(**{**data, "choices": tuple(choices) if choices is not None else None})
+
+
+def _number(bound: float) -> str:
+    """A bound as a message writes it: an integer whole (2**64 - 1, never 1.84467e+19), a float shortest ('%g')."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def param(default: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,

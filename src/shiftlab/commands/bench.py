@@ -73,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="auto",
                    help="as `shiftlab run`: auto = fp16 autocast on CUDA, float32 on the CPU")
     p.add_argument("--batch-size", type=int, default=8, help="images per engine step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=checks.int_in(0, 2 ** 64 - 1), default=0,
+                   help="seeds the synthetic images and every image's views, as `shiftlab run --seed` (0 to 2**64-1)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice); 1 gives steadier numbers on a busy CPU")
     p.add_argument("--repeats", type=checks.int_in(0, 100), default=None,

@@ -95,17 +95,18 @@ positive_float = float_where(lambda v: math.isfinite(v) and v > 0, "a number > 0
                              "positive_float")
 
 
-def method_names(text: str) -> list[str]:
+def method_names(text: str, refused_too: bool = False) -> list[str]:
     """'tpt,mta' or 'all' -> names, each registered (checked here, against the method catalogue, so that a
-    typo costs nothing: no torch is imported)."""
+    typo costs nothing: no torch is imported). A method registered but refused (GTTA) is refused with its
+    reason, unless `refused_too` (`listed_method_names`)."""
     known = catalogue.names()
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
         raise argparse.ArgumentTypeError(f"names no method; give 'all' or some of: {', '.join(known)}")
     refused = [catalogue.refusal(n) for n in names if catalogue.refusal(n)]
-    if refused:
+    if refused and not refused_too:
         raise argparse.ArgumentTypeError(refused[0])
-    unknown = [n for n in names if n != "all" and n not in known]
+    unknown = [n for n in names if n != "all" and n not in known and not catalogue.refusal(n)]
     if unknown:
         guesses = [f"{n} (did you mean {' or '.join(close)}?)" if close else n
                    for n in unknown for close in [_close_method_names(n, known)]]
@@ -115,6 +116,11 @@ def method_names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown)}; registered: {', '.join(known)} "
                                          "(or 'all')")
     return names
+
+
+def listed_method_names(text: str) -> list[str]:
+    """`shiftlab methods`' names: as `method_names`, a refused method (GTTA) too: it is listed with its reason."""
+    return method_names(text, refused_too=True)
 
 
 def _spelling(name: str) -> str:

@@ -81,11 +81,8 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
     from ..engine.config import RunConfig, expand_methods
     from ..engine.loop import run as run_engine
     from ..methods import get_method_class
-    from ..synthetic import make_class_folders, tiny_clip
-
-    data = make_class_folders(root / "data", CLASSES, per_class=per_class)
-    dataset = build_dataset("imagefolder", data)
     from ..methods.catalogue.declarations import spec, spec_names
+    from ..synthetic import make_class_folders, tiny_clip
     # "all" is expanded under the settings the demo runs with: a method that needs a file (DiffTPT's generated
     # views, COSMIC's DINOv2) runs without it offline
     offline = {n: dict(spec(n).offline_config) for n in spec_names() if spec(n).offline_config}
@@ -96,6 +93,12 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
         steps = {k: v for k, v in cls.spec.test_config.items() if k in STEP_FIELDS}
         if steps or cls.spec.offline_config:
             settings[name] = {**steps, **cls.spec.offline_config}
+    problem = views_problem(methods, settings, args.views)
+    if problem:
+        print(f"shiftlab demo: error: {problem}", file=sys.stderr)
+        return 2
+    data = make_class_folders(root / "data", CLASSES, per_class=per_class)
+    dataset = build_dataset("imagefolder", data)
     cfg = RunConfig(dataset="imagefolder", data=str(data), model="shiftlab-tiny (random weights)",
                     pretrained=None, methods=methods, method_config=settings, views=args.views,
                     limit=args.images, out=str(out), workers=0, batch_size=4)
@@ -103,7 +106,24 @@ def _run(args: argparse.Namespace, root: Path, out: Path) -> int:
          "methods ...")
     try:
         run_engine(cfg, model=tiny_clip(0), dataset=dataset)
-    except ValueError as exc:   # a setting a method cannot run with (e.g. MTA under --views 4), before any work
+    except ValueError as exc:   # a setting a method cannot run with (its config check), before any work
         print(f"shiftlab demo: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def views_problem(methods: list[str], settings: dict[str, dict], views: int) -> str | None:
+    """The methods that `views` views are too few for under the demo's settings, said with the demo's own flags
+    (the run's check says "--set NAME.views=N", a flag the demo does not have), or None."""
+    from ..methods.catalogue.declarations import spec
+    needs = {}
+    for name in methods:
+        method = spec(name)
+        needed = method.needed_views(method.config_class(**settings.get(name, {}))) if method.needs_views else 1
+        if views < needed:
+            needs[name] = needed
+    if not needs:
+        return None
+    return (f"--views {views} is too few for {', '.join(f'{n} ({k})' for n, k in needs.items())}: the number of views "
+            f"(incl. the original) each needs; raise --views to {max(needs.values())}, or leave "
+            f"{'it' if len(needs) == 1 else 'them'} out with --methods")

@@ -13,7 +13,7 @@ from . import checks
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("methods", help="list registered methods, their defaults and both protocols' recipes")
-    p.add_argument("names", nargs="*", type=checks.method_names, metavar="METHOD",
+    p.add_argument("names", nargs="*", type=checks.listed_method_names, metavar="METHOD",
                    help="only these methods (names or comma-separated lists; default: every one)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print as JSON")
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             _print_rows(members)
     refused = {n: why for n, why in catalogue.refused().items() if wanted is None or n in wanted}
     if refused:
-        print("\n== registered, not runnable on CLIP here")
+        print(("\n" if rows else "") + "== registered, not runnable on CLIP here")
         for name, reason in refused.items():
             print(f"{name:<16} {'refused':<9} {reason}")
     print("\nprecision 'auto' follows `shiftlab run --precision` (fp16 autocast on CUDA, float32 on CPU); "

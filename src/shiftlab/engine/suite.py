@@ -41,7 +41,7 @@ def write_manifest(suite_dir: Path, suite: Suite, config: dict, rewrote: Sequenc
                    kept: Sequence[str] = ()) -> None:
     """suite.json: the suite, its config, and which datasets the last command ran (`rewrote`)
     and which rows it kept from earlier commands (`kept`)."""
-    writes.make_dirs(suite_dir, writes.resume_advice())
+    writes.make_dirs(suite_dir)   # a folder that could not be made holds nothing to resume
     writes.clean_orphans(suite_dir)   # one suite command at a time writes the suite's own files
     manifest = {"suite": suite.name, "datasets": list(suite.datasets), "ood": list(suite.ood),
                 "title": suite.title, "kind": suite.kind, "base": suite.base, "config": config,

@@ -225,10 +225,11 @@ def run_dir_error(path: Path, exc: OSError) -> RunDirError:
 
 
 def ensure_run_dir(run_dir: Path) -> Path:
-    """Create the run directory; a RunDirError naming it when that is impossible."""
+    """Create the run directory; a RunDirError naming it when that is impossible (with no advice to resume: a
+    folder that could not be made holds no records)."""
     run_dir = Path(run_dir)
     try:
-        writes.make_dirs(run_dir, resume_advice())
+        writes.make_dirs(run_dir)
     except OSError as exc:
         raise run_dir_error(run_dir, exc) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
