@@ -454,7 +454,7 @@ def test_shiftlabs_logged_warnings_are_said_as_the_cli_says_its_warnings(tmp_pat
     err = capsys.readouterr().err.splitlines()
     assert not [line for line in err if re.match(r"[A-Z]+:[\w.]+:", line)], err
     said = [line for line in err if "leaves out" in line]
-    assert len(said) == 1 and said[0].startswith("shiftlab demo: warning: methods 'all' on shiftlab-tiny leaves out ")
+    assert len(said) == 1 and said[0].startswith("shiftlab demo: warning: methods 'all' leaves out ")
     assert said[0].endswith(" (another image tower only)")
     shiftlab_log = logging.getLogger("shiftlab")   # a library user's logging is as it was
     assert shiftlab_log.propagate and not shiftlab_log.handlers
