@@ -149,7 +149,7 @@ def _restore_threads():
     torch.set_num_threads(prev)
 
 
-HEAVY_AT_COLLECTION = ("open_clip", "torchvision", "torch._dynamo")
+HEAVY_AT_COLLECTION = ("open_clip", "torchvision", "torch._dynamo", "scipy", "sklearn")
 """Imported by the first test that needs them, never while the tests are collected: torchvision imports
 torch._dynamo, ~4 s of CPU (as much as torch), and open_clip imports torchvision (tests/_imports.lazy_module)."""
 collection_imports = pytest.StashKey[list]()

@@ -12,7 +12,10 @@ from shiftlab.cli import main as cli_main
 from shiftlab.datasets import DatasetError, build_dataset
 from shiftlab.datasets.openset import OpenSetDataset
 
-sio = pytest.importorskip("scipy.io")
+
+def _savemat(path, arrays: dict) -> None:
+    # scipy imported by the tests that write a .mat file, not while the tests are collected (tests/conftest.py)
+    pytest.importorskip("scipy.io").savemat(path, arrays)
 
 
 def _svhn_mat(folder, n: int = 7, seed: int = 0) -> np.ndarray:
@@ -20,8 +23,8 @@ def _svhn_mat(folder, n: int = 7, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
     folder.mkdir(parents=True)
-    sio.savemat(folder / "test_32x32.mat", {"X": images.transpose(1, 2, 3, 0),
-                                            "y": rng.integers(1, 11, size=(n, 1)).astype(np.uint8)})
+    _savemat(folder / "test_32x32.mat", {"X": images.transpose(1, 2, 3, 0),
+                                          "y": rng.integers(1, 11, size=(n, 1)).astype(np.uint8)})
     return images
 
 
@@ -55,7 +58,7 @@ def test_svhn_mat_is_an_ood_pool_read_image_by_image(tmp_path):
 
 def test_a_mat_file_that_is_not_svhns_is_one_line(tmp_path):
     (tmp_path / "svhn").mkdir()
-    sio.savemat(tmp_path / "svhn" / "test_32x32.mat", {"X": np.zeros((32, 32, 5), dtype=np.float32)})
+    _savemat(tmp_path / "svhn" / "test_32x32.mat", {"X": np.zeros((32, 32, 5), dtype=np.float32)})
     with pytest.raises(DatasetError, match=r"^svhn: .*test_32x32.mat holds X of shape \(32, 32, 5\) and type float32; "
                                            r"SVHN's file holds X as \(32, 32, 3, N\) uint8 images$"):
         build_dataset("svhn", tmp_path)
